@@ -1,0 +1,228 @@
+"""Wire contracts: MQTT telemetry, the Kafka topics, alerts and master-data change events.
+
+Plain JSON everywhere, so `mosquitto_pub` and `kcat` interoperate; see docs/contracts.md for
+examples. Validation is hand-written rather than pydantic because it runs once per message on the
+gateway's hot path (tens of thousands per second per core) and must turn *any* input into either a
+canonical record or a machine-readable reason, never an exception that escapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from fleetfence.errors import ContractError
+
+MQTT_TELEMETRY_FILTER = "fleet/+/telemetry"
+MAX_PAYLOAD_BYTES = 16 * 1024
+MAX_FUTURE_MS = 5 * 60 * 1000  # a fix more than 5 minutes ahead of the gateway clock is absurd
+MIN_TS_MS = 946_684_800_000  # 2000-01-01: anything older is a broken clock, not telemetry
+VEHICLE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+MAX_SEQ = 2**63 - 1
+
+
+class DlqReason(StrEnum):
+    """Machine-readable dead-letter reasons (also the `reason` label of gateway metrics)."""
+
+    TOO_LARGE = "too_large"
+    NOT_JSON = "not_json"
+    NOT_OBJECT = "not_object"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    NOT_FINITE = "not_finite"
+    OUT_OF_RANGE = "out_of_range"
+    BAD_TIMESTAMP = "bad_timestamp"
+    TS_IN_FUTURE = "ts_in_future"
+    BAD_TOPIC = "bad_topic"
+    BAD_VEHICLE_ID = "bad_vehicle_id"
+    VEHICLE_MISMATCH = "vehicle_mismatch"
+
+
+class AlertType(StrEnum):
+    ROUTE_DEVIATION = "ROUTE_DEVIATION"
+    ROUTE_RETURN = "ROUTE_RETURN"
+    OVERSPEED = "OVERSPEED"
+    ZONE_ENTER = "ZONE_ENTER"
+    ZONE_EXIT = "ZONE_EXIT"
+    VEHICLE_SILENT = "VEHICLE_SILENT"
+
+
+def telemetry_topic(vehicle_id: str) -> str:
+    return f"fleet/{vehicle_id}/telemetry"
+
+
+def vehicle_from_topic(topic: str) -> str:
+    """`fleet/{vehicle_id}/telemetry` -> vehicle_id, or ContractError."""
+    parts = topic.split("/")
+    if len(parts) != 3 or parts[0] != "fleet" or parts[2] != "telemetry" or not parts[1]:
+        raise ContractError(DlqReason.BAD_TOPIC, f"topic {topic!r} is not fleet/{{vehicle_id}}/telemetry")
+    if not VEHICLE_ID_RE.match(parts[1]):
+        raise ContractError(DlqReason.BAD_VEHICLE_ID, f"vehicle id {parts[1]!r} in topic is not allowed")
+    return parts[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """A validated fix in canonical form, as it travels on `fleet.telemetry`."""
+
+    vehicle_id: str
+    seq: int
+    ts_ms: int
+    lat: float
+    lon: float
+    speed_kmh: float
+    heading_deg: float | None = None
+    accuracy_m: float | None = None
+    received_ms: int | None = None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "vehicle_id": self.vehicle_id,
+                "seq": self.seq,
+                "ts_ms": self.ts_ms,
+                "lat": self.lat,
+                "lon": self.lon,
+                "speed_kmh": self.speed_kmh,
+                "heading_deg": self.heading_deg,
+                "accuracy_m": self.accuracy_m,
+                "received_ms": self.received_ms,
+            }
+        )
+
+    @staticmethod
+    def from_json(data: bytes) -> Telemetry:
+        d = orjson.loads(data)
+        return Telemetry(
+            d["vehicle_id"],
+            d["seq"],
+            d["ts_ms"],
+            d["lat"],
+            d["lon"],
+            d["speed_kmh"],
+            d.get("heading_deg"),
+            d.get("accuracy_m"),
+            d.get("received_ms"),
+        )
+
+
+def _number(d: dict[str, Any], name: str, *, required: bool, lo: float, hi: float) -> float | None:
+    v = d.get(name)
+    if v is None:
+        if required:
+            raise ContractError(DlqReason.MISSING_FIELD, f"field {name!r} is required")
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ContractError(DlqReason.WRONG_TYPE, f"field {name!r} must be a number, got {type(v).__name__}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ContractError(DlqReason.NOT_FINITE, f"field {name!r} must be finite, got {v!r}")
+    if not lo <= f <= hi:
+        raise ContractError(DlqReason.OUT_OF_RANGE, f"field {name!r}={v!r} outside [{lo}, {hi}]")
+    return f
+
+
+def parse_ts_ms(v: Any) -> int:
+    """`ts` as epoch milliseconds (int) or an ISO-8601 string with a UTC offset -> epoch ms."""
+    if isinstance(v, bool):
+        raise ContractError(DlqReason.WRONG_TYPE, "field 'ts' must be epoch ms or ISO-8601, got a boolean")
+    if isinstance(v, int):
+        ms = v
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise ContractError(DlqReason.NOT_FINITE, "field 'ts' must be finite")
+        ms = int(v)
+    elif isinstance(v, str):
+        try:
+            dt = datetime.fromisoformat(v.replace("Z", "+00:00") if v.endswith("Z") else v)
+        except ValueError as exc:
+            raise ContractError(DlqReason.BAD_TIMESTAMP, f"field 'ts' {v[:40]!r} is not ISO-8601") from exc
+        if dt.tzinfo is None:
+            raise ContractError(DlqReason.BAD_TIMESTAMP, "field 'ts' must carry a UTC offset (e.g. Z)")
+        ms = int(dt.timestamp() * 1000)
+    elif v is None:
+        raise ContractError(DlqReason.MISSING_FIELD, "field 'ts' is required")
+    else:
+        raise ContractError(
+            DlqReason.WRONG_TYPE, f"field 'ts' must be epoch ms or ISO-8601, got {type(v).__name__}"
+        )
+    if ms < MIN_TS_MS or ms > 2**53:
+        raise ContractError(DlqReason.BAD_TIMESTAMP, f"field 'ts'={v!r} is not a plausible time")
+    return ms
+
+
+def validate_telemetry(topic: str, payload: bytes, now_ms: int) -> Telemetry:
+    """Validate one MQTT telemetry message; raise ContractError with a DlqReason otherwise."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise ContractError(
+            DlqReason.TOO_LARGE, f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}"
+        )
+    topic_vehicle = vehicle_from_topic(topic)
+    try:
+        d = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise ContractError(DlqReason.NOT_JSON, f"payload is not JSON: {str(exc)[:80]}") from exc
+    if not isinstance(d, dict):
+        raise ContractError(DlqReason.NOT_OBJECT, f"payload must be a JSON object, got {type(d).__name__}")
+    vid = d.get("vehicle_id")
+    if vid is None:
+        raise ContractError(DlqReason.MISSING_FIELD, "field 'vehicle_id' is required")
+    if not isinstance(vid, str):
+        raise ContractError(DlqReason.WRONG_TYPE, "field 'vehicle_id' must be a string")
+    if vid != topic_vehicle:
+        raise ContractError(DlqReason.VEHICLE_MISMATCH, f"vehicle_id {vid[:64]!r} differs from topic's")
+    seq = d.get("seq")
+    if seq is None:
+        raise ContractError(DlqReason.MISSING_FIELD, "field 'seq' is required")
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise ContractError(DlqReason.WRONG_TYPE, "field 'seq' must be an integer")
+    if not 0 <= seq <= MAX_SEQ:
+        raise ContractError(DlqReason.OUT_OF_RANGE, f"field 'seq'={seq} outside [0, 2^63-1]")
+    ts_ms = parse_ts_ms(d.get("ts"))
+    if ts_ms > now_ms + MAX_FUTURE_MS:
+        raise ContractError(
+            DlqReason.TS_IN_FUTURE, f"ts is {(ts_ms - now_ms) / 1000:.0f}s ahead of the gateway"
+        )
+    lat = _number(d, "lat", required=True, lo=-90.0, hi=90.0)
+    lon = _number(d, "lon", required=True, lo=-180.0, hi=180.0)
+    speed = _number(d, "speed_kmh", required=True, lo=0.0, hi=1000.0)
+    heading = _number(d, "heading_deg", required=False, lo=0.0, hi=360.0)
+    accuracy = _number(d, "accuracy_m", required=False, lo=0.0, hi=100_000.0)
+    assert lat is not None
+    assert lon is not None
+    assert speed is not None
+    return Telemetry(vid, seq, ts_ms, lat, lon, speed, heading, accuracy, now_ms)
+
+
+def alert_id(vehicle_id: str, alert_type: str, seq: int, subject: str = "") -> str:
+    """Deterministic alert id: the same vehicle, type, triggering seq (and zone) give the same id,
+    so a replay after a crash produces identical ids that receivers de-duplicate on."""
+    h = hashlib.blake2b(f"{vehicle_id}|{alert_type}|{seq}|{subject}".encode(), digest_size=12)
+    return h.hexdigest()
+
+
+def ms_to_iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utc_now_ms() -> int:
+    return int(datetime.now(UTC).timestamp() * 1000)
+
+
+class MasterEntity(StrEnum):
+    ROUTE = "route"
+    ZONE = "zone"
+    VEHICLE = "vehicle"
+    ASSIGNMENT = "assignment"
+
+
+def master_key(entity: str, entity_id: str) -> bytes:
+    """Key of a master change event on the compacted `fleet.master` topic."""
+    return f"{entity}:{entity_id}".encode()

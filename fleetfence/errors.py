@@ -1,0 +1,43 @@
+"""One exception hierarchy for the whole distribution.
+
+Every error FleetFence raises on purpose derives from `FleetFenceError`, so a CLI or a service
+loop can tell "our own, explained failure" (print the message, exit non-zero) from a bug.
+"""
+
+from __future__ import annotations
+
+
+class FleetFenceError(Exception):
+    """Base of every error FleetFence raises on purpose."""
+
+
+class ConfigError(FleetFenceError):
+    """Settings are inconsistent or point at something that does not exist."""
+
+
+class InfraError(FleetFenceError):
+    """Embedded infrastructure could not be started, reached or stopped."""
+
+
+class MissingBinaryError(InfraError):
+    """A server binary (mosquitto, redis-server, noida-db, java) is not installed."""
+
+
+class ServiceUnavailableError(InfraError):
+    """A service did not answer a protocol round trip before its deadline."""
+
+
+class ContractError(FleetFenceError):
+    """A message does not satisfy its wire contract.
+
+    `reason` is a short machine-readable code (it becomes the dead-letter reason); the message is
+    the human explanation.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class KafkaDeliveryError(FleetFenceError):
+    """Kafka refused or failed to deliver a record, or a transaction could not commit."""

@@ -1,0 +1,127 @@
+"""Kafka client helpers shared by every component: configs, topic specs, topic creation.
+
+Only `bootstrap.servers` differs between the embedded noida-db broker and Apache Kafka; the
+other settings here were chosen to work on both (see ../shared/notes/kafka-broker.md): the eager
+`range` assignor (noida-db hangs on cooperative-sticky) and explicit topic creation (noida-db does
+not auto-create topics on subscribe).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from fleetfence.errors import InfraError
+from fleetfence.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic FleetFence owns, with its partition count and configs."""
+
+    name: str
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """The topics of one FleetFence installation.
+
+    `fleet.master` has one partition so every consumer sees master changes in one total order
+    (the processor relies on that for deterministic replays) and is compacted so the latest version
+    of each entity is kept forever.
+    """
+    t = settings.topics
+    return [
+        TopicSpec(t.telemetry, settings.telemetry_partitions, {"retention.ms": str(7 * DAY_MS)}),
+        TopicSpec(t.alerts, settings.alerts_partitions, {"retention.ms": str(30 * DAY_MS)}),
+        TopicSpec(t.telemetry_dlq, 1, {"retention.ms": str(30 * DAY_MS)}),
+        TopicSpec(t.alerts_dlq, 1, {"retention.ms": str(30 * DAY_MS)}),
+        TopicSpec(t.master, 1, {"cleanup.policy": "compact"}),
+    ]
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+
+
+def ensure_topics(bootstrap: str, specs: list[TopicSpec], timeout_s: float = 15.0) -> dict[str, int]:
+    """Create the missing topics; return {name: partition count} as the broker reports it.
+
+    Existing topics are left as they are (a second `infra up` must find its data again).
+    """
+    admin = admin_client(bootstrap)
+    existing = admin.list_topics(timeout=timeout_s).topics
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=s.configs)
+                for s in missing
+            ],
+            operation_timeout=timeout_s,
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result()
+                logger.info("topic created topic=%s", name)
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise InfraError(f"could not create topic {name}: {exc}") from exc
+    return wait_for_topics(bootstrap, [s.name for s in specs], timeout_s)
+
+
+def wait_for_topics(bootstrap: str, names: list[str], timeout_s: float = 15.0) -> dict[str, int]:
+    """Wait until the broker's metadata lists every topic with its partitions."""
+    admin = admin_client(bootstrap)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = admin.list_topics(timeout=timeout_s).topics
+        found = {
+            n: len(md[n].partitions) for n in names if n in md and md[n].partitions and md[n].error is None
+        }
+        if len(found) == len(names):
+            return found
+        if time.monotonic() > deadline:
+            raise InfraError(f"topics not visible after {timeout_s}s: {sorted(set(names) - set(found))}")
+        time.sleep(0.1)
+
+
+def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """An idempotent producer tuned for throughput (batching, lz4) that keeps per-key order."""
+    cfg: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "compression.type": "lz4",
+        "queue.buffering.max.messages": 500000,
+        "partitioner": "murmur2_random",
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """A read_committed consumer with manual commits and the eager range assignor."""
+    cfg: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "range",
+        "session.timeout.ms": 6000,
+    }
+    cfg.update(overrides)
+    return cfg

@@ -1,0 +1,125 @@
+"""Settings, read only through pydantic-settings (environment variables `FLEETFENCE_*`).
+
+The embedded defaults bind every service to 127.0.0.1 on ports that do not collide with the
+standard ones (a machine may run shared Kafka/MQTT/Redis on 9092/1883/6379). Setting
+`FLEETFENCE_KAFKA_BOOTSTRAP`, `FLEETFENCE_MQTT_URL` or `FLEETFENCE_REDIS_URL` switches that
+service to an external endpoint: `infra up` then starts nothing for it.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pydantic import Field, computed_field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleetfence.errors import ConfigError
+
+
+class TopicNames:
+    """Kafka topic names, optionally under a prefix (tests use a unique prefix per test)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    @property
+    def telemetry(self) -> str:
+        return f"{self.prefix}fleet.telemetry"
+
+    @property
+    def alerts(self) -> str:
+        return f"{self.prefix}fleet.alerts"
+
+    @property
+    def telemetry_dlq(self) -> str:
+        return f"{self.prefix}fleet.telemetry.dlq"
+
+    @property
+    def master(self) -> str:
+        return f"{self.prefix}fleet.master"
+
+    @property
+    def alerts_dlq(self) -> str:
+        return f"{self.prefix}fleet.alerts.dlq"
+
+
+class Settings(BaseSettings):
+    """Every knob of FleetFence; see the README's configuration table."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEETFENCE_", extra="ignore")
+
+    state_dir: Path = Field(default=Path(".fleetfence"), description="Folder for all embedded data.")
+    # External endpoints: when set, the embedded service is not started.
+    kafka_bootstrap: str | None = Field(default=None, description="External Kafka bootstrap.servers.")
+    mqtt_url: str | None = Field(default=None, description="External MQTT broker, mqtt://host:port.")
+    redis_url: str | None = Field(default=None, description="External Redis, redis://host:port/db.")
+    # Embedded service ports (loopback only).
+    kafka_port: int = Field(default=19092, ge=1, le=65535)
+    mqtt_port: int = Field(default=11883, ge=1, le=65535)
+    redis_port: int = Field(default=16379, ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", description="Address embedded services bind to.")
+    # Topics.
+    topic_prefix: str = Field(default="", description="Prefix for every Kafka topic name.")
+    telemetry_partitions: int = Field(default=4, ge=1)
+    alerts_partitions: int = Field(default=4, ge=1)
+    # Service start-up.
+    startup_timeout_s: float = Field(default=30.0, gt=0)
+    log_level: str = Field(default="INFO")
+    log_json: bool = Field(default=False, description="Log JSON lines instead of key=value lines.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_prefix)
+
+    @property
+    def kafka_external(self) -> bool:
+        return self.kafka_bootstrap is not None
+
+    @property
+    def mqtt_external(self) -> bool:
+        return self.mqtt_url is not None
+
+    @property
+    def redis_external(self) -> bool:
+        return self.redis_url is not None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
+
+    @property
+    def mqtt_host_port(self) -> tuple[str, int]:
+        if self.mqtt_url is None:
+            return self.host, self.mqtt_port
+        parsed = urlparse(self.mqtt_url)
+        if parsed.scheme not in ("mqtt", "tcp") or not parsed.hostname:
+            raise ConfigError(f"FLEETFENCE_MQTT_URL must look like mqtt://host:port, got {self.mqtt_url!r}")
+        return parsed.hostname, parsed.port or 1883
+
+    @property
+    def redis_dsn(self) -> str:
+        return self.redis_url or f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.state_dir / "kafka"
+
+    @property
+    def mqtt_dir(self) -> Path:
+        return self.state_dir / "mosquitto"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.state_dir / "redis"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+
+def get_settings() -> Settings:
+    """Fresh settings from the environment (no global cache: tests change the environment)."""
+    return Settings()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# FleetFence's one entry point for a fresh Debian/Ubuntu machine:
+#   bash scripts/dev.sh demo   -> the live demo on the embedded infrastructure
+#   bash scripts/dev.sh test   -> the whole test suite (extra arguments go to pytest)
+# It installs what is missing (mosquitto, redis, a Java 17 runtime; a virtualenv with the
+# project and its dev extra) and only what is missing, so a second run starts at once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cmd="${1:-}"
+shift || true
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need=()
+{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || need+=(mosquitto)
+command -v mosquitto_pub >/dev/null || need+=(mosquitto-clients)
+{ command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ]; } || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(17|21)'; then
+  need+=(openjdk-17-jre-headless)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing system packages: ${need[*]}" >&2
+  as_root apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+fi
+stamp=.venv/.fleetfence-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q -e '.[dev,bench]'
+  touch "$stamp"
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+export PYSPARK_PYTHON="$PWD/.venv/bin/python"
+export PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
+
+case "$cmd" in
+  demo) exec fleetfence demo "$@" ;;
+  test) exec python -m pytest "$@" ;;
+  lint) ruff check . && ruff format --check . && mypy ;;
+  *) echo "usage: bash scripts/dev.sh demo|test|lint [args]" >&2; exit 2 ;;
+esac

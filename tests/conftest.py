@@ -1,0 +1,62 @@
+"""Session-wide fixtures: private, real infrastructure on free ports, and one shared SparkSession.
+
+Nothing is mocked: the broker, Mosquitto and Redis are the same binaries `fleetfence infra up`
+starts, under a temporary state folder. A service that cannot start fails the tests that need it
+with the start-up error; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetfence import infra
+from fleetfence.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def infra_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """Private broker, Mosquitto and Redis for the whole test session (no topics created)."""
+    state = tmp_path_factory.mktemp("fleetfence-state")
+    settings = Settings(
+        state_dir=state,
+        kafka_port=infra.free_port(),
+        mqtt_port=infra.free_port(),
+        redis_port=infra.free_port(),
+        kafka_bootstrap=None,
+        mqtt_url=None,
+        redis_url=None,
+        startup_timeout_s=60,
+    )
+    try:
+        infra.up(settings, create_topics=False)
+    except Exception as exc:
+        infra.down(settings)
+        pytest.fail(f"could not start the private test infrastructure: {exc}", pytrace=False)
+    yield settings
+    infra.down(settings)
+
+
+@pytest.fixture
+def settings(infra_settings: Settings) -> Settings:
+    """Settings pointing at the private services, with a unique topic prefix for this test."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    return infra_settings.model_copy(update={"topic_prefix": prefix})
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One local SparkSession shared by every Spark test (start-up costs 5-8 s)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from processor.spark import build_session
+
+    warehouse = Path(tmp_path_factory.mktemp("spark"))
+    session = build_session(app_name="fleetfence-tests", master="local[2]", local_dir=warehouse)
+    yield session
+    session.stop()

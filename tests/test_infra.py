@@ -1,0 +1,167 @@
+"""The embedded infrastructure is real and answers on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import uuid
+
+import paho.mqtt.client as mqtt
+import pytest
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from fleetfence import infra
+from fleetfence.errors import InfraError
+from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.settings import Settings
+
+pytestmark = pytest.mark.services
+
+
+def test_status_reports_three_healthy_services(infra_settings: Settings) -> None:
+    statuses = {s.name: s for s in infra.status(infra_settings)}
+    assert set(statuses) == {"kafka", "mqtt", "redis"}
+    for s in statuses.values():
+        assert s.healthy, s
+        assert s.managed
+        assert s.pid is not None
+        assert "127.0.0.1" in s.address
+
+
+def test_topics_created_with_partitions_and_compaction(settings: Settings) -> None:
+    created = ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    t = settings.topics
+    assert created == {t.telemetry: 4, t.alerts: 4, t.telemetry_dlq: 1, t.alerts_dlq: 1, t.master: 1}
+    # Second call finds them and changes nothing.
+    assert ensure_topics(settings.bootstrap_servers, topic_specs(settings)) == created
+
+
+def test_kafka_produce_consume_round_trip(settings: Settings) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    p = Producer(producer_config(settings.bootstrap_servers))
+    for i in range(20):
+        p.produce(settings.topics.telemetry, key=f"v{i % 3}".encode(), value=f"m{i}".encode())
+    assert p.flush(10) == 0
+    c = Consumer(consumer_config(settings.bootstrap_servers, f"g-{uuid.uuid4().hex}"))
+    c.assign([TopicPartition(settings.topics.telemetry, p_, 0) for p_ in range(4)])
+    got: list[bytes] = []
+    import time
+
+    deadline = time.monotonic() + 15
+    while len(got) < 20 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.value())
+    c.close()
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(20))
+
+
+def test_mosquitto_pub_and_redis_cli_connect(infra_settings: Settings) -> None:
+    host, port = infra_settings.mqtt_host_port
+    received = threading.Event()
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    subscribed = threading.Event()
+    client.on_subscribe = lambda *_a: subscribed.set()
+    client.on_message = lambda _c, _u, m: received.set() if m.payload == b"hello" else None
+    client.connect(host, port)
+    client.loop_start()
+    client.subscribe("fleetfence/test/cli", qos=1)
+    assert subscribed.wait(5)
+    subprocess.run(
+        ["mosquitto_pub", "-h", host, "-p", str(port), "-t", "fleetfence/test/cli", "-m", "hello", "-q", "1"],
+        check=True,
+        timeout=10,
+    )
+    assert received.wait(5)
+    client.loop_stop()
+    client.disconnect()
+    out = subprocess.run(
+        ["redis-cli", "-h", host, "-p", str(infra_settings.redis_port), "PING"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    )
+    assert out.stdout.strip() == "PONG"
+
+
+def test_redis_is_private_and_writable(infra_settings: Settings) -> None:
+    r = redis.Redis.from_url(infra_settings.redis_dsn)
+    key = f"test:{uuid.uuid4().hex}"
+    r.set(key, "1")
+    assert r.get(key) == b"1"
+    assert r.config_get("port")["port"] == str(infra_settings.redis_port)
+
+
+def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None:
+    from pathlib import Path
+
+    s = Settings(
+        state_dir=Path(str(tmp_path)),
+        kafka_port=infra.free_port(),
+        mqtt_port=infra.free_port(),
+        redis_port=infra.free_port(),
+        kafka_bootstrap=None,
+        mqtt_url=None,
+        redis_url=None,
+        startup_timeout_s=60,
+    )
+    try:
+        infra.up(s)
+        pids = {st.name: st.pid for st in infra.status(s)}
+        r = redis.Redis.from_url(s.redis_dsn)
+        r.set("kept", "yes")
+        r.close()
+        p = Producer(producer_config(s.bootstrap_servers))
+        p.produce(s.topics.master, key=b"route:r1", value=b"{}")
+        assert p.flush(10) == 0
+        assert sorted(infra.down(s)) == ["kafka", "mqtt", "redis"]
+        exes = {"kafka": "noida-db", "mqtt": "mosquitto", "redis": "redis-server"}
+        for name, pid in pids.items():
+            assert pid is not None
+            assert not infra._alive(pid, exes[name]), f"{name} still running"
+        assert all(st.pid is None and not st.healthy for st in infra.status(s))
+        infra.up(s)
+        r = redis.Redis.from_url(s.redis_dsn)
+        assert r.get("kept") == b"yes"
+        r.close()
+        c = Consumer(consumer_config(s.bootstrap_servers, "g-restart"))
+        lo, hi = c.get_watermark_offsets(TopicPartition(s.topics.master, 0), timeout=10)
+        c.close()
+        assert hi - lo == 1
+    finally:
+        infra.down(s)
+
+
+def test_port_taken_gives_clear_error(tmp_path: object, infra_settings: Settings) -> None:
+    from pathlib import Path
+
+    s = Settings(
+        state_dir=Path(str(tmp_path)),
+        kafka_port=infra.free_port(),
+        mqtt_port=infra_settings.mqtt_port,
+        redis_port=infra.free_port(),
+        kafka_bootstrap=None,
+        mqtt_url=None,
+        redis_url=None,
+    )
+    with pytest.raises(InfraError, match=r"mqtt port .* is taken"):
+        infra.up(s)
+    assert all(st.pid is None for st in infra.status(s))
+
+
+def test_external_endpoints_start_nothing(tmp_path: object, infra_settings: Settings) -> None:
+    from pathlib import Path
+
+    s = Settings(
+        state_dir=Path(str(tmp_path)),
+        kafka_bootstrap=infra_settings.bootstrap_servers,
+        mqtt_url=f"mqtt://127.0.0.1:{infra_settings.mqtt_port}",
+        redis_url=infra_settings.redis_dsn,
+        topic_prefix=f"ext{uuid.uuid4().hex[:6]}.",
+    )
+    statuses = infra.up(s)
+    assert all(st.healthy and not st.managed and st.pid is None for st in statuses)
+    assert not (Path(str(tmp_path)) / "run").exists() or not any((Path(str(tmp_path)) / "run").iterdir())
+    assert infra.down(s) == []
