@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address embedded services bind to.")
     # Topics.
     topic_prefix: str = Field(default="", description="Prefix for every Kafka topic name.")
+    redis_prefix: str = Field(default="ff:", description="Prefix for every Redis key FleetFence writes.")
     telemetry_partitions: int = Field(default=4, ge=1)
     alerts_partitions: int = Field(default=4, ge=1)
     # Service start-up.
