@@ -47,6 +47,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(t.telemetry_dlq, 1, {"retention.ms": str(30 * DAY_MS)}),
         TopicSpec(t.alerts_dlq, 1, {"retention.ms": str(30 * DAY_MS)}),
         TopicSpec(t.master, 1, {"cleanup.policy": "compact"}),
+        TopicSpec(t.processor_commits, 1, {"cleanup.policy": "compact"}),
     ]
 
 

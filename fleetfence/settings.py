@@ -44,6 +44,11 @@ class TopicNames:
     def alerts_dlq(self) -> str:
         return f"{self.prefix}fleet.alerts.dlq"
 
+    @property
+    def processor_commits(self) -> str:
+        """Markers of the micro-batches whose alerts the processor committed (exactly-once)."""
+        return f"{self.prefix}fleet.processor.commits"
+
 
 class Settings(BaseSettings):
     """Every knob of FleetFence; see the README's configuration table."""

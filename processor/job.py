@@ -1,0 +1,129 @@
+"""The streaming job: Kafka telemetry + master data in, alerts (exactly once) and live state out.
+
+    source (fleetfence_kafka) -> watermark on event time -> groupBy(bucket)
+      -> transformWithStateInPandas(GeofenceProcessor, EventTime) -> sink (fleetfence_alerts)
+
+Runs on `local[*]` by default and unchanged under `spark-submit --master spark://...`: the source,
+the stateful operator and the sink are plain Spark plan nodes, the checkpoint is a Hadoop path.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from fleetfence.settings import Settings
+from processor.domain import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+class ProcessorSettings(Settings):
+    """`FLEETFENCE_PROCESSOR_*` knobs on top of the shared settings."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEETFENCE_", extra="ignore")
+
+    processor_checkpoint: str | None = Field(
+        default=None,
+        description="Checkpoint location (any Hadoop path); default <state_dir>/checkpoints/processor",
+    )
+    processor_buckets: int = Field(default=16, ge=1, le=4096, description="State buckets (vehicle groups).")
+    processor_max_events_per_batch: int = Field(default=200_000, ge=0, description="0 = no cap.")
+    processor_trigger_ms: int = Field(default=200, ge=0)
+    processor_lateness_s: float = Field(default=10.0, ge=0, description="Allowed event-time lateness.")
+    processor_hysteresis_m: float = Field(default=15.0, ge=0)
+    processor_return_min_fixes: int = Field(default=2, ge=1)
+    processor_overspeed_hysteresis_kmh: float = Field(default=5.0, ge=0)
+    processor_silent_after_s: float = Field(default=120.0, gt=0, description="Default when a route has none.")
+    processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
+    processor_shuffle_partitions: int | None = Field(default=None, ge=1)
+    processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
+    processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
+    processor_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus port, 0 = off.")
+
+    @property
+    def checkpoint(self) -> str:
+        return self.processor_checkpoint or str((self.state_dir / "checkpoints" / "processor").resolve())
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            hysteresis_m=self.processor_hysteresis_m,
+            return_min_fixes=self.processor_return_min_fixes,
+            overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
+            default_silent_after_s=self.processor_silent_after_s,
+            allowed_lateness_ms=int(self.processor_lateness_s * 1000),
+        )
+
+
+def sink_id_for(checkpoint: str) -> str:
+    """A stable id per checkpoint: a reset checkpoint gets a new id, so its batches are not skipped
+    against the markers of the old one. Local checkpoints only; on a cluster pass it explicitly."""
+    p = Path(checkpoint.removeprefix("file:"))
+    p.mkdir(parents=True, exist_ok=True)
+    f = p / "fleetfence-sink-id"
+    if not f.exists():
+        f.write_text(uuid.uuid4().hex[:16])
+    return f.read_text().strip()
+
+
+def register_sources(spark: Any) -> None:
+    from processor.kafka_sink import AlertSinkDataSource
+    from processor.kafka_source import FleetKafkaDataSource
+
+    spark.dataSource.register(FleetKafkaDataSource)
+    spark.dataSource.register(AlertSinkDataSource)
+
+
+def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
+    """Build and start the streaming query; returns the StreamingQuery."""
+    from processor.kafka_sink import OUTPUT_DDL, SINK_NAME
+    from processor.kafka_source import SOURCE_NAME
+    from processor.stateful import GeofenceProcessor
+
+    register_sources(spark)
+    t = s.topics
+    src = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("bootstrap", s.bootstrap_servers)
+        .option("telemetryTopic", t.telemetry)
+        .option("masterTopic", t.master)
+        .option("buckets", str(s.processor_buckets))
+        .option("maxEventsPerBatch", str(s.processor_max_events_per_batch))
+        .option("startingOffsets", s.processor_starting_offsets)
+        .load()
+    )
+    lateness = f"{int(s.processor_lateness_s * 1000)} milliseconds"
+    out = (
+        src.withWatermark("ts", lateness)
+        .groupBy("bucket")
+        .transformWithStateInPandas(
+            statefulProcessor=GeofenceProcessor(s.engine_config()),
+            outputStructType=OUTPUT_DDL,
+            outputMode="Append",
+            timeMode="EventTime",
+        )
+    )
+    checkpoint = s.checkpoint
+    writer = (
+        out.writeStream.format(SINK_NAME)
+        .queryName(query_name)
+        .option("checkpointLocation", checkpoint)
+        .option("bootstrap", s.bootstrap_servers)
+        .option("alertsTopic", t.alerts)
+        .option("dlqTopic", t.telemetry_dlq)
+        .option("markersTopic", t.processor_commits)
+        .option("sinkId", sink_id_for(checkpoint))
+        .option("redisPrefix", s.redis_prefix)
+    )
+    if s.processor_live_state:
+        writer = writer.option("redisUrl", s.redis_dsn)
+    if s.processor_trigger_ms > 0:
+        writer = writer.trigger(processingTime=f"{s.processor_trigger_ms} milliseconds")
+    q = writer.start()
+    logger.info("processor started query=%s checkpoint=%s", q.id, checkpoint)
+    return q

@@ -1,0 +1,259 @@
+"""Exactly-once Spark streaming sink for alerts, on the Python Data Source API.
+
+Executors (`write`) do not touch Kafka: they write the live read model to Redis (idempotent: a
+state only replaces an older one) and hand their alerts and dead letters back in the commit
+message. The driver (`commit`) then writes all of the micro-batch's alerts, its dead letters and a
+marker `{sink_id: batch_id}` in ONE Kafka transaction. Before writing, it looks up the last
+committed marker of this sink; a batch at or below it was already committed (Spark crashed after
+the Kafka commit but before its own commit log) and is skipped. The protocol and the failure cases
+it covers are in docs/exactly-once.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+
+logger = logging.getLogger(__name__)
+
+SINK_NAME = "fleetfence_alerts"
+OUTPUT_DDL = "kind string, key string, value binary, seq long, error string"
+OUT_ALERT = "alert"
+OUT_LIVE = "live"
+OUT_DLQ = "dlq"
+OUT_STATS = "stats"
+
+# Replaces the live state only when (seq, silent) is newer: replays and retries write the same or
+# an older state and change nothing.
+LIVE_LUA = """
+local cur = redis.call('GET', KEYS[1])
+local newv = tonumber(ARGV[2])
+if cur then
+  local ok, d = pcall(cjson.decode, cur)
+  if ok and d['seq'] then
+    local curv = tonumber(d['seq']) * 2 + ((d['silent'] == true) and 1 or 0)
+    if curv >= newv then return 0 end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
+
+@dataclass
+class AlertCommitMessage(WriterCommitMessage):
+    alerts: list[tuple[str, bytes]] = field(default_factory=list)
+    dlq: list[tuple[str, bytes, str]] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    live_written: int = 0
+
+
+class _SinkState:
+    """Per-process transactional producer and the last batch this sink committed."""
+
+    def __init__(self, bootstrap: str, sink_id: str, markers_topic: str) -> None:
+        from confluent_kafka import Producer
+
+        self.sink_id = sink_id
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "transactional.id": f"fleetfence-processor-{sink_id}",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+                "compression.type": "lz4",
+                "transaction.timeout.ms": 60000,
+                "partitioner": "murmur2_random",
+            }
+        )
+        # Fences any zombie with the same id and aborts its open transaction, so what we read next
+        # is final.
+        self.producer.init_transactions(30)
+        self.last_committed = read_last_marker(bootstrap, markers_topic, sink_id)
+        logger.info("sink ready sink_id=%s last_committed_batch=%s", sink_id, self.last_committed)
+
+
+_SINKS: dict[tuple[str, str], _SinkState] = {}
+
+
+def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> int:
+    """The highest batch id committed by `sink_id` (-1 if none), read_committed, to the end."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fleetfence-marker-{sink_id}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+        if hi <= lo:
+            return -1
+        c.assign([TopicPartition(topic, 0, lo)])
+        last = -1
+        deadline = time.monotonic() + timeout_s
+        key = sink_id.encode()
+        while time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= hi:
+                        return last
+                    continue
+                if m.key() == key and m.value():
+                    last = max(last, int(orjson.loads(m.value())["batch_id"]))
+            pos = c.position([TopicPartition(topic, 0)])[0].offset
+            if pos >= hi:
+                return last
+        raise TimeoutError(f"could not read commit markers of {sink_id} from {topic}")
+    finally:
+        c.close()
+
+
+class AlertStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.bootstrap = options["bootstrap"]
+        self.alerts_topic = options["alertstopic"]
+        self.dlq_topic = options["dlqtopic"]
+        self.markers_topic = options["markerstopic"]
+        self.sink_id = options["sinkid"]
+        self.redis_url = options.get("redisurl") or None
+        self.redis_prefix = options.get("redisprefix", "ff:")
+
+    # ---- executors
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> AlertCommitMessage:
+        msg = AlertCommitMessage()
+        live: list[tuple[str, bytes, int]] = []
+        for batch in iterator:
+            d = batch.to_pydict()
+            for kind, key, value, seq, error in zip(
+                d["kind"], d["key"], d["value"], d["seq"], d["error"], strict=True
+            ):
+                if kind == OUT_ALERT:
+                    msg.alerts.append((key, value))
+                elif kind == OUT_LIVE:
+                    live.append((key, value, seq))
+                elif kind == OUT_DLQ:
+                    msg.dlq.append((key, value, error or "invalid"))
+                elif kind == OUT_STATS:
+                    for k, v in orjson.loads(value).items():
+                        msg.stats[k] = msg.stats.get(k, 0) + int(v)
+        if live and self.redis_url:
+            msg.live_written = self._write_live(live)
+        return msg
+
+    def _write_live(self, live: list[tuple[str, bytes, int]]) -> int:
+        import redis
+
+        r = redis.Redis.from_url(self.redis_url or "")
+        try:
+            script = r.register_script(LIVE_LUA)
+            pipe = r.pipeline(transaction=False)
+            index = f"{self.redis_prefix}live:index"
+            for vid, value, version in live:
+                ts_ms = orjson.loads(value)["ts_ms"]
+                script(
+                    keys=[f"{self.redis_prefix}live:{vid}", index],
+                    args=[value, version, ts_ms, vid],
+                    client=pipe,
+                )
+            written = sum(int(x) for x in pipe.execute())
+            # One message per task and batch, not per vehicle: the live map redraws in batches.
+            r.publish(f"{self.redis_prefix}live:positions", b"[" + b",".join(v for _, v, _ in live) + b"]")
+            return written
+        finally:
+            r.close()
+
+    # ---- driver
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        key = (self.bootstrap, self.sink_id)
+        st = _SINKS.get(key)
+        if st is None:
+            st = _SinkState(self.bootstrap, self.sink_id, self.markers_topic)
+            _SINKS[key] = st
+        if batchId <= st.last_committed:
+            logger.warning("batch already committed, skipped sink_id=%s batch_id=%s", self.sink_id, batchId)
+            return
+        msgs = [m for m in messages if isinstance(m, AlertCommitMessage)]
+        alerts = [a for m in msgs for a in m.alerts]
+        dlq = [x for m in msgs for x in m.dlq]
+        stats: dict[str, int] = {}
+        for m in msgs:
+            if m is not None:
+                for k, v in m.stats.items():
+                    stats[k] = stats.get(k, 0) + v
+        stats["alerts"] = len(alerts)
+        stats["dead_lettered"] = stats.get("invalid", 0)
+        p = st.producer
+        try:
+            p.begin_transaction()
+            for vid, value in alerts:
+                p.produce(self.alerts_topic, key=vid.encode(), value=value)
+            now = str(int(time.time() * 1000)).encode()
+            for src, value, reason in dlq:
+                p.produce(
+                    self.dlq_topic,
+                    key=src.encode(),
+                    value=value,
+                    headers=[
+                        ("reason", b"not_canonical"),
+                        ("detail", reason.encode()[:500]),
+                        ("source", src.encode()),
+                        ("received_ms", now),
+                    ],
+                )
+            marker = {
+                "sink_id": self.sink_id,
+                "batch_id": batchId,
+                "committed_ms": int(time.time() * 1000),
+                **stats,
+            }
+            p.produce(self.markers_topic, key=self.sink_id.encode(), value=orjson.dumps(marker))
+            p.commit_transaction(60)
+        except Exception:
+            _SINKS.pop(key, None)
+            try:
+                p.abort_transaction(10)
+            except Exception:  # fenced or broker gone: the next incarnation's init aborts it
+                logger.exception("abort after failed commit also failed sink_id=%s", self.sink_id)
+            raise
+        st.last_committed = batchId
+        logger.info(
+            "batch committed sink_id=%s batch_id=%s alerts=%s dead_lettered=%s",
+            self.sink_id,
+            batchId,
+            len(alerts),
+            len(dlq),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        logger.warning("batch aborted by Spark sink_id=%s batch_id=%s", self.sink_id, batchId)
+
+
+class AlertSinkDataSource(DataSource):
+    """`df.writeStream.format("fleetfence_alerts")`: options bootstrap, alertsTopic, dlqTopic,
+    markersTopic, sinkId, redisUrl, redisPrefix."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def schema(self) -> str:
+        return OUTPUT_DDL
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> AlertStreamWriter:
+        return AlertStreamWriter({k.lower(): v for k, v in self.options.items()})

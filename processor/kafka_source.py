@@ -1,0 +1,407 @@
+"""Spark streaming source for Kafka on the Python Data Source API (no Maven, no JVM connector).
+
+One Spark input partition per Kafka partition; offsets are plain dicts that Spark writes to its
+checkpoint's offset log before a micro-batch runs, so a restart re-reads exactly the same records
+for an unfinished batch and continues after the last committed one. Records are read with
+confluent-kafka in `read_committed` mode and parsed inside the reading task into typed Arrow
+columns, so the JVM never sees JSON.
+
+The source reads the telemetry topic and, optionally, the master-data topic in the same
+micro-batch: master changes travel through the same checkpointed offsets as telemetry, which makes a
+replay see the same route versions. A route or zone change concerns every bucket and is emitted once
+per bucket; an assignment or vehicle change goes to its vehicle's bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+logger = logging.getLogger(__name__)
+
+SOURCE_NAME = "fleetfence_kafka"
+
+SCHEMA_DDL = (
+    "kind string, bucket int, vehicle_id string, seq long, ts timestamp, ts_ms long, lat double, lon double, "
+    "speed_kmh double, received_ms long, payload binary, topic string, kafka_partition int, "
+    "kafka_offset long, error string"
+)
+ARROW_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("bucket", pa.int32()),
+        ("vehicle_id", pa.string()),
+        ("seq", pa.int64()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("ts_ms", pa.int64()),
+        ("lat", pa.float64()),
+        ("lon", pa.float64()),
+        ("speed_kmh", pa.float64()),
+        ("received_ms", pa.int64()),
+        ("payload", pa.binary()),
+        ("topic", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("error", pa.string()),
+    ]
+)
+
+KIND_TELEMETRY = "T"
+KIND_MASTER = "M"
+KIND_INVALID = "E"
+
+
+def bucket_of(vehicle_id: str, buckets: int) -> int:
+    """Stable across processes and machines (unlike `hash`), so state never moves between buckets."""
+    return zlib.crc32(vehicle_id.encode()) % buckets
+
+
+@dataclass
+class KafkaInputPartition(InputPartition):
+    topic: str
+    partition: int
+    start: int
+    end: int
+    kind: str
+
+    def __init__(self, topic: str, partition: int, start: int, end: int, kind: str) -> None:
+        super().__init__((topic, partition))
+        self.topic, self.partition, self.start, self.end, self.kind = topic, partition, start, end, kind
+
+
+# Consumers are expensive to create (connections, metadata); Spark reuses Python workers, so one
+# consumer per worker process is kept and re-assigned for every partition it reads.
+_CONSUMERS: dict[str, Any] = {}
+
+
+def _consumer(bootstrap: str) -> Any:
+    from confluent_kafka import Consumer
+
+    c = _CONSUMERS.get(bootstrap)
+    if c is None:
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "fleetfence-processor-reader",  # never joins or commits: offsets live in Spark
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                "queued.max.messages.kbytes": 256 * 1024,
+            }
+        )
+        _CONSUMERS[bootstrap] = c
+    return c
+
+
+class _Columns:
+    """Column builders for one Arrow batch."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {f.name: [] for f in ARROW_SCHEMA}
+
+    def add(
+        self,
+        kind: str,
+        bucket: int,
+        vid: str | None,
+        seq: int | None,
+        ts_ms: int | None,
+        lat: float | None,
+        lon: float | None,
+        speed: float | None,
+        recv: int | None,
+        payload: bytes | None,
+        topic: str,
+        part: int,
+        off: int,
+        error: str | None,
+    ) -> None:
+        c = self.cols
+        c["kind"].append(kind)
+        c["bucket"].append(bucket)
+        c["vehicle_id"].append(vid)
+        c["seq"].append(seq)
+        c["ts"].append(None if ts_ms is None else ts_ms * 1000)
+        c["ts_ms"].append(ts_ms)
+        c["lat"].append(lat)
+        c["lon"].append(lon)
+        c["speed_kmh"].append(speed)
+        c["received_ms"].append(recv)
+        c["payload"].append(payload)
+        c["topic"].append(topic)
+        c["kafka_partition"].append(part)
+        c["kafka_offset"].append(off)
+        c["error"].append(error)
+
+    def __len__(self) -> int:
+        return len(self.cols["kind"])
+
+    def batch(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(self.cols, schema=ARROW_SCHEMA)
+
+
+def parse_telemetry(
+    cols: _Columns, value: bytes | None, topic: str, part: int, off: int, buckets: int
+) -> None:
+    """Canonical telemetry (docs/contracts.md) -> a typed row; anything else -> an invalid row that
+    the processor dead-letters, so the counts still reconcile."""
+    try:
+        d = orjson.loads(value or b"")
+        vid = d["vehicle_id"]
+        seq, ts_ms = d["seq"], d["ts_ms"]
+        lat, lon, speed = float(d["lat"]), float(d["lon"]), float(d["speed_kmh"])
+        if not (
+            isinstance(vid, str)
+            and vid
+            and isinstance(seq, int)
+            and isinstance(ts_ms, int)
+            and -90 <= lat <= 90
+            and -180 <= lon <= 180
+            and speed >= 0
+        ):
+            raise ValueError("field out of contract")
+        recv = d.get("received_ms")
+        cols.add(
+            KIND_TELEMETRY,
+            bucket_of(vid, buckets),
+            vid,
+            seq,
+            ts_ms,
+            lat,
+            lon,
+            speed,
+            recv if isinstance(recv, int) else 0,
+            None,
+            topic,
+            part,
+            off,
+            None,
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        key = f"{topic}:{part}:{off}"
+        cols.add(
+            KIND_INVALID,
+            bucket_of(key, buckets),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            value,
+            topic,
+            part,
+            off,
+            f"not canonical telemetry: {type(exc).__name__}: {str(exc)[:120]}",
+        )
+
+
+def parse_master(cols: _Columns, value: bytes | None, topic: str, part: int, off: int, buckets: int) -> None:
+    if value is None:  # a compaction tombstone carries nothing to apply
+        return
+    try:
+        d = orjson.loads(value)
+        entity, eid = d["entity"], str(d["id"])
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        logger.warning("master event skipped offset=%s error=%s", off, exc)
+        return
+    targets = range(buckets) if entity in ("route", "zone") else [bucket_of(eid, buckets)]
+    for b in targets:
+        cols.add(
+            KIND_MASTER,
+            b,
+            eid if entity in ("assignment", "vehicle") else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            value,
+            topic,
+            part,
+            off,
+            None,
+        )
+
+
+class FleetKafkaStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.bootstrap = options["bootstrap"]
+        self.telemetry_topic = options["telemetrytopic"]
+        self.master_topic = options.get("mastertopic") or None
+        self.buckets = int(options.get("buckets", "16"))
+        self.max_events = int(options.get("maxeventsperbatch", "0"))
+        self.starting = options.get("startingoffsets", "earliest")
+        self.read_timeout_s = float(options.get("readtimeouts", "60"))
+        self._admin_consumer: Any = None
+
+    # ---- driver side
+
+    def _meta_consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        if self._admin_consumer is None:
+            self._admin_consumer = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": "fleetfence-offsets",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        return self._admin_consumer
+
+    def _topics(self) -> dict[str, str]:
+        t = {"t": self.telemetry_topic}
+        if self.master_topic:
+            t["m"] = self.master_topic
+        return t
+
+    def _watermarks(self) -> dict[str, dict[str, tuple[int, int]]]:
+        from confluent_kafka import TopicPartition
+
+        c = self._meta_consumer()
+        out: dict[str, dict[str, tuple[int, int]]] = {}
+        md = c.list_topics(timeout=10)
+        for alias, topic in self._topics().items():
+            tmd = md.topics.get(topic)
+            if tmd is None or tmd.error is not None:
+                raise RuntimeError(f"Kafka topic {topic!r} does not exist (create it: `fleetfence infra up`)")
+            out[alias] = {}
+            for p in sorted(tmd.partitions):
+                lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                out[alias][str(p)] = (lo, hi)
+        return out
+
+    def initialOffset(self) -> dict[str, Any]:
+        wm = self._watermarks()
+        pick = 1 if self.starting == "latest" else 0
+        # Master data always starts from the beginning: the processor needs every route it refers to.
+        return {
+            alias: {p: (v[0] if alias == "m" else v[pick]) for p, v in parts.items()}
+            for alias, parts in wm.items()
+        }
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_events) if self.max_events > 0 else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        wm = self._watermarks()
+        end: dict[str, Any] = {}
+        for alias, parts in wm.items():
+            end[alias] = {}
+            for p, (lo, hi) in parts.items():
+                s = max(int(start.get(alias, {}).get(p, lo)), lo)
+                end[alias][p] = max(s, hi)
+        if isinstance(limit, ReadMaxRows) and "t" in end:
+            # Spread the cap over telemetry partitions in proportion to their backlog.
+            starts = {p: max(int(start.get("t", {}).get(p, wm["t"][p][0])), wm["t"][p][0]) for p in end["t"]}
+            backlog = {p: end["t"][p] - starts[p] for p in end["t"]}
+            total = sum(backlog.values())
+            if total > limit.max_rows:
+                for p in end["t"]:
+                    end["t"][p] = starts[p] + (backlog[p] * limit.max_rows) // total
+        return end
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
+        out = []
+        topics = self._topics()
+        for alias, parts in end.items():
+            for p, e in parts.items():
+                s = int(start.get(alias, {}).get(p, 0))
+                if e > s:
+                    out.append(
+                        KafkaInputPartition(
+                            topics[alias], int(p), s, int(e), KIND_MASTER if alias == "m" else KIND_TELEMETRY
+                        )
+                    )
+        return out
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
+
+    def stop(self) -> None:
+        if self._admin_consumer is not None:
+            self._admin_consumer.close()
+            self._admin_consumer = None
+
+    # ---- executor side
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        assert isinstance(partition, KafkaInputPartition)
+        c = _consumer(self.bootstrap)
+        tp = TopicPartition(partition.topic, partition.partition, partition.start)
+        c.assign([tp])
+        parse = parse_master if partition.kind == KIND_MASTER else parse_telemetry
+        cols = _Columns()
+        end = partition.end
+        deadline = time.monotonic() + self.read_timeout_s
+        done = False
+        try:
+            while not done:
+                msgs = c.consume(num_messages=10000, timeout=0.5)
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            if m.offset() >= end:
+                                done = True
+                            continue
+                        raise RuntimeError(
+                            f"Kafka read error on {partition.topic}/{partition.partition}: {err}"
+                        )
+                    off = m.offset()
+                    if off >= end:
+                        done = True
+                        break
+                    parse(cols, m.value(), partition.topic, partition.partition, off, self.buckets)
+                    if off >= end - 1:
+                        done = True
+                        break
+                if len(cols) >= 20000:
+                    yield cols.batch()
+                    cols = _Columns()
+                if not done and not msgs:
+                    # Transaction markers and compaction leave holes: the position tells where we are.
+                    pos = c.position([TopicPartition(partition.topic, partition.partition)])[0].offset
+                    if pos >= end:
+                        done = True
+                    elif time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"reading {partition.topic}/{partition.partition} "
+                            f"[{partition.start}, {end}) stalled at {pos}"
+                        )
+        finally:
+            c.unassign()
+        if len(cols):
+            yield cols.batch()
+
+
+class FleetKafkaDataSource(DataSource):
+    """`spark.readStream.format("fleetfence_kafka")`: options bootstrap, telemetryTopic, masterTopic,
+    buckets, maxEventsPerBatch, startingOffsets (earliest|latest)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> FleetKafkaStreamReader:
+        return FleetKafkaStreamReader({k.lower(): v for k, v in self.options.items()})

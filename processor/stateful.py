@@ -1,0 +1,178 @@
+"""The Spark stateful operator: `transformWithStateInPandas` keyed by vehicle bucket.
+
+State per bucket, in Spark's RocksDB state store (checkpointed, restored on restart):
+- `vehicles`: the bucket's vehicle state table and reorder buffer (one blob: written once per batch,
+  so the per-key cost is paid per bucket, not per vehicle);
+- `master`: routes, zones and assignments as of this batch (changes rarely; a worker keeps the
+  decoded copy in memory keyed by its digest, so it is only decoded when it changed);
+- `meta`: the master digest and the registered event-time timer.
+
+An event-time timer per bucket fires at the next silence deadline or held-fix release, so a bucket
+that receives no data still reports silent vehicles when the watermark moves on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from processor.domain import EngineConfig, RawFix
+from processor.engine import Catalog, MasterState, empty_states, process_bucket, rules_for
+from processor.kafka_sink import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS
+from processor.kafka_source import KIND_INVALID, KIND_MASTER, KIND_TELEMETRY
+
+logger = logging.getLogger(__name__)
+
+OUT_COLUMNS = ["kind", "key", "value", "seq", "error"]
+
+# Worker-process caches: decoded master data by digest, compiled geometry by (id, version).
+_MASTER_CACHE: dict[str, MasterState] = {}
+_CATALOGS: dict[EngineConfig, Catalog] = {}
+
+
+def _digest(blob: bytes) -> str:
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+class GeofenceProcessor(StatefulProcessor):
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.vehicles = handle.getValueState("vehicles", "blob binary")
+        self.master = handle.getValueState("master", "blob binary")
+        self.meta = handle.getValueState("meta", "master_digest string, timer_ms long")
+        self.catalog = _CATALOGS.setdefault(self.cfg, Catalog(self.cfg))
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[Any], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        frames = list(rows)
+        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        yield self._run(df, timerValues.getCurrentWatermarkInMs())
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        yield self._run(None, timerValues.getCurrentWatermarkInMs())
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ the work
+
+    @staticmethod
+    def _get(state: Any) -> bytes:
+        value = state.get()
+        assert value is not None, "state checked with exists() first"
+        return bytes(value[0])
+
+    def _load_master(self) -> tuple[MasterState, str, int]:
+        meta = self.meta.get() if self.meta.exists() else None
+        digest, timer_ms = (meta[0], int(meta[1])) if meta else ("", -1)
+        if not digest:
+            return MasterState(), "", timer_ms
+        cached = _MASTER_CACHE.get(digest)
+        if cached is None:
+            blob = self._get(self.master)
+            cached = pickle.loads(blob)
+            _MASTER_CACHE[digest] = cached
+        return cached, digest, timer_ms
+
+    def _run(self, df: pd.DataFrame | None, watermark_ms: int) -> pd.DataFrame:
+        wm = max(int(watermark_ms), 0)
+        master, digest, timer_ms = self._load_master()
+        out: list[tuple[str, str, bytes, int, str | None]] = []
+        stats = {"received": 0, "invalid": 0, "accepted": 0, "duplicates": 0, "master_events": 0}
+
+        if df is not None and len(df):
+            m_rows = df[df["kind"] == KIND_MASTER]
+            if len(m_rows):
+                # Copy before applying: the cached object must keep matching its digest if this
+                # batch fails and is retried.
+                new_master = pickle.loads(pickle.dumps(master, protocol=5))
+                changed = False
+                for payload in m_rows.sort_values("kafka_offset")["payload"]:
+                    changed |= new_master.apply(orjson.loads(payload))
+                stats["master_events"] = len(m_rows)
+                if changed:
+                    blob = pickle.dumps(new_master, protocol=5)
+                    digest = _digest(blob)
+                    self.master.update((blob,))
+                    _MASTER_CACHE[digest] = new_master
+                    master = new_master
+            bad = df[df["kind"] == KIND_INVALID]
+            r: Any
+            for r in bad.itertuples(index=False):
+                src = f"{r.topic}:{r.kafka_partition}:{r.kafka_offset}"
+                out.append((OUT_DLQ, src, bytes(r.payload or b""), -1, str(r.error)))
+            stats["invalid"] = len(bad)
+            fixes = df[df["kind"] == KIND_TELEMETRY]
+        else:
+            fixes = None
+
+        if self.vehicles.exists():
+            states, held = pickle.loads(self._get(self.vehicles))
+        else:
+            states, held = empty_states(), {}
+        if fixes is None or not len(fixes):
+            fixes = pd.DataFrame(
+                {
+                    c: pd.Series(dtype=t)
+                    for c, t in (
+                        ("vehicle_id", object),
+                        ("seq", "int64"),
+                        ("ts_ms", "int64"),
+                        ("lat", "float64"),
+                        ("lon", "float64"),
+                        ("speed_kmh", "float64"),
+                        ("received_ms", "int64"),
+                    )
+                }
+            )
+        stats["received"] = len(fixes)
+        res = process_bucket(states, held, master, fixes, wm, self.cfg, self.catalog)
+        stats["accepted"], stats["duplicates"] = res.accepted, res.dropped_duplicates
+        stats["held"] = sum(len(v) for v in res.held.values())
+        self.vehicles.update((pickle.dumps((res.states, res.held), protocol=5),))
+
+        for a in res.alerts:
+            out.append((OUT_ALERT, a.vehicle_id, orjson.dumps(a.to_dict()), a.seq, None))
+        for live in res.live:
+            version = live["seq"] * 2 + (1 if live["silent"] else 0)
+            out.append((OUT_LIVE, live["vehicle_id"], orjson.dumps(live), version, None))
+        out.append((OUT_STATS, "", orjson.dumps(stats), 0, None))
+
+        next_timer = self._next_timer(res.states, res.held, master)
+        if next_timer != timer_ms:
+            if timer_ms > 0:
+                self.handle.deleteTimer(timer_ms)
+            if next_timer > 0:
+                self.handle.registerTimer(next_timer)
+        self.meta.update((digest, next_timer))
+        return pd.DataFrame(out, columns=OUT_COLUMNS)
+
+    def _next_timer(self, states: pd.DataFrame, held: dict[str, list[RawFix]], master: MasterState) -> int:
+        due: list[int] = []
+        if len(states):
+            active = states[(~states["silent"]) & (states["last_seq"] >= 0)]
+            for route_id, grp in active.groupby(active["route_id"].fillna(""), sort=False):
+                rules = rules_for(master, self.catalog, route_id or None)
+                after_s = rules.silent_after_s if rules else self.cfg.default_silent_after_s
+                due.append(int(grp["last_ts_ms"].min()) + int(after_s * 1000))
+        for fixes in held.values():
+            due.extend(f.ts_ms for f in fixes)
+        return min(due) if due else -1

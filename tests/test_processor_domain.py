@@ -1,0 +1,325 @@
+"""The reference state machine and the vectorized engine: semantics, no flapping, equivalence."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetfence.contracts import AlertType
+from processor.domain import EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
+from processor.engine import Catalog, MasterState, empty_states, process_bucket, state_of
+from processor.geometry import LocalProjection, RouteRules, compile_route
+
+CFG = EngineConfig(hysteresis_m=15.0, return_min_fixes=2)
+RULES = RouteRules(
+    corridor_width_m=100.0,
+    speed_limit_kmh=50.0,
+    deviation_min_fixes=3,
+    deviation_min_s=0.0,
+    overspeed_min_s=10.0,
+    silent_after_s=60.0,
+)
+T0 = 1_795_000_000_000
+
+
+def fix(seq: int, inside: bool = True, inner: bool | None = None, speed: float = 30.0, **kw: Any) -> Fix:
+    return Fix(
+        seq, T0 + seq * 1000, 52.0, 13.0, speed, 0, "r1", 1, inside, inside if inner is None else inner, **kw
+    )
+
+
+def run(fixes: list[Fix], rules: RouteRules = RULES) -> tuple[VehicleState, list[Any]]:
+    s = VehicleState("v1")
+    out = []
+    for f in fixes:
+        s, a = step(s, f, rules, CFG)
+        out.extend(a)
+    return s, out
+
+
+def test_deviation_needs_n_consecutive_outside_fixes() -> None:
+    _, alerts = run(
+        [fix(0), fix(1, False), fix(2, False), fix(3), fix(4, False), fix(5, False), fix(6, False)]
+    )
+    assert [(a.type, a.seq) for a in alerts] == [(AlertType.ROUTE_DEVIATION, 6)]
+
+
+def test_deviation_needs_min_seconds_too() -> None:
+    rules = RouteRules(100.0, 50.0, deviation_min_fixes=2, deviation_min_s=5.0)
+    _, alerts = run([fix(0)] + [fix(i, False) for i in range(1, 8)], rules)
+    assert [(a.type, a.seq) for a in alerts] == [(AlertType.ROUTE_DEVIATION, 6)]
+
+
+def test_return_needs_inner_band() -> None:
+    seq = [fix(0), fix(1, False), fix(2, False), fix(3, False)]
+    # Back in the corridor but not in the inner band: still off route.
+    seq += [fix(4, True, False), fix(5, True, False), fix(6, True, False)]
+    seq += [fix(7, True, True), fix(8, True, True)]
+    state, alerts = run(seq)
+    assert [(a.type, a.seq) for a in alerts] == [(AlertType.ROUTE_DEVIATION, 3), (AlertType.ROUTE_RETURN, 8)]
+    assert not state.off_route
+
+
+def test_overspeed_episode_alerts_once_and_rearms_after_hysteresis() -> None:
+    seq = [fix(i, speed=60.0) for i in range(15)]  # 14 s over the limit
+    seq += [fix(15, speed=48.0)]  # within hysteresis: same episode
+    seq += [fix(i, speed=61.0) for i in range(16, 30)]
+    seq += [fix(30, speed=40.0)]  # episode ends
+    seq += [fix(i, speed=70.0) for i in range(31, 45)]
+    _, alerts = run(seq)
+    assert [(a.type, a.seq) for a in alerts] == [(AlertType.OVERSPEED, 10), (AlertType.OVERSPEED, 41)]
+
+
+def test_zone_enter_exit_with_dwell_and_outer_band() -> None:
+    z = frozenset({"depot"})
+    seq = [fix(0), fix(1, zones_in=z, zones_outer=z), fix(2, zones_outer=z), fix(3, zones_outer=z), fix(4)]
+    _, alerts = run(seq)
+    assert [(a.type, a.seq, a.subject) for a in alerts] == [
+        (AlertType.ZONE_ENTER, 1, "depot"),
+        (AlertType.ZONE_EXIT, 4, "depot"),
+    ]
+    assert dict(alerts[1].details)["dwell_s"] == 3.0
+
+
+def test_silence_once_by_watermark() -> None:
+    s, _ = run([fix(0), fix(1)])
+    s2, a = check_silence(s, T0 + 1000 + 59_999, 60)
+    assert a == []
+    s3, a = check_silence(s2, T0 + 1000 + 60_000, 60)
+    assert [x.type for x in a] == [AlertType.VEHICLE_SILENT]
+    assert a[0].ts_ms == T0 + 61_000
+    _, again = check_silence(s3, T0 + 10**7, 60)
+    assert again == []
+    s4, _ = step(s3, fix(2), RULES, CFG)
+    assert not s4.silent
+
+
+def test_alert_ids_are_deterministic() -> None:
+    fixes = [fix(0)] + [fix(i, False) for i in range(1, 5)]
+    assert [a.alert_id for a in run(fixes)[1]] == [a.alert_id for a in run(fixes)[1]]
+    assert len({a.alert_id for a in run(fixes)[1]}) == len(run(fixes)[1])
+
+
+def raw(seq: int, ts: int | None = None) -> RawFix:
+    return RawFix(seq, T0 + seq * 1000 if ts is None else ts, 52.0, 13.0, 30.0, 0)
+
+
+def test_reorder_drops_duplicates_and_waits_for_gaps() -> None:
+    ready, held, dropped = reorder(
+        4, [], [raw(3), raw(5), raw(5), raw(7), raw(8)], watermark_ms=0, max_pending=100
+    )
+    assert [f.seq for f in ready] == [5]
+    assert [f.seq for f in held] == [7, 8]
+    assert dropped == 2
+    ready, held, dropped = reorder(5, held, [raw(6)], watermark_ms=0, max_pending=100)
+    assert [f.seq for f in ready] == [6, 7, 8]
+    assert held == []
+    # A gap is given up once the watermark passes the waiting fix.
+    ready, held, _ = reorder(8, [], [raw(10)], watermark_ms=T0 + 10_000, max_pending=100)
+    assert [f.seq for f in ready] == [10]
+
+
+@given(
+    st.lists(st.floats(min_value=-1.0, max_value=1.0), min_size=5, max_size=60),
+    st.floats(min_value=0.0, max_value=1.0),
+)
+def test_no_flapping_under_bounded_jitter(jitter: list[float], base: float) -> None:
+    """A vehicle whose true position sits anywhere in the hysteresis band, jittering by less than
+    the band, produces at most one deviation and never a deviation/return cycle."""
+    half, band = 50.0, 15.0
+    route = compile_route(
+        "r1",
+        1,
+        {
+            "geometry": {"type": "LineString", "coordinates": [[13.0, 52.0], [13.1, 52.0]]},
+            "corridor_width_m": 2 * half,
+            "speed_limit_kmh": 50,
+        },
+        band,
+    )
+    proj = route.projection
+    true_d = half - band + base * band  # inside the band [half-band, half]
+    amp = band / 2 * 0.99
+    alerts = []
+    s = VehicleState("v")
+    for i, j in enumerate(jitter):
+        lon, lat = proj.inverse(np.array([2000.0 + i]), np.array([true_d + j * amp - band / 2 + band / 2]))
+        from processor.geometry import corridor_tests
+
+        ins, inn = corridor_tests([route], np.array([0]), lon, lat)
+        f = Fix(i, T0 + i * 1000, float(lat[0]), float(lon[0]), 30.0, 0, "r1", 1, bool(ins[0]), bool(inn[0]))
+        s, a = step(s, f, route.rules, CFG)
+        alerts.extend(a)
+    types = [a.type for a in alerts]
+    assert types.count(AlertType.ROUTE_RETURN) == 0
+    assert types.count(AlertType.ROUTE_DEVIATION) <= 1
+
+
+# --------------------------------------------------------------------------- engine equivalence
+
+LINE = [[13.0, 52.005], [13.05, 52.005], [13.1, 52.005]]
+ROUTE_DATA = {
+    "route_id": "r1",
+    "geometry": {"type": "LineString", "coordinates": LINE},
+    "corridor_width_m": 100,
+    "speed_limit_kmh": 50,
+    "deviation_min_fixes": 2,
+    "overspeed_min_s": 3,
+    "silent_after_s": 30,
+}
+ZONE = {
+    "zone_id": "z1",
+    "kind": "depot",
+    "geometry": {
+        "type": "Polygon",
+        "coordinates": [[[13.02, 51.995], [13.03, 51.995], [13.03, 52.01], [13.02, 52.01], [13.02, 51.995]]],
+    },
+}
+
+
+def master(line: list[list[float]] | None = None, with_zone: bool = True) -> MasterState:
+    m = MasterState()
+    data = (
+        ROUTE_DATA
+        if line is None
+        else {**ROUTE_DATA, "geometry": {"type": "LineString", "coordinates": line}}
+    )
+    m.apply({"entity": "route", "id": "r1", "version": 1, "op": "upsert", "data": data})
+    if with_zone:
+        m.apply({"entity": "zone", "id": "z1", "version": 1, "op": "upsert", "data": ZONE})
+    for v in ("a", "b", "c"):
+        m.apply(
+            {
+                "entity": "assignment",
+                "id": v,
+                "version": 1,
+                "op": "upsert",
+                "data": {"vehicle_id": v, "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
+            }
+        )
+    return m
+
+
+fix_strategy = st.tuples(
+    st.sampled_from(["a", "b", "c", "d"]),  # d is unassigned
+    st.integers(min_value=0, max_value=2),  # seq jump 0 = duplicate, 2 = gap
+    st.floats(min_value=-300.0, max_value=300.0),  # offset from the line, metres
+    st.floats(min_value=0.0, max_value=90.0),  # speed
+    st.booleans(),  # swap with the previous fix (out of order)
+)
+
+
+def build_batches(draws: list[tuple[str, int, float, float, bool]], n_batches: int) -> list[pd.DataFrame]:
+    proj = LocalProjection(13.05, 52.005)
+    seqs: dict[str, int] = {}
+    rows = []
+    for k, (v, jump, off, speed, _swap) in enumerate(draws):
+        seqs[v] = seqs.get(v, 0) + jump
+        s = seqs[v]
+        x = -3000.0 + (k * 40.0) % 6000.0
+        lon, lat = proj.inverse(np.array([x]), np.array([off]))
+        rows.append([v, s, T0 + s * 1000, float(lat[0]), float(lon[0]), speed, T0 + k])
+    for k in range(1, len(rows)):
+        if draws[k][4] and rows[k][0] == rows[k - 1][0]:
+            rows[k], rows[k - 1] = rows[k - 1], rows[k]
+    df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"])
+    return [df.iloc[i::n_batches] for i in range(n_batches)]
+
+
+def run_engine(
+    batches: list[pd.DataFrame], force_slow: bool, m: MasterState | None = None
+) -> tuple[list[str], pd.DataFrame, int]:
+    m = m or master()
+    cat = Catalog(CFG)
+    states, held = empty_states(), {}
+    alerts = []
+    wm = 0
+    fast = 0
+    for b in batches:
+        r = process_bucket(states, held, m, b, wm, CFG, cat, force_slow=force_slow)
+        states, held = r.states, r.held
+        fast += r.fast_vehicles
+        alerts.extend(a.alert_id for a in r.alerts)
+        if len(b):
+            wm = max(wm, int(b["ts_ms"].max()) - CFG.allowed_lateness_ms)
+    return alerts, states, fast
+
+
+FAST_SEEN: list[int] = []
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(fix_strategy, min_size=1, max_size=80), st.integers(min_value=1, max_value=4))
+def test_fast_path_equals_reference_fold(
+    draws: list[tuple[str, int, float, float, bool]], n_batches: int
+) -> None:
+    batches = build_batches(draws, n_batches)
+    fast_alerts, fast_states, fast = run_engine(batches, force_slow=False)
+    slow_alerts, slow_states, none = run_engine(batches, force_slow=True)
+    assert none == 0
+    FAST_SEEN.append(fast)
+    assert sorted(fast_alerts) == sorted(slow_alerts)
+    assert len(fast_alerts) == len(set(fast_alerts))
+    for v in slow_states.index:
+        a, b = state_of(fast_states.loc[v]), state_of(slow_states.loc[v])
+        assert a == b, (v, a, b)
+
+
+def test_fast_path_was_exercised_by_the_property() -> None:
+    """Guard against the equivalence property passing only because everything took the slow path."""
+    assert sum(FAST_SEEN) > 0
+
+
+def test_calm_fleet_takes_the_fast_path() -> None:
+    draws = [(v, 1, 5.0, 30.0, False) for _ in range(10) for v in ("a", "b", "c", "d")]
+    whole = build_batches(draws, 1)[0]
+    alerts, _, fast = run_engine(
+        [whole.iloc[:20], whole.iloc[20:]], force_slow=False, m=master(with_zone=False)
+    )
+    assert fast == 4  # second batch: every vehicle known and calm
+    assert list(alerts) == []
+
+
+def test_engine_replay_is_idempotent() -> None:
+    """Replaying already applied fixes (a restart re-reading the topic) changes nothing."""
+    draws = [("a", 1, 200.0 if 5 < k < 12 else 0.0, 30.0, False) for k in range(30)]
+    batches = build_batches(draws, 3)
+    m, cat = master([[13.0, 52.005], [13.1, 52.005]]), Catalog(CFG)
+    states, held = empty_states(), {}
+    first = []
+    for b in batches:
+        r = process_bucket(states, held, m, b, 0, CFG, cat)
+        states, held = r.states, r.held
+        first.extend(r.alerts)
+    route_alerts = [a.type for a in first if a.type in (AlertType.ROUTE_DEVIATION, AlertType.ROUTE_RETURN)]
+    assert route_alerts == [AlertType.ROUTE_DEVIATION, AlertType.ROUTE_RETURN]
+    for b in batches:
+        r = process_bucket(states, held, m, b, 0, CFG, cat)
+        assert r.alerts == []
+        assert r.accepted == 0
+        assert r.dropped_duplicates == len(b)
+
+
+def test_engine_zone_and_silence() -> None:
+    proj = LocalProjection(13.025, 52.0)
+    rows = []
+    for s in range(10):
+        x = -1500.0 + s * 250.0  # crosses the zone between 13.02 and 13.03
+        lon, lat = proj.inverse(np.array([x]), np.array([0.0]))
+        rows.append(["a", s, T0 + s * 1000, float(lat[0]), float(lon[0]), 30.0, 0])
+    df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"])
+    m, cat = master([[13.0, 52.0], [13.1, 52.0]]), Catalog(CFG)
+    r = process_bucket(empty_states(), {}, m, df, 0, CFG, cat)
+    types = [a.type for a in r.alerts]
+    assert types == [AlertType.ZONE_ENTER, AlertType.ZONE_EXIT]
+    assert r.live[0]["vehicle_id"] == "a"
+    assert math.isclose(r.live[0]["lat"], rows[-1][3])
+    r2 = process_bucket(r.states, r.held, m, df.iloc[0:0], T0 + 9000 + 30_000, CFG, cat)
+    assert [a.type for a in r2.alerts] == [AlertType.VEHICLE_SILENT]
+    r3 = process_bucket(r2.states, r2.held, m, df.iloc[0:0], T0 + 10**8, CFG, cat)
+    assert r3.alerts == []
