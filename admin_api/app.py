@@ -1,0 +1,81 @@
+"""The admin API application: `create_app(settings)`; `fleetfence api` serves it with uvicorn.
+
+The lifespan owns the shared resources (one Redis connection pool, the key verifier, optionally
+the in-process outbox relay) so tests and workers each get their own, cleanly closed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from admin_api.readmodels import ReadKeys
+from admin_api.responses import master_error_handler
+from admin_api.routers import live, master, system
+from admin_api.security import KeyVerifier
+from admin_api.settings import ApiSettings
+from fleetfence import __version__
+from vehicle_master.errors import MasterError
+from vehicle_master.relay import OutboxRelay
+from vehicle_master.store import AsyncVehicleMaster
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """
+FleetFence's admin API: the vehicle master (routes, zones, vehicles, assignments; GeoJSON in and
+out), live vehicle state, alert history and a Server-Sent Events stream.
+
+Send an API key in `X-API-Key` (`fleetfence apikey create NAME --role admin|viewer`): viewer keys
+read, admin keys also write. Every entity response carries its version as `ETag`; send it back in
+`If-Match` to update only that version (412 when someone changed it meanwhile).
+"""
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    settings = settings or ApiSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        r = aioredis.Redis.from_url(settings.redis_dsn, max_connections=256)
+        app.state.redis = r
+        app.state.master = AsyncVehicleMaster(r, settings.redis_prefix)
+        app.state.keys = KeyVerifier(r, settings.redis_prefix, settings.api_key_cache_s)
+        relay = OutboxRelay(settings).start() if settings.api_run_relay else None
+        logger.info("admin api started relay=%s prefix=%s", relay is not None, settings.redis_prefix)
+        try:
+            yield
+        finally:
+            if relay is not None:
+                relay.stop()
+            await r.aclose()
+            logger.info("admin api stopped")
+
+    app = FastAPI(
+        title="FleetFence admin API",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.read_keys = ReadKeys(settings.redis_prefix)
+    app.add_exception_handler(MasterError, master_error_handler)
+    app.include_router(master.router)
+    app.include_router(live.router)
+    app.include_router(system.router)
+    if settings.api_cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.api_cors_origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["X-API-Key", "If-Match", "Content-Type"],
+            expose_headers=["ETag", "Location"],
+        )
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.api_max_body_bytes)
+    app.add_middleware(MetricsMiddleware)
+    return app

@@ -1,0 +1,112 @@
+"""API keys with roles, stored hashed in Redis.
+
+Keys are 256-bit random tokens, so a plain SHA-256 is the right hash (nothing to brute-force; a
+slow password hash would only cost every request time). Redis holds only the digest, so a leaked
+Redis dump does not leak usable keys. The API caches a verified digest for a few seconds
+(`FLEETFENCE_API_KEY_CACHE_S`) to keep reads at one Redis round trip; revocation takes effect
+within that time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+from enum import StrEnum
+
+import redis
+import redis.asyncio as aioredis
+
+from fleetfence.contracts import VEHICLE_ID_RE, utc_now_ms
+from fleetfence.errors import FleetFenceError
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "ffk_"
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    ADMIN = "admin"
+
+
+class ApiKeyError(FleetFenceError):
+    """An API key could not be created or revoked."""
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_hash_key(prefix: str, key_digest: str) -> str:
+    return f"{prefix}apikey:{key_digest}"
+
+
+def names_key(prefix: str) -> str:
+    return f"{prefix}apikeys:names"
+
+
+def create_api_key(r: redis.Redis, prefix: str, name: str, role: Role) -> str:
+    """Create a key; returns the plain key, which is shown once and never stored."""
+    if not VEHICLE_ID_RE.match(name):
+        raise ApiKeyError(f"key name {name!r} must match {VEHICLE_ID_RE.pattern}")
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    d = digest(key)
+    if not r.hsetnx(names_key(prefix), name, d):
+        raise ApiKeyError(f"an API key named {name!r} already exists; revoke it first")
+    r.hset(key_hash_key(prefix, d), mapping={"name": name, "role": role.value, "created_ms": utc_now_ms()})
+    logger.info("api key created name=%s role=%s", name, role.value)
+    return key
+
+
+def list_api_keys(r: redis.Redis, prefix: str) -> list[dict[str, str]]:
+    out = []
+    for name, d in sorted(r.hgetall(names_key(prefix)).items()):
+        h = r.hgetall(key_hash_key(prefix, _s(d)))
+        out.append({"name": _s(name), **{_s(k): _s(v) for k, v in h.items()}})
+    return out
+
+
+def _s(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def revoke_api_key(r: redis.Redis, prefix: str, name: str) -> None:
+    d = r.hget(names_key(prefix), name)
+    if d is None:
+        raise ApiKeyError(f"no API key named {name!r}")
+    pipe = r.pipeline(transaction=True)
+    pipe.delete(key_hash_key(prefix, _s(d)))
+    pipe.hdel(names_key(prefix), name)
+    pipe.execute()
+    logger.info("api key revoked name=%s", name)
+
+
+class KeyVerifier:
+    """Key -> role for the API, with a short in-process cache."""
+
+    def __init__(self, r: aioredis.Redis, prefix: str, cache_s: float) -> None:
+        self.r = r
+        self.prefix = prefix
+        self.cache_s = cache_s
+        self._cache: dict[str, tuple[Role, float]] = {}
+
+    async def role_of(self, key: str) -> Role | None:
+        if not key.startswith(KEY_PREFIX) or len(key) > 128:
+            return None
+        d = digest(key)
+        hit = self._cache.get(d)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        raw = await self.r.hget(key_hash_key(self.prefix, d), "role")
+        if raw is None:
+            self._cache.pop(d, None)
+            return None
+        role = Role(raw.decode() if isinstance(raw, bytes) else raw)
+        if self.cache_s > 0:
+            if len(self._cache) > 10_000:  # bounded: unique bad keys must not grow memory forever
+                self._cache.clear()
+            self._cache[d] = (role, now + self.cache_s)
+        return role

@@ -1,0 +1,552 @@
+"""Admin API over real Redis (fastapi TestClient): CRUD round trips, validation messages,
+optimistic concurrency, the auth matrix, bulk import, read models, limits and probes."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from admin_api.app import create_app
+from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
+from admin_api.security import Role, create_api_key, revoke_api_key
+from admin_api.settings import ApiSettings, api_settings
+from fleetfence.contracts import alert_id
+from fleetfence.settings import Settings
+
+pytestmark = pytest.mark.services
+
+
+class Api:
+    """A TestClient plus the three callers of the auth matrix."""
+
+    def __init__(
+        self, client: TestClient, settings: ApiSettings, r: redis.Redis, admin: str, viewer: str
+    ) -> None:
+        self.c = client
+        self.settings = settings
+        self.r = r
+        self.admin = {"X-API-Key": admin}
+        self.viewer = {"X-API-Key": viewer}
+        self.p = settings.redis_prefix
+
+
+@pytest.fixture
+def api_conf(settings: Settings) -> ApiSettings:
+    return api_settings(
+        settings,
+        redis_prefix=f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:",
+        api_run_relay=False,
+        api_key_cache_s=0,
+        api_max_body_bytes=64 * 1024,
+        api_cors_origins=["https://ops.example"],
+    )
+
+
+@pytest.fixture
+def api(api_conf: ApiSettings) -> Iterator[Api]:
+    r = redis.Redis.from_url(api_conf.redis_dsn)
+    admin = create_api_key(r, api_conf.redis_prefix, "admin", Role.ADMIN)
+    viewer = create_api_key(r, api_conf.redis_prefix, "viewer", Role.VIEWER)
+    with TestClient(create_app(api_conf)) as client:
+        yield Api(client, api_conf, r, admin, viewer)
+    r.close()
+
+
+def route_feature(rid: str = "r1", **props: Any) -> dict[str, Any]:
+    f = copy.deepcopy(ROUTE_EXAMPLE)
+    f["id"] = rid
+    f["properties"].update(props)
+    return f
+
+
+def zone_feature(zid: str = "z1", **props: Any) -> dict[str, Any]:
+    f = copy.deepcopy(ZONE_EXAMPLE)
+    f["id"] = zid
+    f["properties"].update(props)
+    return f
+
+
+def seed(api: Api) -> None:
+    assert api.c.post("/api/v1/routes", json=route_feature("r1"), headers=api.admin).status_code == 201
+    assert api.c.post("/api/v1/zones", json=zone_feature("z1"), headers=api.admin).status_code == 201
+    v = {"vehicle_id": "v1", "label": "Truck 1", "attributes": {"depot": "north"}}
+    assert api.c.post("/api/v1/vehicles", json=v, headers=api.admin).status_code == 201
+    a = {"vehicle_id": "v1", "route_id": "r1", "valid_from": "2026-11-22T06:00:00Z"}
+    assert api.c.post("/api/v1/assignments", json=a, headers=api.admin).status_code == 201
+
+
+# --------------------------------------------------------------------------- CRUD round trips
+
+
+def test_route_round_trip_with_etag_and_if_match(api: Api) -> None:
+    c = api.c
+    created = c.post("/api/v1/routes", json=route_feature("r1"), headers=api.admin)
+    assert created.status_code == 201
+    assert created.headers["etag"] == '"1"'
+    assert created.headers["location"] == "/api/v1/routes/r1"
+    body = created.json()
+    assert body["type"] == "Feature"
+    assert body["geometry"] == ROUTE_EXAMPLE["geometry"]
+    assert body["properties"]["corridor_width_m"] == 100
+    assert body["properties"]["version"] == 1
+    got = c.get("/api/v1/routes/r1", headers=api.viewer)
+    assert got.json() == body
+    # A GET body can be sent back as is (echoed version/updated are ignored).
+    echoed = got.json()
+    echoed["properties"]["speed_limit_kmh"] = 30
+    put = c.put("/api/v1/routes/r1", json=echoed, headers={**api.admin, "If-Match": got.headers["etag"]})
+    assert put.status_code == 200
+    assert put.headers["etag"] == '"2"'
+    stale = c.put("/api/v1/routes/r1", json=route_feature("r1"), headers={**api.admin, "If-Match": '"1"'})
+    assert stale.status_code == 412
+    assert stale.headers["etag"] == '"2"'
+    assert c.get("/api/v1/routes/r1", headers=api.viewer).json()["properties"]["speed_limit_kmh"] == 30
+    assert c.post("/api/v1/routes", json=route_feature("r1"), headers=api.admin).status_code == 409
+    assert c.delete("/api/v1/routes/r1", headers={**api.admin, "If-Match": '"1"'}).status_code == 412
+    assert c.delete("/api/v1/routes/r1", headers={**api.admin, "If-Match": '"2"'}).status_code == 204
+    assert c.get("/api/v1/routes/r1", headers=api.viewer).status_code == 404
+    recreated = c.put("/api/v1/routes/r1", json=route_feature("r1"), headers=api.admin)
+    assert (recreated.status_code, recreated.headers["etag"]) == (201, '"4"')
+
+
+def test_zone_vehicle_assignment_round_trips_and_filters(api: Api) -> None:
+    c = api.c
+    seed(api)
+    c.post("/api/v1/zones", json=zone_feature("z2", kind="restricted"), headers=api.admin)
+    zones = c.get("/api/v1/zones", params={"kind": "restricted"}, headers=api.viewer).json()
+    assert zones["type"] == "FeatureCollection"
+    assert [f["id"] for f in zones["features"]] == ["z2"]
+    assert c.get("/api/v1/zones/z1", headers=api.viewer).json()["properties"]["dwell_limit_s"] == 3600
+    vehicles = c.get("/api/v1/vehicles", params={"attribute": "depot=north"}, headers=api.viewer).json()
+    assert [v["vehicle_id"] for v in vehicles["items"]] == ["v1"]
+    a = c.get("/api/v1/assignments/v1", headers=api.viewer).json()
+    assert a["route_id"] == "r1"
+    assert a["valid_from_ms"] == 1_795_327_200_000
+    assert a["valid_from"] == "2026-11-22T06:00:00.000Z"
+    c.post("/api/v1/routes", json=route_feature("r2"), headers=api.admin)
+    moved = c.put("/api/v1/assignments/v1", json={"route_id": "r2"}, headers=api.admin)
+    assert (moved.status_code, moved.json()["version"]) == (200, 2)
+    assert c.get("/api/v1/assignments", params={"route_id": "r1"}, headers=api.viewer).json()["items"] == []
+    assert c.delete("/api/v1/routes/r2", headers=api.admin).status_code == 409  # still assigned
+    assert c.delete("/api/v1/vehicles/v1", headers=api.admin).status_code == 409
+    assert c.delete("/api/v1/assignments/v1", headers=api.admin).status_code == 204
+    assert c.delete("/api/v1/vehicles/v1", headers=api.admin).status_code == 204
+
+
+def test_pagination_visits_every_vehicle_once(api: Api) -> None:
+    for i in range(23):
+        api.c.post("/api/v1/vehicles", json={"vehicle_id": f"v{i:02d}", "label": "x"}, headers=api.admin)
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": 10, **({"after": after} if after else {})}
+        page = api.c.get("/api/v1/vehicles", params=params, headers=api.viewer).json()
+        seen += [v["vehicle_id"] for v in page["items"]]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert seen == [f"v{i:02d}" for i in range(23)]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _bad_route(**change: Any) -> dict[str, Any]:
+    f = route_feature("rb")
+    for k, v in change.items():
+        if k == "geometry":
+            f["geometry"] = v
+        else:
+            f["properties"][k] = v
+    return f
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("routes", _bad_route(geometry={"type": "LineString", "coordinates": [[13.4, 52.5]]}), "at least 2"),
+        (
+            "routes",
+            _bad_route(geometry={"type": "LineString", "coordinates": [[13.4, 52.5], [13.4, 52.5]]}),
+            "at least 2 distinct points",
+        ),
+        (
+            "routes",
+            _bad_route(geometry={"type": "LineString", "coordinates": [[13.4, 95], [1, 1]]}),
+            "latitude 95",
+        ),
+        ("routes", _bad_route(corridor_width_m=0), "greater than 0"),
+        ("routes", _bad_route(corridor_width_m=-5), "greater than 0"),
+        ("routes", _bad_route(speed_limit_kmh=0), "greater than 0"),
+        ("routes", _bad_route(deviation_min_fixes=0), "greater than or equal to 1"),
+        ("routes", _bad_route(corridor_witdh_m=10), "Extra inputs"),
+        ("routes", {**route_feature("rb"), "id": None}, "needs an id"),
+        ("routes", {**route_feature("rb"), "id": "bad id"}, "should match pattern"),
+        (
+            "zones",
+            {
+                **zone_feature("zb"),
+                "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]]},
+            },
+            "Self-intersection",
+        ),
+        (
+            "zones",
+            {
+                **zone_feature("zb"),
+                "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 0.5]]]},
+            },
+            "must be closed",
+        ),
+        ("zones", zone_feature("zb", kind="volcano"), "'depot', 'restricted', 'customer' or 'other'"),
+        ("vehicles", {"label": "no id"}, "vehicle_id is required"),
+        ("vehicles", {"vehicle_id": "v9", "label": ""}, "at least 1 character"),
+        ("assignments", {"vehicle_id": "nobody", "route_id": "r1"}, "unknown vehicle"),
+        ("assignments", {"vehicle_id": "v1", "route_id": "nowhere"}, "route does not exist"),
+        (
+            "assignments",
+            {
+                "vehicle_id": "v1",
+                "route_id": "r1",
+                "valid_from": "2026-11-22T06:00:00Z",
+                "valid_to": "2026-11-22T05:00:00Z",
+            },
+            "valid_to_ms must be after",
+        ),
+        (
+            "assignments",
+            {"vehicle_id": "v1", "route_id": "r1", "valid_from": "2026-11-22T06:00:00"},
+            "timezone",
+        ),
+    ],
+)
+def test_validation_errors_are_clear_422s(api: Api, path: str, body: dict[str, Any], message: str) -> None:
+    api.c.post("/api/v1/vehicles", json={"vehicle_id": "v1", "label": "V"}, headers=api.admin)
+    api.c.post("/api/v1/routes", json=route_feature("r1"), headers=api.admin)
+    before = api.r.xlen(f"{api.p}master:outbox")
+    res = api.c.post(f"/api/v1/{path}", json=body, headers=api.admin)
+    assert res.status_code == 422, res.text
+    msgs = " | ".join(d["msg"] for d in res.json()["detail"])
+    assert message in msgs
+    assert api.r.xlen(f"{api.p}master:outbox") == before  # nothing written, no event
+
+
+def test_malformed_if_match_is_a_failed_precondition(api: Api) -> None:
+    seed(api)
+    res = api.c.put(
+        "/api/v1/routes/r1", json=route_feature("r1"), headers={**api.admin, "If-Match": "banana"}
+    )
+    assert res.status_code == 412
+    assert "ETag" in res.json()["detail"]
+    assert (
+        api.c.put(
+            "/api/v1/routes/nope", json=route_feature("nope"), headers={**api.admin, "If-Match": "*"}
+        ).status_code
+        == 404
+    )
+
+
+# --------------------------------------------------------------------------- auth matrix
+
+MUTATING = {"post", "put", "delete", "patch"}
+
+
+def _operations(client: TestClient) -> list[tuple[str, str]]:
+    schema = client.get("/openapi.json").json()
+    return [
+        (method, path)
+        for path, item in schema["paths"].items()
+        if path.startswith("/api/v1/")
+        for method in item
+        if method in {"get", "post", "put", "delete", "patch"}
+    ]
+
+
+def _call(api: Api, method: str, path: str, headers: dict[str, str]) -> int:
+    url = path.replace("{route_id}", "r1").replace("{zone_id}", "z1").replace("{vehicle_id}", "v1")
+    url = url.replace("{alert_id}", "abc123")
+    body: Any = None
+    if method in {"post", "put"}:
+        body = {
+            "/api/v1/routes": route_feature("r-new"),
+            "/api/v1/routes/{route_id}": route_feature("r1"),
+            "/api/v1/zones": zone_feature("z-new"),
+            "/api/v1/zones/{zone_id}": zone_feature("z1"),
+            "/api/v1/vehicles": {"vehicle_id": "v-new", "label": "x"},
+            "/api/v1/vehicles/{vehicle_id}": {"label": "y"},
+            "/api/v1/assignments": {"vehicle_id": "v-new", "route_id": "r1"},
+            "/api/v1/assignments/{vehicle_id}": {"route_id": "r1"},
+            "/api/v1/import": {"type": "FeatureCollection", "features": []},
+        }[path]
+    return api.c.request(method.upper(), url, json=body, headers=headers).status_code
+
+
+def test_auth_matrix_every_route(api: Api) -> None:
+    seed(api)
+    ops = _operations(api.c)
+    assert len(ops) >= 24
+    problems = []
+    for method, path in ops:
+        for who, headers in (("none", {}), ("bogus", {"X-API-Key": "ffk_not-a-key"})):
+            if (code := _call(api, method, path, headers)) != 401:
+                problems.append((method, path, who, code))
+        if path == "/api/v1/stream":
+            continue  # an endless stream: its 200 for a viewer is checked against the real server
+        viewer = _call(api, method, path, api.viewer)
+        if method in MUTATING and viewer != 403:
+            problems.append((method, path, "viewer", viewer))
+        if method not in MUTATING and viewer in (401, 403):
+            problems.append((method, path, "viewer", viewer))
+        # Deletes last in the matrix would break later calls, so admins write to throwaway ids.
+        if method != "delete":
+            admin = _call(api, method, path, api.admin)
+            if admin in (401, 403) or admin >= 500:
+                problems.append((method, path, "admin", admin))
+    assert problems == []
+    # Deletes with an admin key succeed once the references are gone.
+    for path in (
+        "/api/v1/assignments/v-new",
+        "/api/v1/assignments/v1",
+        "/api/v1/vehicles/v1",
+        "/api/v1/routes/r1",
+        "/api/v1/zones/z1",
+    ):
+        assert api.c.delete(path, headers=api.admin).status_code == 204, path
+
+
+def test_revoked_key_is_refused(api: Api) -> None:
+    assert api.c.get("/api/v1/routes", headers=api.viewer).status_code == 200
+    revoke_api_key(api.r, api.p, "viewer")
+    assert api.c.get("/api/v1/routes", headers=api.viewer).status_code == 401
+    assert api.r.keys(f"{api.p}apikey:*") != []  # the admin key is still there, stored hashed
+    assert all(api.admin["X-API-Key"].encode() not in api.r.dump(k) for k in api.r.keys(f"{api.p}apikey*"))
+
+
+# --------------------------------------------------------------------------- bulk import
+
+
+def test_bulk_import_counts_reconcile_and_reimport_is_unchanged(api: Api) -> None:
+    features = [route_feature(f"r{i}") for i in range(3)] + [zone_feature("z1")]
+    features += [
+        {
+            "type": "Feature",
+            "id": f"v{i}",
+            "geometry": None,
+            "properties": {"entity": "vehicle", "label": f"V{i}"},
+        }
+        for i in range(4)
+    ]
+    features.insert(
+        0,
+        {  # before its vehicle and route in the file: the import orders it last
+            "type": "Feature",
+            "id": "v0",
+            "geometry": None,
+            "properties": {"entity": "assignment", "route_id": "r2", "valid_from_ms": 1_795_320_000_000},
+        },
+    )
+    fc = {"type": "FeatureCollection", "features": features}
+    res = api.c.post("/api/v1/import", json=fc, headers=api.admin).json()
+    assert res == {
+        "received": 9,
+        "created": 9,
+        "updated": 0,
+        "unchanged": 0,
+        "by_entity": {"vehicle": 4, "route": 3, "zone": 1, "assignment": 1},
+    }
+    assert api.r.xlen(f"{api.p}master:outbox") == 9
+    features[1]["properties"]["name"] = "renamed"  # r0
+    again = api.c.post("/api/v1/import", json=fc, headers=api.admin).json()
+    assert (again["received"], again["created"], again["updated"], again["unchanged"]) == (9, 0, 1, 8)
+    assert api.r.xlen(f"{api.p}master:outbox") == 10
+
+
+def test_bulk_import_rejects_whole_file_listing_every_problem(api: Api) -> None:
+    fc = {
+        "type": "FeatureCollection",
+        "features": [
+            route_feature("ok"),
+            _bad_route(corridor_width_m=0),
+            {
+                "type": "Feature",
+                "id": "v1",
+                "geometry": None,
+                "properties": {"entity": "assignment", "route_id": "ok", "valid_from_ms": 0},
+            },
+            {"type": "Feature", "geometry": {"type": "Point", "coordinates": [0, 0]}, "properties": {}},
+        ],
+    }
+    res = api.c.post("/api/v1/import", json=fc, headers=api.admin)
+    assert res.status_code == 422
+    locs = sorted(d["loc"][2] for d in res.json()["detail"])
+    assert locs == [1, 3]  # the dangling assignment is reported once the rest is valid
+    assert api.r.xlen(f"{api.p}master:outbox") == 0
+    fc["features"] = [fc["features"][0], fc["features"][2]]
+    res = api.c.post("/api/v1/import", json=fc, headers=api.admin)
+    assert res.status_code == 422
+    assert res.json()["detail"][0]["loc"] == ["body", "features", 1, "vehicle_id"]
+    assert "unknown vehicle 'v1'" in res.json()["detail"][0]["msg"]
+    assert api.r.xlen(f"{api.p}master:outbox") == 0
+
+
+# --------------------------------------------------------------------------- read models
+
+
+def _alert(vid: str, atype: str, seq: int, ts_ms: int) -> dict[str, Any]:
+    return {
+        "alert_id": alert_id(vid, atype, seq),
+        "type": atype,
+        "vehicle_id": vid,
+        "route_id": "r1",
+        "route_version": 1,
+        "seq": seq,
+        "ts_ms": ts_ms,
+        "ts": "2026-11-22T08:15:30.250Z",
+        "lat": 52.52,
+        "lon": 13.40,
+        "details": {},
+    }
+
+
+def write_alert(api: Api, a: dict[str, Any]) -> None:
+    """As the alert history receiver does (docs/contracts.md, Redis read models)."""
+    p, r = api.p, api.r
+    r.set(f"{p}alert:{a['alert_id']}", orjson.dumps(a), nx=True)
+    r.zadd(f"{p}alerts:by_ts", {a["alert_id"]: a["ts_ms"]})
+    r.zadd(f"{p}alerts:vehicle:{a['vehicle_id']}", {a["alert_id"]: a["ts_ms"]})
+    r.zadd(f"{p}alerts:type:{a['type']}", {a["alert_id"]: a["ts_ms"]})
+
+
+def write_live(api: Api, vid: str, seq: int, ts_ms: int, status: str) -> dict[str, Any]:
+    """As the processor does."""
+    state = {
+        "vehicle_id": vid,
+        "seq": seq,
+        "ts_ms": ts_ms,
+        "lat": 52.52,
+        "lon": 13.4,
+        "speed_kmh": 40.0,
+        "status": status,
+        "overspeed": False,
+        "silent": False,
+        "route_id": "r1",
+        "route_version": 1,
+        "progress_m": 120.5,
+        "progress_ratio": 0.1,
+        "zones": [],
+        "h3": "891f1d48177ffff",
+        "updated_ms": ts_ms + 50,
+    }
+    api.r.set(f"{api.p}live:{vid}", orjson.dumps(state))
+    api.r.zadd(f"{api.p}live:index", {vid: ts_ms})
+    return state
+
+
+def test_live_state_with_open_alerts_and_status_filter(api: Api) -> None:
+    t0 = 1_795_320_000_000
+    write_live(api, "v1", 10, t0, "off_route")
+    write_live(api, "v2", 11, t0 + 1000, "on_route")
+    write_live(api, "v3", 12, t0 + 2000, "off_route")
+    dev = _alert("v1", "ROUTE_DEVIATION", 9, t0 - 500)
+    write_alert(api, dev)
+    api.r.hset(f"{api.p}alerts:open:v1", "ROUTE_DEVIATION", dev["alert_id"])
+    one = api.c.get("/api/v1/live/v1", headers=api.viewer).json()
+    assert one["status"] == "off_route"
+    assert [a["alert_id"] for a in one["open_alerts"]] == [dev["alert_id"]]
+    assert api.c.get("/api/v1/live/v9", headers=api.viewer).status_code == 404
+    everyone = api.c.get("/api/v1/live", headers=api.viewer).json()
+    assert [s["vehicle_id"] for s in everyone["items"]] == ["v3", "v2", "v1"]
+    off = api.c.get("/api/v1/live", params={"status": "off_route", "limit": 1}, headers=api.viewer).json()
+    assert [s["vehicle_id"] for s in off["items"]] == ["v3"]
+    rest = api.c.get(
+        "/api/v1/live", params={"status": "off_route", "offset": off["next_offset"]}, headers=api.viewer
+    ).json()
+    assert [s["vehicle_id"] for s in rest["items"]] == ["v1"]
+
+
+def test_alert_history_filters_and_pages(api: Api) -> None:
+    t0 = 1_795_320_000_000
+    alerts = [
+        _alert(f"v{i % 3}", ["OVERSPEED", "ROUTE_DEVIATION"][i % 2], i, t0 + i * 1000) for i in range(30)
+    ]
+    for a in alerts:
+        write_alert(api, a)
+    c, h = api.c, api.viewer
+
+    def ids(**params: Any) -> list[str]:
+        return [a["alert_id"] for a in c.get("/api/v1/alerts", params=params, headers=h).json()["items"]]
+
+    newest_first = sorted(alerts, key=lambda a: -a["ts_ms"])
+    assert ids() == [a["alert_id"] for a in newest_first]
+    assert ids(vehicle_id="v1") == [a["alert_id"] for a in newest_first if a["vehicle_id"] == "v1"]
+    assert ids(type="OVERSPEED") == [a["alert_id"] for a in newest_first if a["type"] == "OVERSPEED"]
+    both = [a["alert_id"] for a in newest_first if a["vehicle_id"] == "v1" and a["type"] == "OVERSPEED"]
+    assert ids(vehicle_id="v1", type="OVERSPEED") == both
+    window = [a["alert_id"] for a in newest_first if t0 + 5000 <= a["ts_ms"] <= t0 + 9000]
+    assert ids(since_ms=t0 + 5000, until_ms=t0 + 9000) == window
+    paged: list[str] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = c.get(
+            "/api/v1/alerts", params={"type": "ROUTE_DEVIATION", "limit": 4, "offset": offset}, headers=h
+        ).json()
+        paged += [a["alert_id"] for a in page["items"]]
+        offset = page["next_offset"]
+    assert paged == ids(type="ROUTE_DEVIATION")
+    assert c.get(f"/api/v1/alerts/{alerts[3]['alert_id']}", headers=h).json() == alerts[3]
+    assert c.get("/api/v1/alerts", params={"type": "NOPE"}, headers=h).status_code == 422
+
+
+# --------------------------------------------------------------------------- limits, CORS, probes
+
+
+def test_request_size_limit_and_cors(api: Api) -> None:
+    huge = {"type": "FeatureCollection", "features": [], "pad": "x" * (70 * 1024)}
+    res = api.c.post("/api/v1/import", json=huge, headers=api.admin)
+    assert res.status_code == 413
+    pre = api.c.options(
+        "/api/v1/routes",
+        headers={
+            "Origin": "https://ops.example",
+            "Access-Control-Request-Method": "PUT",
+            "Access-Control-Request-Headers": "X-API-Key, If-Match",
+        },
+    )
+    assert pre.status_code == 200
+    assert pre.headers["access-control-allow-origin"] == "https://ops.example"
+    evil = api.c.options(
+        "/api/v1/routes", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"}
+    )
+    assert "access-control-allow-origin" not in evil.headers
+
+
+def test_health_ready_metrics_and_openapi_examples(api: Api) -> None:
+    assert api.c.get("/healthz").json() == {"status": "ok"}
+    ready = api.c.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"]["redis"] == "ok"
+    api.c.get("/api/v1/routes", headers=api.viewer)
+    metrics = api.c.get("/metrics").text
+    assert 'fleetfence_api_requests_total{method="GET",route="/api/v1/routes",status="200"}' in metrics
+    schema = api.c.get("/openapi.json").json()
+    post_route = schema["paths"]["/api/v1/routes"]["post"]
+    assert post_route["requestBody"]["content"]["application/json"]["examples"]
+    assert "X-API-Key" in str(schema["components"]["securitySchemes"])
+
+
+def test_readyz_reports_unreachable_kafka(api_conf: ApiSettings) -> None:
+    from fleetfence.infra import free_port
+
+    conf = api_conf.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
+    with TestClient(create_app(conf)) as c:
+        res = c.get("/readyz")
+    assert res.status_code == 503
+    assert res.json()["checks"]["kafka"].startswith("unreachable")
+    assert res.json()["checks"]["redis"] == "ok"

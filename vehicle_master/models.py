@@ -1,0 +1,155 @@
+"""The four master entities in their wire form: exactly the `data` of a `fleet.master` event.
+
+These pydantic models are pure (no I/O): the store, the admin API and the simulator all validate
+through them, so a route that passes here is one the processor can trust, whichever door it came
+in by. Field bounds are the contract's (docs/contracts.md, "fleet.master") plus sanity caps that
+keep absurd numbers out of the processor.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity
+from vehicle_master.geometry import validate_line_string, validate_zone_geometry
+
+EntityId = Annotated[str, StringConstraints(pattern=VEHICLE_ID_RE.pattern)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Coordinate = Annotated[list[float], Field(min_length=2, max_length=3)]
+
+
+class _Strict(BaseModel):
+    """Unknown fields are errors (a typo such as `corridor_witdh_m` must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class LineString(_Strict):
+    type: Literal["LineString"]
+    coordinates: list[Coordinate] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _valid(self) -> LineString:
+        self.coordinates = validate_line_string(self.model_dump())["coordinates"]
+        return self
+
+
+class Polygon(_Strict):
+    type: Literal["Polygon"]
+    coordinates: list[list[Coordinate]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _valid(self) -> Polygon:
+        self.coordinates = validate_zone_geometry(self.model_dump())["coordinates"]
+        return self
+
+
+class MultiPolygon(_Strict):
+    type: Literal["MultiPolygon"]
+    coordinates: list[list[list[Coordinate]]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _valid(self) -> MultiPolygon:
+        self.coordinates = validate_zone_geometry(self.model_dump())["coordinates"]
+        return self
+
+
+ZoneGeometry = Annotated[Polygon | MultiPolygon, Field(discriminator="type")]
+
+
+class ZoneKind(StrEnum):
+    DEPOT = "depot"
+    RESTRICTED = "restricted"
+    CUSTOMER = "customer"
+    OTHER = "other"
+
+
+class RouteProps(_Strict):
+    """A route's rules; the `properties` of its GeoJSON Feature."""
+
+    name: Name
+    corridor_width_m: float = Field(gt=0, le=100_000, description="Full corridor width (half each side).")
+    speed_limit_kmh: float = Field(gt=0, le=1000)
+    deviation_min_fixes: int = Field(default=3, ge=1, le=100_000)
+    deviation_min_s: float = Field(default=0, ge=0, le=86_400)
+    overspeed_min_s: float = Field(default=10, ge=0, le=86_400)
+    silent_after_s: float = Field(default=120, gt=0, le=7 * 86_400)
+
+
+class RouteData(RouteProps):
+    route_id: EntityId
+    geometry: LineString
+
+
+class ZoneProps(_Strict):
+    name: Name
+    kind: ZoneKind = ZoneKind.OTHER
+    dwell_limit_s: float | None = Field(default=None, gt=0, le=30 * 86_400)
+
+
+class ZoneData(ZoneProps):
+    zone_id: EntityId
+    geometry: ZoneGeometry
+
+
+class VehicleProps(_Strict):
+    label: Name
+    attributes: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], str] = Field(
+        default_factory=dict, max_length=64
+    )
+
+
+class VehicleData(VehicleProps):
+    vehicle_id: EntityId
+
+
+MAX_MS = 2**53
+
+
+class AssignmentData(_Strict):
+    vehicle_id: EntityId
+    route_id: EntityId
+    valid_from_ms: int = Field(ge=0, le=MAX_MS)
+    valid_to_ms: int | None = Field(default=None, ge=0, le=MAX_MS)
+
+    @model_validator(mode="after")
+    def _window(self) -> AssignmentData:
+        if self.valid_to_ms is not None and self.valid_to_ms <= self.valid_from_ms:
+            raise ValueError("valid_to_ms must be after valid_from_ms")
+        return self
+
+
+EntityData = RouteData | ZoneData | VehicleData | AssignmentData
+
+DATA_MODELS: dict[MasterEntity, type[EntityData]] = {
+    MasterEntity.ROUTE: RouteData,
+    MasterEntity.ZONE: ZoneData,
+    MasterEntity.VEHICLE: VehicleData,
+    MasterEntity.ASSIGNMENT: AssignmentData,
+}
+
+ID_FIELD: dict[MasterEntity, str] = {
+    MasterEntity.ROUTE: "route_id",
+    MasterEntity.ZONE: "zone_id",
+    MasterEntity.VEHICLE: "vehicle_id",
+    MasterEntity.ASSIGNMENT: "vehicle_id",
+}
+
+
+def entity_of(data: EntityData) -> MasterEntity:
+    for entity, model in DATA_MODELS.items():
+        if type(data) is model:
+            return entity
+    raise TypeError(f"not a master entity: {type(data).__name__}")
+
+
+def entity_id(data: EntityData) -> str:
+    return str(getattr(data, ID_FIELD[entity_of(data)]))
+
+
+def to_wire(data: EntityData) -> dict[str, Any]:
+    """The event's `data` object (enums as strings, optional fields present as null)."""
+    return data.model_dump(mode="json")
