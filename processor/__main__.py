@@ -1,0 +1,10 @@
+"""`python -m processor`: the processor service (same as `fleetfence processor`)."""
+
+from fleetfence.logs import configure_logging
+from processor.job import ProcessorSettings
+from processor.service import run_processor
+
+if __name__ == "__main__":
+    settings = ProcessorSettings()
+    configure_logging(settings.log_level, settings.log_json)
+    run_processor(settings)

@@ -1,0 +1,214 @@
+"""The processor end to end on the real broker, Redis and Spark: exactly the expected alerts."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+import pytest
+import redis
+
+from fleetfence.contracts import AlertType, Telemetry
+from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.settings import Settings
+from processor.domain import EngineConfig
+from processor.engine import Catalog, MasterState, empty_states, process_bucket
+from processor.job import ProcessorSettings, start_query
+from tests.processor_helpers import (
+    T0,
+    master_events,
+    produce,
+    produce_master,
+    produce_telemetry,
+    read_all,
+    scenario,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.services]
+
+
+def processor_settings(settings: Settings, tmp: Path, **kw: Any) -> ProcessorSettings:
+    return ProcessorSettings(
+        **{
+            **settings.model_dump(exclude={"topics"}),
+            "processor_checkpoint": str(tmp / "cp"),
+            "processor_buckets": 4,
+            "processor_trigger_ms": 100,
+            "redis_prefix": f"{settings.topic_prefix}ff:",
+            **kw,
+        }
+    )
+
+
+def expected_alerts(fixes: list[Telemetry], cfg: EngineConfig) -> dict[str, dict[str, Any]]:
+    """The reference: the pure engine over all fixes in one batch (no watermark, so no silence)."""
+    m = MasterState()
+    for e in master_events():
+        m.apply(e)
+    df = pd.DataFrame(
+        [
+            {
+                "vehicle_id": f.vehicle_id,
+                "seq": f.seq,
+                "ts_ms": f.ts_ms,
+                "lat": f.lat,
+                "lon": f.lon,
+                "speed_kmh": f.speed_kmh,
+                "received_ms": f.received_ms,
+            }
+            for f in fixes
+        ]
+    )
+    r = process_bucket(empty_states(), {}, m, df, 0, cfg, Catalog(cfg), force_slow=True)
+    return {a.alert_id: a.to_dict() for a in r.alerts}
+
+
+def committed_alerts(s: Settings) -> list[dict[str, Any]]:
+    return [orjson.loads(m.value()) for m in read_all(s, s.topics.alerts, s.alerts_partitions)]
+
+
+def markers(s: Settings) -> list[dict[str, Any]]:
+    return [orjson.loads(m.value()) for m in read_all(s, s.topics.processor_commits, 1)]
+
+
+def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings, tmp_path: Path) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    ps = processor_settings(settings, tmp_path)
+    fixes = scenario()
+    produce_master(settings, master_events())
+    produce_telemetry(settings, fixes)
+    bad = [b"not json", b'{"vehicle_id": "v0"}', orjson.dumps({"vehicle_id": "v9", "seq": "x"})]
+    produce(settings, settings.topics.telemetry, [(b"junk", b) for b in bad])
+    expected = expected_alerts(fixes, ps.engine_config())
+    # Hand-checked: every vehicle crosses the depot; v1 deviates and returns; v2 speeds once.
+    kinds = sorted((a["vehicle_id"], a["type"]) for a in expected.values())
+    assert kinds.count(("v1", "ROUTE_DEVIATION")) == 1
+    assert kinds.count(("v1", "ROUTE_RETURN")) == 1
+    assert kinds.count(("v2", "OVERSPEED")) == 1
+    assert sum(1 for _, t in kinds if t == "ZONE_ENTER") == 6
+    assert len(expected) == 15
+
+    q = start_query(spark, ps)
+    try:
+        got = wait_for(
+            lambda: (a := committed_alerts(settings)) and len(a) >= len(expected) and a,
+            180,
+            "the expected alerts",
+        )
+        assert sorted(a["alert_id"] for a in got) == sorted(expected)
+        assert {a["alert_id"]: a for a in got} == expected
+        # Dead letters carry the original bytes; counts reconcile in the commit markers.
+        dlq = wait_for(
+            lambda: (d := read_all(settings, settings.topics.telemetry_dlq, 1)) and len(d) >= 3 and d,
+            60,
+            "dead letters",
+        )
+        assert sorted(m.value() for m in dlq) == sorted(bad)
+
+        def reconciled() -> bool:
+            ms = markers(settings)
+            received = sum(m.get("received", 0) for m in ms)
+            invalid = sum(m.get("invalid", 0) for m in ms)
+            accepted = sum(m.get("accepted", 0) for m in ms)
+            dups = sum(m.get("duplicates", 0) for m in ms)
+            held = ms[-1].get("held", 0) if ms else 0
+            return received + invalid == len(fixes) + len(bad) and received == accepted + dups + held
+
+        wait_for(reconciled, 60, "the batch counters to reconcile")
+        # Live state in Redis, for the admin API.
+        r = redis.Redis.from_url(settings.redis_dsn)
+        live = orjson.loads(r.get(f"{ps.redis_prefix}live:v0") or b"{}")
+        assert live["seq"] == 59
+        assert live["status"] == "on_route"
+        assert live["route_id"] == "r1"
+        assert 0.0 < live["progress_ratio"] <= 1.0
+        assert r.zcard(f"{ps.redis_prefix}live:index") == 6
+
+        # Event-time silence: a fix far ahead moves the watermark; every other vehicle is silent once.
+        late = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, None, None, T0 + 400_000)
+        produce_telemetry(settings, [late])
+        silent = wait_for(
+            lambda: (
+                (s := [a for a in committed_alerts(settings) if a["type"] == AlertType.VEHICLE_SILENT])
+                and len(s) >= 5
+                and s
+            ),
+            120,
+            "silence alerts",
+        )
+        assert sorted(a["vehicle_id"] for a in silent) == ["v1", "v2", "v3", "v4", "v5"]
+        v3 = next(a for a in silent if a["vehicle_id"] == "v3")
+        assert v3["ts_ms"] == T0 + 29_000 + 60_000
+        all_ids = [a["alert_id"] for a in committed_alerts(settings)]
+        assert len(all_ids) == len(set(all_ids))
+    finally:
+        q.stop()
+
+
+def _spawn(ps: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        **{
+            f"FLEETFENCE_{k.upper()}": str(v)
+            for k, v in ps.model_dump(exclude={"topics"}).items()
+            if v is not None
+        },
+        "FLEETFENCE_PROCESSOR_SPARK_MASTER": "local[2]",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "processor"],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    ps = processor_settings(settings, tmp_path, processor_max_events_per_batch=60)
+    fixes = scenario(90)
+    expected = expected_alerts(fixes, ps.engine_config())
+    produce_master(settings, master_events())
+    rng = random.Random(7)
+    chunks = [fixes[i : i + 90] for i in range(0, len(fixes), 90)]
+    log = tmp_path / "processor.log"
+    kills = 0
+    proc = _spawn(ps, log)
+    try:
+        for i, chunk in enumerate(chunks):
+            produce_telemetry(settings, chunk)
+            if i in (1, 3, 5):
+                # Kill once the job is mid-stream: some batches committed, more in flight.
+                wait_for(lambda k=kills: len(markers(settings)) >= k + 1, 180, "a committed batch")
+                wait_for(lambda: rng.random() < 0.5, 5, "a random moment", interval_s=0.1)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+                kills += 1
+                proc = _spawn(ps, log)
+        got = wait_for(
+            lambda: (a := committed_alerts(settings)) and len(a) >= len(expected) and a,
+            240,
+            "every expected alert after the crashes",
+        )
+        ids = [a["alert_id"] for a in got]
+        assert len(ids) == len(set(ids)), "duplicate alerts after SIGKILL"
+        assert set(ids) == set(expected)
+        assert kills == 3
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
