@@ -1,0 +1,459 @@
+"""The receiver framework: one consumer group per receiver, side effect, then mark, then commit.
+
+For each record a runner does, in this order:
+
+1. parse it (an invalid record is dead-lettered with the reason, never dropped silently),
+2. apply the receiver's filter,
+3. skip it when the de-duplication store already holds its `alert_id`,
+4. perform the side effect (the sink),
+5. record the `alert_id` in the de-duplication store,
+6. commit the offset (periodically, and synchronously on revoke and stop).
+
+A crash between 4 and 5 repeats the side effect on restart (at-least-once for that one alert);
+a crash between 5 and 6 only re-reads records that step 3 then skips. Sinks whose side effect is
+idempotent by construction (the history store's `SET NX`) skip the external store for alerts; it
+still records which invalid records were dead-lettered, so a replay does not dead-letter them twice.
+
+The consumer reads `read_committed`, so records of aborted processor transactions never reach a
+sink. One alert is handled at a time per receiver, which keeps per-vehicle order (alerts are keyed
+by vehicle) at the price of head-of-line blocking while a webhook retries; the retry budget is
+bounded by the config (see `WebhookConfig`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+import redis
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, Producer, TopicPartition
+
+from alerts.metrics import ReceiverMetrics
+from alerts.model import INVALID_ALERT, Alert, AlertFilter, parse_alert
+from fleetfence.contracts import utc_now_ms
+from fleetfence.errors import ContractError, FleetFenceError, KafkaDeliveryError
+from fleetfence.kafka import consumer_config
+
+logger = logging.getLogger(__name__)
+
+LAG_INTERVAL_S = 2.0
+MAX_ERROR_BACKOFF_S = 5.0
+
+
+class Outcome(Enum):
+    DELIVERED = "delivered"
+    DUPLICATE = "duplicate"
+    DEAD_LETTERED = "dead_lettered"
+
+
+class StopRequestedError(FleetFenceError):
+    """The runner is stopping while a sink waits (e.g. in a retry back-off): nothing was recorded."""
+
+
+class Dedup(Protocol):
+    def seen(self, alert_id: str) -> bool: ...
+
+    def mark(self, alert_id: str) -> None: ...
+
+
+class RedisDedup:
+    """`{prefix}alerts:seen:{receiver}:{alert_id}` with an expiry: survives the receiver's crashes.
+
+    The expiry bounds memory; it must exceed the longest replay a receiver can make (a group
+    reset to the start of a 30-day topic would re-deliver alerts older than the expiry).
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str, receiver: str, ttl_s: int) -> None:
+        self._r = client
+        self._base = f"{prefix}alerts:seen:{receiver}:"
+        self._ttl_s = ttl_s
+
+    def key(self, alert_id: str) -> str:
+        return self._base + alert_id
+
+    def seen(self, alert_id: str) -> bool:
+        return bool(self._r.exists(self._base + alert_id))
+
+    def mark(self, alert_id: str) -> None:
+        self._r.set(self._base + alert_id, utc_now_ms(), ex=self._ttl_s)
+
+
+class MemoryDedup:
+    """A bounded in-memory store for receivers without durable side effects (the terminal tail)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+
+    def seen(self, alert_id: str) -> bool:
+        return alert_id in self._ids
+
+    def mark(self, alert_id: str) -> None:
+        self._ids[alert_id] = None
+        if len(self._ids) > self._capacity:
+            self._ids.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+
+
+class DeadLetters:
+    """Writes to `fleet.alerts.dlq` and waits for the broker's acknowledgement before returning,
+    because the caller then records the alert as handled."""
+
+    def __init__(self, producer: Producer, topic: str, receiver: str) -> None:
+        self._p = producer
+        self._topic = topic
+        self._receiver = receiver
+
+    def send(
+        self, source: SourceRecord, value: bytes | None, reason: str, detail: str, **extra: str | int
+    ) -> None:
+        errors: list[KafkaError] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                errors.append(err)
+
+        headers: dict[str, str] = {
+            "reason": reason,
+            "detail": detail[:1000],
+            "receiver": self._receiver,
+            "source_topic": source.topic,
+            "source_partition": str(source.partition),
+            "source_offset": str(source.offset),
+            "failed_ms": str(utc_now_ms()),
+        }
+        headers.update({k: str(v) for k, v in extra.items()})
+        self._p.produce(
+            self._topic, key=source.key, value=value, headers=list(headers.items()), on_delivery=on_delivery
+        )
+        if self._p.flush(15) != 0:
+            raise KafkaDeliveryError(f"dead letter for {source} not acknowledged within 15s")
+        if errors:
+            raise KafkaDeliveryError(f"dead letter for {source} failed: {errors[0]}")
+
+
+@dataclass
+class Context:
+    """What a sink may use while delivering one alert."""
+
+    source: SourceRecord
+    metrics: ReceiverMetrics
+    dead_letters: DeadLetters | None
+    stopping: threading.Event
+
+    def sleep(self, seconds: float) -> None:
+        """Back-off that a stop request interrupts."""
+        if self.stopping.wait(seconds):
+            raise StopRequestedError("receiver stopping during back-off")
+
+
+class Sink(Protocol):
+    #: True when the side effect itself refuses repeats, so the runner needs no dedup store.
+    idempotent: bool
+
+    def deliver(self, alert: Alert, ctx: Context) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    bootstrap: str
+    topic: str
+    group_id: str
+    commit: bool = True
+    commit_interval_ms: int = 1000
+    from_latest: bool = False
+    #: Static group membership (`group.instance.id`): a restarted process takes its partitions
+    #: back at once instead of waiting for the broker to expire the dead member (noida-db does not
+    #: expire it at all in practice, see docs/alerts.md).
+    instance_id: str | None = None
+    batch_size: int = 500
+    consumer_overrides: dict[str, Any] | None = None
+
+
+class ReceiverRunner:
+    """Runs one receiver on its own thread and consumer group; `start()`/`stop()` in-process."""
+
+    def __init__(
+        self,
+        name: str,
+        sink: Sink,
+        *,
+        alert_filter: AlertFilter,
+        options: RunnerOptions,
+        dedup: Dedup,
+        metrics: ReceiverMetrics,
+        dead_letters: DeadLetters | None,
+    ) -> None:
+        self.name = name
+        self.sink = sink
+        self.filter = alert_filter
+        self.options = options
+        self.dedup = dedup
+        self.metrics = metrics
+        self.dead_letters = dead_letters
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._assigned = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Next offset to commit per partition, for everything handled since the assignment; kept
+        # after a commit so the synchronous commit on stop and revoke re-sends all of it (an async
+        # commit that failed or was still in flight at close would otherwise be lost silently).
+        self._processed: dict[tuple[str, int], int] = {}
+        self._sent: dict[tuple[str, int], int] = {}
+        self._last_commit = time.monotonic()
+        self._last_lag = 0.0
+        self.on_alert: Callable[[Alert, Outcome], None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> ReceiverRunner:
+        if self._thread is not None:
+            raise RuntimeError(f"receiver {self.name} already started")
+        self._thread = threading.Thread(target=self._main, name=f"alerts-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logger.error("receiver did not stop in time receiver=%s", self.name)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait_assigned(self, timeout_s: float) -> bool:
+        """True once the group gave this receiver its partitions (for tests and the demo)."""
+        return self._assigned.wait(timeout_s)
+
+    def _main(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # reported by the service, which exits non-zero
+            self.error = exc
+            logger.exception("receiver crashed receiver=%s", self.name)
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        o = self.options
+        overrides: dict[str, Any] = {"client.id": f"fleetfence-alerts-{self.name}"}
+        if o.from_latest:
+            overrides["auto.offset.reset"] = "latest"
+        if o.instance_id is not None:
+            overrides["group.instance.id"] = o.instance_id
+        overrides.update(o.consumer_overrides or {})
+        overrides["on_commit"] = self._on_commit
+        consumer = Consumer(consumer_config(o.bootstrap, o.group_id, **overrides))
+
+        def on_assign(c: Consumer, parts: list[TopicPartition]) -> None:
+            logger.info(
+                "partitions assigned receiver=%s partitions=%s", self.name, [p.partition for p in parts]
+            )
+            self._assigned.set()
+
+        def on_revoke(c: Consumer, parts: list[TopicPartition]) -> None:
+            self._commit(c, synchronous=True)
+            for tp in parts:
+                self._processed.pop((tp.topic, tp.partition), None)
+                self._sent.pop((tp.topic, tp.partition), None)
+
+        consumer.subscribe([o.topic], on_assign=on_assign, on_revoke=on_revoke)
+        logger.info(
+            "receiver started receiver=%s group=%s topic=%s filter=%s",
+            self.name,
+            o.group_id,
+            o.topic,
+            self.filter.describe(),
+        )
+        try:
+            while not self._stop.is_set():
+                msgs = consumer.consume(o.batch_size, 0.2)
+                try:
+                    for m in msgs:
+                        self._one(m)
+                except StopRequestedError:
+                    break
+                if msgs:
+                    self._advance_past_markers(consumer)
+                self._maybe_commit(consumer)
+                self._maybe_lag(consumer)
+        finally:
+            try:
+                self._commit(consumer, synchronous=True)
+            except Exception as exc:  # the next run re-reads; de-duplication makes that harmless
+                logger.error("final offset commit failed receiver=%s error=%s", self.name, exc)
+            consumer.close()
+            self.sink.close()
+            logger.info("receiver stopped receiver=%s %s", self.name, self.metrics.snapshot())
+
+    def _one(self, m: Message) -> None:
+        err = m.error()
+        if err is not None:
+            if err.fatal():  # e.g. fenced by another process with the same instance id
+                raise KafkaDeliveryError(f"receiver {self.name}: fatal consumer error: {err}")
+            if err.code() != KafkaError._PARTITION_EOF:
+                logger.warning("consumer error receiver=%s error=%s", self.name, err)
+            return
+        self.metrics.consumed()
+        src = SourceRecord(m.topic(), m.partition(), m.offset(), m.key())
+        self._with_retries(lambda: self._process(src, m.value()))
+        self._processed[(src.topic, src.partition)] = src.offset + 1
+
+    def _with_retries(self, step: Callable[[], None]) -> None:
+        """Repeat a step whose infrastructure failed (Redis, MQTT or Kafka down) until it succeeds.
+
+        Skipping the alert would lose it and committing past it would too, so the receiver pauses
+        instead; the offset stays uncommitted and a stop leaves the alert for the next run.
+        """
+        attempt = 0
+        while True:
+            try:
+                step()
+                return
+            except (StopRequestedError, ContractError):
+                raise
+            except Exception as exc:
+                attempt += 1
+                delay_s = min(MAX_ERROR_BACKOFF_S, 0.1 * 2**attempt)
+                logger.error(
+                    "receiver step failed, retrying receiver=%s attempt=%s delay_s=%.1f error=%s",
+                    self.name,
+                    attempt,
+                    delay_s,
+                    exc,
+                )
+                self.metrics.retried()
+                if self._stop.wait(delay_s):
+                    raise StopRequestedError("stopping while infrastructure is failing") from exc
+
+    def _process(self, src: SourceRecord, value: bytes | None) -> None:
+        try:
+            alert = parse_alert(value)
+        except ContractError as exc:
+            self._dead_letter_invalid(src, value, exc)
+            return
+        if not self.filter.matches(alert):
+            self.metrics.filtered()
+            return
+        if not self.sink.idempotent and self.dedup.seen(alert.alert_id):
+            self.metrics.duplicate()
+            self._notify(alert, Outcome.DUPLICATE)
+            return
+        ctx = Context(src, self.metrics, self.dead_letters, self._stop)
+        outcome = self.sink.deliver(alert, ctx)
+        if not self.sink.idempotent and outcome is not Outcome.DUPLICATE:
+            self.dedup.mark(alert.alert_id)
+        if outcome is Outcome.DELIVERED:
+            self.metrics.delivered()
+        elif outcome is Outcome.DEAD_LETTERED:
+            self.metrics.dead_lettered()
+        else:
+            self.metrics.duplicate()
+        self._notify(alert, outcome)
+
+    def _notify(self, alert: Alert, outcome: Outcome) -> None:
+        if self.on_alert is not None:
+            self.on_alert(alert, outcome)
+
+    def _dead_letter_invalid(self, src: SourceRecord, value: bytes | None, exc: ContractError) -> None:
+        logger.warning(
+            "invalid alert receiver=%s partition=%s offset=%s reason=%s detail=%s",
+            self.name,
+            src.partition,
+            src.offset,
+            exc.reason,
+            exc,
+        )
+        if self.dead_letters is not None:
+            # De-duplicated by position: an invalid record has no trustworthy alert_id.
+            marker = f"invalid:{src.topic}:{src.partition}:{src.offset}"
+            if self.dedup.seen(marker):
+                self.metrics.duplicate()
+                return
+            self.dead_letters.send(src, value, INVALID_ALERT, str(exc))
+            self.dedup.mark(marker)
+        self.metrics.dead_lettered()
+
+    # ------------------------------------------------------------------ offsets and lag
+
+    def _advance_past_markers(self, consumer: Consumer) -> None:
+        """After a fully handled batch, commit the consumer's position, which (read_committed)
+        already skips transaction markers and aborted records; committing only `last + 1` would
+        leave a permanent lag of one marker per partition."""
+        if not self._processed:
+            return
+        for tp in consumer.position([TopicPartition(t, p) for t, p in self._processed]):
+            if tp.offset != OFFSET_INVALID and tp.offset > self._processed[(tp.topic, tp.partition)]:
+                self._processed[(tp.topic, tp.partition)] = tp.offset
+
+    def _maybe_commit(self, consumer: Consumer) -> None:
+        if self._processed == self._sent:
+            return
+        if (time.monotonic() - self._last_commit) * 1000 >= self.options.commit_interval_ms:
+            self._commit(consumer, synchronous=False)
+
+    def _commit(self, consumer: Consumer, *, synchronous: bool) -> None:
+        if not self.options.commit or not self._processed:
+            return
+        todo = (
+            self._processed
+            if synchronous
+            else {k: v for k, v in self._processed.items() if self._sent.get(k) != v}
+        )
+        if not todo:
+            return
+        offsets = [TopicPartition(t, p, off) for (t, p), off in todo.items()]
+        if synchronous:
+            result = consumer.commit(offsets=offsets, asynchronous=False) or []
+            failed = [tp for tp in result if tp.error is not None]
+            if failed:
+                logger.error("offset commit failed receiver=%s partitions=%s", self.name, failed)
+            logger.debug("offsets committed receiver=%s offsets=%s", self.name, result)
+        else:
+            consumer.commit(offsets=offsets, asynchronous=True)
+        self._sent.update(todo)
+        self._last_commit = time.monotonic()
+
+    def _on_commit(self, err: KafkaError | None, parts: list[TopicPartition]) -> None:
+        failed = [tp for tp in parts if tp.error is not None]
+        if err is not None or failed:
+            logger.warning("offset commit failed receiver=%s error=%s partitions=%s", self.name, err, failed)
+            for tp in failed:  # resend on the next periodic commit
+                self._sent.pop((tp.topic, tp.partition), None)
+
+    def _maybe_lag(self, consumer: Consumer) -> None:
+        now = time.monotonic()
+        if now - self._last_lag < LAG_INTERVAL_S:
+            return
+        self._last_lag = now
+        try:
+            assignment = consumer.assignment()
+            if not assignment:
+                return
+            total = 0
+            for tp in consumer.position(assignment):
+                lo, hi = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=1.0, cached=False
+                )
+                total += max(0, hi - (tp.offset if tp.offset >= 0 else lo))
+            self.metrics.lag(total)
+        except Exception as exc:  # lag is informational; never stop delivering for it
+            logger.debug("lag unavailable receiver=%s error=%s", self.name, exc)

@@ -1,0 +1,229 @@
+"""Wiring: receivers from config to running runners, in-process (`AlertService`) or as the CLI.
+
+The service owns the shared clients (one Redis pool, one idempotent producer for dead letters)
+and one runner thread per receiver. Tests, the demo and `fleetfence alerts run` all use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TextIO
+
+import redis
+from confluent_kafka import Producer
+from prometheus_client import CollectorRegistry
+
+from alerts.config import AlertsSettings, HistoryConfig, MqttConfig, ReceiversFile, WebhookConfig
+from alerts.history import HistorySink
+from alerts.metrics import ReceiverMetrics, Snapshot
+from alerts.model import AlertFilter
+from alerts.mqtt_fanout import MqttFanoutSink
+from alerts.runner import DeadLetters, MemoryDedup, ReceiverRunner, RedisDedup, RunnerOptions, Sink
+from alerts.tail import TailSink
+from alerts.webhook import WebhookSink
+from fleetfence.errors import FleetFenceError, ServiceUnavailableError
+from fleetfence.kafka import producer_config
+
+logger = logging.getLogger(__name__)
+
+
+def group_id(settings: AlertsSettings, receiver: str) -> str:
+    """Groups carry the topic prefix so installations (and tests) sharing a broker never mix."""
+    return f"{settings.topic_prefix}fleetfence.alerts.{receiver}"
+
+
+class AlertService:
+    """All configured receivers of one process; `start()`, `stop()`, or `with service:`."""
+
+    def __init__(
+        self,
+        settings: AlertsSettings,
+        config: ReceiversFile,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.registry = registry
+        self.runners: dict[str, ReceiverRunner] = {}
+        self._redis: redis.Redis | None = None
+        self._producer: Producer | None = None
+
+    def _redis_client(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(
+                self.settings.redis_dsn, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+            )
+            try:
+                self._redis.ping()
+            except redis.RedisError as exc:
+                raise ServiceUnavailableError(f"Redis {self.settings.redis_dsn} unreachable: {exc}") from exc
+        return self._redis
+
+    def _dlq_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(producer_config(self.settings.bootstrap_servers, **{"linger.ms": 0}))
+        return self._producer
+
+    def _build(self, cfg: HistoryConfig | MqttConfig | WebhookConfig) -> ReceiverRunner:
+        s = self.settings
+        sink: Sink
+        if isinstance(cfg, HistoryConfig):
+            sink = HistorySink(self._redis_client(), s.redis_prefix)
+        elif isinstance(cfg, MqttConfig):
+            host, port = s.mqtt_host_port
+            sink = MqttFanoutSink(cfg, host, port)
+        else:
+            sink = WebhookSink(cfg)
+        dedup = RedisDedup(self._redis_client(), s.redis_prefix, cfg.name, s.alerts_dedup_ttl_s)
+        options = RunnerOptions(
+            bootstrap=s.bootstrap_servers,
+            topic=s.topics.alerts,
+            group_id=cfg.group_id or group_id(s, cfg.name),
+            commit_interval_ms=s.alerts_commit_interval_ms,
+            instance_id=f"{s.alerts_instance_id or socket.gethostname()}.{cfg.name}",
+        )
+        return ReceiverRunner(
+            cfg.name,
+            sink,
+            alert_filter=cfg.filter.build(),
+            options=options,
+            dedup=dedup,
+            metrics=ReceiverMetrics(cfg.name, self.registry),
+            dead_letters=DeadLetters(self._dlq_producer(), s.topics.alerts_dlq, cfg.name),
+        )
+
+    def start(self) -> AlertService:
+        try:
+            for cfg in self.config.enabled:
+                self.runners[cfg.name] = self._build(cfg)
+        except BaseException:
+            self.stop()
+            raise
+        for r in self.runners.values():
+            r.start()
+        logger.info("alert receivers started receivers=%s", ",".join(self.runners))
+        return self
+
+    def stop(self) -> None:
+        for r in self.runners.values():
+            r._stop.set()  # signal all first so they wind down in parallel
+        for r in self.runners.values():
+            r.stop()
+        for r in self.runners.values():
+            if r._thread is None:  # built but never started: release its sink
+                r.sink.close()
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+    def __enter__(self) -> AlertService:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def snapshots(self) -> dict[str, Snapshot]:
+        return {name: r.metrics.snapshot() for name, r in self.runners.items()}
+
+    def failed(self) -> dict[str, BaseException]:
+        return {name: r.error for name, r in self.runners.items() if r.error is not None}
+
+    def wait_assigned(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(r.wait_assigned(max(0.0, deadline - time.monotonic())) for r in self.runners.values())
+
+
+class ReceiverCrashedError(FleetFenceError):
+    """A receiver thread died; the process exits non-zero so a supervisor restarts it."""
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        logger.info("signal received, stopping signal=%s", signal.Signals(signum).name)
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def run_forever(settings: AlertsSettings, config: ReceiversFile) -> None:
+    """`fleetfence alerts run`: run until SIGINT/SIGTERM; raise if a receiver crashes."""
+    if settings.alerts_metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.alerts_metrics_port, addr=settings.host)
+        logger.info("metrics endpoint port=%s", settings.alerts_metrics_port)
+    stop = threading.Event()
+    service = AlertService(settings, config)
+    with _stop_on_signals(stop):
+        service.start()
+        try:
+            while not stop.wait(0.5):
+                failed = service.failed()
+                if failed:
+                    name, exc = next(iter(failed.items()))
+                    raise ReceiverCrashedError(f"receiver {name!r} crashed: {exc}")
+        finally:
+            service.stop()
+            for name, snap in service.snapshots().items():
+                logger.info("receiver totals receiver=%s %s", name, snap)
+
+
+def tail(
+    settings: AlertsSettings,
+    alert_filter: AlertFilter,
+    *,
+    as_json: bool,
+    from_beginning: bool,
+    limit: int | None,
+    group: str | None,
+    out: TextIO | None = None,
+) -> int:
+    """Print alerts until interrupted or `limit` alerts were shown; returns how many were shown."""
+    sink = TailSink(as_json, limit, out)
+    durable = group is not None
+    options = RunnerOptions(
+        bootstrap=settings.bootstrap_servers,
+        topic=settings.topics.alerts,
+        group_id=group or f"{settings.topic_prefix}fleetfence.alerts.tail-{uuid.uuid4().hex[:12]}",
+        commit=durable,
+        commit_interval_ms=settings.alerts_commit_interval_ms,
+        from_latest=not from_beginning,
+    )
+    runner = ReceiverRunner(
+        "tail",
+        sink,
+        alert_filter=alert_filter,
+        options=options,
+        dedup=MemoryDedup(),
+        metrics=ReceiverMetrics("tail", CollectorRegistry()),
+        dead_letters=None,
+    )
+    stop = threading.Event()
+    with _stop_on_signals(stop):
+        runner.start()
+        try:
+            while not stop.wait(0.2):
+                if sink.done.is_set() or not runner.running:
+                    break
+        finally:
+            runner.stop()
+    if runner.error is not None:
+        raise ReceiverCrashedError(f"tail failed: {runner.error}")
+    return sink.count

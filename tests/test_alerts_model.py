@@ -1,0 +1,175 @@
+"""Pure alert logic: the contract parser, filters, open conditions, config, signing, back-off."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from alerts.config import WebhookConfig, load_config, parse_config
+from alerts.model import AlertFilter, condition_change, parse_alert, summary
+from alerts.tail import render
+from alerts.webhook import backoff_ms, sign, verify_signature
+from fleetfence.contracts import AlertType, alert_id
+from fleetfence.errors import ConfigError, ContractError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def alert_dict(
+    vehicle: str = "truck-042", kind: str = "ROUTE_DEVIATION", seq: int = 1817, **kw: Any
+) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "alert_id": alert_id(vehicle, kind, seq, kw.get("zone_id", "")),
+        "type": kind,
+        "vehicle_id": vehicle,
+        "route_id": "r-berlin-1",
+        "route_version": 3,
+        "seq": seq,
+        "ts_ms": 1795320930250,
+        "ts": "2026-11-22T08:15:30.250Z",
+        "lat": 52.5201,
+        "lon": 13.4049,
+        "details": {"distance_m": 212.4, "outside_fixes": 3, "outside_s": 2.0},
+    }
+    d.update(kw)
+    return d
+
+
+def test_contract_example_parses_and_keeps_raw_bytes() -> None:
+    raw = orjson.dumps(alert_dict())
+    a = parse_alert(raw)
+    assert a.raw is raw
+    assert a.type is AlertType.ROUTE_DEVIATION
+    assert (a.vehicle_id, a.route_id, a.seq, a.ts_ms) == ("truck-042", "r-berlin-1", 1817, 1795320930250)
+    # The line shows ts_ms in UTC (the contract example's `ts` string does not match its ts_ms).
+    assert summary(a).startswith("2026-11-22T04:15:30.250Z ROUTE_DEVIATION")
+    assert "distance_m=212.4" in summary(a)
+    assert render(a).plain == summary(a)
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (None, "no value"),
+        (b"not json", "not JSON"),
+        (b"[1]", "JSON object"),
+        (orjson.dumps(alert_dict(alert_id="")), "alert_id"),
+        (orjson.dumps(alert_dict(type="PANIC")), "'type'"),
+        (orjson.dumps(alert_dict(vehicle_id="bad id/with slash")), "vehicle_id"),
+        (orjson.dumps({**alert_dict(), "seq": "7"}), "'seq' must be an integer"),
+        (orjson.dumps({k: v for k, v in alert_dict().items() if k != "ts_ms"}), "'ts_ms' is required"),
+        (orjson.dumps(alert_dict(lat="north")), "'lat'"),
+        (orjson.dumps(alert_dict(kind="ZONE_ENTER")), "zone_id"),
+        (b"{" + b" " * 70_000 + b"}", "exceeds"),
+    ],
+)
+def test_invalid_alerts_get_a_clear_reason(raw: bytes | None, match: str) -> None:
+    with pytest.raises(ContractError, match=match) as info:
+        parse_alert(raw)
+    assert info.value.reason == "invalid_alert"
+
+
+def test_filter_is_or_within_and_across_dimensions() -> None:
+    dev = parse_alert(orjson.dumps(alert_dict()))
+    speed = parse_alert(orjson.dumps(alert_dict(kind="OVERSPEED", route_id="r-2")))
+    no_route = parse_alert(orjson.dumps(alert_dict(kind="VEHICLE_SILENT", route_id=None)))
+    only_dev_on_r1 = AlertFilter.of(["route_deviation"], [], ["r-berlin-1"])
+    assert only_dev_on_r1.matches(dev)
+    assert not only_dev_on_r1.matches(speed)
+    assert not AlertFilter.of([], [], ["r-berlin-1"]).matches(no_route)
+    either = AlertFilter.of(["ROUTE_DEVIATION", "OVERSPEED"], ["truck-042"])
+    assert either.matches(dev)
+    assert either.matches(speed)
+    assert not AlertFilter.of([], ["other"]).matches(dev)
+    assert AlertFilter().matches(no_route)
+    assert AlertFilter().describe() == "all alerts"
+    with pytest.raises(ContractError, match="alert types are"):
+        AlertFilter.of(["SPEEDING"])
+
+
+def test_open_conditions_follow_the_contract() -> None:
+    def change(kind: str, **kw: Any) -> tuple[str | None, tuple[str, ...]]:
+        c = condition_change(parse_alert(orjson.dumps(alert_dict(kind=kind, **kw))))
+        return c.opens, c.closes
+
+    assert change("ROUTE_DEVIATION") == ("ROUTE_DEVIATION", ("VEHICLE_SILENT",))
+    assert change("ROUTE_RETURN") == (None, ("ROUTE_DEVIATION", "VEHICLE_SILENT"))
+    assert change("OVERSPEED") == ("OVERSPEED", ("VEHICLE_SILENT",))
+    assert change("VEHICLE_SILENT") == ("VEHICLE_SILENT", ())
+    assert change("ZONE_ENTER", zone_id="depot-1") == ("ZONE:depot-1", ("VEHICLE_SILENT",))
+    assert change("ZONE_EXIT", details={"zone_id": "depot-1", "dwell_s": 30}) == (
+        None,
+        ("ZONE:depot-1", "VEHICLE_SILENT"),
+    )
+
+
+def test_signature_matches_and_detects_tampering() -> None:
+    body = orjson.dumps(alert_dict())
+    header = sign(b"s3cret", body)
+    assert header.startswith("sha256=")
+    assert len(header) == len("sha256=") + 64
+    assert verify_signature(b"s3cret", body, header)
+    assert not verify_signature(b"s3cret", body + b" ", header)
+    assert not verify_signature(b"other", body, header)
+    assert not verify_signature(b"s3cret", body, None)
+
+
+def test_backoff_is_exponential_capped_and_jittered() -> None:
+    rng = random.Random(7)
+    delays = [backoff_ms(n, 100, 1000, rng) for n in range(1, 8)]
+    for n, d in enumerate(delays, start=1):
+        base = min(1000, 100 * 2 ** (n - 1))
+        assert 0.8 * base <= d <= min(1000, 1.2 * base)
+    assert max(delays) <= 1000
+    assert delays[0] < delays[2] < delays[4]
+
+
+def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCH_WEBHOOK_SECRET", "x")
+    cfg = load_config(REPO / "docs" / "receivers.example.toml")
+    kinds = {r.name: r.kind for r in cfg.receivers}
+    assert set(kinds.values()) == {"history", "mqtt", "webhook"}
+    hook = next(r for r in cfg.enabled if isinstance(r, WebhookConfig))
+    assert hook.filter.build().types == {AlertType.ROUTE_DEVIATION}
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("receivers = [", "not valid TOML"),
+        ("", "receivers"),
+        ('[[receivers]]\nname = "h"\nkind = "fax"', "kind"),
+        ('[[receivers]]\nname = "h"\nkind = "history"\nfiltr = {}', "filtr"),
+        ('[[receivers]]\nname = "h"\nkind = "history"\nfilter = {types = ["SPEEDING"]}', "SPEEDING"),
+        (
+            '[[receivers]]\nname = "h"\nkind = "history"\n[[receivers]]\nname = "h"\nkind = "history"',
+            "unique",
+        ),
+        ('[[receivers]]\nname = "Bad Name"\nkind = "history"', "receiver name"),
+        ('[[receivers]]\nname = "w"\nkind = "webhook"\nurl = "ftp://x"\nsecret = "s"', "http"),
+        ('[[receivers]]\nname = "w"\nkind = "webhook"\nurl = "http://x"', "secret_env"),
+        (
+            '[[receivers]]\nname = "w"\nkind = "webhook"\nurl = "http://x"\n'
+            'secret_env = "FF_TEST_UNSET_SECRET"',
+            "FF_TEST_UNSET_SECRET",
+        ),
+        (
+            '[[receivers]]\nname = "w"\nkind = "webhook"\nurl = "http://x"\nsecret = "s"\n'
+            "max_attempts = 20\nbackoff_max_ms = 60000",
+            "retry budget",
+        ),
+        ('[[receivers]]\nname = "m"\nkind = "mqtt"\nvehicle_topic = "fleet/alerts"', "vehicle_id"),
+    ],
+)
+def test_bad_config_is_a_clear_error(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_config(text, "receivers.toml")
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read receivers config"):
+        load_config(tmp_path / "nope.toml")

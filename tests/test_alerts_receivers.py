@@ -1,0 +1,702 @@
+"""Alert receivers against the real broker, Mosquitto, Redis and a local HTTP webhook target.
+
+Alerts are produced the way the processor writes them: in Kafka transactions, some aborted, so
+every test also proves that aborted alerts never reach a receiver.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import paho.mqtt.client as mqtt
+import pytest
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+from paho.mqtt.enums import CallbackAPIVersion
+from prometheus_client import CollectorRegistry
+
+from alerts.config import AlertsSettings, parse_config
+from alerts.history import HistoryKeys, HistorySink
+from alerts.metrics import ReceiverMetrics, Snapshot
+from alerts.model import parse_alert
+from alerts.runner import Context, Outcome, SourceRecord
+from alerts.service import AlertService, group_id
+from alerts.webhook import verify_signature
+from fleetfence import infra
+from fleetfence.contracts import alert_id, ms_to_iso
+from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.settings import Settings
+
+pytestmark = pytest.mark.services
+
+SECRET = "test-webhook-secret"
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
+    """Poll until `check` returns something truthy; fail with `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last value {value!r})")
+        time.sleep(interval_s)
+
+
+def make_alert(
+    vehicle: str, kind: str, seq: int, route: str | None = "r-1", zone: str = ""
+) -> dict[str, Any]:
+    ts_ms = 1_795_320_000_000 + seq * 1000
+    d: dict[str, Any] = {
+        "alert_id": alert_id(vehicle, kind, seq, zone),
+        "type": kind,
+        "vehicle_id": vehicle,
+        "route_id": route,
+        "route_version": 1,
+        "seq": seq,
+        "ts_ms": ts_ms,
+        "ts": ms_to_iso(ts_ms),
+        "lat": 52.52,
+        "lon": 13.40,
+        "details": {"zone_id": zone} if zone else {"distance_m": 150.0},
+    }
+    return d
+
+
+class AlertWriter:
+    """Writes alerts like the processor: one transaction per batch, keyed by vehicle_id."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.topic = settings.topics.alerts
+        self.p = Producer(
+            producer_config(settings.bootstrap_servers, **{"transactional.id": f"test-{uuid.uuid4().hex}"})
+        )
+        self.p.init_transactions(15)
+
+    def batch(self, alerts: list[dict[str, Any]], *, commit: bool = True, raw: Sequence[bytes] = ()) -> None:
+        self.p.begin_transaction()
+        for a in alerts:
+            self.p.produce(self.topic, key=a["vehicle_id"].encode(), value=orjson.dumps(a))
+        for r in raw:
+            self.p.produce(self.topic, key=b"garbage", value=r)
+        if commit:
+            self.p.commit_transaction(15)
+        else:
+            self.p.flush(15)  # the records reach the log, then the transaction is aborted
+            self.p.abort_transaction(15)
+
+
+@dataclass
+class WebhookTarget:
+    """A real HTTP server that counts 2xx-accepted deliveries and all attempts per alert_id."""
+
+    respond: Callable[[str, int], int] = lambda _aid, _n: 200
+    accepted: Counter[str] = field(default_factory=Counter)
+    attempts: Counter[str] = field(default_factory=Counter)
+    bad_signatures: int = 0
+    idempotency_mismatch: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def start(self) -> WebhookTarget:
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                aid = orjson.loads(body)["alert_id"]
+                with target.lock:
+                    if not verify_signature(SECRET.encode(), body, self.headers["X-FleetFence-Signature"]):
+                        target.bad_signatures += 1
+                    if self.headers["Idempotency-Key"] != aid:
+                        target.idempotency_mismatch += 1
+                    target.attempts[aid] += 1
+                    status = target.respond(aid, target.attempts[aid])
+                    if 200 <= status < 300:
+                        target.accepted[aid] += 1
+                body_out = b"" if status == 204 else b"ok"
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body_out)))
+                self.end_headers()
+                self.wfile.write(body_out)
+
+            def log_message(self, *_a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def accepted_ids(self) -> set[str]:
+        with self.lock:
+            return set(self.accepted)
+
+
+@pytest.fixture
+def target() -> Iterator[WebhookTarget]:
+    t = WebhookTarget().start()
+    yield t
+    t.stop()
+
+
+class MqttCollector:
+    def __init__(self, host: str, port: int, topic_filter: str) -> None:
+        self.messages: list[tuple[str, bytes, bool]] = []
+        self.lock = threading.Lock()
+        subscribed = threading.Event()
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+        self.c.on_subscribe = lambda *_a: subscribed.set()
+        self.c.on_message = self._on_message
+        self.c.connect(host, port)
+        self.c.loop_start()
+        self.c.subscribe(topic_filter, qos=1)
+        assert subscribed.wait(10), "MQTT subscribe not acknowledged"
+
+    def _on_message(self, _c: object, _u: object, m: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.messages.append((m.topic, bytes(m.payload), bool(m.retain)))
+
+    def snapshot(self) -> list[tuple[str, bytes, bool]]:
+        with self.lock:
+            return list(self.messages)
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def _s(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def alerts_settings(settings: Settings, **kw: Any) -> AlertsSettings:
+    base = settings.model_dump(exclude={"topics"})
+    base.update(redis_prefix=f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:", **kw)
+    return AlertsSettings(**base)
+
+
+def committed_offsets(settings: Settings, group: str) -> dict[int, int]:
+    c = Consumer(consumer_config(settings.bootstrap_servers, group))
+    try:
+        parts = [TopicPartition(settings.topics.alerts, p) for p in range(settings.alerts_partitions)]
+        return {tp.partition: tp.offset for tp in c.committed(parts, timeout=10)}
+    finally:
+        c.close()
+
+
+def high_watermarks(settings: Settings) -> dict[int, int]:
+    c = Consumer(consumer_config(settings.bootstrap_servers, f"wm-{uuid.uuid4().hex}"))
+    try:
+        return {
+            p: c.get_watermark_offsets(TopicPartition(settings.topics.alerts, p), timeout=10)[1]
+            for p in range(settings.alerts_partitions)
+        }
+    finally:
+        c.close()
+
+
+def assert_fully_committed(settings: Settings, group: str) -> None:
+    """Committed offsets equal the high watermarks (an empty partition has nothing to commit)."""
+    hw = {p: h for p, h in high_watermarks(settings).items() if h > 0}
+    assert committed_offsets(settings, group) == {
+        p: hw.get(p, -1001) for p in range(settings.alerts_partitions)
+    }
+
+
+def read_dlq(settings: Settings, expected: int, timeout_s: float = 20) -> list[tuple[bytes, dict[str, str]]]:
+    c = Consumer(consumer_config(settings.bootstrap_servers, f"dlq-{uuid.uuid4().hex}"))
+    c.assign([TopicPartition(settings.topics.alerts_dlq, 0, 0)])
+    out: list[tuple[bytes, dict[str, str]]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                out.append((m.value(), {k: v.decode() for k, v in m.headers() or []}))
+        # Nothing beyond what was expected: poll a little longer for unexpected extras.
+        extra_deadline = time.monotonic() + 0.5
+        while time.monotonic() < extra_deadline:
+            m = c.poll(0.1)
+            if m is not None and m.error() is None:
+                out.append((m.value(), {k: v.decode() for k, v in m.headers() or []}))
+    finally:
+        c.close()
+    return out
+
+
+def receivers_toml(url: str, mqtt_root: str, hook_extra: str = "") -> str:
+    return f"""
+[[receivers]]
+name = "history"
+kind = "history"
+
+[[receivers]]
+name = "mqtt"
+kind = "mqtt"
+vehicle_topic = "{mqtt_root}/{{vehicle_id}}/alerts"
+all_topic = "{mqtt_root}/alerts"
+
+[[receivers]]
+name = "hook"
+kind = "webhook"
+url = "{url}"
+secret = "{SECRET}"
+backoff_initial_ms = 10
+backoff_max_ms = 50
+{hook_extra}
+
+[[receivers]]
+name = "dev-r1"
+kind = "webhook"
+url = "{url}"
+secret = "{SECRET}"
+[receivers.filter]
+types = ["ROUTE_DEVIATION"]
+routes = ["r-1"]
+"""
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target: WebhookTarget) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=100)
+    run = uuid.uuid4().hex[:6]
+    vehicles = [f"v{run}-{i}" for i in range(5)]
+    kinds = ["ROUTE_DEVIATION", "OVERSPEED", "ROUTE_RETURN"]
+    committed = [
+        make_alert(v, kinds[seq % 3], seq, route="r-1" if i % 2 == 0 else "r-2")
+        for seq in range(1, 7)
+        for i, v in enumerate(vehicles)
+    ]
+    aborted = [make_alert(v, "VEHICLE_SILENT", 100 + i) for i, v in enumerate(vehicles)]
+    writer = AlertWriter(s)
+    writer.batch(committed[:10])
+    writer.batch(aborted, commit=False)
+    writer.batch(committed[10:], raw=[b"this is not an alert"])
+
+    host, port = s.mqtt_host_port
+    root = f"t{run}/fleet"
+    sub = MqttCollector(host, port, f"{root}/#")
+    registry = CollectorRegistry()
+    cfg = parse_config(receivers_toml(target.url, root))
+    service = AlertService(s, cfg, registry).start()
+    r = redis.Redis.from_url(s.redis_dsn)
+    try:
+        ids = {a["alert_id"] for a in committed}
+        wanted_by_dev_r1 = {
+            a["alert_id"] for a in committed if a["type"] == "ROUTE_DEVIATION" and a["route_id"] == "r-1"
+        }
+        # Both webhook receivers share the target; together they accept each id once or twice.
+        wait_for(lambda: target.accepted_ids() >= ids, 30, "webhook deliveries")
+        wait_for(lambda: len(sub.snapshot()) >= 2 * len(ids), 30, "MQTT fan-out")
+        keys = HistoryKeys(s.redis_prefix)
+        wait_for(lambda: r.zcard(keys.by_ts) >= len(ids), 30, "history index")
+        wait_for(
+            lambda: all(
+                snap.consumed == len(committed) + 1 and snap.reconciles
+                for snap in service.snapshots().values()
+            ),
+            30,
+            "every receiver to handle every committed record",
+        )
+        snaps = service.snapshots()
+    finally:
+        service.stop()
+        sub.close()
+
+    aborted_ids = {a["alert_id"] for a in aborted}
+    # Webhooks: hook got every alert, dev-r1 only route deviations on r-1; once each; signed.
+    expected = Counter(dict.fromkeys(ids, 1)) + Counter(dict.fromkeys(wanted_by_dev_r1, 1))
+    assert target.accepted == expected
+    assert target.bad_signatures == 0
+    assert target.idempotency_mismatch == 0
+    assert not aborted_ids & set(target.attempts)
+    # MQTT: each alert once on the fleet topic and once on its vehicle topic, never an aborted one.
+    msgs = sub.snapshot()
+    fleet = Counter(orjson.loads(p)["alert_id"] for t, p, _ in msgs if t == f"{root}/alerts")
+    per_vehicle = Counter((t, orjson.loads(p)["alert_id"]) for t, p, _ in msgs if t != f"{root}/alerts")
+    assert fleet == Counter(dict.fromkeys(ids, 1))
+    assert per_vehicle == Counter({(f"{root}/{a['vehicle_id']}/alerts", a["alert_id"]): 1 for a in committed})
+    # Retained: a late subscriber gets each vehicle's last alert, byte-identical to the record.
+    late = MqttCollector(host, port, f"{root}/+/alerts")
+    try:
+        retained = wait_for(
+            lambda: {t: p for t, p, ret in late.snapshot() if ret} if len(late.snapshot()) >= 5 else None,
+            10,
+            "retained messages",
+        )
+    finally:
+        late.close()
+    last = {
+        f"{root}/{v}/alerts": orjson.dumps(next(a for a in reversed(committed) if a["vehicle_id"] == v))
+        for v in vehicles
+    }
+    assert retained == last
+    # History: exactly the contract's keys.
+    keys = HistoryKeys(s.redis_prefix)
+    for a in committed:
+        assert r.get(keys.alert(a["alert_id"])) == orjson.dumps(a)
+        assert r.zscore(keys.by_ts, a["alert_id"]) == a["ts_ms"]
+        assert r.zscore(keys.vehicle(a["vehicle_id"]), a["alert_id"]) == a["ts_ms"]
+        assert r.zscore(keys.type(a["type"]), a["alert_id"]) == a["ts_ms"]
+    assert r.zcard(keys.by_ts) == len(ids)
+    assert not any(r.exists(keys.alert(aid)) for aid in aborted_ids)
+    for v in vehicles:
+        opened = {
+            a["type"]: a["alert_id"]
+            for a in committed
+            if a["vehicle_id"] == v and a["type"] != "ROUTE_RETURN"
+        }
+        last_dev = max(a["seq"] for a in committed if a["vehicle_id"] == v and a["type"] == "ROUTE_DEVIATION")
+        last_ret = max(a["seq"] for a in committed if a["vehicle_id"] == v and a["type"] == "ROUTE_RETURN")
+        hash_ = {_s(k): _s(x) for k, x in r.hgetall(keys.open(v)).items()}
+        assert hash_.get("OVERSPEED") == opened["OVERSPEED"]
+        assert ("ROUTE_DEVIATION" in hash_) == (last_dev > last_ret)
+    # Metrics reconcile: consumed = delivered + dead-lettered + duplicates + filtered.
+    for name, snap in snaps.items():
+        assert snap.reconciles, (name, snap)
+        assert snap.dead_lettered == 1, (name, snap)  # the garbage record
+    assert snaps["hook"].delivered == len(ids)
+    assert snaps["dev-r1"].delivered == len(wanted_by_dev_r1)
+    assert snaps["dev-r1"].filtered == len(ids) - len(wanted_by_dev_r1)
+    assert registry.get_sample_value(
+        "fleetfence_alert_receiver_delivered_total", {"receiver": "mqtt"}
+    ) == len(ids)
+    dlq = read_dlq(s, expected=4)
+    assert sorted(h["receiver"] for _, h in dlq) == ["dev-r1", "history", "hook", "mqtt"]
+    assert all(v == b"this is not an alert" and h["reason"] == "invalid_alert" for v, h in dlq)
+    # Offsets were committed after the side effects, past the transaction markers: no lag.
+    for name in ("history", "mqtt", "hook", "dev-r1"):
+        assert_fully_committed(s, group_id(s, name))
+
+    # A replay from the start under new groups (as after an offset reset) performs nothing again.
+    replay_cfg = parse_config(receivers_toml(target.url, root))
+    for rc in replay_cfg.receivers:
+        rc.group_id = f"{s.topic_prefix}replay-{rc.name}"
+    sub2 = MqttCollector(host, port, f"{root}/alerts")
+    replay = AlertService(s, replay_cfg, CollectorRegistry()).start()
+    try:
+        wait_for(
+            lambda: all(
+                snap.consumed == len(committed) + 1 and snap.reconciles
+                for snap in replay.snapshots().values()
+            ),
+            30,
+            "the replay to read everything",
+        )
+        replay_snaps = replay.snapshots()
+    finally:
+        replay.stop()
+        sub2.close()
+    assert target.accepted == expected
+    assert sub2.snapshot() == []
+    assert r.zcard(keys.by_ts) == len(ids)
+    for name, snap in replay_snaps.items():
+        assert snap.delivered == 0, (name, snap)
+        assert snap.reconciles, (name, snap)
+    assert len(read_dlq(s, expected=4)) == 4  # invalid records are not dead-lettered twice
+    # Clean up the retained messages this test left on the private broker.
+    cleaner = mqtt.Client(CallbackAPIVersion.VERSION2)
+    cleaner.connect(host, port)
+    cleaner.loop_start()
+    for t in last:
+        cleaner.publish(t, b"", qos=1, retain=True).wait_for_publish(5)
+    cleaner.loop_stop()
+    cleaner.disconnect()
+    r.close()
+
+
+def test_webhook_retries_then_delivers_once_and_dead_letters_after_n(
+    settings: Settings, target: WebhookTarget
+) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=100)
+    run = uuid.uuid4().hex[:6]
+    flaky = make_alert(f"f{run}", "OVERSPEED", 1)
+    broken = make_alert(f"b{run}", "OVERSPEED", 2)
+    rejected = make_alert(f"r{run}", "OVERSPEED", 3)
+    fine = [make_alert(f"ok{run}", "ROUTE_DEVIATION", n) for n in range(4, 10)]
+
+    def respond(aid: str, attempt: int) -> int:
+        if aid == flaky["alert_id"]:
+            return 503 if attempt <= 3 else 200  # fails N=3 times, then recovers
+        if aid == broken["alert_id"]:
+            return 500
+        if aid == rejected["alert_id"]:
+            return 400
+        return 204
+
+    target.respond = respond
+    AlertWriter(s).batch([flaky, broken, rejected, *fine])
+    toml = f"""
+[[receivers]]
+name = "hook"
+kind = "webhook"
+url = "{target.url}"
+secret = "{SECRET}"
+max_attempts = 5
+backoff_initial_ms = 20
+backoff_max_ms = 80
+"""
+    service = AlertService(s, parse_config(toml), CollectorRegistry()).start()
+    try:
+
+        def all_handled() -> Snapshot | None:
+            x = service.snapshots()["hook"]
+            return x if x.consumed == 9 and x.reconciles else None
+
+        snap = wait_for(all_handled, 30, "all nine alerts handled")
+    finally:
+        service.stop()
+    assert target.accepted == Counter({flaky["alert_id"]: 1, **{a["alert_id"]: 1 for a in fine}})
+    assert target.attempts[flaky["alert_id"]] == 4
+    assert target.attempts[broken["alert_id"]] == 5  # max_attempts in total, no more
+    assert target.attempts[rejected["alert_id"]] == 1  # a 400 is not retried
+    assert (snap.delivered, snap.dead_lettered, snap.retried) == (7, 2, 3 + 4)
+    dlq = read_dlq(s, expected=2)
+    by_id = {h["alert_id"]: (v, h) for v, h in dlq}
+    assert set(by_id) == {broken["alert_id"], rejected["alert_id"]}
+    v, h = by_id[broken["alert_id"]]
+    assert v == orjson.dumps(broken)
+    assert (h["reason"], h["attempts"], h["http_status"], h["receiver"]) == (
+        "retries_exhausted",
+        "5",
+        "500",
+        "hook",
+    )
+    assert h["source_topic"] == s.topics.alerts
+    _, h = by_id[rejected["alert_id"]]
+    assert (h["reason"], h["attempts"], h["http_status"]) == ("rejected", "1", "400")
+
+
+def test_history_open_conditions_and_publish(settings: Settings) -> None:
+    s = alerts_settings(settings)
+    r = redis.Redis.from_url(s.redis_dsn)
+    keys = HistoryKeys(s.redis_prefix)
+    pubsub = r.pubsub()  # type: ignore[no-untyped-call]
+    pubsub.subscribe(keys.channel)
+    wait_for(lambda: pubsub.get_message(timeout=0.1), 5, "subscribe confirmation")
+    sink = HistorySink(redis.Redis.from_url(s.redis_dsn), s.redis_prefix)
+    ctx = Context(
+        SourceRecord("t", 0, 0, None), ReceiverMetrics("h", CollectorRegistry()), None, threading.Event()
+    )
+    v = f"h{uuid.uuid4().hex[:6]}"
+
+    def deliver(d: dict[str, Any]) -> Outcome:
+        return sink.deliver(parse_alert(orjson.dumps(d)), ctx)
+
+    def open_() -> dict[str, str]:
+        return {_s(k): _s(x) for k, x in r.hgetall(keys.open(v)).items()}
+
+    dev = make_alert(v, "ROUTE_DEVIATION", 10)
+    assert deliver(dev) is Outcome.DELIVERED
+    assert deliver(dev) is Outcome.DUPLICATE
+    enter = make_alert(v, "ZONE_ENTER", 11, zone="depot-1")
+    deliver(enter)
+    assert open_() == {"ROUTE_DEVIATION": dev["alert_id"], "ZONE:depot-1": enter["alert_id"]}
+    # A stale return (older seq than the open deviation) must not close it.
+    deliver(make_alert(v, "ROUTE_RETURN", 5))
+    assert "ROUTE_DEVIATION" in open_()
+    deliver(make_alert(v, "ROUTE_RETURN", 12))
+    deliver(make_alert(v, "ZONE_EXIT", 13, zone="depot-1"))
+    assert open_() == {}
+    silent = make_alert(v, "VEHICLE_SILENT", 14)
+    deliver(silent)
+    assert open_() == {"VEHICLE_SILENT": silent["alert_id"]}
+    speed = make_alert(v, "OVERSPEED", 15)
+    deliver(speed)
+    assert open_() == {"OVERSPEED": speed["alert_id"]}  # a newer alert proves the vehicle spoke again
+    published: list[str] = []
+    deadline = time.monotonic() + 5
+    while len(published) < 7 and time.monotonic() < deadline:
+        m = pubsub.get_message(timeout=0.2)
+        if m and m["type"] == "message":
+            published.append(orjson.loads(m["data"])["alert_id"])
+    assert len(published) == len(set(published)) == 7  # each new alert once, the duplicate never
+    assert dev["alert_id"] in published
+    pubsub.close()
+    sink.close()
+    r.close()
+
+
+def _env(s: AlertsSettings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETFENCE_")}
+    env.update(
+        FLEETFENCE_KAFKA_BOOTSTRAP=s.bootstrap_servers,
+        FLEETFENCE_MQTT_URL=f"mqtt://{s.mqtt_host_port[0]}:{s.mqtt_host_port[1]}",
+        FLEETFENCE_REDIS_URL=s.redis_dsn,
+        FLEETFENCE_TOPIC_PREFIX=s.topic_prefix,
+        FLEETFENCE_REDIS_PREFIX=s.redis_prefix,
+        FLEETFENCE_STATE_DIR=str(s.state_dir),
+        **extra,
+    )
+    return env
+
+
+FLEETFENCE = [sys.executable, "-c", "from fleetfence.cli import app; app()"]
+
+
+@pytest.mark.slow
+def test_sigkilled_receiver_restarts_without_repeating_a_side_effect(
+    settings: Settings, target: WebhookTarget, tmp_path: Path
+) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings)
+    run = uuid.uuid4().hex[:6]
+    committed = [make_alert(f"k{run}-{i % 7}", "OVERSPEED", i) for i in range(60)]
+    aborted = [make_alert(f"k{run}-x", "ZONE_ENTER", i, zone="z") for i in range(10)]
+    writer = AlertWriter(s)
+    for n in range(0, 60, 10):
+        writer.batch(committed[n : n + 10])
+        if n == 20:
+            writer.batch(aborted, commit=False)
+
+    gate_open = threading.Event()
+
+    def respond(aid: str, attempt: int) -> int:
+        # After 25 accepted alerts the target fails every new one until the test opens the gate,
+        # so the receiver is mid-stream, retrying, when it is killed.
+        if not gate_open.is_set() and len(target.accepted) >= 25 and aid not in target.accepted:
+            return 503
+        return 200
+
+    target.respond = respond
+    config = tmp_path / "receivers.toml"
+    config.write_text(
+        f'[[receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{target.url}"\nsecret_env = "HOOK_SECRET"\n'
+        "max_attempts = 20\nbackoff_initial_ms = 20\nbackoff_max_ms = 100\ntimeout_s = 2\n"
+    )
+    metrics_port = infra.free_port()
+    # Commits only every 10 minutes: the restart replays everything, so only de-duplication by
+    # alert_id stands between the replay and a second POST.
+    env = _env(
+        s,
+        HOOK_SECRET=SECRET,
+        FLEETFENCE_ALERTS_COMMIT_INTERVAL_MS="600000",
+        FLEETFENCE_ALERTS_METRICS_PORT=str(metrics_port),
+    )
+    argv = [*FLEETFENCE, "alerts", "run", "--config", str(config)]
+    log = (tmp_path / "receiver.log").open("wb")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            lambda: len(target.accepted) >= 25 and sum(target.attempts.values()) >= 28,
+            60,
+            "the receiver to be stuck retrying mid-stream",
+        )
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+        killed_at = set(target.accepted_ids())
+        assert 25 <= len(killed_at) < 60
+        nothing_committed = dict.fromkeys(range(4), -1001)
+        assert committed_offsets(s, group_id(s, "hook")) == nothing_committed
+        gate_open.set()
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        ids = {a["alert_id"] for a in committed}
+        wait_for(lambda: target.accepted_ids() >= ids, 60, "every alert after the restart")
+
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as resp:
+                    return str(resp.read().decode())
+            except OSError:
+                return ""
+
+        def sample(text: str, name: str) -> float:
+            line = next(x for x in text.splitlines() if x.startswith(f'{name}{{receiver="hook"}}'))
+            return float(line.split()[-1])
+
+        def consumed_all() -> str | None:
+            t = scrape()
+            if not t:
+                return None
+            done = sample(t, "fleetfence_alert_receiver_delivered_total") + sample(
+                t, "fleetfence_alert_receiver_duplicates_total"
+            )
+            return t if sample(t, "fleetfence_alert_receiver_consumed_total") == 60 == done else None
+
+        text = wait_for(consumed_all, 30, "the restarted receiver to have consumed all 60 committed alerts")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+    assert target.accepted == Counter(dict.fromkeys(ids, 1)), (tmp_path / "receiver.log").read_text()[-3000:]
+    assert not {a["alert_id"] for a in aborted} & set(target.attempts)
+    assert sample(text, "fleetfence_alert_receiver_duplicates_total") == len(killed_at)
+    assert sample(text, "fleetfence_alert_receiver_delivered_total") == 60 - len(killed_at)
+    # The graceful stop committed every offset, past the transaction markers.
+    assert_fully_committed(s, group_id(s, "hook"))
+
+
+def test_tail_json_filters_and_exits_after_limit(settings: Settings, tmp_path: Path) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings)
+    run = uuid.uuid4().hex[:6]
+    mine = [make_alert(f"tail{run}", "ROUTE_DEVIATION", n) for n in range(1, 5)]
+    other = [make_alert(f"other{run}", "ROUTE_DEVIATION", n) for n in range(1, 5)]
+    writer = AlertWriter(s)
+    writer.batch([make_alert(f"tail{run}", "ROUTE_DEVIATION", 99)], commit=False)
+    writer.batch([*other[:2], *mine[:2]])
+    writer.batch([*other[2:], *mine[2:]], raw=[b"{broken"])
+    argv = [*FLEETFENCE, "alerts", "tail", "--json", "--from-beginning", "--vehicle", f"tail{run}", "-n", "4"]
+    out = subprocess.run(argv, env=_env(s), capture_output=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    lines = out.stdout.decode().splitlines()
+    assert lines == [orjson.dumps(a).decode() for a in mine]  # one vehicle: its partition's order
+    human = subprocess.run(
+        [*FLEETFENCE, "alerts", "tail", "--from-beginning", "-t", "route_deviation", "-r", "r-1", "-n", "8"],
+        env=_env(s, COLUMNS="200"),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert human.returncode == 0, human.stderr.decode()[-2000:]
+    shown = human.stdout.decode().splitlines()
+    assert len(shown) == 8
+    assert all(" ROUTE_DEVIATION " in line and "route=r-1" in line for line in shown)
+    bad = subprocess.run(
+        [*FLEETFENCE, "alerts", "tail", "--type", "SPEEDING"],
+        env=_env(s),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "alert types are" in bad.stderr.decode()
