@@ -43,6 +43,8 @@ class DlqReason(StrEnum):
     BAD_TOPIC = "bad_topic"
     BAD_VEHICLE_ID = "bad_vehicle_id"
     VEHICLE_MISMATCH = "vehicle_mismatch"
+    # Not a property of the input: the validator itself failed (a bug); the message is kept anyway.
+    INTERNAL_ERROR = "internal_error"
 
 
 class AlertType(StrEnum):
