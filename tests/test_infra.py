@@ -32,8 +32,14 @@ def test_status_reports_three_healthy_services(infra_settings: Settings) -> None
 def test_topics_created_with_partitions_and_compaction(settings: Settings) -> None:
     created = ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     t = settings.topics
-    assert created == {t.telemetry: 4, t.alerts: 4, t.telemetry_dlq: 1, t.alerts_dlq: 1, t.master: 1,
-                       t.processor_commits: 1}
+    assert created == {
+        t.telemetry: 4,
+        t.alerts: 4,
+        t.telemetry_dlq: 1,
+        t.alerts_dlq: 1,
+        t.master: 1,
+        t.processor_commits: 1,
+    }
     # Second call finds them and changes nothing.
     assert ensure_topics(settings.bootstrap_servers, topic_specs(settings)) == created
 

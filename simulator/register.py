@@ -1,0 +1,214 @@
+"""Registering a scenario's routes, zones, vehicles and assignments in the vehicle master.
+
+Two doors, same entities: `VehicleMaster` straight into Redis (default, in-process, with an
+in-process outbox relay so the change events reach `fleet.master`), or the admin API's bulk
+`/api/v1/import` over HTTP with an API key (its own relay publishes). Either way the simulator
+then waits until `fleet.master` has grown by the number of changed entities, because fixes the
+processor reads before their assignment would be "unassigned" and the ground truth wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from confluent_kafka import TopicPartition
+
+from fleetfence.errors import FleetFenceError, InfraError
+from fleetfence.settings import Settings
+from simulator.scenario import Scenario
+from vehicle_master.models import AssignmentData, EntityData, RouteData, VehicleData, ZoneData
+
+logger = logging.getLogger(__name__)
+
+IMPORT_CHUNK = 5000  # features per /import request: well under the API's 5 MiB body limit
+
+
+class RegistrationError(FleetFenceError):
+    """The vehicle master or the admin API refused the scenario's entities."""
+
+
+@dataclass
+class RegistrationReport:
+    entities: int
+    changed: int
+    seconds: float
+    via: str
+
+
+def scenario_entities(sc: Scenario) -> list[EntityData]:
+    """Routes, zones, vehicles, then assignments (references before what refers to them)."""
+    cfg = sc.cfg
+    r = cfg.rules
+    out: list[EntityData] = []
+    for route in sc.city.routes:
+        out.append(
+            RouteData.model_validate(
+                {
+                    "route_id": route.route_id,
+                    "name": route.name,
+                    "geometry": {"type": "LineString", "coordinates": route.coords_lonlat},
+                    "corridor_width_m": r.corridor_width_m,
+                    "speed_limit_kmh": r.speed_limit_kmh,
+                    "deviation_min_fixes": r.deviation_min_fixes,
+                    "deviation_min_s": r.deviation_min_s,
+                    "overspeed_min_s": r.overspeed_min_s,
+                    "silent_after_s": r.silent_after_s,
+                }
+            )
+        )
+    for z in sc.city.zones:
+        out.append(
+            ZoneData.model_validate(
+                {
+                    "zone_id": z.zone_id,
+                    "name": z.name,
+                    "kind": z.kind,
+                    "geometry": {"type": "Polygon", "coordinates": [z.ring_lonlat]},
+                }
+            )
+        )
+    valid_from = max(cfg.start_ms - 3_600_000, 0)
+    ids = sc.vehicle_ids()
+    for vid in ids:
+        out.append(VehicleData(vehicle_id=vid, label=f"simulated {vid}", attributes={"source": "simulator"}))
+    for i, vid in enumerate(ids):
+        route_id = sc.city.routes[int(sc.route_idx[i])].route_id
+        out.append(
+            AssignmentData(vehicle_id=vid, route_id=route_id, valid_from_ms=valid_from, valid_to_ms=None)
+        )
+    return out
+
+
+def master_end_offset(settings: Settings) -> int:
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "fleetfence-sim-probe"})
+    try:
+        return int(
+            c.get_watermark_offsets(TopicPartition(settings.topics.master, 0), timeout=10, cached=False)[1]
+        )
+    finally:
+        c.close()
+
+
+def wait_master_published(settings: Settings, target_offset: int, timeout_s: float) -> None:
+    """Wait until `fleet.master` ends at or beyond `target_offset` (the relay published ours)."""
+    deadline = time.monotonic() + timeout_s
+    while (end := master_end_offset(settings)) < target_offset:
+        if time.monotonic() > deadline:
+            raise InfraError(
+                f"fleet.master reached offset {end}, not {target_offset}, within {timeout_s}s: "
+                "is an outbox relay running (the admin API's, or `fleetfence master-relay`)?"
+            )
+        time.sleep(0.2)
+
+
+def register_direct(
+    settings: Settings,
+    entities: list[EntityData],
+    *,
+    run_relay: bool = True,
+    timeout_s: float = 60.0,
+    progress: Callable[[int], None] | None = None,
+) -> RegistrationReport:
+    from vehicle_master.relay import OutboxRelay
+    from vehicle_master.settings import master_settings
+    from vehicle_master.store import MasterKeys, VehicleMaster
+
+    t0 = time.monotonic()
+    vm = VehicleMaster.from_settings(settings)
+    changed = 0
+    last_sid: tuple[int, int] = (0, 0)
+    try:
+        for e in entities:
+            res = vm.upsert(e)
+            if res.changed and res.stream_id:
+                changed += 1
+                last_sid = max(last_sid, _sid(res.stream_id))
+            if progress is not None:
+                progress(1)
+    finally:
+        vm.close()
+    if changed:
+        # Whoever holds the relay lease (ours, or the admin API's) acks only after Kafka has it.
+        relay = OutboxRelay(master_settings(settings)).start() if run_relay else None
+        r = redis.Redis.from_url(settings.redis_dsn)
+        acked_key = MasterKeys(settings.redis_prefix).relay_acked
+        deadline = time.monotonic() + timeout_s
+        try:
+            while _sid(r.get(acked_key)) < last_sid:
+                if time.monotonic() > deadline:
+                    raise InfraError(
+                        f"the outbox relay did not publish the scenario to fleet.master within {timeout_s}s"
+                    )
+                time.sleep(0.05)
+        finally:
+            r.close()
+            if relay is not None:
+                relay.stop()
+    return RegistrationReport(len(entities), changed, time.monotonic() - t0, "vehicle master")
+
+
+def _sid(raw: bytes | str | None) -> tuple[int, int]:
+    """A Redis stream id `ms-seq` as a comparable tuple (missing: before everything)."""
+    if raw is None:
+        return (0, 0)
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, n = text.partition("-")
+    return (int(ms), int(n or 0))
+
+
+def _feature(e: EntityData) -> dict[str, Any]:
+    d = e.model_dump(mode="json")
+    if isinstance(e, RouteData | ZoneData):
+        geometry = d.pop("geometry")
+        fid = d.pop("route_id" if isinstance(e, RouteData) else "zone_id")
+        return {"type": "Feature", "id": fid, "geometry": geometry, "properties": d}
+    fid = d.pop("vehicle_id")
+    d["entity"] = "vehicle" if isinstance(e, VehicleData) else "assignment"
+    return {"type": "Feature", "id": fid, "geometry": None, "properties": d}
+
+
+def register_api(
+    settings: Settings,
+    entities: list[EntityData],
+    api_url: str,
+    api_key: str,
+    *,
+    timeout_s: float = 60.0,
+    progress: Callable[[int], None] | None = None,
+) -> RegistrationReport:
+    """POST the entities to `/api/v1/import` in chunks (routes and zones before what refers to them)."""
+    t0 = time.monotonic()
+    before = master_end_offset(settings)
+    changed = 0
+    url = api_url.rstrip("/") + "/api/v1/import"
+    for i in range(0, len(entities), IMPORT_CHUNK):
+        chunk = entities[i : i + IMPORT_CHUNK]
+        body = json.dumps({"type": "FeatureCollection", "features": [_feature(e) for e in chunk]}).encode()
+        req = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json", "X-API-Key": api_key}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                result = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise RegistrationError(
+                f"admin API refused the import ({exc.code}): {exc.read()[:500]!r}"
+            ) from exc
+        except urllib.error.URLError as exc:
+            raise RegistrationError(f"admin API at {api_url} unreachable: {exc.reason}") from exc
+        changed += int(result.get("created", 0)) + int(result.get("updated", 0))
+        if progress is not None:
+            progress(len(chunk))
+    if changed:
+        wait_master_published(settings, before + changed, timeout_s)
+    return RegistrationReport(len(entities), changed, time.monotonic() - t0, f"admin API {api_url}")

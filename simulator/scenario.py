@@ -1,0 +1,688 @@
+"""The fleet model: kinematics, injected behaviour, transport faults and the exact ground truth.
+
+Pure and deterministic for a seed (numpy Generator, no clock, no I/O). The fleet advances one tick
+at a time over arrays of N vehicles, so 100k vehicles cost a few array operations per tick and
+O(N) memory, never O(N x ticks).
+
+Why the ground truth is exact: every fact an alert depends on is *planned* with a margin the GPS
+noise cannot cross, and the truth is derived from the plan, never from geometry tests on the
+noisy fixes or from processor code:
+- on the route, a fix lies within the noise bound of the line, well inside the inner band;
+- a deviation jumps straight from the route to >= 0.6 x (3 x half width + 5 sigma) off it (checked
+  against the whole line, so no turn brings it back near), and later straight back: no fix ever
+  lies in the ambiguous band around the corridor edge;
+- zones are rectangles across straight runs; a fix's along-route noise is clamped so it never
+  crosses a zone edge (or the edge grown by the hysteresis band) relative to the planned position;
+- speeds are reported exactly as planned, cruising below limit - hysteresis, speeding well above;
+- a vehicle goes silent early enough that the rest of the fleet moves the watermark past its due
+  time; only "calm" fixes (whose loss changes no alert) are delivered late.
+The alert rules (processor.domain's semantics, restated here) are then applied to those planned
+facts per vehicle, in seq order.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import shapely
+
+from fleetfence.contracts import AlertType
+from fleetfence.errors import ConfigError
+from simulator.geo import FloatArray, IntArray, clip_radius
+from simulator.routes import DEFAULT_BBOX, EDGE_MARGIN_M, CityMap, build_city, excursion_safe, place_zones
+from simulator.truth import TruthAlert, vehicle_id
+
+logger = logging.getLogger(__name__)
+
+ACCEL_MS2 = 1.5
+DECEL_MS2 = 3.0
+SIDE_STREET_KMH = 15.0
+RAMP = (0.6, 0.8)  # fractions of the excursion offset on the way out and (reversed) back
+ZONE_CLAMP_M = 1.5  # a fix stays at least this far on its planned side of every zone edge
+
+
+@dataclass(frozen=True)
+class RouteRulesSpec:
+    """The rules registered on every simulated route (docs/contracts.md, fleet.master)."""
+
+    corridor_width_m: float = 100.0
+    speed_limit_kmh: float = 50.0
+    deviation_min_fixes: int = 3
+    deviation_min_s: float = 0.0
+    overspeed_min_s: float = 10.0
+    silent_after_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class ProcessorAssumptions:
+    """Processor-wide rules the truth assumes (FLEETFENCE_PROCESSOR_* of the processor)."""
+
+    hysteresis_m: float = 15.0
+    return_min_fixes: int = 2
+    overspeed_hysteresis_kmh: float = 5.0
+    lateness_ms: int = 10_000
+
+
+@dataclass(frozen=True)
+class Injections:
+    """Behaviour: fraction of vehicles with one episode each. Faults: probability per message."""
+
+    deviation: float = 0.1
+    overspeed: float = 0.1
+    dwell: float = 0.1
+    silent: float = 0.05
+    duplicate: float = 0.01
+    out_of_order: float = 0.01
+    late: float = 0.005
+
+
+@dataclass(frozen=True)
+class ScenarioConfig:
+    vehicles: int = 10
+    duration_s: float = 600.0
+    rate_hz: float = 1.0
+    seed: int = 1
+    noise_sigma_m: float = 3.0
+    noise_bound_sigmas: float = 3.0
+    routes: int = 0  # 0: one per 25 vehicles, 1..20
+    route_length_m: float = 8000.0
+    zones_per_route: int = 2
+    bbox: tuple[float, float, float, float] = DEFAULT_BBOX
+    routes_geojson: Any | None = None
+    rules: RouteRulesSpec = field(default_factory=RouteRulesSpec)
+    assume: ProcessorAssumptions = field(default_factory=ProcessorAssumptions)
+    inject: Injections = field(default_factory=Injections)
+    start_ms: int = 1_795_000_000_000
+    vehicle_prefix: str = "sim-"
+    stops_per_hour: float = 6.0
+
+    @property
+    def period_ms(self) -> int:
+        return round(1000 / self.rate_hz)
+
+    @property
+    def n_ticks(self) -> int:
+        return int(self.duration_s * 1000 // self.period_ms)
+
+    @property
+    def noise_bound_m(self) -> float:
+        return self.noise_sigma_m * self.noise_bound_sigmas
+
+    @property
+    def n_routes(self) -> int:
+        return self.routes or min(20, max(1, math.ceil(self.vehicles / 25)))
+
+    @property
+    def late_ticks(self) -> int:
+        """A late fix arrives this many ticks after its time: 5 s beyond the allowed lateness."""
+        return math.ceil((self.assume.lateness_ms + 5000) / self.period_ms)
+
+    @property
+    def excursion_m(self) -> float:
+        return 3 * self.rules.corridor_width_m / 2 + 5 * self.noise_sigma_m
+
+    def validate(self) -> None:
+        half = self.rules.corridor_width_m / 2
+        inner = max(half - self.assume.hysteresis_m, half / 2)
+        if not 1 <= self.vehicles <= 1_000_000:
+            raise ConfigError("vehicles must be between 1 and 1,000,000")
+        if not 0.05 <= self.rate_hz <= 50:
+            raise ConfigError("rate must be between 0.05 and 50 Hz")
+        if self.n_ticks < 1:
+            raise ConfigError("duration is shorter than one fix period")
+        if self.noise_sigma_m < 0 or self.noise_bound_sigmas <= 0:
+            raise ConfigError("noise sigma must be >= 0 and its bound > 0 sigmas")
+        if self.noise_bound_m + EDGE_MARGIN_M > inner:
+            raise ConfigError(
+                f"noise bound {self.noise_bound_m:.1f} m does not fit in the inner corridor band "
+                f"({inner:.1f} m): the truth would be ambiguous; lower --noise or widen the corridor"
+            )
+        if self.rules.speed_limit_kmh - self.assume.overspeed_hysteresis_kmh < 15:
+            raise ConfigError("speed limit too low to cruise below it with the hysteresis")
+        late_ms = self.late_ticks * self.period_ms
+        if self.rules.silent_after_s * 1000 <= 2 * (self.assume.lateness_ms + late_ms):
+            raise ConfigError("silent_after_s must exceed twice (allowed lateness + late delay)")
+        for name in ("deviation", "overspeed", "dwell", "silent", "duplicate", "out_of_order", "late"):
+            p = getattr(self.inject, name)
+            if not 0.0 <= p <= 1.0:
+                raise ConfigError(f"injection {name} must be in [0, 1], got {p}")
+        if self.inject.duplicate + self.inject.out_of_order + self.inject.late > 1.0:
+            raise ConfigError("fault probabilities add up to more than 1")
+
+
+@dataclass
+class TickBatch:
+    """The messages of one tick in publish order, and the truth published with them."""
+
+    tick: int
+    ts_ms: int
+    vehicle: IntArray
+    seq: IntArray
+    ts: IntArray
+    lat: FloatArray
+    lon: FloatArray
+    speed_kmh: FloatArray
+    heading_deg: FloatArray
+    truth: list[TruthAlert]
+
+    def __len__(self) -> int:
+        return len(self.vehicle)
+
+
+@dataclass
+class ScenarioStats:
+    messages: int = 0
+    duplicates: int = 0
+    out_of_order: int = 0
+    late: int = 0
+    deviations: int = 0
+    overspeeds: int = 0
+    dwells: int = 0
+    silences: int = 0
+    skipped: int = 0
+    truth: dict[str, int] = field(default_factory=dict)
+
+
+def _count(p: float, n: int) -> int:
+    return math.floor(p * n + 0.5)
+
+
+class Scenario:
+    """A fleet on a city map; iterate `ticks()` once to get every message and the truth."""
+
+    def __init__(self, cfg: ScenarioConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        rng = np.random.default_rng(cfg.seed)
+        self.rng = rng
+        self.city: CityMap = build_city(
+            rng,
+            n_routes=cfg.n_routes,
+            route_length_m=cfg.route_length_m,
+            bbox=cfg.bbox,
+            prefix=cfg.vehicle_prefix,
+            geojson=cfg.routes_geojson,
+        )
+        place_zones(
+            self.city,
+            rng,
+            cfg.zones_per_route,
+            cfg.rules.corridor_width_m / 2,
+            cfg.assume.hysteresis_m,
+            cfg.noise_bound_m,
+            cfg.vehicle_prefix,
+        )
+        grown = [shapely.buffer(z.polygon_m, cfg.assume.hysteresis_m) for z in self.city.zones]
+        self.zones_grown = shapely.union_all(grown) if grown else None
+        self.stats = ScenarioStats()
+        self._plan()
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def n(self) -> int:
+        return self.cfg.vehicles
+
+    def vehicle_ids(self) -> list[str]:
+        return [vehicle_id(self.cfg.vehicle_prefix, i) for i in range(self.n)]
+
+    def seq_base(self) -> int:
+        """Seqs continue across runs: tick k of a run starting at t has seq t / period + k."""
+        return self.cfg.start_ms // self.cfg.period_ms
+
+    # ------------------------------------------------------------------ plan
+
+    def _plan(self) -> None:
+        cfg, rng, n = self.cfg, self.rng, self.n
+        n_routes = len(self.city.routes)
+        self.route_idx = (np.arange(n) % n_routes).astype(np.int64)
+        self.by_route = [np.nonzero(self.route_idx == r)[0] for r in range(n_routes)]
+        lengths = np.array([r.line.length_m for r in self.city.routes])
+        self.length = lengths[self.route_idx]
+        self.s = rng.uniform(0, 1, n) * self.length
+        self.direction = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+        limit = cfg.rules.speed_limit_kmh
+        cruise_kmh = np.minimum(
+            rng.uniform(0.55, 0.85, n) * limit, limit - cfg.assume.overspeed_hysteresis_kmh - 2
+        )
+        self.cruise = cruise_kmh / 3.6
+        self.v = self.cruise.copy()
+        self.v_over = (limit + cfg.assume.overspeed_hysteresis_kmh + max(15.0, 0.25 * limit)) / 3.6
+        self.stop_until = np.full(n, -1, dtype=np.int64)
+        self.alive = np.ones(n, dtype=bool)
+
+        # Zones of each vehicle's route, padded to the same count.
+        zmax = max([len(r.zones) for r in self.city.routes] + [0])
+        self.zmax = zmax
+        za = np.full((n_routes, max(zmax, 1)), np.nan)
+        zb = np.full((n_routes, max(zmax, 1)), np.nan)
+        tzx = np.zeros((n_routes, max(zmax, 1)))
+        tzy = np.zeros((n_routes, max(zmax, 1)))
+        self.zone_ids: list[list[str]] = []
+        for ri, r in enumerate(self.city.routes):
+            self.zone_ids.append([z.zone_id for z in r.zones])
+            for zi, z in enumerate(r.zones):
+                za[ri, zi], zb[ri, zi] = z.start_m, z.end_m
+                _x, _y, ux, uy = r.line.at(np.array([z.start_m + 1.0]))
+                tzx[ri, zi], tzy[ri, zi] = ux[0], uy[0]
+        self.za, self.zb, self.tzx, self.tzy = za, zb, tzx, tzy
+        self.in_zone = np.zeros((n, max(zmax, 1)), dtype=bool)
+
+        # Injection schedule: each behaviour in its own slot of the vehicle's timeline.
+        t = cfg.n_ticks
+        per_s = 1000 / cfg.period_ms
+        silence_margin = math.ceil(
+            (cfg.rules.silent_after_s * 1000 + cfg.assume.lateness_ms + 3 * cfg.period_ms) / cfg.period_ms
+        )
+        self.silent_tick = np.full(n, -1, dtype=np.int64)
+        n_silent = min(_count(cfg.inject.silent, n), n - 1)
+        latest_silence = t - 1 - silence_margin
+        if n_silent > 0 and latest_silence > 10:
+            chosen = rng.permutation(n)[:n_silent]
+            self.silent_tick[chosen] = rng.integers(
+                max(10, latest_silence // 2), latest_silence + 1, n_silent
+            )
+        elif n_silent > 0:
+            self.stats.skipped += n_silent
+        horizon = np.where(self.silent_tick >= 0, self.silent_tick - 5, t - 2)
+        slot = (horizon - 5) // 3
+
+        def schedule(p: float, k: int, need: int) -> tuple[IntArray, IntArray]:
+            at = np.full(n, -1, dtype=np.int64)
+            deadline = np.full(n, -1, dtype=np.int64)
+            cnt = _count(p, n)
+            if cnt == 0:
+                return at, deadline
+            chosen = rng.permutation(n)[:cnt]
+            start = 5 + k * slot[chosen]
+            ok = slot[chosen] >= need + 3
+            self.stats.skipped += int((~ok).sum())
+            chosen, start = chosen[ok], start[ok]
+            at[chosen] = start + (rng.random(len(chosen)) * (slot[chosen] - need) / 3).astype(np.int64)
+            deadline[chosen] = start + slot[chosen] - need
+            return at, deadline
+
+        j_star = max(cfg.rules.deviation_min_fixes, math.ceil(cfg.rules.deviation_min_s * per_s) + 1)
+        self.dev_hold = np.maximum(j_star - len(RAMP), 0) + rng.integers(2, 7, n)
+        dev_need = int(self.dev_hold.max()) + 2 * len(RAMP) + cfg.assume.return_min_fixes + 2
+        self.dev_tick, self.dev_deadline = schedule(cfg.inject.deviation, 0, dev_need)
+        self.dev_phase = np.zeros(n, dtype=np.int8)  # 0 pending/none, 1 excursion, 2 done, 3 skipped
+        self.dev_i = np.zeros(n, dtype=np.int64)
+        self.dev_s = np.zeros(n)
+        self.dev_side = np.ones(n)
+
+        self.ovs_extra_ms = rng.integers(2, 8, n) * 1000
+        ramp = math.ceil(self.v_over / ACCEL_MS2 * per_s) + math.ceil(self.v_over / DECEL_MS2 * per_s)
+        ovs_need = ramp + math.ceil((cfg.rules.overspeed_min_s + 8) * per_s) + 4
+        self.ovs_tick, self.ovs_deadline = schedule(cfg.inject.overspeed, 1, ovs_need)
+        self.ovs_phase = np.zeros(n, dtype=np.int8)  # 0 pending/none, 1 speeding, 2 done, 3 skipped
+        self.ovs_first_over = np.full(n, -1, dtype=np.int64)
+
+        self.dwell_ticks = (rng.uniform(20, 90, n) * per_s).astype(np.int64)
+        has_zone = np.array([len(r.zones) > 0 for r in self.city.routes])[self.route_idx]
+        self.dwell_tick, self.dwell_deadline = schedule(
+            cfg.inject.dwell if has_zone.any() else 0.0, 2, int(self.dwell_ticks.max()) + 4
+        )
+        self.dwell_tick[~has_zone] = -1
+        self.dwell_phase = np.zeros(n, dtype=np.int8)
+
+        # Truth state: the alert rules over the planned facts.
+        self.off_route = np.zeros(n, dtype=bool)
+        self.outside = np.zeros(n, dtype=np.int64)
+        self.outside_since = np.full(n, -1, dtype=np.int64)
+        self.inside = np.zeros(n, dtype=np.int64)
+        self.overspeed = np.zeros(n, dtype=bool)
+        self.over_since = np.full(n, -1, dtype=np.int64)
+        self.withheld_until = np.full(n, -1, dtype=np.int64)
+
+    # ------------------------------------------------------------------ ticks
+
+    def ticks(self) -> Iterator[TickBatch]:
+        cfg = self.cfg
+        pending_silence: list[TruthAlert] = []
+        withheld: dict[int, list[tuple[int, int, int, float, float, float, float]]] = {}
+        for k in range(cfg.n_ticks):
+            batch = self._tick(k, pending_silence, withheld)
+            yield batch
+        # Whatever is still withheld (late fixes near the end) goes out last.
+        rest = [m for t in sorted(withheld) for m in withheld[t]]
+        if rest:
+            self.stats.messages += len(rest)
+            yield self._batch(cfg.n_ticks, cfg.start_ms + cfg.n_ticks * cfg.period_ms, rest, [])
+
+    def _batch(
+        self,
+        k: int,
+        ts_ms: int,
+        msgs: list[tuple[int, int, int, float, float, float, float]],
+        truth: list[TruthAlert],
+    ) -> TickBatch:
+        cols = list(zip(*msgs, strict=True)) if msgs else [()] * 7
+        return TickBatch(
+            k,
+            ts_ms,
+            np.asarray(cols[0], dtype=np.int64),
+            np.asarray(cols[1], dtype=np.int64),
+            np.asarray(cols[2], dtype=np.int64),
+            np.asarray(cols[3], dtype=np.float64),
+            np.asarray(cols[4], dtype=np.float64),
+            np.asarray(cols[5], dtype=np.float64),
+            np.asarray(cols[6], dtype=np.float64),
+            truth,
+        )
+
+    def _tick(
+        self,
+        k: int,
+        pending_silence: list[TruthAlert],
+        withheld: dict[int, list[tuple[int, int, int, float, float, float, float]]],
+    ) -> TickBatch:
+        cfg, rng, n = self.cfg, self.rng, self.n
+        period = cfg.period_ms
+        dt = period / 1000.0
+        ts = cfg.start_ms + k * period
+        seq = self.seq_base() + k
+        truth: list[TruthAlert] = []
+        vids = self.vehicle_ids_cached()
+
+        # Silence: the vehicle publishes nothing from this tick on.
+        going = np.nonzero(self.alive & (self.silent_tick == k))[0]
+        for i in going.tolist():
+            self.alive[i] = False
+            due = ts - period + int(cfg.rules.silent_after_s * 1000)
+            tick_due = math.ceil((due + cfg.assume.lateness_ms - cfg.start_ms) / period)
+            pending_silence.append(
+                TruthAlert(vids[i], AlertType.VEHICLE_SILENT.value, seq - 1, due, None, tick_due)
+            )
+            self.stats.silences += 1
+        alive = self.alive
+
+        # Behaviour state transitions.
+        excursion = self.dev_phase == 1
+        ended = excursion & (self.dev_i >= self.dev_hold + 2 * len(RAMP))
+        self.dev_phase[ended] = 2
+        self.s[ended] = self.dev_s[ended]
+        self.v[ended] = SIDE_STREET_KMH / 3.6
+        cand = alive & (self.dev_phase == 0) & (self.dev_tick >= 0) & (k >= self.dev_tick)
+        late_c = cand & (k > self.dev_deadline)
+        self.dev_phase[late_c] = 3
+        self.stats.skipped += int(late_c.sum())
+        cand &= ~late_c
+        if cand.any():
+            self._start_excursions(np.nonzero(cand)[0])
+        excursion = self.dev_phase == 1
+
+        start_o = alive & (self.ovs_phase == 0) & (self.ovs_tick >= 0) & (k >= self.ovs_tick) & ~excursion
+        late_o = start_o & (k > self.ovs_deadline)
+        self.ovs_phase[late_o] = 3
+        self.stats.skipped += int(late_o.sum())
+        start_o &= ~late_o
+        self.ovs_phase[start_o] = 1
+        self.stop_until[start_o] = -1
+        self.stats.overspeeds += int(start_o.sum())
+        speeding = self.ovs_phase == 1
+        done_o = (
+            speeding
+            & (self.ovs_first_over >= 0)
+            & ((k - self.ovs_first_over) * period >= cfg.rules.overspeed_min_s * 1000 + self.ovs_extra_ms)
+        )
+        self.ovs_phase[done_o] = 2
+        speeding &= ~done_o
+
+        seek = alive & (self.dwell_phase == 0) & (self.dwell_tick >= 0) & (k >= self.dwell_tick)
+        self.dwell_phase[seek] = 1
+        seeking = self.dwell_phase == 1
+        if seeking.any() and self.zmax:
+            deep = (self.s[:, None] > self.za[self.route_idx] + 10) & (
+                self.s[:, None] < self.zb[self.route_idx] - 10
+            )
+            arrived = seeking & deep.any(axis=1) & ~excursion
+            self.stop_until[arrived] = k + self.dwell_ticks[arrived]
+            self.dwell_phase[arrived] = 2
+            self.stats.dwells += int(arrived.sum())
+            missed = seeking & ~arrived & (k > self.dwell_deadline)
+            self.dwell_phase[missed] = 3
+            self.stats.skipped += int(missed.sum())
+
+        # Random stops (traffic lights, deliveries) for vehicles in no episode.
+        free = alive & ~excursion & ~speeding & (self.stop_until < k)
+        p_stop = cfg.stops_per_hour / 3600 * dt
+        starts = free & (rng.random(n) < p_stop)
+        self.stop_until[starts] = k + (rng.uniform(5, 40, int(starts.sum())) / dt).astype(np.int64)
+
+        # Kinematics: accelerate towards the target speed, advance along the route, bounce at ends.
+        moving = alive & ~excursion
+        target = np.where(self.stop_until >= k, 0.0, self.cruise)
+        target = np.where(speeding, self.v_over, target)
+        dv = np.clip(target - self.v, -DECEL_MS2 * dt, ACCEL_MS2 * dt)
+        self.v = np.where(moving, self.v + dv, self.v)
+        s = np.where(moving, self.s + self.direction * self.v * dt, self.s)
+        over = s > self.length
+        s = np.where(over, 2 * self.length - s, s)
+        self.direction = np.where(over, -1.0, self.direction)
+        under = s < 0
+        s = np.where(under, -s, s)
+        self.direction = np.where(under, 1.0, self.direction)
+        self.s = s
+        speed_kmh = np.where(excursion, SIDE_STREET_KMH, np.round(self.v * 3.6, 1))
+
+        # Positions: on the line (or off it on an excursion), plus bounded noise.
+        s_eff = np.where(excursion, self.dev_s, self.s)
+        x = np.empty(n)
+        y = np.empty(n)
+        hx = np.empty(n)
+        hy = np.empty(n)
+        fracs = np.concatenate([RAMP, [1.0], RAMP[::-1]])
+        step_i = np.clip(self.dev_i, 0, None)
+        idx_in_plan = np.where(
+            step_i < len(RAMP),
+            step_i,
+            np.where(step_i < len(RAMP) + self.dev_hold, len(RAMP), step_i - self.dev_hold + 1),
+        )
+        frac = np.where(excursion, fracs[np.clip(idx_in_plan, 0, len(fracs) - 1)], 0.0)
+        offset = frac * cfg.excursion_m * self.dev_side
+        for ri, route in enumerate(self.city.routes):
+            idx = self.by_route[ri]
+            px, py, tx, ty = route.line.at(s_eff[idx])
+            x[idx] = px - ty * offset[idx]
+            y[idx] = py + tx * offset[idx]
+            hx[idx], hy[idx] = tx * self.direction[idx], ty * self.direction[idx]
+        nx, ny = clip_radius(
+            rng.normal(0, cfg.noise_sigma_m, n), rng.normal(0, cfg.noise_sigma_m, n), cfg.noise_bound_m
+        )
+        on_route = ~excursion
+        h = cfg.assume.hysteresis_m
+        in_poly = np.zeros((n, max(self.zmax, 1)), dtype=bool)
+        in_outer = np.zeros_like(in_poly)
+        if self.zmax:
+            clamp = min(ZONE_CLAMP_M, h / 4) if h > 0 else ZONE_CLAMP_M
+            for zi in range(self.zmax):
+                a = self.za[self.route_idx, zi]
+                b = self.zb[self.route_idx, zi]
+                valid = on_route & ~np.isnan(a)
+                a0, b0 = np.nan_to_num(a, nan=-1e12), np.nan_to_num(b, nan=-1e12)
+                tzx, tzy = self.tzx[self.route_idx, zi], self.tzy[self.route_idx, zi]
+                along = nx * tzx + ny * tzy
+                new = s_eff + along
+                for thr in (a0 - h, a0, b0, b0 + h):
+                    above = s_eff > thr
+                    new = np.where(valid & above, np.maximum(new, thr + clamp), new)
+                    new = np.where(valid & ~above, np.minimum(new, thr - clamp), new)
+                fix = new - s_eff - along
+                nx, ny = nx + fix * tzx, ny + fix * tzy
+                in_poly[:, zi] = valid & (s_eff > a0) & (s_eff < b0)
+                in_outer[:, zi] = valid & (s_eff > a0 - h) & (s_eff < b0 + h)
+        lon, lat = self.city.projection.to_lonlat(x + nx, y + ny)
+        heading = np.degrees(np.arctan2(hx, hy)) % 360.0
+
+        # ---- truth: the alert rules over the planned facts (vehicles publishing this tick)
+        dev_idle_before = ~self.off_route & (self.outside == 0)
+        ovs_idle_before = ~self.overspeed & (self.over_since < 0)
+        alerted = np.zeros(n, dtype=bool)
+        trig: list[tuple[int, str, str | None]] = []
+
+        # Zones: exits first, then enters (as processor.domain does).
+        if self.zmax:
+            exits = alive[:, None] & self.in_zone & ~in_outer
+            enters = alive[:, None] & in_poly & ~(self.in_zone & ~exits)
+            for i, zi in zip(*np.nonzero(exits), strict=True):
+                trig.append((int(i), AlertType.ZONE_EXIT.value, self.zone_ids[self.route_idx[i]][zi]))
+            for i, zi in zip(*np.nonzero(enters), strict=True):
+                trig.append((int(i), AlertType.ZONE_ENTER.value, self.zone_ids[self.route_idx[i]][zi]))
+            self.in_zone = (self.in_zone & ~exits) | enters
+            alerted |= exits.any(axis=1) | enters.any(axis=1)
+
+        # Corridor: outside = on an excursion step, inner band = on the route.
+        in_corr = ~excursion
+        in_inner = ~excursion
+        a_ = alive & ~self.off_route
+        reset = a_ & in_corr
+        self.outside[reset] = 0
+        self.outside_since[reset] = -1
+        out_ = a_ & ~in_corr
+        first = out_ & (self.outside == 0)
+        self.outside_since[first] = k
+        self.outside[out_] += 1
+        dev = (
+            out_
+            & (self.outside >= cfg.rules.deviation_min_fixes)
+            & ((k - self.outside_since) * period / 1000.0 >= cfg.rules.deviation_min_s)
+        )
+        b_ = alive & self.off_route
+        back = b_ & in_inner
+        self.inside[back] += 1
+        self.inside[b_ & ~in_inner] = 0
+        ret = back & (self.inside >= cfg.assume.return_min_fixes)
+        self.off_route[dev] = True
+        self.inside[dev] = 0
+        self.off_route[ret] = False
+        self.outside[ret] = 0
+        self.outside_since[ret] = -1
+        self.inside[ret] = 0
+        for i in np.nonzero(dev)[0].tolist():
+            trig.append((i, AlertType.ROUTE_DEVIATION.value, None))
+        for i in np.nonzero(ret)[0].tolist():
+            trig.append((i, AlertType.ROUTE_RETURN.value, None))
+        alerted |= dev | ret
+
+        # Speed: above the limit for >= overspeed_min_s; the episode ends at limit - hysteresis.
+        limit = cfg.rules.speed_limit_kmh
+        c_ = alive & ~self.overspeed
+        above = c_ & (speed_kmh > limit)
+        self.over_since[above & (self.over_since < 0)] = k
+        self.over_since[c_ & ~(speed_kmh > limit)] = -1
+        ovs = above & ((k - self.over_since) * period / 1000.0 >= cfg.rules.overspeed_min_s)
+        self.overspeed[ovs] = True
+        calm_down = alive & self.overspeed & ~ovs & (speed_kmh <= limit - cfg.assume.overspeed_hysteresis_kmh)
+        self.overspeed[calm_down] = False
+        self.over_since[calm_down] = -1
+        for i in np.nonzero(ovs)[0].tolist():
+            trig.append((i, AlertType.OVERSPEED.value, None))
+        alerted |= ovs
+        first_over = speeding & (self.ovs_first_over < 0) & (speed_kmh > limit)
+        self.ovs_first_over[first_over] = k
+        self.dev_i[excursion] += 1
+
+        # ---- transport faults
+        u = rng.random(n)
+        p = cfg.inject
+        near_silence = (self.silent_tick >= 0) & (k >= self.silent_tick - 3)
+        can_hold = alive & (k >= 3) & ~near_silence & (self.withheld_until < k) & (k < cfg.n_ticks - 1)
+        calm = (
+            ~alerted
+            & dev_idle_before
+            & ~self.off_route
+            & (self.outside == 0)
+            & ovs_idle_before
+            & ~self.overspeed
+            & (self.over_since < 0)
+            & (speed_kmh <= limit)
+        )
+        dup = alive & (u < p.duplicate)
+        ooo = can_hold & (u >= p.duplicate) & (u < p.duplicate + p.out_of_order)
+        late = (
+            can_hold
+            & calm
+            & (u >= p.duplicate + p.out_of_order)
+            & (u < p.duplicate + p.out_of_order + p.late)
+        )
+        self.withheld_until[ooo] = k + 1
+        self.withheld_until[late] = k + cfg.late_ticks
+        self.stats.duplicates += int(dup.sum())
+        self.stats.out_of_order += int(ooo.sum())
+        self.stats.late += int(late.sum())
+
+        # Truth rows for this tick's triggers (published now, or next tick when swapped).
+        for i, typ, zone in trig:
+            truth.append(TruthAlert(vids[i], typ, seq, ts, zone, k + int(ooo[i])))
+
+        send = alive & ~ooo & ~late
+        order = np.nonzero(send)[0]
+        dups = np.nonzero(dup & send)[0]
+        all_idx = np.concatenate([order, dups])
+        msgs_v = all_idx
+        cols: list[tuple[int, int, int, float, float, float, float]] = []
+        lat_l, lon_l, sp_l, hd_l = lat.tolist(), lon.tolist(), speed_kmh.tolist(), heading.tolist()
+        for i in msgs_v.tolist():
+            cols.append((i, seq, ts, lat_l[i], lon_l[i], sp_l[i], hd_l[i]))
+        for i in np.nonzero(ooo | late)[0].tolist():
+            release = k + 1 if ooo[i] else k + cfg.late_ticks
+            withheld.setdefault(release, []).append((i, seq, ts, lat_l[i], lon_l[i], sp_l[i], hd_l[i]))
+        cols.extend(withheld.pop(k, []))
+
+        # Silence truth is "published" with the first tick whose time moves the watermark past it.
+        ready = [a for a in pending_silence if a.publish_tick <= k]
+        if ready:
+            pending_silence[:] = [a for a in pending_silence if a.publish_tick > k]
+            truth.extend(ready)
+        for a in truth:
+            self.stats.truth[a.type] = self.stats.truth.get(a.type, 0) + 1
+        self.stats.messages += len(cols)
+        return self._batch(k, ts, cols, truth)
+
+    _vids: list[str] | None = None
+
+    def vehicle_ids_cached(self) -> list[str]:
+        if self._vids is None:
+            self._vids = self.vehicle_ids()
+        return self._vids
+
+    def _start_excursions(self, cand: IntArray) -> None:
+        cfg = self.cfg
+        half = cfg.rules.corridor_width_m / 2
+        offsets = [f * cfg.excursion_m for f in (*RAMP, 1.0)]
+        side = np.where(self.rng.random(len(cand)) < 0.5, 1.0, -1.0)
+        started = np.zeros(len(cand), dtype=bool)
+        for ri, route in enumerate(self.city.routes):
+            m = self.route_idx[cand] == ri
+            if not m.any():
+                continue
+            s = self.s[cand[m]]
+            for flip in (1.0, -1.0):
+                sd = side[m] * flip
+                ok = (
+                    excursion_safe(
+                        route,
+                        self.zones_grown,
+                        s,
+                        sd,
+                        offsets,
+                        half + cfg.noise_bound_m + EDGE_MARGIN_M,
+                        cfg.noise_bound_m + EDGE_MARGIN_M,
+                    )
+                    & ~started[m]
+                )
+                sel = cand[m][ok]
+                self.dev_phase[sel] = 1
+                self.dev_i[sel] = 0
+                self.dev_s[sel] = self.s[sel]
+                self.dev_side[sel] = sd[ok]
+                st = started[m]
+                st[ok] = True
+                started[m] = st
+        self.stats.deviations += int(started.sum())

@@ -1,0 +1,42 @@
+"""Simulator settings (pydantic-settings, `FLEETFENCE_*`): the shared ones plus the simulator's.
+
+The processor-wide alert rules the ground truth must assume are read from the *same* variables the
+processor reads (`FLEETFENCE_PROCESSOR_LATENESS_S`, ...), so a deployment that changes them changes
+both sides at once.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fleetfence.settings import Settings
+from simulator.scenario import ProcessorAssumptions
+
+
+class SimulatorSettings(Settings):
+    simulator_api_url: str | None = Field(
+        default=None, description="Register through the admin API at this URL instead of Redis directly."
+    )
+    simulator_api_key: str | None = Field(default=None, description="Admin API key for --api-url.")
+    simulator_mqtt_inflight: int = Field(
+        default=1000, ge=1, le=65535, description="MQTT QoS 1 in-flight window."
+    )
+    processor_lateness_s: float = Field(default=10.0, ge=0)
+    processor_hysteresis_m: float = Field(default=15.0, ge=0)
+    processor_return_min_fixes: int = Field(default=2, ge=1)
+    processor_overspeed_hysteresis_kmh: float = Field(default=5.0, ge=0)
+
+    def assumptions(self) -> ProcessorAssumptions:
+        return ProcessorAssumptions(
+            hysteresis_m=self.processor_hysteresis_m,
+            return_min_fixes=self.processor_return_min_fixes,
+            overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
+            lateness_ms=int(self.processor_lateness_s * 1000),
+        )
+
+
+def simulator_settings(base: Settings, **overrides: object) -> SimulatorSettings:
+    """SimulatorSettings from already-built settings (tests build those from fixtures)."""
+    values = {name: getattr(base, name) for name in Settings.model_fields}
+    values.update(overrides)
+    return SimulatorSettings.model_validate(values)
