@@ -19,6 +19,7 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import orjson
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
@@ -29,7 +30,15 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from processor.domain import EngineConfig, RawFix
-from processor.engine import Catalog, MasterState, empty_states, process_bucket, rules_for
+from processor.engine import (
+    Catalog,
+    Fixes,
+    MasterState,
+    StateTable,
+    empty_states,
+    process_bucket,
+    silent_after_s,
+)
 from processor.kafka_sink import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS
 from processor.kafka_source import KIND_INVALID, KIND_MASTER, KIND_TELEMETRY
 
@@ -128,23 +137,9 @@ class GeofenceProcessor(StatefulProcessor):
             states, held = pickle.loads(self._get(self.vehicles))
         else:
             states, held = empty_states(), {}
-        if fixes is None or not len(fixes):
-            fixes = pd.DataFrame(
-                {
-                    c: pd.Series(dtype=t)
-                    for c, t in (
-                        ("vehicle_id", object),
-                        ("seq", "int64"),
-                        ("ts_ms", "int64"),
-                        ("lat", "float64"),
-                        ("lon", "float64"),
-                        ("speed_kmh", "float64"),
-                        ("received_ms", "int64"),
-                    )
-                }
-            )
-        stats["received"] = len(fixes)
-        res = process_bucket(states, held, master, fixes, wm, self.cfg, self.catalog)
+        fx = Fixes.from_frame(fixes) if fixes is not None and len(fixes) else Fixes.empty()
+        stats["received"] = len(fx)
+        res = process_bucket(states, held, master, fx, wm, self.cfg, self.catalog)
         stats["accepted"], stats["duplicates"] = res.accepted, res.dropped_duplicates
         stats["held"] = sum(len(v) for v in res.held.values())
         self.vehicles.update((pickle.dumps((res.states, res.held), protocol=5),))
@@ -165,14 +160,15 @@ class GeofenceProcessor(StatefulProcessor):
         self.meta.update((digest, next_timer))
         return pd.DataFrame(out, columns=OUT_COLUMNS)
 
-    def _next_timer(self, states: pd.DataFrame, held: dict[str, list[RawFix]], master: MasterState) -> int:
+    def _next_timer(self, states: StateTable, held: dict[str, list[RawFix]], master: MasterState) -> int:
+        """The next event time at which this bucket has something to do without new data."""
         due: list[int] = []
         if len(states):
-            active = states[(~states["silent"]) & (states["last_seq"] >= 0)]
-            for route_id, grp in active.groupby(active["route_id"].fillna(""), sort=False):
-                rules = rules_for(master, self.catalog, route_id or None)
-                after_s = rules.silent_after_s if rules else self.cfg.default_silent_after_s
-                due.append(int(grp["last_ts_ms"].min()) + int(after_s * 1000))
-        for fixes in held.values():
-            due.extend(f.ts_ms for f in fixes)
+            c = states.cols
+            active = ~c["silent"] & (c["last_seq"] >= 0)
+            if active.any():
+                after = silent_after_s(states, master, self.catalog, self.cfg)
+                due.append(int((c["last_ts_ms"][active] + (after[active] * 1000).astype(np.int64)).min()))
+        for waiting in held.values():
+            due.extend(f.ts_ms for f in waiting)
         return min(due) if due else -1

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fleetfence.contracts import AlertType
 from processor.domain import EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
-from processor.engine import Catalog, MasterState, empty_states, process_bucket, state_of
+from processor.engine import Catalog, MasterState, StateTable, empty_states, process_bucket
 from processor.geometry import LocalProjection, RouteRules, compile_route
 
 CFG = EngineConfig(hysteresis_m=15.0, return_min_fixes=2)
@@ -233,7 +233,7 @@ def build_batches(draws: list[tuple[str, int, float, float, bool]], n_batches: i
 
 def run_engine(
     batches: list[pd.DataFrame], force_slow: bool, m: MasterState | None = None
-) -> tuple[list[str], pd.DataFrame, int]:
+) -> tuple[list[str], StateTable, int]:
     m = m or master()
     cat = Catalog(CFG)
     states, held = empty_states(), {}
@@ -265,8 +265,9 @@ def test_fast_path_equals_reference_fold(
     FAST_SEEN.append(fast)
     assert sorted(fast_alerts) == sorted(slow_alerts)
     assert len(fast_alerts) == len(set(fast_alerts))
-    for v in slow_states.index:
-        a, b = state_of(fast_states.loc[v]), state_of(slow_states.loc[v])
+    assert sorted(fast_states.ids) == sorted(slow_states.ids)
+    for v in slow_states.ids:
+        a, b = fast_states.state(v), slow_states.state(v)
         assert a == b, (v, a, b)
 
 
