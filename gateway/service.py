@@ -1,0 +1,512 @@
+"""The gateway service: MQTT shared subscription in, Kafka out, PUBACK only after Kafka has it.
+
+One I/O thread owns both clients. It selects on the MQTT socket, lets paho parse what arrived
+(each message is routed and handed to the idempotent producer without waiting), then polls the
+producer, whose delivery callbacks release PUBACKs. Keeping paho and the producer on one thread
+makes acknowledging thread-safe without locks and lets paho write PUBACKs straight away.
+
+Backpressure: the CONNECT carries a Receive Maximum, and the gateway also stops reading its socket
+when that many messages are unacknowledged (Mosquitto 2.0.11 overshoots the Receive Maximum), so
+while Kafka is unreachable nothing is acknowledged and the rest waits in Mosquitto's persistent
+session, not in our memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+from collections import deque
+from functools import partial
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from prometheus_client import start_http_server
+
+from fleetfence.errors import ServiceUnavailableError
+from fleetfence.kafka import producer_config
+from gateway.core import route
+from gateway.inflight import InFlight, Pending
+from gateway.metrics import GatewayCollector, GatewayStats, make_registry
+from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient
+from gateway.settings import GatewaySettings
+
+logger = logging.getLogger(__name__)
+
+STATS_LOG_INTERVAL_S = 10.0
+# UNSUBSCRIBE of a topic we never subscribed: its UNSUBACK proves Mosquitto has processed every
+# PUBACK sent before it. Closing without that proof can lose them: a close() with unread bytes in
+# our receive buffer sends a TCP RST, and Mosquitto drops what it had not read yet.
+DRAIN_BARRIER_TOPIC = "fleetfence/gateway/drain-barrier"
+# MQTT 5 PUBACK, reason "success" omitted (allowed when there are no properties): 4 bytes with the id.
+PUBACK_HEAD = b"\x40\x02"
+RECONNECT_BACKOFF_S = 1.0
+
+
+class Gateway:
+    """One gateway replica; `start()`/`stop()` in-process, or `python -m gateway` as a service."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.client_id = settings.gateway_client_id_effective
+        self.stats = GatewayStats()
+        self._topics = settings.topics
+        self._rm = settings.gateway_receive_maximum
+        self._inflight = InFlight(settings.gateway_ack_in_order)
+        self._retry: deque[tuple[float, Pending]] = deque()
+        self._backoff_s = settings.gateway_retry_backoff_ms / 1000
+        self._generation = 0
+        self._connected = False
+        self._fatal = False
+        self._subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drained = False
+        self._draining = False
+        self._barrier_mid: int | None = None
+        self._barrier_done = False
+        # PUBACKs released by Kafka confirmations, written in one send() per loop turn instead of
+        # one per message through paho's packet queue.
+        self._ackbuf = bytearray()
+        self._metrics_server: Any = None
+        self.metrics_port: int | None = None
+        self._producer = self._new_producer()
+        self._client = self._new_client()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def max_in_flight_seen(self) -> int:
+        return self._inflight.max_seen
+
+    @property
+    def connected(self) -> bool:
+        return self._connected and self._subscribed.is_set()
+
+    def start(self, timeout_s: float | None = None) -> None:
+        """Connect, subscribe and start the I/O thread; return once the subscription is active.
+
+        Waiting for the SUBACK matters on a first start: a message published before the shared
+        subscription exists has no session to be queued in.
+        """
+        timeout_s = timeout_s if timeout_s is not None else self.settings.startup_timeout_s
+        host, port = self.settings.mqtt_host_port
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._client.connect(
+                    host,
+                    port,
+                    keepalive=self.settings.gateway_keepalive_s,
+                    clean_start=False,
+                    properties=self._connect_properties(),
+                )
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailableError(f"MQTT {host}:{port} unreachable: {exc}") from exc
+                time.sleep(0.2)
+        self._thread = threading.Thread(target=self._run, name=f"gateway-io-{self.client_id}", daemon=True)
+        self._thread.start()
+        if not self._subscribed.wait(max(deadline - time.monotonic(), 1.0)):
+            self.stop(drain_timeout_s=1.0)
+            raise ServiceUnavailableError(
+                f"no SUBACK for {self.settings.gateway_subscription} from {host}:{port}"
+            )
+        if self.settings.gateway_metrics_port:
+            server, _thread = start_http_server(
+                self.settings.gateway_metrics_port,
+                addr=self.settings.host,
+                registry=make_registry(
+                    GatewayCollector(self.stats, lambda: self.in_flight, lambda: self.connected)
+                ),
+            )
+            self._metrics_server = server
+            self.metrics_port = int(server.server_port)
+        logger.info(
+            "gateway started client_id=%s subscription=%s receive_maximum=%s in_order_acks=%s "
+            "metrics_port=%s",
+            self.client_id,
+            self.settings.gateway_subscription,
+            self._rm,
+            self.settings.gateway_ack_in_order,
+            self.metrics_port,
+        )
+
+    def request_stop(self) -> None:
+        """Ask the I/O thread to drain and exit (safe from a signal handler)."""
+        self._stop.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the I/O thread has exited; True when it drained everything."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                return False
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
+        return self._drained
+
+    def stop(self, drain_timeout_s: float | None = None) -> bool:
+        """Stop reading, wait for Kafka to confirm what is in flight, ack it, disconnect.
+
+        Returns True when nothing was left unacknowledged (anything left is redelivered by
+        Mosquitto to the next session: a duplicate, never a loss).
+        """
+        if drain_timeout_s is not None:
+            self.settings = self.settings.model_copy(update={"gateway_drain_timeout_s": drain_timeout_s})
+        self.request_stop()
+        return self.wait(self.settings.gateway_drain_timeout_s + 10)
+
+    # ------------------------------------------------------------------ construction
+
+    def _connect_properties(self) -> Properties:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self.settings.gateway_session_expiry_s
+        props.ReceiveMaximum = self._rm
+        return props
+
+    def _new_client(self) -> BufferedClient:
+        c = BufferedClient(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=mqtt.MQTTv5,
+            manual_ack=True,
+        )
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_subscribe = self._on_subscribe
+        c.on_message = self._on_message
+        c.on_unsubscribe = self._on_unsubscribe
+        c.fast_publish = self._take
+        c.suppress_exceptions = True
+        return c
+
+    def _new_producer(self) -> Producer:
+        cfg = producer_config(
+            self.settings.bootstrap_servers,
+            **{
+                "client.id": self.client_id,
+                "linger.ms": self.settings.gateway_kafka_linger_ms,
+                "message.timeout.ms": self.settings.gateway_kafka_message_timeout_ms,
+                "error_cb": self._on_kafka_error,
+                # Back within a second of the broker's return, not librdkafka's default 10 s.
+                "reconnect.backoff.max.ms": 1000,
+            },
+        )
+        return Producer(cfg)
+
+    # ------------------------------------------------------------------ paho callbacks (I/O thread)
+
+    def _on_connect(
+        self, client: mqtt.Client, _u: Any, flags: mqtt.ConnectFlags, rc: ReasonCode, _p: Any
+    ) -> None:
+        if rc.is_failure:
+            logger.error("MQTT connect refused client_id=%s reason=%s", self.client_id, rc)
+            return
+        self._connected = True
+        self.stats.mqtt_connects += 1
+        logger.info(
+            "MQTT connected client_id=%s session_present=%s generation=%s",
+            self.client_id,
+            flags.session_present,
+            self._generation,
+        )
+        client.subscribe(self.settings.gateway_subscription, qos=1)
+
+    def _on_subscribe(self, _c: mqtt.Client, _u: Any, _mid: int, rcs: list[ReasonCode], _p: Any) -> None:
+        if any(rc.is_failure for rc in rcs):
+            logger.error(
+                "MQTT subscribe refused subscription=%s reasons=%s", self.settings.gateway_subscription, rcs
+            )
+            return
+        self._subscribed.set()
+
+    def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: ReasonCode, _p: Any) -> None:
+        # PUBACKs for messages of this connection can no longer be sent: Mosquitto redelivers them
+        # to the next connection of this session with the DUP flag.
+        self._generation += 1
+        self._ackbuf.clear()  # ids of the lost connection; Mosquitto redelivers those messages
+        if self._connected:
+            logger.warning(
+                "MQTT disconnected client_id=%s reason=%s unacknowledged=%s",
+                self.client_id,
+                rc,
+                self.in_flight,
+            )
+        self._connected = False
+
+    def _on_unsubscribe(self, _c: mqtt.Client, _u: Any, mid: int, _rcs: list[ReasonCode], _p: Any) -> None:
+        if mid == self._barrier_mid:
+            self._barrier_done = True
+
+    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        """paho's path (packets the fast path leaves to it): same handling."""
+        payload = msg.payload if isinstance(msg.payload, bytes) else bytes(msg.payload)
+        self._take(bytes(msg._topic), payload, msg.mid, msg.qos, bool(msg.dup))
+
+    def _take(self, topic_raw: bytes, payload: bytes, mid: int, qos: int, dup: bool) -> None:
+        stats = self.stats
+        if self._draining:
+            # Not taken: left unacknowledged, Mosquitto gives it to the next session.
+            stats.deferred += 1
+            return
+        stats.received += 1
+        if dup:
+            stats.redelivered += 1
+        try:
+            topic: str | bytes = topic_raw.decode()
+        except UnicodeDecodeError:
+            topic = topic_raw
+        record = route(self._topics, topic, payload, time.time_ns() // 1_000_000)
+        e = self._inflight.add(mid if qos > 0 else 0, self._generation, record, time.monotonic())
+        self._produce(e)
+
+    # ------------------------------------------------------------------ Kafka
+
+    def _produce(self, e: Pending) -> None:
+        e.attempt += 1
+        e.produced_mono_s = time.monotonic()
+        r = e.record
+        cb = partial(self._on_delivery, e, e.attempt)
+        while True:
+            try:
+                self._producer.produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=cb)
+                return
+            except BufferError:  # local queue full: let Kafka catch up (bounded by Receive Maximum)
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                self._kafka_failed(e, exc.args[0] if exc.args else None)
+                return
+
+    def _on_delivery(self, e: Pending, attempt: int, err: KafkaError | None, _msg: Message) -> None:
+        if attempt != e.attempt:
+            return  # superseded by a newer attempt (a replaced producer)
+        if err is not None:
+            self._kafka_failed(e, err)
+            return
+        self.stats.observe_latency(time.monotonic() - e.produced_mono_s)
+        if e.record.reason is None:
+            self.stats.forwarded += 1
+        else:
+            self.stats.dead_lettered[e.record.reason] += 1
+        for done in self._inflight.confirm(e):
+            self._ack(done)
+
+    def _kafka_failed(self, e: Pending, err: KafkaError | None) -> None:
+        name = err.name() if isinstance(err, KafkaError) else "unknown"
+        self.stats.kafka_errors[name] += 1
+        if isinstance(err, KafkaError) and err.fatal():
+            logger.error("Kafka producer fatal error=%s: replacing the producer", err)
+            self._fatal = True
+            return
+        if self.stats.kafka_errors[name] in (1, 10, 100, 1000) or self.stats.kafka_errors[name] % 10000 == 0:
+            logger.warning(
+                "Kafka delivery failed, will produce again error=%s count=%s",
+                err,
+                self.stats.kafka_errors[name],
+            )
+        self._retry.append((time.monotonic() + self._backoff_s, e))
+
+    def _on_kafka_error(self, err: KafkaError) -> None:
+        self.stats.kafka_errors[err.name()] += 1
+        if err.fatal():
+            self._fatal = True
+        logger.warning("Kafka client error=%s", err)
+
+    def _restart_producer(self) -> None:
+        """Replace a producer that hit a fatal (idempotence) error and re-send what it held."""
+        self._fatal = False
+        old = self._producer
+        self._producer = self._new_producer()
+        self.stats.producer_restarts += 1
+        self._retry.clear()
+        pending = self._inflight.unconfirmed()
+        try:
+            old.purge()
+        except KafkaException:
+            logger.warning("purge of the failed producer failed", exc_info=True)
+        for e in pending:
+            self.stats.produce_retries += 1
+            self._produce(e)
+        logger.info("producer replaced records_resent=%s", len(pending))
+
+    def _ack(self, e: Pending) -> None:
+        if e.mid == 0:
+            return
+        if e.generation != self._generation or not self._connected:
+            self.stats.acks_dropped += 1
+            return
+        self._ackbuf += PUBACK_HEAD
+        self._ackbuf += e.mid.to_bytes(2, "big")
+        self.stats.acked += 1
+
+    def _flush_acks(self) -> None:
+        """Write the pending PUBACKs, only between paho's packets so bytes never interleave."""
+        c = self._client
+        if c.want_write():
+            c.loop_write()
+            if c.want_write():
+                return
+        sock = c.socket()
+        if sock is None:
+            self._ackbuf.clear()
+            return
+        data = bytes(self._ackbuf)
+        self._ackbuf.clear()
+        deadline = time.monotonic() + 5.0
+        while data:
+            try:
+                data = data[sock.send(data) :]
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    # A half-written PUBACK must not be followed by paho's bytes: drop the
+                    # connection (its unacknowledged messages are redelivered to the next one).
+                    logger.warning("MQTT socket not writable for 5 s: reconnecting")
+                    c._sock_close()
+                    self._generation += 1
+                    self._connected = False
+                    return
+                select.select([], [sock], [], 0.1)
+            except OSError as exc:  # the connection broke: paho notices on its next read
+                logger.warning("PUBACK write failed error=%s", exc)
+                return
+
+    # ------------------------------------------------------------------ the I/O loop
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # a bug: say so loudly; unacknowledged messages are redelivered
+            logger.exception("gateway I/O loop failed client_id=%s", self.client_id)
+        finally:
+            try:
+                self._client.disconnect()
+                self._client.loop_write()
+            except Exception:
+                logger.debug("disconnect failed", exc_info=True)
+            self._connected = False
+            left = self._producer.flush(2.0)
+            logger.info(
+                "gateway stopped client_id=%s drained=%s in_flight=%s unflushed=%s received=%s forwarded=%s "
+                "dead_lettered=%s acked=%s acks_dropped=%s redelivered=%s",
+                self.client_id,
+                self._drained,
+                self.in_flight,
+                left,
+                self.stats.received,
+                self.stats.forwarded,
+                self.stats.dead_lettered_total,
+                self.stats.acked,
+                self.stats.acks_dropped,
+                self.stats.redelivered,
+            )
+
+    def _loop(self) -> None:
+        client = self._client
+        # Our own bound, not only the broker's: Mosquitto 2.0.11 was measured sending past the
+        # Receive Maximum once PUBACKs flowed (tests/test_gateway_faults.py). At the cap we stop
+        # reading the socket, so TCP flow control pushes back and the rest waits in Mosquitto.
+        read_cap = self._rm
+        draining = False
+        drain_deadline = 0.0
+        next_reconnect = 0.0
+        next_stats = time.monotonic() + STATS_LOG_INTERVAL_S
+        while True:
+            now = time.monotonic()
+            if self._stop.is_set() and not draining:
+                draining = self._draining = True
+                drain_deadline = now + self.settings.gateway_drain_timeout_s
+                logger.info("gateway draining in_flight=%s", self.in_flight)
+            sock = client.socket()
+            if sock is None:
+                if draining and (not self._inflight or now > drain_deadline):
+                    self._drained = not self._inflight
+                    return
+                if not draining and now >= next_reconnect and len(self._inflight) < read_cap:
+                    next_reconnect = now + RECONNECT_BACKOFF_S
+                    try:
+                        client.reconnect()
+                    except OSError as exc:
+                        logger.warning("MQTT reconnect failed client_id=%s error=%s", self.client_id, exc)
+                self._producer.poll(0.05)
+                self._retry_due(now)
+                continue
+            want_read = draining or len(self._inflight) < read_cap
+            if want_read and client.buffered:
+                timeout = 0.0
+            elif self._inflight:
+                timeout = 0.002
+            else:
+                timeout = 0.05
+            r: list[Any]
+            if not want_read and not client.want_write():
+                r = []
+                self._producer.poll(0.01)  # paused: wait for Kafka instead of the socket
+            else:
+                try:
+                    r, _w, _x = select.select(
+                        [sock] if want_read else [], [sock] if client.want_write() else [], [], timeout
+                    )
+                except (OSError, ValueError):
+                    r = []
+            if want_read and (r or client.buffered):
+                # Never parse past the cap: every packet read may be one more message to hold.
+                client.loop_read(MAX_PACKETS_PER_READ if draining else read_cap - len(self._inflight))
+            if client.want_write():
+                client.loop_write()
+            client.loop_misc()
+            self._producer.poll(0)
+            if self._ackbuf:
+                self._flush_acks()
+            if self._retry:
+                self._retry_due(now)
+            if self._fatal:
+                self._restart_producer()
+            if draining:
+                if (
+                    not self._inflight
+                    and not self._ackbuf
+                    and not client.want_write()
+                    and self._barrier_mid is None
+                ):
+                    _rc, self._barrier_mid = client.unsubscribe(DRAIN_BARRIER_TOPIC)
+                if self._barrier_done:
+                    self._drained = True
+                    return
+                if now > drain_deadline:
+                    logger.warning("drain timed out; Mosquitto will redeliver in_flight=%s", self.in_flight)
+                    return
+            if now >= next_stats:
+                next_stats = now + STATS_LOG_INTERVAL_S
+                s = self.stats
+                logger.info(
+                    "gateway stats received=%s forwarded=%s dead_lettered=%s acked=%s in_flight=%s "
+                    "redelivered=%s kafka_errors=%s",
+                    s.received,
+                    s.forwarded,
+                    s.dead_lettered_total,
+                    s.acked,
+                    self.in_flight,
+                    s.redelivered,
+                    sum(s.kafka_errors.values()),
+                )
+
+    def _retry_due(self, now: float) -> None:
+        while self._retry and self._retry[0][0] <= now:
+            _, e = self._retry.popleft()
+            if not e.confirmed:
+                self.stats.produce_retries += 1
+                self._produce(e)

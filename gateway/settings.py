@@ -1,0 +1,52 @@
+"""Gateway settings: the shared `Settings` plus the knobs only the gateway reads.
+
+Every field is an environment variable `FLEETFENCE_GATEWAY_*` (pydantic-settings), so a replica
+is configured the same way in a test, under systemd or in a container.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import Field
+
+from fleetfence.settings import Settings
+
+
+class GatewaySettings(Settings):
+    """Shared settings plus the gateway's own (see the README's configuration table)."""
+
+    gateway_client_id: str = Field(
+        default="",
+        description="MQTT client id; stable per replica so the broker keeps its session across "
+        "restarts. Empty: fleetfence-gw-<hostname>.",
+    )
+    gateway_share_group: str = Field(default="gw", description="MQTT 5 shared-subscription group.")
+    gateway_receive_maximum: int = Field(
+        default=2000, ge=1, le=65535, description="MQTT Receive Maximum: the in-flight bound."
+    )
+    gateway_session_expiry_s: int = Field(
+        default=3600, ge=0, description="How long Mosquitto keeps the session (and queues) while down."
+    )
+    gateway_keepalive_s: int = Field(default=30, ge=5)
+    gateway_ack_in_order: bool = Field(
+        default=True,
+        description="Send PUBACKs in receive order (MQTT 5 section 4.6); false acks as Kafka confirms.",
+    )
+    gateway_metrics_port: int = Field(default=9464, ge=0, le=65535, description="0 disables /metrics.")
+    gateway_drain_timeout_s: float = Field(default=30.0, gt=0)
+    gateway_kafka_linger_ms: int = Field(default=5, ge=0)
+    gateway_kafka_message_timeout_ms: int = Field(
+        default=120_000,
+        ge=1000,
+        description="After this librdkafka gives a record up; the gateway then produces it again.",
+    )
+    gateway_retry_backoff_ms: int = Field(default=500, ge=10)
+
+    @property
+    def gateway_client_id_effective(self) -> str:
+        return self.gateway_client_id or f"fleetfence-gw-{socket.gethostname()}"
+
+    @property
+    def gateway_subscription(self) -> str:
+        return f"$share/{self.gateway_share_group}/fleet/+/telemetry"

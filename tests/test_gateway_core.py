@@ -1,0 +1,112 @@
+"""The gateway's pure parts: routing to a record, dead-letter format, in-flight release order."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from fleetfence.contracts import DlqReason, Telemetry
+from fleetfence.settings import TopicNames
+from gateway.core import MAX_DLQ_VALUE_BYTES, Record, route
+from gateway.inflight import InFlight
+from gateway.testing import fix
+
+TOPICS = TopicNames("p.")
+NOW_MS = int(time.time() * 1000)
+KNOWN = {r.value for r in DlqReason} - {DlqReason.INTERNAL_ERROR.value}
+
+
+def test_valid_fix_becomes_canonical_record_keyed_by_vehicle() -> None:
+    d = fix("truck-1", 7, ts_ms=NOW_MS - 1000)
+    r = route(TOPICS, "fleet/truck-1/telemetry", orjson.dumps(d), NOW_MS)
+    assert (r.topic, r.key, r.headers, r.reason) == ("p.fleet.telemetry", b"truck-1", None, None)
+    t = Telemetry.from_json(r.value)
+    assert (t.seq, t.ts_ms, t.received_ms, t.accuracy_m) == (7, NOW_MS - 1000, NOW_MS, None)
+
+
+def test_dead_letter_headers_and_truncation() -> None:
+    payload = b"\x00" * (MAX_DLQ_VALUE_BYTES + 10)
+    r = route(TOPICS, "fleet/truck-1/telemetry", payload, NOW_MS)
+    h = dict(r.headers or [])
+    assert r.topic == "p.fleet.telemetry.dlq"
+    assert r.key == b"fleet/truck-1/telemetry" == h["mqtt_topic"]
+    assert h["reason"] == b"too_large"
+    assert h["original_size"] == str(len(payload)).encode()
+    assert h["truncated"] == b"true"
+    assert h["received_ms"] == str(NOW_MS).encode()
+    assert r.value == payload[:MAX_DLQ_VALUE_BYTES]
+
+
+def test_invalid_utf8_topic_is_dead_lettered_not_raised() -> None:
+    r = route(TOPICS, b"fleet/\xff/telemetry", b"{}", NOW_MS)
+    assert (r.reason, r.key) == ("bad_topic", b"fleet/\xff/telemetry")
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=12,
+)
+fields = ["vehicle_id", "seq", "ts", "lat", "lon", "speed_kmh", "heading_deg", "accuracy_m"]
+
+
+@st.composite
+def mutated_fix(draw: st.DrawFn) -> bytes:
+    d: dict[str, object] = dict(fix("v-1", 3, ts_ms=NOW_MS - 10))
+    for name in draw(st.lists(st.sampled_from(fields), max_size=3)):
+        if draw(st.booleans()):
+            d.pop(name, None)
+        else:
+            d[name] = draw(json_values)
+    return orjson.dumps(d)
+
+
+@hsettings(max_examples=400, deadline=None)
+@given(
+    topic=st.one_of(st.just("fleet/v-1/telemetry"), st.text(max_size=30)),
+    payload=st.one_of(st.binary(max_size=300), mutated_fix(), json_values.map(orjson.dumps)),
+)
+def test_route_never_raises_and_classifies_everything(topic: str, payload: bytes) -> None:
+    r: Record = route(TOPICS, topic, payload, NOW_MS)
+    if r.reason is None:
+        t = Telemetry.from_json(r.value)
+        assert r.topic == TOPICS.telemetry
+        assert topic == f"fleet/{t.vehicle_id}/telemetry"
+        assert -90 <= t.lat <= 90
+        assert -180 <= t.lon <= 180
+        assert t.speed_kmh >= 0
+    else:
+        assert r.reason in KNOWN
+        assert r.topic == TOPICS.telemetry_dlq
+        assert r.value == payload
+
+
+def test_in_order_release_waits_for_the_oldest() -> None:
+    rec = Record("t", b"k", b"v", None, None)
+    f = InFlight(in_order=True)
+    a, b, c = (f.add(mid, 0, rec, 0.0) for mid in (1, 2, 3))
+    assert f.confirm(c) == []
+    assert f.confirm(b) == []
+    assert [e.mid for e in f.confirm(a)] == [1, 2, 3]
+    assert len(f) == 0
+    assert f.released_out_of_order == 0
+    assert f.max_seen == 3
+
+
+def test_out_of_order_release_is_immediate_and_counted() -> None:
+    rec = Record("t", b"k", b"v", None, None)
+    f = InFlight(in_order=False)
+    a, b = f.add(1, 0, rec, 0.0), f.add(2, 0, rec, 0.0)
+    assert f.confirm(b) == [b]
+    assert f.unconfirmed() == [a]
+    assert f.confirm(a) == [a]
+    assert f.released_out_of_order == 1
+    assert f.confirm(a) == []  # a second confirmation releases nothing

@@ -1,0 +1,284 @@
+"""The gateway under faults: SIGKILL mid-stream, SIGTERM drain, Kafka broker down for a while.
+
+Real processes throughout: the gateway runs as `python -m gateway` where it is killed, and the
+outage test stops and restarts a private noida-db broker (the session broker is shared).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from fleetfence import infra
+from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.settings import Settings
+from gateway.service import Gateway
+from gateway.settings import GatewaySettings
+from gateway.testing import (
+    Publisher,
+    TopicReader,
+    WaitTimeoutError,
+    fix,
+    forget_session,
+    gateway_env,
+    rss_bytes,
+    scrape,
+    telemetry_seqs,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def gw_settings(settings: Settings, **over: Any) -> GatewaySettings:
+    tag = uuid.uuid4().hex[:8]
+    upd: dict[str, Any] = {
+        "gateway_client_id": f"gw-fault-{tag}",
+        "gateway_share_group": f"f{tag}",
+        "gateway_metrics_port": 0,
+        "gateway_kafka_linger_ms": 2,
+    }
+    upd.update(over)
+    return GatewaySettings(**settings.model_dump(exclude={"topics"})).model_copy(update=upd)
+
+
+class PacedPublisher(threading.Thread):
+    """Publishes `n_per_vehicle` fixes for each vehicle at about `rate_per_s`, as a fleet would."""
+
+    def __init__(self, pub: Publisher, vehicles: list[str], n_per_vehicle: int, rate_per_s: float) -> None:
+        super().__init__(daemon=True)
+        self.pub, self.vehicles, self.n, self.rate = pub, vehicles, n_per_vehicle, rate_per_s
+        self.sent = 0
+        self.total = len(vehicles) * n_per_vehicle
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        for seq in range(self.n):
+            for v in self.vehicles:
+                self.pub.publish(f"fleet/{v}/telemetry", orjson.dumps(fix(v, seq)))
+                self.sent += 1
+            ahead_s = self.sent / self.rate - (time.monotonic() - t0)
+            if ahead_s > 0:
+                time.sleep(ahead_s)  # pacing the load generator, not synchronising the test
+
+
+class GatewayProcess:
+    """`python -m gateway` with its /metrics port, stderr kept for the failure message."""
+
+    def __init__(self, gs: GatewaySettings, log: Path) -> None:
+        self.port = infra.free_port()
+        self.log = log
+        with log.open("ab") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway"],
+                env=gateway_env(gs, metrics_port=self.port),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        wait_for(self.ready, 30, f"gateway subprocess ready (log {log})")
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gateway exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+        return scrape(self.port).get("fleetfence_gateway_mqtt_connected") == 1.0
+
+    def metrics(self) -> dict[str, float]:
+        return scrape(self.port)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def fleet(settings: Settings, tmp_path: Path) -> Iterator[tuple[GatewaySettings, Publisher, str]]:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    gs = gw_settings(settings)
+    pub = Publisher(*gs.mqtt_host_port, inflight=1000)
+    yield gs, pub, f"f{uuid.uuid4().hex[:6]}-"
+    pub.close()
+    forget_session(*gs.mqtt_host_port, gs.gateway_client_id)
+
+
+def test_sigkill_mid_stream_loses_nothing(
+    fleet: tuple[GatewaySettings, Publisher, str], tmp_path: Path
+) -> None:
+    gs, pub, prefix = fleet
+    vehicles = [f"{prefix}{i}" for i in range(10)]
+    load = PacedPublisher(pub, vehicles, 500, rate_per_s=2500)
+    reader = TopicReader(gs.bootstrap_servers, [gs.topics.telemetry])
+    first = GatewayProcess(gs, tmp_path / "gw1.log")
+    second: GatewayProcess | None = None
+    try:
+        load.start()
+        reader.read_until(lambda rs: len(rs) >= 500, 30, "the first gateway to forward 500 fixes")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+        sent_at_kill = load.sent
+        assert sent_at_kill < load.total, "the kill must land mid-stream"
+        second = GatewayProcess(gs, tmp_path / "gw2.log")
+        load.join(30)
+        pub.wait_all()  # every fix is now owned by Mosquitto (QoS 1 PUBACK received)
+        want = {(v, s) for v in vehicles for s in range(500)}
+        reader.read_until(
+            lambda rs: want <= set(telemetry_seqs(rs, prefix)), 60, "every published fix in Kafka"
+        )
+        got = telemetry_seqs(reader.records, prefix)
+        dups = sum(n - 1 for n in collections.Counter(got).values())
+        m = second.metrics()
+        print(
+            f"sigkill: sent_at_kill={sent_at_kill} records={len(got)} duplicates={dups} "
+            f"redelivered_after_restart={m.get('fleetfence_gateway_redelivered_total')}"
+        )
+        assert set(got) == want
+        # Duplicates are allowed (downstream drops them by seq), and only ever copies of what the
+        # killed gateway could have seen: fixes published before the kill.
+        order = {(v, s): s * len(vehicles) + i for s in range(500) for i, v in enumerate(vehicles)}
+        assert all(order[k] < sent_at_kill for k, n in collections.Counter(got).items() if n > 1)
+        assert m["fleetfence_gateway_received_total"] == m["fleetfence_gateway_forwarded_total"]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        reader.close()
+
+
+def test_sigterm_drains_in_flight_without_duplicates(
+    fleet: tuple[GatewaySettings, Publisher, str], tmp_path: Path
+) -> None:
+    gs, pub, prefix = fleet
+    vehicles = [f"{prefix}{i}" for i in range(10)]
+    load = PacedPublisher(pub, vehicles, 300, rate_per_s=1000)
+    reader = TopicReader(gs.bootstrap_servers, [gs.topics.telemetry])
+    first = GatewayProcess(gs, tmp_path / "gw1.log")
+    second: GatewayProcess | None = None
+    try:
+        load.start()
+        reader.read_until(lambda rs: len(rs) >= 300, 30, "the first gateway to forward 300 fixes")
+        first.proc.send_signal(signal.SIGTERM)
+        assert load.sent < load.total, "the stop must land mid-stream"
+        assert first.proc.wait(30) == 0, first.log.read_text()[-3000:]  # 0: drained completely
+        assert "drained=True" in first.log.read_text()
+        second = GatewayProcess(gs, tmp_path / "gw2.log")
+        load.join(30)
+        pub.wait_all()
+        want = {(v, s) for v in vehicles for s in range(300)}
+        reader.read_until(lambda rs: want <= set(telemetry_seqs(rs, prefix)), 60, "every fix in Kafka")
+        got = telemetry_seqs(reader.records, prefix)
+        positions = {(r.partition, r.offset) for r in reader.records}
+        assert len(positions) == len(reader.records)
+        counts = collections.Counter(got)
+        dup_examples = [k for k, n in counts.items() if n > 1][:5]
+        assert sorted(got) == sorted(want), (
+            dup_examples,
+            first.log.read_text()[-600:],
+            len(got),
+            second.metrics(),
+        )
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        reader.close()
+
+
+def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, tmp_path: Path) -> None:
+    host, port = settings.mqtt_host_port
+    own = Settings(
+        state_dir=tmp_path / "own-broker",
+        kafka_port=infra.free_port(),
+        kafka_bootstrap=None,
+        mqtt_url=f"mqtt://{host}:{port}",
+        redis_url=settings.redis_dsn,
+        topic_prefix=settings.topic_prefix,
+        startup_timeout_s=60,
+    )
+    rm = 100
+    gs = gw_settings(
+        own,
+        gateway_receive_maximum=rm,
+        gateway_kafka_message_timeout_ms=1500,
+        gateway_retry_backoff_ms=200,
+    )
+    prefix = f"o{uuid.uuid4().hex[:6]}-"
+    vehicles = [f"{prefix}{i}" for i in range(10)]
+    pub = Publisher(host, port, inflight=1000)
+    gw: Gateway | None = None
+    reader: TopicReader | None = None
+    try:
+        infra.up(own)  # starts only the broker: MQTT and Redis are the session's
+        gw = Gateway(gs)
+        gw.start()
+        load = PacedPublisher(pub, vehicles, 400, rate_per_s=1500)
+        load.start()
+        wait_for(lambda: gw is not None and gw.stats.forwarded >= 300, 30, "forwarding before the outage")
+        assert infra.down(own) == ["kafka"]
+        rss_at_outage = rss_bytes()
+        in_flight_samples: list[int] = []
+
+        def stalled() -> bool:
+            assert gw is not None
+            in_flight_samples.append(gw.in_flight)
+            return gw.in_flight == rm and gw.stats.produce_retries > 0
+
+        wait_for(stalled, 30, "the gateway to hold exactly Receive Maximum and retry")
+        load.join(30)
+        pub.wait_all()  # all 4000 fixes are Mosquitto's now; at most `rm` of them are ours
+        forwarded_during = gw.stats.forwarded
+
+        def retried_a_lot() -> bool:
+            assert gw is not None
+            in_flight_samples.append(gw.in_flight)
+            return gw.stats.produce_retries > 3 * rm
+
+        wait_for(retried_a_lot, 30, "several retry rounds while the broker is down")
+        rss_growth = rss_bytes() - rss_at_outage
+        assert gw.stats.forwarded == forwarded_during  # nothing confirmed while down
+        assert max(in_flight_samples) == rm
+        assert gw.max_in_flight_seen <= rm
+        assert rss_growth < 50 * 2**20, rss_growth
+        infra.up(own, create_topics=False)  # same port, same data folder
+        reader = TopicReader(own.bootstrap_servers, [own.topics.telemetry])
+        want = {(v, s) for v in vehicles for s in range(400)}
+        try:
+            reader.read_until(
+                lambda rs: want <= set(telemetry_seqs(rs, prefix)), 60, "every fix after the outage"
+            )
+        except WaitTimeoutError:
+            missing = sorted(want - set(telemetry_seqs(reader.records, prefix)), key=lambda k: k[1])
+            pytest.fail(
+                f"{len(missing)} fixes missing (seq {missing[0][1]}..{missing[-1][1]}); gateway stats "
+                f"{gw.stats}; forwarded before the outage {forwarded_during}"
+            )
+        wait_for(lambda: gw is not None and gw.in_flight == 0, 30, "in-flight to drain")
+        s = gw.stats
+        print(
+            f"outage: in_flight_max={gw.max_in_flight_seen} rss_growth_MB={rss_growth / 2**20:.1f} "
+            f"retries={s.produce_retries} producer_restarts={s.producer_restarts} "
+            f"records={len(telemetry_seqs(reader.records, prefix))} errors={dict(s.kafka_errors)}"
+        )
+        assert s.received == s.forwarded + s.dead_lettered_total
+        assert gw.max_in_flight_seen <= rm
+    finally:
+        if gw is not None:
+            gw.stop(drain_timeout_s=5)
+        if reader is not None:
+            reader.close()
+        pub.close()
+        forget_session(host, port, gs.gateway_client_id)
+        infra.down(own)
+        assert not os.path.exists(own.run_dir / "kafka.pid")
