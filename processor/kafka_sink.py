@@ -136,16 +136,20 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AlertCommitMessage:
         msg = AlertCommitMessage()
-        live: list[tuple[str, bytes, int]] = []
+        live: list[tuple[str, dict[str, Any], int]] = []
         for batch in iterator:
-            d = batch.to_pydict()
-            for kind, key, value, seq, error in zip(
-                d["kind"], d["key"], d["value"], d["seq"], d["error"], strict=True
+            cols = batch.to_pydict()
+            for kind, key, value, error in zip(
+                cols["kind"], cols["key"], cols["value"], cols["error"], strict=True
             ):
                 if kind == OUT_ALERT:
                     msg.alerts.append((key, value))
                 elif kind == OUT_LIVE:
-                    live.append((key, value, seq))
+                    # version: a newer seq wins; at the same seq, "silent" is the newer state.
+                    live.extend(
+                        (d["vehicle_id"], d, d["seq"] * 2 + (1 if d["silent"] else 0))
+                        for d in orjson.loads(value)
+                    )
                 elif kind == OUT_DLQ:
                     msg.dlq.append((key, value, error or "invalid"))
                 elif kind == OUT_STATS:
@@ -155,7 +159,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             msg.live_written = self._write_live(live)
         return msg
 
-    def _write_live(self, live: list[tuple[str, bytes, int]]) -> int:
+    def _write_live(self, live: list[tuple[str, dict[str, Any], int]]) -> int:
         import redis
 
         r = redis.Redis.from_url(self.redis_url or "")
@@ -163,16 +167,18 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             script = r.register_script(LIVE_LUA)
             pipe = r.pipeline(transaction=False)
             index = f"{self.redis_prefix}live:index"
-            for vid, value, version in live:
-                ts_ms = orjson.loads(value)["ts_ms"]
+            values = []
+            for vid, d, version in live:
+                value = orjson.dumps(d)
+                values.append(value)
                 script(
                     keys=[f"{self.redis_prefix}live:{vid}", index],
-                    args=[value, version, ts_ms, vid],
+                    args=[value, version, d["ts_ms"], vid],
                     client=pipe,
                 )
             written = sum(int(x) for x in pipe.execute())
             # One message per task and batch, not per vehicle: the live map redraws in batches.
-            r.publish(f"{self.redis_prefix}live:positions", b"[" + b",".join(v for _, v, _ in live) + b"]")
+            r.publish(f"{self.redis_prefix}live:positions", b"[" + b",".join(values) + b"]")
             return written
         finally:
             r.close()
