@@ -95,11 +95,22 @@ def infra_status() -> None:
 
 @app.command()
 @friendly_errors
-def demo() -> None:
-    """Run the live demo on the embedded infrastructure."""
-    from fleetfence.demo import run_demo
+def demo(
+    vehicles: Annotated[int, typer.Option(min=1, max=500, help="Simulated vehicles.")] = 12,
+    duration_s: Annotated[float, typer.Option(min=30, help="Simulated driving time, real time.")] = 150.0,
+    seed: Annotated[int, typer.Option(help="Scenario seed.")] = 7,
+) -> None:
+    """Run the live demo: embedded infra, gateway, processor, API, receivers, simulator, verify."""
+    import os
 
-    run_demo(_settings())
+    from fleetfence.demo import main_demo
+
+    s = _settings()
+    if "FLEETFENCE_LOG_LEVEL" not in os.environ:
+        # The terminal is for the live alerts; the services' logs go to files under the state folder.
+        os.environ["FLEETFENCE_LOG_LEVEL"] = "WARNING"
+        configure_logging("WARNING", s.log_json)
+    raise typer.Exit(main_demo(s, vehicles=vehicles, duration_s=duration_s, seed=seed))
 
 
 # --------------------------------------------------------------------------- alerts (issue 6)

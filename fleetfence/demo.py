@@ -1,26 +1,296 @@
-"""`fleetfence demo`: the README's main command.
+"""`fleetfence demo`: the README's main command — the whole live pipeline on embedded servers.
 
-Brings up the embedded infrastructure and shows its status. The live pipeline (gateway, processor,
-admin API, alert receivers, simulator) joins here as each component lands.
+    embedded broker + Mosquitto + Redis
+    -> admin API (with the outbox relay)      [subprocess]
+    -> processor: PySpark, local[2]           [subprocess]
+    -> gateway, alert receivers, live view    [this process]
+    -> simulator: a handful of vehicles driving in real time over MQTT, some deviating,
+       speeding, dwelling in depots, going silent — with ground truth
+    -> verify: precision, recall, duplicates and detection delay against the ground truth
+
+Ctrl-C stops everything it started, in reverse order. The exit code is verify's (0 = all alerts
+right), so the demo doubles as an end-to-end check.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
 
+import orjson
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rich.console import Console
 
 from fleetfence import infra
+from fleetfence.errors import FleetFenceError, ServiceUnavailableError
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+ALERT_STYLE = {
+    "ROUTE_DEVIATION": "bold red",
+    "ROUTE_RETURN": "green",
+    "OVERSPEED": "bold magenta",
+    "ZONE_ENTER": "cyan",
+    "ZONE_EXIT": "blue",
+    "VEHICLE_SILENT": "yellow",
+}
 
-def run_demo(settings: Settings) -> None:
+
+def _env(settings: Settings, **extra: Any) -> dict[str, str]:
+    env = dict(os.environ)
+    for k, v in settings.model_dump(exclude={"topics"}).items():
+        if v is not None:
+            env[f"FLEETFENCE_{k.upper()}"] = str(v)
+    env.update({k: str(v) for k, v in extra.items()})
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    return env
+
+
+def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as f:
+        proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    logger.info("demo started service=%s pid=%s log=%s", name, proc.pid, log)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _wait(
+    cond: Callable[[], bool], timeout_s: float, what: str, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise ServiceUnavailableError(f"{what}: a demo service exited with code {p.returncode}")
+        if cond():
+            return
+        time.sleep(0.3)
+    raise ServiceUnavailableError(f"{what} not ready within {timeout_s:.0f}s")
+
+
+def _committed_batches(settings: Settings) -> int:
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "demo-probe"})
+    try:
+        lo, hi = c.get_watermark_offsets(
+            TopicPartition(settings.topics.processor_commits, 0), timeout=5, cached=False
+        )
+        return int(hi - lo)
+    finally:
+        c.close()
+
+
+def _http_ok(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class LiveAlerts:
+    """Prints committed alerts as they arrive (read_committed), until stopped."""
+
+    def __init__(self, settings: Settings, console: Console) -> None:
+        self.settings, self.console = settings, console
+        self.stop_event = threading.Event()
+        self.count = 0
+        self.thread = threading.Thread(target=self._run, name="demo-alerts", daemon=True)
+
+    def __enter__(self) -> LiveAlerts:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop_event.set()
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        s = self.settings
+        c = Consumer(
+            {
+                "bootstrap.servers": s.bootstrap_servers,
+                "group.id": f"demo-view-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "latest",
+                "enable.auto.commit": False,
+                "partition.assignment.strategy": "range",
+            }
+        )
+        c.subscribe([s.topics.alerts])
+        try:
+            while not self.stop_event.is_set():
+                m = c.poll(0.5)
+                if m is None or (m.error() is not None and m.error().code() == KafkaError._PARTITION_EOF):
+                    continue
+                if m.error() is not None:
+                    continue
+                a = orjson.loads(m.value())
+                self.count += 1
+                style = ALERT_STYLE.get(a.get("type"), "white")
+                zone = f" zone={a['zone_id']}" if a.get("zone_id") else ""
+                details = ", ".join(f"{k}={v}" for k, v in (a.get("details") or {}).items())
+                self.console.print(
+                    f"[dim]{a.get('ts', '')}[/] [{style}]{a.get('type'):<16}[/] "
+                    f"{a.get('vehicle_id')} route={a.get('route_id')} seq={a.get('seq')}{zone} "
+                    f"[dim]{details}[/]"
+                )
+        finally:
+            c.close()
+
+
+def run_demo(
+    settings: Settings,
+    *,
+    vehicles: int = 12,
+    duration_s: float = 150.0,
+    seed: int = 7,
+    api_port: int | None = None,
+) -> int:
+    """Run the live demo; returns verify's exit code."""
+    from alerts.config import AlertsSettings, parse_config
+    from alerts.service import AlertService
+    from gateway.service import Gateway
+    from gateway.settings import GatewaySettings
+    from simulator.commands import simulate, verify
+    from simulator.scenario import Injections
+    from simulator.settings import SimulatorSettings
+
     console = Console()
-    with console.status("starting the embedded infrastructure…"):
-        statuses = infra.up(settings)
-    from fleetfence.cli import print_status
+    run_dir = settings.state_dir.resolve() / "demo"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    api_port = api_port or (infra.free_port() if not infra.port_free(settings.host, 8000) else 8000)
+    api_url = f"http://{settings.host}:{api_port}"
+    truth = run_dir / f"truth-{int(time.time())}.jsonl"
+    with ExitStack() as stack:
+        with console.status("starting the embedded broker, Mosquitto and Redis…"):
+            infra.up(settings)
+        stack.callback(infra.down, settings)
+        from fleetfence.cli import print_status
 
-    print_status(statuses)
-    console.print(f"state folder: {settings.state_dir.resolve()} — stop with `fleetfence infra down`")
+        print_status(infra.status(settings))
+        env = _env(settings)
+        procs: list[subprocess.Popen[bytes]] = []
+        api = _spawn(
+            "api",
+            [sys.executable, "-m", "fleetfence", "api", "--port", str(api_port), "--host", settings.host],
+            env,
+            run_dir / "api.log",
+        )
+        procs.append(api)
+        stack.callback(_stop, api)
+        processor = _spawn(
+            "processor",
+            [sys.executable, "-m", "processor"],
+            _env(settings, FLEETFENCE_PROCESSOR_SPARK_MASTER="local[2]", FLEETFENCE_PROCESSOR_TRIGGER_MS=200),
+            run_dir / "processor.log",
+        )
+        procs.append(processor)
+        stack.callback(_stop, processor)
+        gw = Gateway(GatewaySettings())
+        gw.start()
+        stack.callback(gw.stop)
+        receivers = AlertService(
+            AlertsSettings(),
+            parse_config(
+                '[[receivers]]\nname = "history"\nkind = "history"\n\n'
+                '[[receivers]]\nname = "mqtt"\nkind = "mqtt"\n',
+                "demo",
+            ),
+        ).start()
+        stack.callback(receivers.stop)
+        with console.status("waiting for the admin API and the Spark processor (first batch ~30 s)…"):
+            _wait(lambda: _http_ok(f"{api_url}/healthz"), 60, "admin API", procs)
+            before = _committed_batches(settings)
+            _wait(lambda: _committed_batches(settings) > before, 240, "processor", procs)
+        console.print(
+            f"[bold]admin API[/] {api_url}/docs   [bold]metrics[/] {api_url}/metrics   "
+            f"[bold]logs[/] {run_dir}"
+        )
+        console.print("[bold]live alerts[/] (Ctrl-C stops the demo):")
+        with LiveAlerts(settings, console) as view:
+            simulate(
+                settings=SimulatorSettings(),
+                vehicles=vehicles,
+                duration_s=duration_s,
+                rate_hz=1.0,
+                seed=seed,
+                noise_m=3.0,
+                routes=0,
+                routes_geojson=None,
+                route_length_m=6000.0,
+                zones_per_route=2,
+                bbox=None,
+                corridor_width_m=60.0,
+                speed_limit_kmh=50.0,
+                deviation_min_fixes=3,
+                deviation_min_s=0.0,
+                overspeed_min_s=5.0,
+                silent_after_s=60.0,
+                injections=Injections(
+                    deviation=0.4,
+                    overspeed=0.3,
+                    dwell=0.3,
+                    silent=0.15,
+                    duplicate=0.01,
+                    out_of_order=0.01,
+                    late=0.0,
+                ),
+                direct=False,
+                realtime=True,
+                start_time=None,
+                truth_path=truth,
+                register=True,
+                api_url=None,
+                api_key=None,
+                vehicle_prefix=f"demo{int(time.time()) % 100000}-",
+                console=console,
+            )
+            console.print(
+                "[dim]simulation done; waiting for the last alerts (silence needs the watermark)…[/]"
+            )
+            code = verify(
+                settings=SimulatorSettings(),
+                truth_path=truth,
+                timeout_s=90.0,
+                seq_tolerance=0,
+                min_precision=1.0,
+                min_recall=1.0,
+                max_duplicates=0,
+                as_json=False,
+            )
+        console.print(f"{view.count} alerts shown live; ground truth in {truth}")
+        console.print("[dim]stopping everything…[/]")
+    return code
+
+
+def main_demo(settings: Settings, **kw: Any) -> int:
+    try:
+        return run_demo(settings, **kw)
+    except KeyboardInterrupt:
+        Console().print("[yellow]interrupted: everything the demo started was stopped[/]")
+        return 130
+    except FleetFenceError:
+        raise

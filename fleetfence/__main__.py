@@ -1,0 +1,5 @@
+"""`python -m fleetfence`: the same as the `fleetfence` console script."""
+
+from fleetfence.cli import app
+
+app()
