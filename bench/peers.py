@@ -1,0 +1,157 @@
+"""The peers the processor is measured against, doing the same job on the same topic.
+
+- `naive`: the loop a user would write first: one confluent-kafka consumer, orjson, one Shapely
+  `contains_xy` call per fix against the prepared corridor, state in a dict, alerts produced
+  at-least-once, no checkpointed state.
+- `quix`: a quixstreams 3 application with RocksDB state and its exactly-once guarantee.
+
+Both implement the same rule as FleetFence's ROUTE_DEVIATION/ROUTE_RETURN (3 fixes outside the
+corridor, 2 fixes back inside the inner band) so their alert counts are comparable.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+import shapely
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from processor.geometry import compile_route
+
+HYSTERESIS_M = 15.0
+
+
+def corridors(routes: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
+    out = {}
+    for rid, data in routes.items():
+        cr = compile_route(rid, 1, data, HYSTERESIS_M)
+        out[rid] = (cr.corridor, cr.inner)
+    return out
+
+
+def step(st: dict[str, Any], corr: tuple[Any, Any], d: dict[str, Any]) -> str | None:
+    """Deviation/return with the processor's debounce; returns an alert type or None."""
+    if d["seq"] <= st.get("seq", -1):
+        return None
+    st["seq"] = d["seq"]
+    lon, lat = d["lon"], d["lat"]
+    if not st.get("off"):
+        if shapely.contains_xy(corr[0], lon, lat):
+            st["out"] = 0
+            return None
+        st["out"] = st.get("out", 0) + 1
+        if st["out"] >= 3:
+            st["off"], st["in"] = True, 0
+            return "ROUTE_DEVIATION"
+        return None
+    if shapely.contains_xy(corr[1], lon, lat):
+        st["in"] = st.get("in", 0) + 1
+        if st["in"] >= 2:
+            st["off"], st["out"], st["in"] = False, 0, 0
+            return "ROUTE_RETURN"
+    else:
+        st["in"] = 0
+    return None
+
+
+def run_naive(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    total: int,
+    alerts_topic: str,
+    routes: dict[str, dict[str, Any]],
+    assignment: dict[str, str],
+) -> dict[str, Any]:
+    corr = corridors(routes)
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "naive",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.max.bytes": 64 * 1024 * 1024,
+        }
+    )
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    states: dict[str, dict[str, Any]] = {}
+    n = alerts = 0
+    t_first = None
+    while n < total:
+        msgs = c.consume(10000, 1.0)
+        if t_first is None and msgs:
+            t_first = time.perf_counter()
+        for m in msgs:
+            if m.error() is not None:
+                continue
+            d = orjson.loads(m.value())
+            vid = d["vehicle_id"]
+            st = states.setdefault(vid, {})
+            a = step(st, corr[assignment[vid]], d)
+            if a is not None:
+                alerts += 1
+                p.produce(
+                    alerts_topic,
+                    key=vid.encode(),
+                    value=orjson.dumps({"type": a, "vehicle_id": vid, "seq": d["seq"]}),
+                )
+            n += 1
+        p.poll(0)
+    p.flush(30)
+    elapsed = time.perf_counter() - (t_first or time.perf_counter())
+    c.close()
+    return {"events": n, "seconds": elapsed, "alerts": alerts}
+
+
+def run_quix(
+    bootstrap: str,
+    topic: str,
+    total: int,
+    alerts_topic: str,
+    routes: dict[str, dict[str, Any]],
+    assignment: dict[str, str],
+    state_dir: str,
+) -> dict[str, Any]:
+    from quixstreams import Application
+
+    corr = corridors(routes)
+    app = Application(
+        broker_address=bootstrap,
+        consumer_group="quix-bench",
+        auto_offset_reset="earliest",
+        processing_guarantee="exactly-once",
+        state_dir=state_dir,
+        loglevel="WARNING",
+        consumer_extra_config={"partition.assignment.strategy": "range"},
+    )
+    src = app.topic(topic, value_deserializer="json")
+    out = app.topic(alerts_topic, value_serializer="json")
+    counters = {"n": 0, "alerts": 0, "t_first": 0.0, "t_last": 0.0}
+
+    def process(value: dict[str, Any], state: Any) -> dict[str, Any] | None:
+        if counters["n"] == 0:
+            counters["t_first"] = time.perf_counter()
+        counters["n"] += 1
+        st = state.get("s", default={})
+        a = step(st, corr[assignment[value["vehicle_id"]]], value)
+        state.set("s", st)
+        if counters["n"] >= total:
+            counters["t_last"] = time.perf_counter()
+            app.stop()
+        if a is None:
+            return None
+        counters["alerts"] += 1
+        return {"type": a, "vehicle_id": value["vehicle_id"], "seq": value["seq"]}
+
+    sdf = app.dataframe(src)
+    sdf = sdf.apply(process, stateful=True).filter(lambda v: v is not None)
+    sdf.to_topic(out)
+    app.run()
+    return {
+        "events": counters["n"],
+        "seconds": counters["t_last"] - counters["t_first"],
+        "alerts": counters["alerts"],
+    }

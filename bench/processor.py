@@ -1,0 +1,384 @@
+"""Processor benchmark: FleetFence's Spark job vs the naive loop vs quixstreams, in one run.
+
+    .venv/bin/python bench/processor.py --vehicles 10000 --fixes 60 [--record]
+
+Every contender reads the same pre-loaded `fleet.telemetry` topic on a private noida-db broker, in
+its own process (so each gets the whole box in turn), and produces deviation alerts. Reported:
+sustained events/s (after warm-up), ratios, and the alert counts (which must agree). A second
+phase drives the Spark job at half its measured rate with live timestamps and reports the
+event→alert latency p50/p99 (alert commit time minus the fix's ingest time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import orjson
+from confluent_kafka import Producer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from bench import workload as wl
+from fleetfence import infra
+from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.settings import Settings
+
+console = Console()
+PARTITIONS = 4
+COMPRESSION = os.environ.get("FF_BENCH_COMPRESSION", "lz4")
+
+
+def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], label: str) -> None:
+    p = Producer(
+        producer_config(
+            bootstrap, **{"linger.ms": 20, "batch.num.messages": 20000, "compression.type": COMPRESSION}
+        )
+    )
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task(label, total=len(records))
+        for i, (k, v) in enumerate(records):
+            while True:
+                try:
+                    p.produce(topic, key=k, value=v)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            if i % 5000 == 0:
+                p.poll(0)
+                prog.update(task, completed=i)
+        p.flush(120)
+
+
+def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoint: str) -> dict[str, Any]:
+    from processor.job import ProcessorSettings, start_query
+    from processor.spark import build_session
+
+    ps = ProcessorSettings(
+        **{
+            **s.model_dump(exclude={"topics"}),
+            "processor_checkpoint": checkpoint,
+            "processor_buckets": args.buckets,
+            "processor_trigger_ms": 0,
+            "processor_max_events_per_batch": args.batch,
+            "processor_live_state": args.live,
+            "redis_prefix": "bench:",
+        }
+    )
+    spark = build_session(app_name="bench", master=f"local[{args.cores}]", local_dir=Path(checkpoint).parent)
+    t_start = time.perf_counter()
+    q = start_query(spark, ps)
+    seen = 0
+    ends: list[tuple[float, int]] = []
+    last_batch = -1
+    while seen < total:
+        if q.exception() is not None:
+            raise RuntimeError(q.exception())
+        for p in q.recentProgress:
+            if p["batchId"] > last_batch:
+                last_batch = p["batchId"]
+                rows = p["numInputRows"]
+                seen += rows
+                ends.append((time.perf_counter(), rows))
+        time.sleep(0.2)
+    q.stop()
+    spark.stop()
+    # Sustained: from the end of the first batch that read data to the end of the last one.
+    data = [(t, r) for t, r in ends if r > 0]
+    (t0, first_rows), t_end = data[0], data[-1][0]
+    return {
+        "events": seen,
+        "seconds": t_end - t0,
+        "sustained_events": seen - first_rows,
+        "startup_s": t0 - t_start,
+        "batches": len(data),
+    }
+
+
+def count_alerts(s: Settings, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(
+        {"bootstrap.servers": s.bootstrap_servers, "group.id": "count", "isolation.level": "read_committed"}
+    )
+    n = 0
+    for p in range(PARTITIONS):
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+        n += hi - lo
+    c.close()
+    return n
+
+
+def read_alerts(s: Settings, topic: str) -> list[Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from tests.processor_helpers import read_all
+
+    return read_all(s, topic, PARTITIONS, timeout_s=30)
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """One contender in its own process; prints one JSON line."""
+    s = Settings(kafka_bootstrap=args.bootstrap, redis_url=args.redis, topic_prefix=args.prefix)
+    w = wl.build(args.vehicles, args.fixes, args.routes, seed=args.seed)
+    total = len(w)
+    out_topic = f"{args.prefix}out.{args.child}"
+    if args.child == "naive":
+        from bench.peers import run_naive
+
+        res = run_naive(
+            s.bootstrap_servers, s.topics.telemetry, PARTITIONS, total, out_topic, w.routes, w.assignment
+        )
+    elif args.child == "quix":
+        from bench.peers import run_quix
+
+        res = run_quix(
+            s.bootstrap_servers,
+            s.topics.telemetry,
+            total,
+            out_topic,
+            w.routes,
+            w.assignment,
+            tempfile.mkdtemp(),
+        )
+    else:
+        res = contender_spark(args, s, total + len(w.master), tempfile.mkdtemp() + "/cp")
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: float) -> dict[str, Any]:
+    """Drive the Spark job live at `rate` events/s; measure alert commit time - fix ingest time."""
+    from processor.job import ProcessorSettings, start_query
+    from processor.spark import build_session
+
+    prefix = s.topic_prefix + "lat."
+    ls = s.model_copy(update={"topic_prefix": prefix})
+    ensure_topics(s.bootstrap_servers, topic_specs(ls))
+    n_vehicles = max(100, int(rate))  # 1 Hz per vehicle
+    w = wl.build(n_vehicles, int(seconds) + 30, args.routes, seed=args.seed + 1, deviating_share=0.2)
+    produce_all(
+        s.bootstrap_servers,
+        ls.topics.master,
+        [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in w.master],
+        "master data",
+    )
+    ps = ProcessorSettings(
+        **{
+            **ls.model_dump(exclude={"topics"}),
+            "processor_checkpoint": tempfile.mkdtemp(),
+            "processor_buckets": args.buckets,
+            "processor_trigger_ms": args.trigger_ms,
+            "processor_max_events_per_batch": 0,
+            "processor_live_state": args.live,
+            "redis_prefix": "benchlat:",
+            "processor_starting_offsets": "latest",
+        }
+    )
+    spark = build_session(app_name="bench-latency", master=f"local[{args.cores}]")
+    q = start_query(spark, ps)
+    p = Producer(producer_config(s.bootstrap_servers, **{"linger.ms": 5}))
+    recs = w.records()
+    stop = threading.Event()
+    # Wait for the first (empty) batch so start-up does not count as latency.
+    while not q.recentProgress:
+        time.sleep(0.2)
+    t0 = time.time()
+    sent = 0
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task(f"live load at {rate:.0f} ev/s", total=seconds)
+        while time.time() - t0 < seconds and sent < len(recs):
+            due = int((time.time() - t0) * rate)
+            while sent < min(due, len(recs)):
+                k, v = recs[sent]
+                d = orjson.loads(v)
+                now = int(time.time() * 1000)
+                d["ts_ms"] = now
+                d["received_ms"] = now
+                p.produce(ls.topics.telemetry, key=k, value=orjson.dumps(d))
+                sent += 1
+            p.poll(0)
+            prog.update(task, completed=time.time() - t0)
+            time.sleep(0.005)
+    p.flush(30)
+    time.sleep(5)  # let the last batches commit; measurement below reads what was committed
+    stop.set()
+    q.stop()
+    spark.stop()
+    lat = []
+    for m in read_alerts(ls, ls.topics.alerts):
+        a = orjson.loads(m.value())
+        if a["type"] in ("ROUTE_DEVIATION", "ROUTE_RETURN"):
+            lat.append(m.timestamp()[1] - a["trigger_received_ms"])
+    lat.sort()
+    if not lat:
+        return {"rate": rate, "alerts": 0}
+    return {
+        "rate": rate,
+        "alerts": len(lat),
+        "p50_ms": lat[len(lat) // 2],
+        "p99_ms": lat[int(len(lat) * 0.99)],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vehicles", type=int, default=10000)
+    ap.add_argument("--fixes", type=int, default=60, help="fixes per vehicle")
+    ap.add_argument("--routes", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--buckets", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=200_000, help="max events per micro-batch")
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--trigger-ms", type=int, default=200)
+    ap.add_argument("--live", action=argparse.BooleanOptionalAction, default=True, help="live state to Redis")
+    ap.add_argument("--contenders", default="naive,quix,spark")
+    ap.add_argument("--latency-s", type=float, default=60.0, help="0 skips the latency phase")
+    ap.add_argument("--record", action="store_true", help="append the results to docs/benchmarks.md")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    ap.add_argument("--redis", help=argparse.SUPPRESS)
+    ap.add_argument("--prefix", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        run_child(args)
+        return
+
+    state = Path(tempfile.mkdtemp(prefix="ff-bench-"))
+    s = Settings(
+        state_dir=state,
+        kafka_port=infra.free_port(),
+        mqtt_port=infra.free_port(),
+        redis_port=infra.free_port(),
+        kafka_bootstrap=None,
+        mqtt_url=None,
+        redis_url=None,
+        telemetry_partitions=PARTITIONS,
+    )
+    infra.up(s, create_topics=False)
+    try:
+        ensure_topics(s.bootstrap_servers, topic_specs(s))
+        w = wl.build(args.vehicles, args.fixes, args.routes, seed=args.seed)
+        console.print(f"workload: {len(w):,} fixes, {args.vehicles:,} vehicles, {args.routes} routes")
+        produce_all(
+            s.bootstrap_servers,
+            s.topics.master,
+            [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in w.master],
+            "master data",
+        )
+        produce_all(s.bootstrap_servers, s.topics.telemetry, w.records(), "telemetry")
+        results: dict[str, dict[str, Any]] = {}
+        for name in args.contenders.split(","):
+            ensure_topics(s.bootstrap_servers, [type(topic_specs(s)[0])(f"out.{name}", PARTITIONS)])
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                name,
+                "--bootstrap",
+                s.bootstrap_servers,
+                "--redis",
+                s.redis_dsn,
+                "--vehicles",
+                str(args.vehicles),
+                "--fixes",
+                str(args.fixes),
+                "--routes",
+                str(args.routes),
+                "--seed",
+                str(args.seed),
+                "--buckets",
+                str(args.buckets),
+                "--batch",
+                str(args.batch),
+                "--cores",
+                str(args.cores),
+                "--live" if args.live else "--no-live",
+            ]
+            with console.status(f"running {name}…"):
+                out = subprocess.run(
+                    cmd,
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=3600,
+                    env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+                )
+            line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                console.print(out.stdout[-3000:], out.stderr[-3000:])
+                raise SystemExit(f"{name} failed")
+            res = json.loads(line[7:])
+            if name == "spark":
+                res["alerts"] = count_alerts(s, s.topics.alerts)
+            results[name] = res
+        table = Table(title=f"processor: {len(w):,} events, {args.vehicles:,} vehicles, local[{args.cores}]")
+        for col in ("contender", "guarantee", "events/s (sustained)", "vs naive", "vs quix", "alerts"):
+            table.add_column(col)
+        rate = {k: (v.get("sustained_events", v["events"]) / v["seconds"]) for k, v in results.items()}
+        guarantee = {
+            "naive": "at-least-once, no checkpoint",
+            "quix": "exactly-once (RocksDB)",
+            "spark": "exactly-once (Spark state + Kafka txn)",
+        }
+        for k, v in results.items():
+            table.add_row(
+                k,
+                guarantee[k],
+                f"{rate[k]:,.0f}",
+                f"{rate[k] / rate['naive']:.2f}" if "naive" in rate else "-",
+                f"{rate[k] / rate['quix']:.2f}" if "quix" in rate else "-",
+                str(v["alerts"]),
+            )
+        console.print(table)
+        lat: dict[str, Any] = {}
+        if "spark" in rate and args.latency_s > 0:
+            lat = latency_phase(args, s, rate["spark"] / 2, args.latency_s)
+            console.print(
+                f"latency at half load ({lat['rate']:,.0f} ev/s): p50 {lat.get('p50_ms')} ms, "
+                f"p99 {lat.get('p99_ms')} ms over {lat['alerts']} alerts"
+            )
+        summary = {"results": results, "rates": rate, "latency": lat, "args": vars(args)}
+        console.print_json(json.dumps(summary, default=str))
+        if args.record:
+            record(args, rate, results, lat, len(w))
+    finally:
+        infra.down(s)
+
+
+def record(
+    args: argparse.Namespace, rate: dict[str, float], results: dict[str, Any], lat: dict[str, Any], n: int
+) -> None:
+    doc = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+    lines = [
+        f"\n### Processor run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n",
+        f"`.venv/bin/python bench/processor.py --vehicles {args.vehicles} --fixes {args.fixes} "
+        f"--buckets {args.buckets} --batch {args.batch}`: {n:,} events, local[{args.cores}]\n",
+        "| contender | events/s | vs naive | vs quix | alerts |",
+        "|---|---|---|---|---|",
+    ]
+    for k, v in results.items():
+        lines.append(
+            f"| {k} | {rate[k]:,.0f} | {rate[k] / rate.get('naive', rate[k]):.2f} | "
+            f"{rate[k] / rate.get('quix', rate[k]):.2f} | {v['alerts']} |"
+        )
+    if lat:
+        lines.append(
+            f"\nEvent→alert latency at half load ({lat['rate']:,.0f} ev/s, trigger {args.trigger_ms} ms): "
+            f"p50 {lat.get('p50_ms')} ms, p99 {lat.get('p99_ms')} ms ({lat['alerts']} alerts).\n"
+        )
+    with doc.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
