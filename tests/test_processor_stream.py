@@ -153,7 +153,7 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
         q.stop()
 
 
-def _spawn(ps: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
+def _spawn(ps: ProcessorSettings, log: Path, spark_master: str = "local[2]") -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         **{
@@ -161,7 +161,7 @@ def _spawn(ps: ProcessorSettings, log: Path) -> subprocess.Popen[bytes]:
             for k, v in ps.model_dump(exclude={"topics"}).items()
             if v is not None
         },
-        "FLEETFENCE_PROCESSOR_SPARK_MASTER": "local[2]",
+        "FLEETFENCE_PROCESSOR_SPARK_MASTER": spark_master,
     }
     return subprocess.Popen(
         [sys.executable, "-m", "processor"],
