@@ -91,7 +91,7 @@ def test_processor_on_standalone_master_and_worker(settings: Settings, tmp_path:
             env,
         )
         wait_for(
-            lambda: "Registered worker" in (tmp_path / "master.log").read_text(errors="replace"),
+            lambda: "Successfully registered" in (tmp_path / "worker.log").read_text(errors="replace"),
             90,
             "the worker to register",
         )
@@ -109,7 +109,7 @@ def test_processor_on_standalone_master_and_worker(settings: Settings, tmp_path:
         )
         assert sorted(a["alert_id"] for a in got) == sorted(expected)
         # It really ran on the cluster: the worker launched an executor for the application.
-        assert "Launching executor" in (tmp_path / "worker.log").read_text(errors="replace")
+        assert "Asked to launch executor" in (tmp_path / "worker.log").read_text(errors="replace")
     finally:
         if proc is not None:
             _stop(proc)
