@@ -71,14 +71,16 @@ def main() -> None:
     lon = shapely.get_x(pts) + rng.normal(0, 0.0012, args.fixes)
     lat = shapely.get_y(pts) + rng.normal(0, 0.0008, args.fixes)
 
-    t_vec = timed(lambda: corridor_tests(routes, ridx, lon, lat))
+    # The corridor check every fix gets; the inner band is only tested for vehicles off route.
+    no_inner = np.zeros(args.fixes, dtype=bool)
+    t_vec = timed(lambda: corridor_tests(routes, ridx, lon, lat, inner_mask=no_inner))
     n = args.per_fix_sample
     corr = [r.corridor for r in routes]
     sample = list(zip(ridx[:n].tolist(), lon[:n].tolist(), lat[:n].tolist(), strict=True))
     t_fix = timed(lambda: [shapely.contains_xy(corr[r], x, y) for r, x, y in sample], 1) * args.fixes / n
     unprepared = [shapely.from_wkb(shapely.to_wkb(r.corridor)) for r in routes]
     t_obj = timed(lambda: [unprepared[r].contains(Point(x, y)) for r, x, y in sample], 1) * args.fixes / n
-    inside, _ = corridor_tests(routes, ridx, lon, lat)
+    inside, _ = corridor_tests(routes, ridx, lon, lat, inner_mask=no_inner)
 
     # ---- zones
     zones = []
@@ -108,7 +110,7 @@ def main() -> None:
     zlon, zlat = proj.inverse(zx, zy)
     m = min(args.fixes, 200_000)
     t_h3 = timed(lambda: index.memberships(zlon[:m], zlat[:m]), 1) * args.fixes / m
-    polys = np.array([z.polygon for z in zones], dtype=object)
+    polys = np.array([z.polygon for z in index.zones], dtype=object)
     tree = shapely.STRtree(polys)
     t_tree = (
         timed(lambda: tree.query(shapely.points(zlon[:m], zlat[:m]), predicate="within"), 1) * args.fixes / m

@@ -37,6 +37,7 @@ from processor.geometry import (
     compile_route,
     compile_zone,
     corridor_tests,
+    inner_band_tests,
 )
 
 logger = logging.getLogger(__name__)
@@ -436,7 +437,7 @@ def process_bucket(
     route_idx = ru[codes] if n else np.zeros(0, dtype=np.int64)
     if n:
         route_idx = np.where((ts >= lo_u[codes]) & (ts < hi_u[codes]), route_idx, -1)
-    in_corr, in_inner = corridor_tests(route_list, route_idx, lon, lat)
+    in_corr, _ = corridor_tests(route_list, route_idx, lon, lat, inner_mask=np.zeros(n, dtype=bool))
     limits = np.array([cr.rules.speed_limit_kmh for cr in route_list] + [np.inf], dtype=np.float64)[route_idx]
 
     zindex = catalog.zone_index(master)
@@ -470,6 +471,8 @@ def process_bucket(
     fast = known & (bad_count == 0) & same_route_batch & (cur_route == fix_route) & calm & no_zones
     if force_slow:
         fast[:] = False
+    # The inner band only matters to vehicles folded fix by fix.
+    in_inner = inner_band_tests(route_list, route_idx, lon, lat, ~fast[codes]) if n else in_corr
 
     alerts: list[Alert] = []
     touched = np.zeros(len(states), dtype=bool)
