@@ -9,10 +9,12 @@ docs/exactly-once.md).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from typing import Any
 
+import orjson
 from prometheus_client import Counter, Gauge, start_http_server
 
 from fleetfence.errors import FleetFenceError
@@ -22,9 +24,11 @@ from processor.spark import build_session
 logger = logging.getLogger(__name__)
 
 BATCHES = Counter("fleetfence_processor_batches_total", "Micro-batches completed")
-INPUT_ROWS = Counter("fleetfence_processor_input_rows_total", "Rows read from Kafka (telemetry and master)")
+INPUT_ROWS = Counter("fleetfence_processor_input_rows_total", "Telemetry records read from Kafka")
 BATCH_MS = Gauge("fleetfence_processor_batch_duration_ms", "Duration of the last micro-batch")
-INPUT_RATE = Gauge("fleetfence_processor_input_rows_per_s", "Input rate of the last micro-batch")
+INPUT_RATE = Gauge(
+    "fleetfence_processor_input_rows_per_s", "Telemetry records per second in the last micro-batch"
+)
 STATE_ROWS = Gauge("fleetfence_processor_state_rows", "Rows in the state store (buckets x variables)")
 
 
@@ -34,9 +38,10 @@ class ProcessorError(FleetFenceError):
 
 def _observe(progress: dict[str, Any]) -> None:
     BATCHES.inc()
-    INPUT_ROWS.inc(progress.get("numInputRows", 0))
+    INPUT_ROWS.inc(telemetry_events(progress))
     BATCH_MS.set(progress.get("durationMs", {}).get("triggerExecution", 0))
-    INPUT_RATE.set(progress.get("processedRowsPerSecond", 0.0) or 0.0)
+    duration_ms = progress.get("durationMs", {}).get("triggerExecution", 0) or 0
+    INPUT_RATE.set(telemetry_events(progress) * 1000.0 / duration_ms if duration_ms else 0.0)
     ops = progress.get("stateOperators") or [{}]
     STATE_ROWS.set(ops[0].get("numRowsTotal", 0))
     logger.info(
@@ -56,7 +61,8 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
             signal.signal(sig, lambda *_: stop.set())
     if s.processor_metrics_port:
         start_http_server(s.processor_metrics_port, addr=s.host)
-    master = s.processor_spark_master or "local[*]"
+    # Under spark-submit (its scripts export SPARK_ENV_LOADED) keep the master it configured.
+    master = s.processor_spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
     spark = build_session(
         app_name="fleetfence-processor", master=master, shuffle_partitions=s.processor_shuffle_partitions
     )
@@ -80,20 +86,20 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
         spark.stop()
 
 
-def telemetry_events(progress: dict[str, Any]) -> int:
-    """Telemetry records a micro-batch read, from its Kafka offsets (a stream row is a whole chunk)."""
-    import json
+def telemetry_events(progress: Any) -> int:
+    """Telemetry records a micro-batch read, from its Kafka offsets (a stream row is a whole chunk).
 
+    The first batch of a new checkpoint has no start offset; it is counted from offset 0, which is
+    exact unless retention already removed the topic's first records.
+    """
     total = 0
-    for src in progress.get("sources", []):
-        start, end = src.get("startOffset"), src.get("endOffset")
-        if isinstance(start, str):
-            start = json.loads(start)
-        if isinstance(end, str):
-            end = json.loads(end)
+    for src in progress["sources"] or []:
+        start, end = src["startOffset"], src["endOffset"]
+        start = orjson.loads(start) if isinstance(start, str) else start
+        end = orjson.loads(end) if isinstance(end, str) else end
         if not isinstance(end, dict):
             continue
+        begin = start.get("t", {}) if isinstance(start, dict) else {}
         for p, e in end.get("t", {}).items():
-            s = (start or {}).get("t", {}).get(p, e) if isinstance(start, dict) else e
-            total += int(e) - int(s)
+            total += int(e) - int(begin.get(p, 0))
     return total
