@@ -1,0 +1,83 @@
+# syntax=docker/dockerfile:1
+# FleetFence images, one target per service:
+#   docker build --target gateway   -t fleetfence-gateway .
+#   docker build --target api       -t fleetfence-api .
+#   docker build --target alerts    -t fleetfence-alerts .
+#   docker build --target processor -t fleetfence-processor .   (Java 17: the Spark driver)
+#   docker build --target spark     -t fleetfence-spark .       (Java 17: Spark master/worker/executors)
+# pyspark from PyPI ships Spark itself (jars and bin/spark-class), so the processor and the Spark
+# cluster run the same Spark and the same Python packages (executors import processor.*).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------- build: the virtualenv
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY fleetfence ./fleetfence
+COPY gateway ./gateway
+COPY processor ./processor
+COPY vehicle_master ./vehicle_master
+COPY alerts ./alerts
+COPY admin_api ./admin_api
+COPY simulator ./simulator
+RUN /opt/venv/bin/pip install . \
+    && chmod 0755 /opt/venv/lib/python3.11/site-packages/pyspark/bin/*
+
+# ---------------------------------------------------------------- base: runtime, non-root
+FROM ${PYTHON_IMAGE} AS base
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    FLEETFENCE_STATE_DIR=/var/lib/fleetfence/state \
+    FLEETFENCE_HOST=0.0.0.0
+RUN groupadd --system --gid 10001 fleetfence \
+    && useradd --system --uid 10001 --gid fleetfence --home-dir /var/lib/fleetfence --shell /usr/sbin/nologin fleetfence \
+    && mkdir -p /var/lib/fleetfence/state /var/lib/fleetfence/checkpoints /var/lib/fleetfence/spark-work /etc/fleetfence \
+    && chown -R fleetfence:fleetfence /var/lib/fleetfence
+COPY --from=build /opt/venv /opt/venv
+# SPARK_HOME: the Spark distribution inside the pyspark wheel (jars/, bin/spark-class).
+RUN ln -s /opt/venv/lib/python3.11/site-packages/pyspark /opt/spark
+COPY deploy/healthcheck.py /usr/local/bin/fleetfence-healthcheck
+RUN chmod 0755 /usr/local/bin/fleetfence-healthcheck
+WORKDIR /var/lib/fleetfence
+USER fleetfence
+
+# ---------------------------------------------------------------- jvm: + Java 17 for Spark
+FROM base AS jvm
+USER root
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && rm -rf /var/lib/apt/lists/*
+# Executors run Python workers with the driver's interpreter path: the same venv in every image.
+ENV SPARK_HOME=/opt/spark \
+    PYSPARK_PYTHON=/opt/venv/bin/python \
+    PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python \
+    SPARK_NO_DAEMONIZE=1
+USER fleetfence
+
+# ---------------------------------------------------------------- service targets
+FROM base AS gateway
+EXPOSE 9464
+STOPSIGNAL SIGTERM
+CMD ["fleetfence", "gateway"]
+
+FROM base AS api
+EXPOSE 8000
+CMD ["fleetfence", "api", "--host", "0.0.0.0"]
+
+FROM base AS alerts
+EXPOSE 9466
+CMD ["fleetfence", "alerts", "run", "--config", "/etc/fleetfence/receivers.toml"]
+
+FROM jvm AS processor
+EXPOSE 9465
+CMD ["fleetfence", "processor"]
+
+FROM jvm AS spark
+EXPOSE 7077 8080 8081
+# The master by default; the worker overrides the command (see docker-compose.yml). The work dir must
+# be writable by the non-root user (the default, $SPARK_HOME/work, is not).
+CMD ["/opt/spark/bin/spark-class", "org.apache.spark.deploy.master.Master", "--port", "7077", "--webui-port", "8080"]
