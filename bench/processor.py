@@ -63,6 +63,7 @@ def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], 
 
 def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoint: str) -> dict[str, Any]:
     from processor.job import ProcessorSettings, start_query
+    from processor.service import telemetry_events
     from processor.spark import build_session
 
     ps = ProcessorSettings(
@@ -88,7 +89,7 @@ def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoin
         for p in q.recentProgress:
             if p["batchId"] > last_batch:
                 last_batch = p["batchId"]
-                rows = p["numInputRows"]
+                rows = telemetry_events(p)
                 seen += rows
                 ends.append((time.perf_counter(), rows))
         time.sleep(0.2)
@@ -107,17 +108,8 @@ def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoin
 
 
 def count_alerts(s: Settings, topic: str) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer(
-        {"bootstrap.servers": s.bootstrap_servers, "group.id": "count", "isolation.level": "read_committed"}
-    )
-    n = 0
-    for p in range(PARTITIONS):
-        lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-        n += hi - lo
-    c.close()
-    return n
+    """Committed alert records (offsets would also count the transaction markers)."""
+    return len(read_alerts(s, topic))
 
 
 def read_alerts(s: Settings, topic: str) -> list[Any]:
@@ -152,7 +144,7 @@ def run_child(args: argparse.Namespace) -> None:
             tempfile.mkdtemp(),
         )
     else:
-        res = contender_spark(args, s, total + len(w.master), tempfile.mkdtemp() + "/cp")
+        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp")
     print("RESULT " + json.dumps(res), flush=True)
 
 

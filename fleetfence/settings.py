@@ -8,7 +8,6 @@ service to an external endpoint: `infra up` then starts nothing for it.
 
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -76,8 +75,9 @@ class Settings(BaseSettings):
     log_json: bool = Field(default=False, description="Log JSON lines instead of key=value lines.")
 
     @computed_field  # type: ignore[prop-decorator]
-    @cached_property
+    @property
     def topics(self) -> TopicNames:
+        # Not cached: `model_copy(update={"topic_prefix": ...})` must not keep the old names.
         return TopicNames(self.topic_prefix)
 
     @property
