@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,34 +177,42 @@ def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: f
     )
     spark = build_session(app_name="bench-latency", master=f"local[{args.cores}]")
     q = start_query(spark, ps)
-    p = Producer(producer_config(s.bootstrap_servers, **{"linger.ms": 5}))
-    recs = w.records()
-    stop = threading.Event()
-    # Wait for the first (empty) batch so start-up does not count as latency.
-    while not q.recentProgress:
-        time.sleep(0.2)
-    t0 = time.time()
-    sent = 0
-    with Progress(console=console, transient=True) as prog:
-        task = prog.add_task(f"live load at {rate:.0f} ev/s", total=seconds)
-        while time.time() - t0 < seconds and sent < len(recs):
-            due = int((time.time() - t0) * rate)
-            while sent < min(due, len(recs)):
-                k, v = recs[sent]
-                d = orjson.loads(v)
-                now = int(time.time() * 1000)
-                d["ts_ms"] = now
-                d["received_ms"] = now
-                p.produce(ls.topics.telemetry, key=k, value=orjson.dumps(d))
-                sent += 1
-            p.poll(0)
-            prog.update(task, completed=time.time() - t0)
-            time.sleep(0.005)
-    p.flush(30)
-    time.sleep(5)  # let the last batches commit; measurement below reads what was committed
-    stop.set()
-    q.stop()
-    spark.stop()
+    try:
+        p = Producer(producer_config(s.bootstrap_servers, **{"linger.ms": 5}))
+        recs = w.records()
+        # Wait for the first (empty) batch so start-up does not count as latency.
+        while not q.recentProgress:
+            time.sleep(0.2)
+        t0 = time.time()
+        sent = 0
+        with Progress(console=console, transient=True) as prog:
+            task = prog.add_task(f"live load at {rate:.0f} ev/s", total=seconds)
+            while time.time() - t0 < seconds and sent < len(recs):
+                due = int((time.time() - t0) * rate)
+                while sent < min(due, len(recs)):
+                    k, v = recs[sent]
+                    d = orjson.loads(v)
+                    now = int(time.time() * 1000)
+                    d["ts_ms"] = now
+                    d["received_ms"] = now
+                    p.produce(ls.topics.telemetry, key=k, value=orjson.dumps(d))
+                    sent += 1
+                p.poll(0)
+                prog.update(task, completed=time.time() - t0)
+                time.sleep(0.005)  # pacing of the load generator, not synchronisation
+        p.flush(30)
+        # Until the query has committed a batch that ends at everything we sent.
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            last = q.lastProgress
+            end = last["sources"][0]["endOffset"] if last and last["sources"] else None
+            end = orjson.loads(end) if isinstance(end, str) else end
+            if isinstance(end, dict) and sum(int(x) for x in end.get("t", {}).values()) >= sent:
+                break
+            time.sleep(0.2)
+    finally:
+        q.stop()
+        spark.stop()
     lat = []
     for m in read_alerts(ls, ls.topics.alerts):
         a = orjson.loads(m.value())
