@@ -30,6 +30,36 @@ OUT_LIVE = "live"
 OUT_DLQ = "dlq"
 OUT_STATS = "stats"
 
+LIVE_SCHEMA = pa.schema(
+    [("vehicle_id", pa.string()), ("version", pa.int64()), ("ts_ms", pa.int64()), ("state", pa.binary())]
+)
+
+
+def pack_live(live: list[dict[str, Any]]) -> bytes:
+    """A bucket's live states as one Arrow IPC blob: each state is JSON-encoded once, here, and
+    written to Redis as these bytes. The version orders states of one vehicle: a newer seq wins;
+    at the same seq, "silent" is the newer state."""
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([d["vehicle_id"] for d in live], pa.string()),
+            pa.array([d["seq"] * 2 + (1 if d["silent"] else 0) for d in live], pa.int64()),
+            pa.array([d["ts_ms"] for d in live], pa.int64()),
+            pa.array([orjson.dumps(d) for d in live], pa.binary()),
+        ],
+        schema=LIVE_SCHEMA,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, LIVE_SCHEMA) as w:
+        w.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def unpack_live(blob: bytes) -> list[tuple[str, int, int, bytes]]:
+    """(vehicle_id, version, ts_ms, state JSON) for each state packed by `pack_live`."""
+    t = pa.ipc.open_stream(blob).read_all()
+    return list(zip(*(t.column(c).to_pylist() for c in LIVE_SCHEMA.names), strict=True))
+
+
 # Replaces the live state only when (seq, silent) is newer: replays and retries write the same or
 # an older state and change nothing.
 LIVE_LUA = """
@@ -136,7 +166,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AlertCommitMessage:
         msg = AlertCommitMessage()
-        live: list[tuple[str, dict[str, Any], int]] = []
+        live: list[tuple[str, int, int, bytes]] = []
         for batch in iterator:
             cols = batch.to_pydict()
             for kind, key, value, error in zip(
@@ -145,11 +175,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                 if kind == OUT_ALERT:
                     msg.alerts.append((key, value))
                 elif kind == OUT_LIVE:
-                    # version: a newer seq wins; at the same seq, "silent" is the newer state.
-                    live.extend(
-                        (d["vehicle_id"], d, d["seq"] * 2 + (1 if d["silent"] else 0))
-                        for d in orjson.loads(value)
-                    )
+                    live.extend(unpack_live(value))
                 elif kind == OUT_DLQ:
                     msg.dlq.append((key, value, error or "invalid"))
                 elif kind == OUT_STATS:
@@ -159,7 +185,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             msg.live_written = self._write_live(live)
         return msg
 
-    def _write_live(self, live: list[tuple[str, dict[str, Any], int]]) -> int:
+    def _write_live(self, live: list[tuple[str, int, int, bytes]]) -> int:
         import redis
 
         r = redis.Redis.from_url(self.redis_url or "")
@@ -167,18 +193,15 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             script = r.register_script(LIVE_LUA)
             pipe = r.pipeline(transaction=False)
             index = f"{self.redis_prefix}live:index"
-            values = []
-            for vid, d, version in live:
-                value = orjson.dumps(d)
-                values.append(value)
+            for vid, version, ts_ms, value in live:
                 script(
                     keys=[f"{self.redis_prefix}live:{vid}", index],
-                    args=[value, version, d["ts_ms"], vid],
+                    args=[value, version, ts_ms, vid],
                     client=pipe,
                 )
             written = sum(int(x) for x in pipe.execute())
             # One message per task and batch, not per vehicle: the live map redraws in batches.
-            r.publish(f"{self.redis_prefix}live:positions", b"[" + b",".join(values) + b"]")
+            r.publish(f"{self.redis_prefix}live:positions", b"[" + b",".join(v for *_, v in live) + b"]")
             return written
         finally:
             r.close()

@@ -40,7 +40,7 @@ from processor.engine import (
     process_bucket,
     silent_after_s,
 )
-from processor.kafka_sink import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS
+from processor.kafka_sink import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS, pack_live
 from processor.kafka_source import KIND_INVALID, KIND_MASTER, KIND_TELEMETRY
 
 logger = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class GeofenceProcessor(StatefulProcessor):
             out.append((OUT_ALERT, a.vehicle_id, orjson.dumps(a.to_dict()), a.seq, None))
         if res.live:
             # One row for the whole bucket: per-row conversion in the JVM is the cost to avoid.
-            out.append((OUT_LIVE, "", orjson.dumps(res.live), len(res.live), None))
+            out.append((OUT_LIVE, "", pack_live(res.live), len(res.live), None))
         out.append((OUT_STATS, "", orjson.dumps(stats), 0, None))
 
         next_timer = self._next_timer(res.states, res.held, master)

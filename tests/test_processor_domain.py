@@ -325,3 +325,17 @@ def test_engine_zone_and_silence() -> None:
     assert [a.type for a in r2.alerts] == [AlertType.VEHICLE_SILENT]
     r3 = process_bucket(r2.states, r2.held, m, df.iloc[0:0], T0 + 10**8, CFG, cat)
     assert r3.alerts == []
+
+
+def test_live_states_pack_once_with_their_versions() -> None:
+    import orjson
+
+    from processor.kafka_sink import pack_live, unpack_live
+
+    live = [
+        {"vehicle_id": "a", "seq": 3, "silent": False, "ts_ms": 5},
+        {"vehicle_id": "b", "seq": 3, "silent": True, "ts_ms": 9},
+    ]
+    got = unpack_live(pack_live(live))
+    assert [(v, ver, ts) for v, ver, ts, _ in got] == [("a", 6, 5), ("b", 7, 9)]
+    assert [orjson.loads(j) for *_, j in got] == live
