@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fleetfence.contracts import DlqReason, validate_telemetry
+from fleetfence.contracts import DlqReason, fast_canonical, validate_telemetry
 from fleetfence.errors import ContractError
 from fleetfence.settings import TopicNames
 
@@ -59,6 +59,9 @@ def route(topics: TopicNames, mqtt_topic: str | bytes, payload: bytes, now_ms: i
     try:
         if isinstance(mqtt_topic, bytes):
             raise ContractError(DlqReason.BAD_TOPIC, "topic is not valid UTF-8")
+        fast = fast_canonical(mqtt_topic, payload, now_ms)
+        if fast is not None:
+            return Record(topics.telemetry, fast[0].encode(), fast[1], None, None)
         fix = validate_telemetry(mqtt_topic, payload, now_ms)
         return Record(topics.telemetry, fix.vehicle_id.encode(), fix.to_json(), None, None)
     except ContractError as exc:

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fleetfence.contracts import DlqReason, Telemetry
+from fleetfence.contracts import DlqReason, Telemetry, fast_canonical, validate_telemetry
+from fleetfence.errors import ContractError
 from fleetfence.settings import TopicNames
 from gateway.core import MAX_DLQ_VALUE_BYTES, Record, route
 from gateway.inflight import InFlight
@@ -87,6 +88,36 @@ def test_route_never_raises_and_classifies_everything(topic: str, payload: bytes
         assert r.reason in KNOWN
         assert r.topic == TOPICS.telemetry_dlq
         assert r.value == payload
+
+
+@hsettings(max_examples=600, deadline=None)
+@given(
+    topic=st.one_of(st.just("fleet/v-1/telemetry"), st.just("fleet/v 1/telemetry"), st.text(max_size=30)),
+    payload=st.one_of(st.binary(max_size=300), mutated_fix(), json_values.map(orjson.dumps)),
+)
+def test_fast_path_only_accepts_what_the_validator_accepts_with_equal_values(
+    topic: str, payload: bytes
+) -> None:
+    fast = fast_canonical(topic, payload, NOW_MS)
+    try:
+        slow: Telemetry | None = validate_telemetry(topic, payload, NOW_MS)
+    except ContractError:
+        slow = None
+    if fast is not None:
+        assert slow is not None, "the fast path accepted what the validator rejects"
+        assert fast[0] == slow.vehicle_id
+        assert orjson.loads(fast[1]) == orjson.loads(slow.to_json())
+        assert list(orjson.loads(fast[1])) == list(orjson.loads(slow.to_json()))  # same field order
+
+
+def test_fast_path_takes_the_common_fix() -> None:
+    """Guard: the property above would pass vacuously if the fast path never accepted anything."""
+    d = fix("truck-1", 7, ts_ms=NOW_MS - 1000)
+    fast = fast_canonical("fleet/truck-1/telemetry", orjson.dumps(d), NOW_MS)
+    assert fast is not None
+    assert orjson.loads(fast[1]) == orjson.loads(
+        validate_telemetry("fleet/truck-1/telemetry", orjson.dumps(d), NOW_MS).to_json()
+    )
 
 
 def test_in_order_release_waits_for_the_oldest() -> None:
