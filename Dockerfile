@@ -26,6 +26,13 @@ COPY simulator ./simulator
 RUN /opt/venv/bin/pip install . \
     && chmod 0755 /opt/venv/lib/python3.11/site-packages/pyspark/bin/*
 
+# ---------------------------------------------------------------- web: the live map's npm packages
+# Leaflet and Geoman, pinned by web/package-lock.json; the api image serves them at /static/vendor.
+FROM node:20-bookworm-slim AS web
+WORKDIR /web
+COPY web/package.json web/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+
 # ---------------------------------------------------------------- base: runtime, non-root
 FROM ${PYTHON_IMAGE} AS base
 ENV PATH=/opt/venv/bin:$PATH \
@@ -65,6 +72,9 @@ STOPSIGNAL SIGTERM
 CMD ["fleetfence", "gateway"]
 
 FROM base AS api
+COPY --from=web /web/node_modules/leaflet /opt/fleetfence-web/node_modules/leaflet
+COPY --from=web /web/node_modules/@geoman-io/leaflet-geoman-free /opt/fleetfence-web/node_modules/@geoman-io/leaflet-geoman-free
+ENV FLEETFENCE_API_WEB_VENDOR_DIR=/opt/fleetfence-web/node_modules
 EXPOSE 8000
 CMD ["fleetfence", "api", "--host", "0.0.0.0"]
 

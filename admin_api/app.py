@@ -17,7 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from admin_api.readmodels import ReadKeys
 from admin_api.responses import master_error_handler
-from admin_api.routers import live, master, system
+from admin_api.routers import live, master, system, web
 from admin_api.security import KeyVerifier
 from admin_api.settings import ApiSettings
 from fleetfence import __version__
@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 DESCRIPTION = """
 FleetFence's admin API: the vehicle master (routes, zones, vehicles, assignments; GeoJSON in and
-out), live vehicle state, alert history and a Server-Sent Events stream.
+out), live vehicle state, alert history and a Server-Sent Events stream. The live operations map
+is at [/map](/map).
 
 Send an API key in `X-API-Key` (`fleetfence apikey create NAME --role admin|viewer`): viewer keys
 read, admin keys also write. Every entity response carries its version as `ETag`; send it back in
@@ -68,6 +69,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(master.router)
     app.include_router(live.router)
     app.include_router(system.router)
+    app.include_router(web.router)
+    web.mount_static(app, settings)
     if settings.api_cors_origins:
         app.add_middleware(
             CORSMiddleware,

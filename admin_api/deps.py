@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Header, HTTPException, Request, Security
+from fastapi import Depends, Header, HTTPException, Query, Request, Security
 from fastapi.security import APIKeyHeader
 
-from admin_api.security import KeyVerifier, Role
+from admin_api.security import KeyVerifier, Role, stream_token_role
 from admin_api.settings import ApiSettings
 from vehicle_master.store import AsyncVehicleMaster
 
@@ -54,7 +54,32 @@ async def require_admin(role: Annotated[Role, Depends(current_role)]) -> Role:
     return role
 
 
+async def stream_role(
+    request: Request,
+    key: Annotated[str | None, Security(api_key_header)],
+    token: Annotated[
+        str | None,
+        Query(
+            max_length=128,
+            description="A token from `POST /api/v1/stream/token`, for clients that cannot send headers "
+            "(browsers' EventSource). Accepted on this route only.",
+        ),
+    ] = None,
+) -> Role:
+    """X-API-Key as everywhere, or a short-lived stream token; 401 otherwise."""
+    if key or not token:
+        return await current_role(request, key)
+    settings: ApiSettings = request.app.state.settings
+    role = await stream_token_role(request.app.state.redis, settings.redis_prefix, token)
+    if role is None:
+        raise HTTPException(
+            401, "unknown or expired stream token: ask POST /api/v1/stream/token for a new one"
+        )
+    return role
+
+
 Viewer = Annotated[Role, Depends(current_role)]
+StreamViewer = Annotated[Role, Depends(stream_role)]
 Admin = Annotated[Role, Depends(require_admin)]
 Master = Annotated[AsyncVehicleMaster, Depends(get_master)]
 Redis = Annotated[aioredis.Redis, Depends(get_redis)]

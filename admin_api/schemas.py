@@ -222,5 +222,11 @@ class LivePage(BaseModel):
     next_offset: int | None
 
 
+class StreamToken(BaseModel):
+    token: str = Field(description="Pass as `token` to GET /api/v1/stream; valid for expires_in_s.")
+    expires_in_s: int
+    role: Literal["viewer", "admin"] = Field(description="The role of the key the token was issued for.")
+
+
 class Problem(BaseModel):
     detail: str

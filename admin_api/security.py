@@ -110,3 +110,35 @@ class KeyVerifier:
                 self._cache.clear()
             self._cache[d] = (role, now + self.cache_s)
         return role
+
+
+# --------------------------------------------------------------------------- stream tokens
+
+STREAM_TOKEN_PREFIX = "fft_"
+
+
+def stream_token_key(prefix: str, token_digest: str) -> str:
+    return f"{prefix}streamtoken:{token_digest}"
+
+
+async def issue_stream_token(r: aioredis.Redis, prefix: str, api_key: str, ttl_s: int) -> str:
+    """A short-lived token for `GET /api/v1/stream?token=...`.
+
+    Browsers' EventSource cannot send X-API-Key, and an API key in a URL ends up in access logs and
+    proxy logs for good. A token lives `ttl_s` seconds, is stored only hashed, and points at the
+    digest of the key it was issued for, so revoking the key also stops its tokens.
+    """
+    token = STREAM_TOKEN_PREFIX + secrets.token_urlsafe(24)
+    await r.set(stream_token_key(prefix, digest(token)), digest(api_key), ex=ttl_s)
+    return token
+
+
+async def stream_token_role(r: aioredis.Redis, prefix: str, token: str) -> Role | None:
+    """The role of the key a live token was issued for; None when expired, unknown or revoked."""
+    if not token.startswith(STREAM_TOKEN_PREFIX) or len(token) > 128:
+        return None
+    key_digest = await r.get(stream_token_key(prefix, digest(token)))
+    if key_digest is None:
+        return None
+    raw = await r.hget(key_hash_key(prefix, _s(key_digest)), "role")
+    return None if raw is None else Role(_s(raw))

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import Field, field_validator
 
 from fleetfence.settings import Settings
 from vehicle_master.settings import MasterSettings
+
+# The repo's `npm ci --prefix web` target; images and installs elsewhere set FLEETFENCE_API_WEB_VENDOR_DIR.
+DEFAULT_WEB_VENDOR_DIR = Path(__file__).resolve().parent.parent / "web" / "node_modules"
 
 
 class ApiSettings(MasterSettings):
@@ -21,6 +26,37 @@ class ApiSettings(MasterSettings):
         default=5.0, ge=0, description="How long a verified API key is trusted without asking Redis."
     )
     api_sse_heartbeat_s: float = Field(default=15.0, gt=0, description="SSE keep-alive comment interval.")
+    api_stream_token_ttl_s: int = Field(
+        default=60,
+        ge=5,
+        le=3600,
+        description="Lifetime of a stream token (EventSource cannot send X-API-Key; the map asks for one).",
+    )
+    api_web_vendor_dir: Path = Field(
+        default=DEFAULT_WEB_VENDOR_DIR,
+        description="node_modules of web/package.json (Leaflet, Geoman), served at /static/vendor.",
+    )
+    api_map_tile_url: str = Field(
+        default="",
+        max_length=500,
+        description="XYZ tile URL for the map, e.g. https://tile.openstreetmap.org/{z}/{x}/{y}.png; "
+        "empty draws a plain lat/lon grid and the page makes no external request.",
+    )
+    api_map_tile_attribution: str = Field(
+        default="&copy; OpenStreetMap contributors",
+        max_length=500,
+        description="Attribution shown with the tiles of api_map_tile_url.",
+    )
+
+    @field_validator("api_map_tile_url")
+    @classmethod
+    def _tile_url(cls, v: str) -> str:
+        """Fail at start-up, not with a blank map: the page can only use an http(s) XYZ template."""
+        v = v.strip()
+        placeholders = all(p in v for p in ("{z}", "{x}", "{y}"))
+        if v and (not v.startswith(("https://", "http://")) or not placeholders):
+            raise ValueError(f"must be an http(s) URL with {{z}}, {{x}} and {{y}}, got {v[:80]!r}")
+        return v
 
 
 def api_settings(base: Settings, **overrides: object) -> ApiSettings:

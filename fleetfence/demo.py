@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import redis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rich.console import Console
 
@@ -225,7 +226,16 @@ def run_demo(
             _wait(lambda: _http_ok(f"{api_url}/healthz"), 60, "admin API", procs)
             before = _committed_batches(settings)
             _wait(lambda: _committed_batches(settings) > before, 240, "processor", procs)
+        # The map and the API need a key; a fresh admin key per demo run, printed once (stored hashed).
+        from admin_api.security import Role, create_api_key
+
+        rkey = redis.Redis.from_url(settings.redis_dsn)
+        try:
+            demo_key = create_api_key(rkey, settings.redis_prefix, f"demo-{int(time.time())}", Role.ADMIN)
+        finally:
+            rkey.close()
         console.print(
+            f"[bold]live map[/] {api_url}/map (API key [bold]{demo_key}[/])   "
             f"[bold]admin API[/] {api_url}/docs   [bold]metrics[/] {api_url}/metrics   "
             f"[bold]logs[/] {run_dir}"
         )

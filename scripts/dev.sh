@@ -2,8 +2,9 @@
 # FleetFence's one entry point for a fresh Debian/Ubuntu machine:
 #   bash scripts/dev.sh demo   -> the live demo on the embedded infrastructure
 #   bash scripts/dev.sh test   -> the whole test suite (extra arguments go to pytest)
-# It installs what is missing (mosquitto, redis, a Java 17 runtime; a virtualenv with the
-# project and its dev extra) and only what is missing, so a second run starts at once.
+# It installs what is missing (mosquitto, redis, a Java 17 runtime, chromium and npm; a virtualenv
+# with the project and its dev extra; the map's npm packages in web/node_modules) and only what is
+# missing, so a second run starts at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,9 @@ command -v redis-cli >/dev/null || need+=(redis-tools)
 if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(17|21)'; then
   need+=(openjdk-17-jre-headless)
 fi
+# The live map: its front-end libraries come from npm; its browser tests drive Debian's chromium.
+{ command -v chromium >/dev/null || [ -x /usr/bin/chromium ]; } || need+=(chromium)
+command -v npm >/dev/null || need+=(nodejs npm)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing system packages: ${need[*]}" >&2
   as_root apt-get update -q
@@ -36,6 +40,11 @@ stamp=.venv/.fleetfence-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[dev,bench]'
   touch "$stamp"
+fi
+web_stamp=web/node_modules/.fleetfence-installed
+if [ ! -f "$web_stamp" ] || [ web/package-lock.json -nt "$web_stamp" ]; then
+  npm ci --prefix web --no-audit --no-fund
+  touch "$web_stamp"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"

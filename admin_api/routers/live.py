@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 
-from admin_api.deps import Redis, Viewer
+from admin_api.deps import Redis, StreamViewer, Viewer, api_key_header
 from admin_api.readmodels import ReadKeys
 from admin_api.responses import OrjsonResponse
-from admin_api.schemas import Alert, AlertPage, LivePage, LiveState, Problem
+from admin_api.schemas import Alert, AlertPage, LivePage, LiveState, Problem, StreamToken
+from admin_api.security import issue_stream_token
 from fleetfence.contracts import VEHICLE_ID_RE, AlertType
 
 logger = logging.getLogger(__name__)
@@ -157,6 +158,19 @@ def _matches(payload: Any, vehicle_id: str | None) -> Any:
     return None
 
 
+@router.post("/stream/token", response_model=StreamToken, responses=ERRORS, tags=["live"])
+async def stream_token(
+    request: Request, role: Viewer, r: Redis, key: Annotated[str | None, Security(api_key_header)]
+) -> Response:
+    """A short-lived token for `GET /api/v1/stream?token=...` (EventSource cannot send X-API-Key);
+    also tells the caller its role, so a UI shows editing tools only to admins."""
+    ttl_s: int = request.app.state.settings.api_stream_token_ttl_s
+    token = await issue_stream_token(r, request.app.state.settings.redis_prefix, key or "", ttl_s)
+    return OrjsonResponse(
+        {"token": token, "expires_in_s": ttl_s, "role": role.value}, headers={"Cache-Control": "no-store"}
+    )
+
+
 @router.get(
     "/stream",
     tags=["live"],
@@ -167,14 +181,15 @@ def _matches(payload: Any, vehicle_id: str | None) -> Any:
 )
 async def stream(
     request: Request,
-    _: Viewer,
+    _: StreamViewer,
     r: Redis,
     channels: Annotated[list[Literal["alerts", "positions"]] | None, Query()] = None,
     vehicle_id: Annotated[str | None, Query(pattern=VEHICLE_ID_RE.pattern)] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: `event: alert` (one alert) and `event: positions` (a batch of live
     states), as the processor and the alert receiver publish them; a comment line every
-    FLEETFENCE_API_SSE_HEARTBEAT_S keeps proxies from closing an idle stream."""
+    FLEETFENCE_API_SSE_HEARTBEAT_S keeps proxies from closing an idle stream. Browsers, whose
+    EventSource cannot send X-API-Key, pass `token` from `POST /api/v1/stream/token` instead."""
     keys = _keys(request)
     wanted = set(channels or ["alerts", "positions"])
     names = {keys.alerts_channel: "alert", keys.positions_channel: "positions"}

@@ -1,0 +1,740 @@
+"""The live operations map (issue #8): the page, its stream token, and the page itself in headless
+Chromium (Debian's `chromium`, driven by Playwright) against a real `fleetfence api` subprocess.
+
+Live states are written with the processor's own Redis writer and alerts with the alert history
+receiver's, so the page sees exactly what production publishes. Every request the page makes is
+recorded (none may leave 127.0.0.1) and every console error fails the test. Screenshots go to
+FLEETFENCE_TEST_ARTIFACTS (default test-artifacts/ at the repo root).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Request, sync_playwright
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from admin_api.app import create_app
+from admin_api.routers.web import NPM_HINT, content_security_policy, missing_vendor_files
+from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
+from admin_api.security import Role, create_api_key, digest, revoke_api_key, stream_token_key
+from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings, api_settings
+from alerts.history import HistorySink
+from alerts.metrics import ReceiverMetrics
+from alerts.model import parse_alert
+from alerts.runner import Context, Outcome, SourceRecord
+from fleetfence.contracts import alert_id, ms_to_iso, utc_now_ms
+from fleetfence.infra import free_port
+from fleetfence.settings import Settings
+from processor.kafka_sink import AlertStreamWriter, pack_live, unpack_live
+
+pytestmark = pytest.mark.services
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+UI_TIMEOUT_MS = 10_000
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if cond():
+                return
+        except (httpx.HTTPError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    d = Path(os.environ.get("FLEETFENCE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "map"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# --------------------------------------------------------------------------- the real server
+
+
+class Server:
+    def __init__(self, base: str, conf: Settings, admin: str, viewer: str, r: redis.Redis) -> None:
+        self.base = base
+        self.conf = conf
+        self.p = conf.redis_prefix
+        self.admin_key = admin
+        self.viewer_key = viewer
+        self.admin = {"X-API-Key": admin}
+        self.viewer = {"X-API-Key": viewer}
+        self.r = r
+        self.live_writer = AlertStreamWriter(
+            {
+                "bootstrap": conf.bootstrap_servers,
+                "alertstopic": "unused",
+                "dlqtopic": "unused",
+                "markerstopic": "unused",
+                "sinkid": "map-test",
+                "redisurl": conf.redis_dsn,
+                "redisprefix": conf.redis_prefix,
+            }
+        )
+        self.history = HistorySink(redis.Redis.from_url(conf.redis_dsn), conf.redis_prefix)
+        self.ctx = Context(
+            SourceRecord("t", 0, 0, None),
+            ReceiverMetrics("map", CollectorRegistry()),
+            None,
+            threading.Event(),
+        )
+
+    def write_live(self, states: list[dict[str, Any]], written: int | None = None) -> None:
+        """Exactly the processor's path: pack per bucket, unpack in the sink, Lua write + publish
+        (the batch is published even when Redis keeps a newer state)."""
+        n = self.live_writer._write_live(unpack_live(pack_live(states)))
+        assert n == (len(states) if written is None else written)
+
+    def deliver_alert(self, alert: dict[str, Any]) -> None:
+        """Exactly the alert history receiver's path: one Lua script that stores and publishes."""
+        assert self.history.deliver(parse_alert(orjson.dumps(alert)), self.ctx) is Outcome.DELIVERED
+
+
+@contextmanager
+def running_api(conf: Settings, log_dir: Path, **env: str) -> Iterator[str]:
+    """`fleetfence api` as deployed, as a subprocess (without the relay: nothing here needs Kafka);
+    yields its base URL."""
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "FLEETFENCE_REDIS_URL": conf.redis_dsn,
+        "FLEETFENCE_KAFKA_BOOTSTRAP": conf.bootstrap_servers,
+        "FLEETFENCE_REDIS_PREFIX": conf.redis_prefix,
+        "FLEETFENCE_API_PORT": str(port),
+        "FLEETFENCE_API_RUN_RELAY": "false",
+        "FLEETFENCE_API_SSE_HEARTBEAT_S": "1",
+        "FLEETFENCE_API_KEY_CACHE_S": "0",
+        "FLEETFENCE_API_MAP_TILE_URL": "",
+        "PYTHONPATH": str(REPO),  # this checkout's code, whatever the venv's install points at
+        **env,
+    }
+    log = log_dir / "api.log"
+    exe = Path(sys.executable).with_name("fleetfence")
+    proc = subprocess.Popen([str(exe), "api"], env=full_env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_for(
+                lambda: proc.poll() is None and httpx.get(f"{base}/healthz").status_code == 200, 30, "api up"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{log.read_text()[-3000:]}") from None
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    assert "map's front-end libraries are missing" not in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(infra_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    conf = infra_settings.model_copy(
+        update={"redis_prefix": f"{infra_settings.redis_prefix}{uuid.uuid4().hex[:8]}:"}
+    )
+    r = redis.Redis.from_url(conf.redis_dsn)
+    admin = create_api_key(r, conf.redis_prefix, "admin", Role.ADMIN)
+    viewer = create_api_key(r, conf.redis_prefix, "viewer", Role.VIEWER)
+    try:
+        with running_api(conf, tmp_path_factory.mktemp("map-api")) as base:
+            srv = Server(base, conf, admin, viewer, r)
+            try:
+                yield srv
+            finally:
+                srv.history.close()
+    finally:
+        r.close()
+
+
+def route(rid: str, name: str, coords: list[list[float]], width_m: float = 120) -> dict[str, Any]:
+    f = copy.deepcopy(ROUTE_EXAMPLE)
+    f["id"] = rid
+    f["geometry"] = {"type": "LineString", "coordinates": coords}
+    f["properties"].update(name=name, corridor_width_m=width_m)
+    return f
+
+
+def live(vid: str, seq: int, lat: float, lon: float, status: str = "on_route", **kw: Any) -> dict[str, Any]:
+    ts_ms = utc_now_ms()
+    return {
+        "vehicle_id": vid,
+        "seq": seq,
+        "ts_ms": ts_ms,
+        "lat": lat,
+        "lon": lon,
+        "speed_kmh": kw.pop("speed_kmh", 42.0),
+        "status": status,
+        "overspeed": kw.pop("overspeed", False),
+        "silent": kw.pop("silent", False),
+        "route_id": kw.pop("route_id", "r-map-a"),
+        "route_version": 1,
+        "progress_m": kw.pop("progress_m", 500.0),
+        "progress_ratio": kw.pop("progress_ratio", 0.25),
+        "zones": [],
+        "h3": None,
+        "updated_ms": ts_ms,
+        **kw,
+    }
+
+
+def alert(vid: str, kind: str, seq: int, lat: float, lon: float) -> dict[str, Any]:
+    ts_ms = utc_now_ms()
+    return {
+        "alert_id": alert_id(vid, kind, seq),
+        "type": kind,
+        "vehicle_id": vid,
+        "route_id": "r-map-a",
+        "route_version": 1,
+        "seq": seq,
+        "ts_ms": ts_ms,
+        "ts": ms_to_iso(ts_ms),
+        "lat": lat,
+        "lon": lon,
+        "details": {"distance_m": 180.0},
+    }
+
+
+# --------------------------------------------------------------------------- the page, without a browser
+
+
+def test_stream_token_auth_matrix(server: Server) -> None:
+    """EventSource cannot send X-API-Key: the page trades its key for a short-lived token that only
+    the stream accepts; the key itself is never accepted in a URL."""
+    b = server.base
+    token_url = f"{b}/api/v1/stream/token"
+    assert httpx.post(token_url).status_code == 401
+    assert httpx.post(token_url, headers={"X-API-Key": "ffk_bogus"}).status_code == 401
+    issued = {}
+    for who, headers in (("viewer", server.viewer), ("admin", server.admin)):
+        res = httpx.post(token_url, headers=headers)
+        assert res.status_code == 200, res.text
+        assert res.json()["role"] == who
+        assert res.headers["cache-control"] == "no-store"
+        issued[who] = res.json()["token"]
+    token = issued["viewer"]
+    # Stored hashed, with a TTL: a token leaked from a log dies on its own.
+    stored = [stream_token_key(server.p, digest(t)) for t in issued.values()]
+    assert all(0 < server.r.ttl(k) <= 60 for k in stored)
+    assert all(server.r.get(k) == digest(server.viewer_key).encode() for k in stored[:1])
+    raw = b"".join(server.r.dump(k) or b"" for k in server.r.scan_iter(f"{server.p}streamtoken:*"))
+    assert token.encode() not in raw
+    assert server.viewer_key.encode() not in raw
+
+    stream = f"{b}/api/v1/stream"
+    assert httpx.get(stream, params={"token": "fft_not-issued"}).status_code == 401
+    assert httpx.get(stream, params={"api_key": server.viewer_key}).status_code == 401
+    assert httpx.get(stream, params={"token": server.viewer_key}).status_code == 401
+    # Only the stream takes a token; every other route still wants the header.
+    assert httpx.get(f"{b}/api/v1/routes", params={"token": token}).status_code == 401
+    assert httpx.get(f"{b}/api/v1/live", params={"token": token}).status_code == 401
+
+    got: list[str] = []
+
+    def read() -> None:
+        with httpx.stream("GET", stream, params={"token": token, "channels": "alerts"}, timeout=10) as resp:
+            got.append(str(resp.status_code))
+            for line in resp.iter_lines():
+                if line.startswith("event: "):
+                    got.append(line)
+                    return
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    wait_for(lambda: bool(got), 10, "stream response")
+    assert got == ["200"]
+    server.deliver_alert(alert("v-token", "OVERSPEED", 1, 52.5, 13.4))
+    t.join(10)
+    assert got == ["200", "event: alert"]
+
+    # Revoking the key kills its tokens at once, even before they expire.
+    key = create_api_key(server.r, server.p, "shortlived", Role.VIEWER)
+    tok = httpx.post(token_url, headers={"X-API-Key": key}).json()["token"]
+    with httpx.stream("GET", stream, params={"token": tok}, timeout=5) as resp:
+        assert resp.status_code == 200
+    revoke_api_key(server.r, server.p, "shortlived")
+    assert httpx.get(stream, params={"token": tok}).status_code == 401
+    # And an expired token (its Redis key gone, as EX makes it) is refused.
+    with httpx.stream("GET", stream, params={"token": issued["admin"]}, timeout=5) as resp:
+        assert resp.status_code == 200
+    for k in server.r.scan_iter(f"{server.p}streamtoken:*"):
+        server.r.delete(k)
+    assert httpx.get(stream, params={"token": issued["admin"]}).status_code == 401
+
+
+def test_page_is_self_contained_and_served_at_root_and_map(server: Server) -> None:
+    for path in ("/", "/map"):
+        res = httpx.get(server.base + path)
+        assert res.status_code == 200
+        assert res.headers["content-type"].startswith("text/html")
+        csp = res.headers["content-security-policy"]
+        assert "default-src 'self'" in csp
+        assert "script-src 'self';" in csp
+        assert "http" not in csp  # no tile server configured: nothing outside this origin
+        assert "/static/vendor/leaflet/leaflet.js" in res.text
+        assert "https://" not in res.text
+        assert "http://" not in res.text
+    for asset in (
+        "/static/vendor/leaflet/leaflet.js",
+        "/static/vendor/leaflet/leaflet.css",
+        "/static/vendor/leaflet-geoman/leaflet-geoman.min.js",
+        "/static/vendor/leaflet-geoman/leaflet-geoman.css",
+        "/static/app/app.js",
+        "/static/app/api.js",
+        "/static/app/grid.js",
+        "/static/app/app.css",
+    ):
+        res = httpx.get(server.base + asset)
+        assert res.status_code == 200, asset
+        assert len(res.content) > 500, asset
+    assert httpx.get(server.base + "/static/vendor/leaflet/../package.json").status_code == 404
+    assert httpx.get(server.base + "/map/config.json").json()["tile_url"] is None
+    # The page is not an API operation: it stays out of the OpenAPI schema (and its fuzzing).
+    paths = httpx.get(server.base + "/openapi.json").json()["paths"]
+    assert "/map" not in paths
+    assert "/" not in paths
+
+
+def test_missing_vendor_dir_is_a_clear_503_and_a_startup_warning(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    conf = api_settings(settings, api_run_relay=False, api_web_vendor_dir=tmp_path / "node_modules")
+    with caplog.at_level(logging.WARNING, logger="admin_api.routers.web"):
+        app = create_app(conf)
+    assert any(NPM_HINT in r.getMessage() for r in caplog.records)
+    with TestClient(app) as c:
+        for path in ("/", "/map"):
+            res = c.get(path)
+            assert res.status_code == 503
+            assert NPM_HINT in res.text
+            assert "leaflet/leaflet.js" in res.text
+        assert c.get("/static/vendor/leaflet/leaflet.js").status_code == 404
+        assert c.get("/healthz").status_code == 200  # the API itself is unaffected
+    assert missing_vendor_files(DEFAULT_WEB_VENDOR_DIR) == []
+
+
+def test_tile_url_setting(settings: Settings) -> None:
+    osm = "https://tile.openstreetmap.org/{z}/{x}/{y}.png"
+    conf = api_settings(settings, api_run_relay=False, api_map_tile_url=osm)
+    with TestClient(create_app(conf)) as c:
+        cfg = c.get("/map/config.json").json()
+        assert cfg["tile_url"] == osm
+        assert "OpenStreetMap" in cfg["tile_attribution"]
+        assert (
+            "img-src 'self' data: blob: https://tile.openstreetmap.org;"
+            in c.get("/map").headers["content-security-policy"]
+        )
+    assert "https://*.tile.example" in content_security_policy("https://{s}.tile.example/{z}/{x}/{y}.png")
+    for bad in ("ftp://x/{z}/{x}/{y}", "https://tiles.example/{z}/{x}.png", "javascript:alert(1)"):
+        with pytest.raises(ValidationError, match="api_map_tile_url"):
+            ApiSettings(api_map_tile_url=bad)
+
+
+# --------------------------------------------------------------------------- the page in Chromium
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    assert CHROMIUM.exists(), "Debian chromium is missing: apt-get install chromium (scripts/dev.sh does)"
+    b = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+class Watched:
+    """A page plus everything it requested and every console error it logged."""
+
+    def __init__(self, page: Page, base: str) -> None:
+        self.page = page
+        self.base = base
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        page.on("request", self._request)
+        page.on("console", self._console)
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+
+    def _request(self, req: Request) -> None:
+        self.requests.append(req.url)
+
+    def _console(self, msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            self.errors.append(msg.text)
+
+    def external(self) -> list[str]:
+        return [u for u in self.requests if not u.startswith(("http://127.0.0.1:", "data:", "blob:"))]
+
+    def login(self, key: str) -> None:
+        page = self.page
+        page.goto(f"{self.base}/map")
+        page.get_by_role("textbox", name="Key").fill(key)
+        page.get_by_role("button", name="Connect").click()
+        page.wait_for_selector("body[data-loaded='true']", timeout=UI_TIMEOUT_MS)
+        page.wait_for_selector("body[data-stream='live']", timeout=UI_TIMEOUT_MS)
+
+    def marker_latlng(self, vid: str) -> tuple[float, float]:
+        ll = self.page.evaluate(
+            "vid => { const v = window.fleetfence.vehicles.get(vid); if (!v) return null;"
+            " const p = v.marker.getLatLng(); return [p.lat, p.lng]; }",
+            vid,
+        )
+        return (ll[0], ll[1]) if ll else (float("nan"), float("nan"))
+
+    def screen_point(self, lat: float, lon: float) -> tuple[float, float]:
+        box = self.page.locator("#map").bounding_box()
+        assert box is not None
+        pt = self.page.evaluate(
+            "([lat, lon]) => { const p = window.fleetfence.map.latLngToContainerPoint([lat, lon]);"
+            " return [p.x, p.y]; }",
+            [lat, lon],
+        )
+        return box["x"] + pt[0], box["y"] + pt[1]
+
+
+@pytest.fixture
+def watched(browser: Browser, server: Server) -> Iterator[Watched]:
+    context = browser.new_context(viewport={"width": 1366, "height": 850})
+    page = context.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    try:
+        yield Watched(page, server.base)
+    finally:
+        context.close()
+
+
+A_COORDS = [[13.400, 52.520], [13.410, 52.525], [13.425, 52.527]]
+B_COORDS = [[13.390, 52.510], [13.395, 52.500], [13.405, 52.495]]
+
+
+def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
+    server: Server, watched: Watched, artifacts: Path
+) -> None:
+    for f in (route("r-map-a", "Alpha loop", A_COORDS), route("r-map-b", "Bravo run", B_COORDS, 60)):
+        assert httpx.post(f"{server.base}/api/v1/routes", json=f, headers=server.admin).status_code == 201
+    zone = {**copy.deepcopy(ZONE_EXAMPLE), "id": "z-map-depot"}
+    assert httpx.post(f"{server.base}/api/v1/zones", json=zone, headers=server.admin).status_code == 201
+    server.write_live([live("v-map-1", 10, 52.5205, 13.4010)])
+    page = watched.page
+
+    watched.login(server.viewer_key)
+    assert page.locator("body").get_attribute("data-role") == "viewer"
+    assert not page.locator("#draw-route").is_visible()  # editing tools are for admins only
+    assert page.locator("#routes li").all_inner_texts()[0].startswith("Alpha loop")
+    assert "Bravo run" in page.locator("#routes").inner_text()
+    assert page.locator("path.route-line").count() == 2
+    assert page.locator("path.route-corridor").count() == 2
+    assert page.locator("path.zone").count() == 1
+    marker = page.locator(".veh-dot[data-vehicle='v-map-1']")
+    marker.wait_for()
+    assert marker.get_attribute("data-status") == "on_route"
+    assert watched.marker_latlng("v-map-1") == (52.5205, 13.4010)
+    before = marker.bounding_box()
+    page.screenshot(path=str(artifacts / "01-viewer-loaded.png"))
+
+    # The processor writes a newer state: the marker moves and turns "deviating".
+    server.write_live([live("v-map-1", 11, 52.5232, 13.4105, status="off_route", progress_ratio=0.5)])
+    wait_for(lambda: watched.marker_latlng("v-map-1") == (52.5232, 13.4105), 5, "marker to move")
+    page.wait_for_function(
+        "() => document.querySelector(\".veh-dot[data-vehicle='v-map-1']\").dataset.status === 'deviating'"
+    )
+    after = marker.bounding_box()
+    assert before is not None
+    assert after is not None
+    assert (after["x"], after["y"]) != (before["x"], before["y"])
+    # A late, older state must not move it back.
+    stale = live("v-map-1", 9, 52.5100, 13.3900, speed_kmh=99.0)
+    others = [
+        live("v-map-2", 1, 52.5250, 13.4200),
+        live("v-map-3", 1, 52.5260, 13.4150, silent=True),
+        live("v-map-4", 1, 52.5240, 13.4180, overspeed=True, speed_kmh=88.0),
+        live("v-map-5", 1, 52.5210, 13.4190, status="unassigned", route_id=None),
+    ]
+    server.write_live([stale, *others], written=4)
+    page.locator(".veh-dot[data-vehicle='v-map-5']").wait_for()  # the batch has been applied
+    assert watched.marker_latlng("v-map-1") == (52.5232, 13.4105)
+    statuses = page.evaluate(
+        "() => Object.fromEntries([...document.querySelectorAll('.veh-dot')]"
+        ".map(e => [e.dataset.vehicle, e.dataset.status]))"
+    )
+    assert statuses == {
+        "v-map-1": "deviating",
+        "v-map-2": "on_route",
+        "v-map-3": "silent",
+        "v-map-4": "speeding",
+        "v-map-5": "unassigned",
+    }
+    # Markers are keyboard-focusable and carry their status in text, not only in colour.
+    icon = page.locator(".leaflet-marker-icon:has(.veh-dot[data-vehicle='v-map-4'])")
+    assert icon.get_attribute("tabindex") == "0"
+    assert icon.get_attribute("aria-label") == "v-map-4: speeding"
+    assert (
+        page.locator(".leaflet-marker-icon:has(.veh-dot[data-vehicle='v-map-1'])").get_attribute("aria-label")
+        == "v-map-1: deviating"
+    )  # updated when the status changed
+
+    # A deviation alert reaches the list within seconds, at the top.
+    t0 = time.monotonic()
+    dev = alert("v-map-1", "ROUTE_DEVIATION", 11, 52.5232, 13.4105)
+    server.deliver_alert(dev)
+    item = page.locator(f"#alerts li[data-alert-id='{dev['alert_id']}']")
+    item.wait_for(timeout=5000)
+    assert time.monotonic() - t0 < 5
+    assert "Route deviation" in item.inner_text()
+    assert page.locator("#alerts li").first.get_attribute("data-alert-id") == dev["alert_id"]
+    page.screenshot(path=str(artifacts / "02-live-alert.png"))
+
+    # Keyboard: focus the alert and press Enter -> the map centres on it, the vehicle is selected.
+    page.evaluate("() => window.fleetfence.map.setView([52.49, 13.35], 12, {animate: false})")
+    item.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_function(
+        "() => { const c = window.fleetfence.map.getCenter();"
+        " return Math.abs(c.lat - 52.5232) < 1e-4 && Math.abs(c.lng - 13.4105) < 1e-4; }"
+    )
+    assert item.get_attribute("aria-current") is not None
+    panel = page.locator("#vehicle-panel")
+    panel.get_by_text("Route progress: 50 %").wait_for()
+    assert "deviating" in panel.inner_text()
+    assert "Alpha loop (r-map-a)" in panel.inner_text()
+    assert page.locator("#route-progress").get_attribute("value") == "50"
+    page.screenshot(path=str(artifacts / "03-alert-focused.png"))
+
+    # Tablet width: the side panel becomes a drawer that the Panel button opens.
+    page.set_viewport_size({"width": 800, "height": 1000})
+    page.reload()
+    page.wait_for_selector("body[data-loaded='true']")  # the key survived the reload (sessionStorage)
+    assert not page.locator("#panel").is_visible()
+    page.get_by_role("button", name="Panel").click()
+    assert page.locator("#panel").is_visible()
+    page.screenshot(path=str(artifacts / "04-tablet.png"))
+
+    assert watched.errors == []
+    assert watched.external() == []
+    assert any("/api/v1/stream?token=" in u for u in watched.requests)
+
+
+def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watched, artifacts: Path) -> None:
+    vid = "v-map-admin"
+    res = httpx.post(
+        f"{server.base}/api/v1/vehicles",
+        json={"vehicle_id": vid, "label": "Admin test"},
+        headers=server.admin,
+    )
+    assert res.status_code == 201, res.text
+    server.write_live([live(vid, 1, 52.5150, 13.3950, status="unassigned", route_id=None)])
+    page = watched.page
+    watched.login(server.admin_key)
+    assert page.locator("body").get_attribute("data-role") == "admin"
+    page.evaluate("() => window.fleetfence.map.setView([52.515, 13.40], 14, {animate: false})")
+
+    page.get_by_role("button", name="Draw route").click()
+    points = [(52.512, 13.385), (52.516, 13.398), (52.514, 13.412)]
+    for lat, lon in points:
+        x, y = watched.screen_point(lat, lon)
+        page.mouse.click(x, y)
+    x, y = watched.screen_point(*points[-1])
+    page.mouse.click(x, y)  # clicking the last vertex again finishes the line
+    form = page.locator("#editor")
+    form.wait_for()
+    page.get_by_label("Route id").fill("r-drawn")
+    page.get_by_label("Name").fill("Drawn in the browser")
+    page.get_by_label("Corridor width (m, full width)").fill("0")
+    page.get_by_role("button", name="Save").click()
+    # The API's own validation message is shown, nothing is saved.
+    page.locator("#editor-error").get_by_text("corridor_width_m").wait_for()
+    assert "greater than 0" in page.locator("#editor-error").inner_text()
+    assert httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).status_code == 404
+    page.get_by_label("Corridor width (m, full width)").fill("80")
+    page.get_by_label("Speed limit (km/h)").fill("40")
+    page.screenshot(path=str(artifacts / "05-admin-draw-form.png"))
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Route r-drawn saved (version 1).").wait_for()
+
+    got = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer)
+    assert got.status_code == 200
+    feature = got.json()
+    assert feature["properties"]["name"] == "Drawn in the browser"
+    assert feature["properties"]["corridor_width_m"] == 80
+    assert feature["properties"]["speed_limit_kmh"] == 40
+    coords = feature["geometry"]["coordinates"]
+    assert len(coords) == 3
+    for (lon, lat), (want_lat, want_lon) in zip(coords, points, strict=True):
+        assert abs(lat - want_lat) < 2e-4
+        assert abs(lon - want_lon) < 2e-4
+    assert page.locator("path.route-line[data-route-id='r-drawn']").count() == 1
+    page.screenshot(path=str(artifacts / "06-admin-route-saved.png"))
+
+    # Assign the vehicle to the new route from its panel.
+    page.locator(f"#vehicles li[data-vehicle-id='{vid}']").click()
+    page.locator("#assign-route").select_option("r-drawn")
+    page.get_by_role("button", name="Assign", exact=True).click()
+    page.get_by_text(f"{vid} assigned to r-drawn").wait_for()
+    assignment = httpx.get(f"{server.base}/api/v1/assignments/{vid}", headers=server.viewer).json()
+    assert assignment["route_id"] == "r-drawn"
+
+    # Someone else changes the route meanwhile: the page's save is refused with a clear message.
+    other = route("r-drawn", "Changed elsewhere", [[13.38, 52.51], [13.39, 52.52]], 50)
+    assert (
+        httpx.put(f"{server.base}/api/v1/routes/r-drawn", json=other, headers=server.admin).status_code == 200
+    )
+    page.locator("#routes li[data-route-id='r-drawn']").click()
+    page.get_by_role("button", name="Edit route").click()
+    page.get_by_label("Corridor width (m, full width)").fill("90")
+    page.get_by_role("button", name="Save").click()
+    page.locator("#editor-error").get_by_text("someone else changed route r-drawn").wait_for()
+    assert "now version 2" in page.locator("#editor-error").inner_text()
+    after = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).json()
+    assert after["properties"]["name"] == "Changed elsewhere"  # the stale edit did not overwrite it
+    page.screenshot(path=str(artifacts / "07-admin-conflict.png"))
+
+    # Cancel reloads the current version; editing that one succeeds (If-Match "2" -> version 3).
+    page.get_by_role("button", name="Cancel").click()
+    page.locator("#route-panel").get_by_text("Changed elsewhere (r-drawn)").wait_for()
+    page.get_by_role("button", name="Edit route").click()
+    assert page.get_by_label("Name").input_value() == "Changed elsewhere"
+    page.get_by_label("Corridor width (m, full width)").fill("90")
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Route r-drawn saved (version 3).").wait_for()
+    edited = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).json()
+    assert edited["properties"]["corridor_width_m"] == 90
+    assert edited["geometry"] == other["geometry"]
+
+    # Draw a zone: three corners, then click the first one to close it.
+    page.evaluate("() => window.fleetfence.map.setView([52.505, 13.386], 15, {animate: false})")
+    page.get_by_role("button", name="Draw zone").click()
+    corners = [(52.508, 13.380), (52.508, 13.392), (52.502, 13.386)]
+    for lat, lon in [*corners, corners[0]]:
+        x, y = watched.screen_point(lat, lon)
+        page.mouse.click(x, y)
+    page.get_by_label("Zone id").fill("z-drawn")
+    page.get_by_label("Name").fill("Drawn yard")
+    page.get_by_label("Kind").select_option("depot")
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Zone z-drawn saved (version 1).").wait_for()
+    zone = httpx.get(f"{server.base}/api/v1/zones/z-drawn", headers=server.viewer).json()
+    assert zone["properties"]["kind"] == "depot"
+    ring = zone["geometry"]["coordinates"][0]
+    assert len(ring) == 4
+    assert ring[0] == ring[-1]
+    for (lon, lat), (want_lat, want_lon) in zip(ring[:3], corners, strict=True):
+        assert abs(lat - want_lat) < 2e-4
+        assert abs(lon - want_lon) < 2e-4
+    page.screenshot(path=str(artifacts / "08-admin-zone-saved.png"))
+
+    # The only console errors are the browser's own reports of the two refused requests.
+    assert len(watched.errors) == 2, watched.errors
+    assert "status of 422" in watched.errors[0]
+    assert "status of 412" in watched.errors[1]
+    assert watched.external() == []
+
+
+def tiny_png() -> bytes:
+    """A valid 1x1 white PNG, made here (no fixture file)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00\xff\xff\xff"))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_configured_tile_server_is_used_and_allowed(
+    server: Server, browser: Browser, tmp_path: Path, artifacts: Path
+) -> None:
+    """With FLEETFENCE_API_MAP_TILE_URL set, the page loads its tiles from there (and the CSP lets
+    it), instead of drawing the grid. A local tile server stands in for OSM."""
+    tiles: list[str] = []
+    png = tiny_png()
+
+    class Tiles(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            tiles.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Tiles)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    tile_base = f"http://127.0.0.1:{httpd.server_port}"
+    try:
+        with running_api(
+            server.conf, tmp_path, FLEETFENCE_API_MAP_TILE_URL=tile_base + "/{z}/{x}/{y}.png"
+        ) as base:
+            context = browser.new_context(viewport={"width": 1024, "height": 700})
+            try:
+                page = context.new_page()
+                page.set_default_timeout(UI_TIMEOUT_MS)
+                watched = Watched(page, base)
+                watched.login(server.viewer_key)
+                page.wait_for_selector("img.leaflet-tile-loaded")
+                assert page.locator("canvas.leaflet-tile").count() == 0  # no grid
+                assert "OpenStreetMap" in page.locator(".leaflet-control-attribution").inner_text()
+                page.screenshot(path=str(artifacts / "09-tiles.png"))
+                assert watched.errors == []
+                tile_requests = [u for u in watched.requests if u.startswith(tile_base)]
+                assert tile_requests
+                assert all(u.startswith((base, tile_base)) for u in watched.requests)
+            finally:
+                context.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert tiles
+    assert all(p.endswith(".png") and p.count("/") == 3 for p in tiles)
