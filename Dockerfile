@@ -23,6 +23,7 @@ COPY vehicle_master ./vehicle_master
 COPY alerts ./alerts
 COPY admin_api ./admin_api
 COPY simulator ./simulator
+COPY history ./history
 RUN /opt/venv/bin/pip install . \
     && chmod 0755 /opt/venv/lib/python3.11/site-packages/pyspark/bin/*
 

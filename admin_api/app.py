@@ -17,7 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from admin_api.readmodels import ReadKeys
 from admin_api.responses import master_error_handler
-from admin_api.routers import live, master, system, web
+from admin_api.routers import live, master, reports, system, web
 from admin_api.security import KeyVerifier
 from admin_api.settings import ApiSettings
 from fleetfence import __version__
@@ -69,6 +69,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(master.router)
     app.include_router(live.router)
     app.include_router(system.router)
+    app.include_router(reports.router)
     app.include_router(web.router)
     web.mount_static(app, settings)
     if settings.api_cors_origins:

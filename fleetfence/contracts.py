@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -264,6 +265,12 @@ def fast_canonical(topic: str, payload: bytes, now_ms: int) -> tuple[str, bytes]
         return None
     c = _Canonical(vid, f.seq, f.ts, f.lat, f.lon, f.speed_kmh, f.heading_deg, f.accuracy_m, now_ms)
     return vid, _fast_encoder.encode(c)
+
+
+def bucket_of(vehicle_id: str, buckets: int) -> int:
+    """A vehicle's state bucket (crc32 mod buckets): stable across processes and machines (unlike
+    `hash`), so state never moves between buckets. Shared by the processor and the archive."""
+    return zlib.crc32(vehicle_id.encode()) % buckets
 
 
 def alert_id(vehicle_id: str, alert_type: str, seq: int, subject: str = "") -> str:

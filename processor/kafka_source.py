@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,8 @@ import orjson
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from fleetfence.contracts import bucket_of
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,8 @@ FIX_SCHEMA = pa.schema(
 KIND_TELEMETRY = "T"
 KIND_MASTER = "M"
 KIND_INVALID = "E"
+KIND_RECORD = "R"  # record mode: one raw Kafka record (see `output=records`)
 CHUNK_FIXES = 50_000
-
-
-def bucket_of(vehicle_id: str, buckets: int) -> int:
-    """Stable across processes and machines (unlike `hash`), so state never moves between buckets."""
-    return zlib.crc32(vehicle_id.encode()) % buckets
 
 
 @dataclass
@@ -193,27 +190,38 @@ class _Rows:
         return out
 
 
+def canonical_fix(d: Any) -> tuple[str, int, int, float, float, float]:
+    """(vehicle_id, seq, ts_ms, lat, lon, speed_kmh) of a canonical telemetry record, or an error.
+
+    The processor's definition of valid telemetry; the archive applies the very same check."""
+    vid = d["vehicle_id"]
+    seq, ts_ms = d["seq"], d["ts_ms"]
+    lat, lon, speed = float(d["lat"]), float(d["lon"]), float(d["speed_kmh"])
+    if not (
+        isinstance(vid, str)
+        and vid
+        and isinstance(seq, int)
+        and isinstance(ts_ms, int)
+        and -90 <= lat <= 90
+        and -180 <= lon <= 180
+        and speed >= 0
+    ):
+        raise ValueError("field out of contract")
+    return vid, seq, ts_ms, lat, lon, speed
+
+
+INVALID_ERRORS = (orjson.JSONDecodeError, KeyError, TypeError, ValueError)
+
+
 def parse_telemetry(rows: _Rows, value: bytes | None, topic: str, part: int, off: int) -> None:
     """Canonical telemetry (docs/contracts.md) -> the bucket's chunk; anything else -> an invalid
     row that the processor dead-letters, so the counts still reconcile."""
     try:
         d = orjson.loads(value or b"")
-        vid = d["vehicle_id"]
-        seq, ts_ms = d["seq"], d["ts_ms"]
-        lat, lon, speed = float(d["lat"]), float(d["lon"]), float(d["speed_kmh"])
-        if not (
-            isinstance(vid, str)
-            and vid
-            and isinstance(seq, int)
-            and isinstance(ts_ms, int)
-            and -90 <= lat <= 90
-            and -180 <= lon <= 180
-            and speed >= 0
-        ):
-            raise ValueError("field out of contract")
+        vid, seq, ts_ms, lat, lon, speed = canonical_fix(d)
         recv = d.get("received_ms")
         rows.fix(vid, seq, ts_ms, lat, lon, speed, recv if isinstance(recv, int) else 0)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except INVALID_ERRORS as exc:
         key = f"{topic}:{part}:{off}"
         rows.row(
             KIND_INVALID,
@@ -251,6 +259,10 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
         self.max_events = int(options.get("maxeventsperbatch", "0"))
         self.starting = options.get("startingoffsets", "earliest")
         self.read_timeout_s = float(options.get("readtimeouts", "60"))
+        # Record mode (the archive): one row per Kafka record, raw value, Kafka timestamp in `ts`;
+        # it may also read the alerts topic. The processor's bucket-chunk mode is the default.
+        self.records = options.get("output", "chunks") == "records"
+        self.alerts_topic = options.get("alertstopic") or None
         self._admin_consumer: Any = None
 
     # ---- driver side
@@ -273,6 +285,8 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
         t = {"t": self.telemetry_topic}
         if self.master_topic:
             t["m"] = self.master_topic
+        if self.alerts_topic:
+            t["a"] = self.alerts_topic
         return t
 
     def _watermarks(self) -> dict[str, dict[str, tuple[int, int]]]:
@@ -377,7 +391,21 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
                     if off >= end:
                         done = True
                         break
-                    parse(rows, m.value(), partition.topic, partition.partition, off)
+                    if self.records:
+                        ts_type, ts_ms = m.timestamp()
+                        rows.row(
+                            KIND_RECORD,
+                            0,
+                            ts_ms if ts_type else None,
+                            1,
+                            m.value(),
+                            partition.topic,
+                            partition.partition,
+                            off,
+                            None,
+                        )
+                    else:
+                        parse(rows, m.value(), partition.topic, partition.partition, off)
                     if off >= end - 1:
                         done = True
                         break
@@ -404,7 +432,8 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
 
 class FleetKafkaDataSource(DataSource):
     """`spark.readStream.format("fleetfence_kafka")`: options bootstrap, telemetryTopic, masterTopic,
-    buckets, maxEventsPerBatch, startingOffsets (earliest|latest)."""
+    buckets, maxEventsPerBatch, startingOffsets (earliest|latest); for the archive also
+    output=records (one row per record instead of per-bucket fix chunks) and alertsTopic."""
 
     @classmethod
     def name(cls) -> str:

@@ -38,7 +38,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.fleetfence-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/pip install -q -e '.[dev,bench]'
+  .venv/bin/pip install -q -e '.[dev,bench,charts]'
   touch "$stamp"
 fi
 web_stamp=web/node_modules/.fleetfence-installed

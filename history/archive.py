@@ -1,0 +1,514 @@
+"""The archive writer: a Spark Structured Streaming query from Kafka into GeoParquet, exactly once.
+
+    fleetfence_kafka (output=records: fleet.telemetry, fleet.master, fleet.alerts, read_committed)
+      -> parse + validate (mapInArrow; telemetry with the processor's own `canonical_fix`)
+      -> watermark on the Kafka record time -> dropDuplicatesWithinWatermark(key)
+      -> foreachBatch: repartition by (table, date, bucket) -> each task writes its partitions'
+         files under deterministic names into `_staging/batch-N/` -> the driver renames them into
+         place -> Spark commits the batch.
+
+Exactly once (the argument, with the failure cases, is in docs/history.md): the offsets of batch N
+are in the checkpoint before it runs, the de-duplication state of batch N-1 is checkpointed, so a
+replay of N sees the same rows and writes the same files under the same names
+(`part-{N:010d}-{n}.parquet`, rows sorted); the rename overwrites what a crashed attempt left.
+
+The de-duplication key is (vehicle_id, seq) for telemetry, alert_id for alerts and
+(entity, id, version) for master events. Its watermark runs on the micro-batch time, not on the
+fix time nor the Kafka record time: Spark's de-duplication silently drops rows behind its
+watermark, and an archive must not lose a vehicle's hour of buffered fixes nor a backlog read
+after an outage. A gateway re-delivery sits next to the original in the topic, so it is read
+within seconds to minutes of it: `dedup_window_s` bounds that memory (and the state size).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from prometheus_client import Counter, start_http_server
+from pyarrow import fs as pafs
+
+from fleetfence.errors import FleetFenceError
+from history.schema import (
+    ALERTS,
+    MASTER,
+    SCHEMAS,
+    TELEMETRY,
+    batch_of_file,
+    bucket_of,
+    date_of_ms,
+    part_file_name,
+    partition_dir,
+    to_table,
+    write_geoparquet,
+)
+from history.settings import HistorySettings
+
+logger = logging.getLogger(__name__)
+
+ROWS_WRITTEN = Counter(
+    "fleetfence_archive_rows_total", "Rows written to the archive (replays included)", ["table"]
+)
+BATCHES = Counter("fleetfence_archive_batches_total", "Archive micro-batches written")
+
+STAGING = "_staging"
+RECORD_DDL = (
+    "table string, key string, kts timestamp, date string, bucket int, payload binary, kafka_offset long"
+)
+RESULT_DDL = "table string, date string, bucket int, staged string, final string, rows long"
+KEY_COLUMNS = {TELEMETRY: ["vehicle_id", "seq"], ALERTS: ["alert_id"], MASTER: ["entity", "id", "version"]}
+SORT_COLUMNS = {
+    TELEMETRY: [("vehicle_id", "ascending"), ("seq", "ascending")],
+    ALERTS: [("alert_id", "ascending")],
+    MASTER: [("kafka_offset", "ascending")],
+}
+
+
+class ArchiveError(FleetFenceError):
+    """The archive query failed or the archive is not in the expected layout."""
+
+
+def filesystem(uri: str) -> tuple[Any, str]:
+    """(pyarrow FileSystem, path inside it) for a local folder or a URI (file://, s3://, hdfs://)."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, str(path)
+
+
+# --------------------------------------------------------------------------- parsing (executors)
+
+
+def parse_records(
+    batches: Iterator[pa.RecordBatch], topics: dict[str, str], buckets: int
+) -> Iterator[pa.RecordBatch]:
+    """Raw Kafka records -> (table, key, kts, date, bucket, payload, kafka_offset).
+
+    Telemetry that is not canonical (the processor dead-letters it) is dropped here, with the
+    processor's own check, so "valid" means the same thing in both places.
+    """
+    from processor.kafka_source import INVALID_ERRORS, canonical_fix
+
+    schema = pa.schema(
+        [
+            ("table", pa.string()),
+            ("key", pa.string()),
+            ("kts", pa.timestamp("us", tz="UTC")),
+            ("date", pa.string()),
+            ("bucket", pa.int32()),
+            ("payload", pa.binary()),
+            ("kafka_offset", pa.int64()),
+        ]
+    )
+    for batch in batches:
+        out: dict[str, list[Any]] = {f.name: [] for f in schema}
+        topic_col = batch.column("topic").to_pylist()
+        payloads = batch.column("payload").to_pylist()
+        kts = batch.column("ts").cast(pa.int64()).to_pylist()
+        offsets = batch.column("kafka_offset").to_pylist()
+        for topic, value, ts_us, off in zip(topic_col, payloads, kts, offsets, strict=True):
+            table = topics.get(topic)
+            if table is None or value is None:
+                continue
+            try:
+                d = orjson.loads(value)
+                if table == TELEMETRY:
+                    vid, seq, ts_ms, *_ = canonical_fix(d)
+                    key, date, bucket = f"T|{vid}|{seq}", date_of_ms(ts_ms), bucket_of(vid, buckets)
+                elif table == ALERTS:
+                    key, date, bucket = f"A|{d['alert_id']}", date_of_ms(int(d["ts_ms"])), 0
+                else:
+                    key, date, bucket = f"M|{d['entity']}|{d['id']}|{int(d['version'])}", "", 0
+            except INVALID_ERRORS as exc:
+                if table != TELEMETRY:
+                    logger.warning("archive skipped a record topic=%s offset=%s error=%s", topic, off, exc)
+                continue
+            out["table"].append(table)
+            out["key"].append(key)
+            out["kts"].append(ts_us if ts_us is not None else 0)
+            out["date"].append(date)
+            out["bucket"].append(bucket)
+            out["payload"].append(value)
+            out["kafka_offset"].append(off)
+        yield pa.RecordBatch.from_pydict(out, schema=schema)
+
+
+def _telemetry_columns(payloads: list[bytes]) -> dict[str, Any]:
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "vehicle_id",
+            "seq",
+            "ts_ms",
+            "lat",
+            "lon",
+            "speed_kmh",
+            "heading_deg",
+            "accuracy_m",
+            "received_ms",
+        )
+    }
+    for p in payloads:
+        d = orjson.loads(p)
+        for k, col in cols.items():
+            v = d.get(k)
+            if k in ("lat", "lon", "speed_kmh"):
+                v = float(v)
+            elif k in ("heading_deg", "accuracy_m"):
+                v = None if v is None else float(v)
+            elif k == "received_ms":
+                v = v if isinstance(v, int) else None
+            col.append(v)
+    return cols
+
+
+def _alert_columns(payloads: list[bytes]) -> dict[str, Any]:
+    names = ("alert_id", "type", "vehicle_id", "route_id", "route_version", "zone_id", "seq", "ts_ms")
+    cols: dict[str, list[Any]] = {k: [] for k in (*names, "lat", "lon", "details")}
+    for p in payloads:
+        d = orjson.loads(p)
+        for k in names:
+            cols[k].append(d.get(k))
+        cols["route_version"][-1] = int(cols["route_version"][-1] or 0)
+        cols["lat"].append(float(d["lat"]))
+        cols["lon"].append(float(d["lon"]))
+        cols["details"].append(orjson.dumps(d.get("details") or {}, option=orjson.OPT_SORT_KEYS).decode())
+    return cols
+
+
+def _master_columns(payloads: list[bytes], kts_ms: list[int], offsets: list[int]) -> dict[str, Any]:
+    cols: dict[str, list[Any]] = {f.name: [] for f in SCHEMAS[MASTER]}
+    for p, k, off in zip(payloads, kts_ms, offsets, strict=True):
+        d = orjson.loads(p)
+        cols["entity"].append(str(d["entity"]))
+        cols["id"].append(str(d["id"]))
+        cols["version"].append(int(d["version"]))
+        cols["op"].append(str(d.get("op") or "upsert"))
+        data = d.get("data")
+        cols["data"].append(
+            None if data is None else orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()
+        )
+        ts = d.get("ts_ms")
+        cols["event_ts_ms"].append(ts if isinstance(ts, int) and not isinstance(ts, bool) else k)
+        cols["kafka_offset"].append(off)
+    return cols
+
+
+def build_table(table: str, payloads: list[bytes], kts_ms: list[int], offsets: list[int]) -> pa.Table:
+    """One partition's rows of one batch as an archive table, sorted so a replay writes the same bytes."""
+    if table == TELEMETRY:
+        cols = _telemetry_columns(payloads)
+    elif table == ALERTS:
+        cols = _alert_columns(payloads)
+    else:
+        cols = _master_columns(payloads, kts_ms, offsets)
+    return to_table(table, cols).sort_by(SORT_COLUMNS[table])
+
+
+def write_partitions(
+    batches: Iterator[pa.RecordBatch], root: str, batch_id: int, max_rows_per_file: int
+) -> Iterator[pa.RecordBatch]:
+    """Executor side of foreachBatch: write this task's partitions into the batch's staging folder."""
+    fs, base = filesystem(root)
+    received = list(batches)
+    rows = pa.Table.from_batches(received) if received else None
+    out: dict[str, list[Any]] = {"table": [], "date": [], "bucket": [], "staged": [], "final": [], "rows": []}
+    if rows is not None and rows.num_rows:
+        groups = rows.group_by(["table", "date", "bucket"]).aggregate([]).to_pylist()
+        for g in groups:
+            mask = pc.and_(
+                pc.and_(pc.equal(rows["table"], g["table"]), pc.equal(rows["date"], g["date"])),
+                pc.equal(rows["bucket"], g["bucket"]),
+            )
+            part = rows.filter(mask)
+            kts_ms = (part.column("kts").cast(pa.int64()).to_numpy() // 1000).tolist()
+            t = build_table(
+                g["table"],
+                part.column("payload").to_pylist(),
+                kts_ms,
+                part.column("kafka_offset").to_pylist(),
+            )
+            rel = partition_dir(g["table"], g["date"] or None, g["bucket"])
+            staged_dir = f"{base}/{STAGING}/batch-{batch_id:010d}/{rel}"
+            fs.create_dir(staged_dir, recursive=True)
+            for n, start in enumerate(range(0, t.num_rows, max_rows_per_file)):
+                chunk = t.slice(start, max_rows_per_file)
+                name = part_file_name(batch_id, n)
+                write_geoparquet(chunk, f"{staged_dir}/{name}", filesystem=fs)
+                for k, v in (
+                    ("table", g["table"]),
+                    ("date", g["date"]),
+                    ("bucket", g["bucket"]),
+                    ("staged", f"{staged_dir}/{name}"),
+                    ("final", f"{base}/{rel}/{name}"),
+                    ("rows", chunk.num_rows),
+                ):
+                    out[k].append(v)
+    yield pa.RecordBatch.from_pydict(
+        out,
+        schema=pa.schema(
+            [
+                ("table", pa.string()),
+                ("date", pa.string()),
+                ("bucket", pa.int32()),
+                ("staged", pa.string()),
+                ("final", pa.string()),
+                ("rows", pa.int64()),
+            ]
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- the query (driver)
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    rows: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+
+
+def commit_files(root: str, batch_id: int, results: list[Any]) -> BatchReport:
+    """Rename the staged files of a batch into place (overwriting a crashed attempt's), then drop
+    the staging folder. Runs on the driver after every task of the batch succeeded."""
+    fs, base = filesystem(root)
+    report = BatchReport(batch_id)
+    for r in sorted(results, key=lambda r: str(r["final"])):
+        final = str(r["final"])
+        fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+        fs.move(str(r["staged"]), final)
+        report.rows[r["table"]] = report.rows.get(r["table"], 0) + int(r["rows"])
+        report.files += 1
+    staging = f"{base}/{STAGING}/batch-{batch_id:010d}"
+    if fs.get_file_info(staging).type != pafs.FileType.NotFound:
+        fs.delete_dir(staging)
+    return report
+
+
+def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence-archive") -> Any:
+    """Build and start the archive query; returns the StreamingQuery."""
+    from pyspark.sql import functions as F
+
+    from processor.job import register_sources
+    from processor.kafka_source import SOURCE_NAME
+
+    register_sources(spark)
+    t = hs.topics
+    topics = {t.telemetry: TELEMETRY, t.alerts: ALERTS, t.master: MASTER}
+    buckets, root, max_rows = hs.buckets, hs.archive_root, hs.max_rows_per_file
+    src = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("bootstrap", hs.bootstrap_servers)
+        .option("telemetryTopic", t.telemetry)
+        .option("masterTopic", t.master)
+        .option("alertsTopic", t.alerts)
+        .option("output", "records")
+        .option("maxEventsPerBatch", str(hs.max_events_per_batch))
+        .load()
+    )
+    parsed = src.mapInArrow(lambda it: parse_records(it, topics, buckets), RECORD_DDL)
+    # The de-duplication clock is the micro-batch time (kept in the offset log, so a replay sees
+    # the same): no row is ever behind that watermark, so nothing is dropped as late, and a
+    # re-delivery is caught when it is read within `dedup_window_s` of the original.
+    deduped = (
+        parsed.withColumn("seen", F.current_timestamp())
+        .withWatermark("seen", f"{int(hs.dedup_window_s * 1000)} milliseconds")
+        .dropDuplicatesWithinWatermark(["key"])
+        .drop("seen")
+    )
+    partitions = max(int(spark.conf.get("spark.sql.shuffle.partitions")), 1)
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        results = (
+            df.repartition(partitions, "table", "date", "bucket")
+            .mapInArrow(lambda it: write_partitions(it, root, batch_id, max_rows), RESULT_DDL)
+            .collect()
+        )
+        report = commit_files(root, batch_id, [r.asDict() for r in results])
+        for table, n in report.rows.items():
+            ROWS_WRITTEN.labels(table).inc(n)
+        BATCHES.inc()
+        logger.info(
+            "archive batch written batch_id=%d telemetry=%d alerts=%d master=%d files=%d duration_ms=%d",
+            batch_id,
+            report.rows.get(TELEMETRY, 0),
+            report.rows.get(ALERTS, 0),
+            report.rows.get(MASTER, 0),
+            report.files,
+            (time.monotonic() - started) * 1000,
+        )
+
+    writer = (
+        deduped.writeStream.queryName(query_name)
+        .option("checkpointLocation", hs.checkpoint_location)
+        .foreachBatch(write_batch)
+    )
+    if hs.trigger_ms > 0:
+        writer = writer.trigger(processingTime=f"{hs.trigger_ms} milliseconds")
+    q = writer.start()
+    logger.info("archive started query=%s root=%s checkpoint=%s", q.id, root, hs.checkpoint_location)
+    return q
+
+
+def run_archive(hs: HistorySettings, stop: threading.Event | None = None) -> None:
+    """`fleetfence archive run`: the query until SIGTERM/SIGINT (the current batch completes)."""
+    from processor.spark import build_session
+
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    if hs.metrics_port:
+        start_http_server(hs.metrics_port, addr=hs.host)
+    master = hs.spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    spark = build_session(app_name="fleetfence-archive", master=master)
+    q = start_archive(spark, hs)
+    try:
+        while not stop.is_set():
+            if q.awaitTermination(0.5):
+                break
+        exc = q.exception()
+        if exc is not None:
+            raise ArchiveError(f"archive query failed: {exc}")
+    finally:
+        if q.isActive:
+            q.stop()
+        spark.stop()
+
+
+# --------------------------------------------------------------------------- compaction, retention
+
+
+def last_committed_batch(checkpoint: str) -> int:
+    """The highest batch id in the checkpoint's commit log (-1 when none): no batch at or below it
+    is ever replayed, so its files are final."""
+    fs, base = filesystem(checkpoint)
+    info = fs.get_file_info(pafs.FileSelector(f"{base}/commits", allow_not_found=True))
+    ids = [int(i.base_name) for i in info if i.base_name.isdigit()]
+    return max(ids, default=-1)
+
+
+@dataclass
+class CompactionReport:
+    partitions: int = 0
+    files_removed: int = 0
+    rows: int = 0
+    skipped_uncommitted: int = 0
+
+
+def _partition_dirs(fs: Any, base: str, table: str) -> list[tuple[str, str]]:
+    """(date, folder) of every leaf partition of a table."""
+    out: list[tuple[str, str]] = []
+    for d in fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True)):
+        if d.type != pafs.FileType.Directory or not d.base_name.startswith("date="):
+            continue
+        date = d.base_name.removeprefix("date=")
+        if table == TELEMETRY:
+            out.extend(
+                (date, b.path)
+                for b in fs.get_file_info(pafs.FileSelector(d.path))
+                if b.type == pafs.FileType.Directory and b.base_name.startswith("bucket=")
+            )
+        else:
+            out.append((date, d.path))
+    return out
+
+
+def compact(root: str, checkpoint: str, today: str | None = None) -> CompactionReport:
+    """Merge each partition older than the current UTC day into one file.
+
+    Only `part-*` files of committed batches (and earlier compacted files) are merged. The new file
+    is written as `_compacted-*.parquet.tmp` (skipped by Spark, pyarrow and `*.parquet` readers),
+    renamed, then the sources are deleted: between the rename and the last delete a reader listing
+    the folder sees rows twice (docs/history.md). Merging de-duplicates by the table's key, so a
+    compaction that crashed in that window heals on the next run.
+    """
+    fs, base = filesystem(root)
+    today = today or datetime.now(UTC).strftime("%Y-%m-%d")
+    cfs, cbase = filesystem(checkpoint)
+    if cfs.get_file_info(f"{cbase}/commits").type == pafs.FileType.NotFound:
+        # No writer ever committed through this checkpoint (an archive written by other means, or
+        # moved here): nothing can replay into it, every file is final.
+        logger.warning("no commit log at %s: treating every archive file as committed", checkpoint)
+        committed = 2**62
+    else:
+        committed = last_committed_batch(checkpoint)
+    report = CompactionReport()
+    for table in (TELEMETRY, ALERTS):
+        for date, folder in _partition_dirs(fs, base, table):
+            if date >= today:
+                continue
+            files = [
+                f
+                for f in fs.get_file_info(pafs.FileSelector(folder))
+                if f.type == pafs.FileType.File and f.base_name.endswith(".parquet")
+            ]
+            eligible = []
+            for f in files:
+                b = batch_of_file(f.base_name)
+                if f.base_name.startswith("compacted-") or (b is not None and b <= committed):
+                    eligible.append(f)
+                elif b is not None:
+                    report.skipped_uncommitted += 1
+            if len(eligible) < 2:
+                continue
+            merged = pa.concat_tables(
+                [
+                    pq.read_table(f.path, filesystem=fs, schema=SCHEMAS[table])
+                    for f in sorted(eligible, key=lambda f: f.base_name)
+                ]
+            )
+            merged = _dedup(merged, KEY_COLUMNS[table]).sort_by(SORT_COLUMNS[table])
+            top = max((batch_of_file(f.base_name) or -1) for f in eligible)
+            name = f"compacted-{top:010d}-{int(time.time() * 1000)}.parquet"
+            tmp = f"{folder}/_{name}.tmp"  # "_": Spark, pyarrow and Hive readers skip it
+            write_geoparquet(merged, tmp, filesystem=fs)
+            fs.move(tmp, f"{folder}/{name}")
+            for f in eligible:
+                fs.delete_file(f.path)
+            report.partitions += 1
+            report.files_removed += len(eligible)
+            report.rows += merged.num_rows
+            logger.info("compacted partition=%s files=%d rows=%d", folder, len(eligible), merged.num_rows)
+    return report
+
+
+def _dedup(t: pa.Table, keys: list[str]) -> pa.Table:
+    """First row of each key (file order: older batches first)."""
+    idx = pa.array(np.arange(t.num_rows))
+    first = t.append_column("__i", idx).group_by(keys, use_threads=False).aggregate([("__i", "min")])
+    return t.take(pa.array(np.sort(first["__i_min"].to_numpy())))
+
+
+def apply_retention(root: str, retention_days: int, today: str | None = None) -> list[str]:
+    """Delete telemetry and alert date partitions older than `retention_days` (master is kept: it
+    is the only record of the routes that old alerts refer to). Returns the deleted folders."""
+    fs, base = filesystem(root)
+    now = datetime.strptime(today, "%Y-%m-%d").replace(tzinfo=UTC) if today else datetime.now(UTC)
+    cutoff = (now - timedelta(days=retention_days)).strftime("%Y-%m-%d")
+    deleted = []
+    for table in (TELEMETRY, ALERTS):
+        for d in fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True)):
+            if (
+                d.type == pafs.FileType.Directory
+                and d.base_name.startswith("date=")
+                and d.base_name.removeprefix("date=") < cutoff
+            ):
+                fs.delete_dir(d.path)
+                deleted.append(d.path)
+                logger.info("retention deleted partition=%s", d.path)
+    return deleted

@@ -1,0 +1,591 @@
+"""Spatial reports over the telemetry archive, computed by Apache Sedona's SedonaDB in SQL.
+
+Four reports (definitions, SQL and tolerances in docs/reports.md):
+
+- `adherence`: per vehicle and UTC day, share of fixes inside the assigned route's corridor, time
+  and distance off-route;
+- `zone_visits`: runs of consecutive fixes inside a zone, with entry/exit and dwell time;
+- `speeding`: runs of consecutive fixes above the assigned route's speed limit;
+- `heatmap`: off-route fixes counted per H3 cell (GeoJSON polygons).
+
+Master data (routes, zones, assignments) comes from `master/` in the archive and is applied *as of
+each fix's time*: the version in force is the latest whose change event is not after the fix.
+Decoding those JSON events is done here in Python (SedonaDB has no JSON functions); everything
+spatial (buffering the corridor in metres, point-in-polygon, run detection with window functions,
+haversine distances) is SedonaDB SQL.
+
+The corridor is buffered exactly the way the live processor does (processor/geometry.py): in the
+route's local equirectangular projection around the route centroid, by half the corridor width,
+`quad_segs=4`. That projection is affine, so testing the fix projected into metres against the
+metric buffer (here, `ST_Affine` + `ST_Buffer` + `ST_Contains`) is the same test as the
+processor's lon/lat polygon up to floating-point rounding, not an approximation of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import warnings
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import h3
+import numpy as np
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import shapely
+from shapely.geometry import shape
+
+from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
+from fleetfence.errors import FleetFenceError
+from history.schema import MASTER, MASTER_SCHEMA, TELEMETRY, TELEMETRY_SCHEMA, bucket_of
+from processor.geometry import EARTH_RADIUS_M
+
+logger = logging.getLogger(__name__)
+
+DAY_MS = 86_400_000
+MAX_RANGE_DAYS = 366
+NEVER_MS = 2**62  # "no end": far beyond any epoch-ms timestamp, still safe in int64 arithmetic
+DEFAULT_H3_RESOLUTION = 9
+REPORTS = ("adherence", "zone_visits", "speeding", "heatmap")
+
+ADHERENCE_COLUMNS = [
+    "vehicle_id",  # str
+    "date",  # str YYYY-MM-DD, UTC day of the fix
+    "fixes",  # int: all fixes of the vehicle that day
+    "assigned_fixes",  # int: fixes with a route assigned (only these can be on or off route)
+    "inside_fixes",  # int: assigned fixes inside the corridor
+    "inside_share",  # float in [0, 1]: inside_fixes / assigned_fixes, NaN when nothing assigned
+    "off_route_s",  # float: sum of intervals to the next fix, over fixes outside the corridor
+    "off_route_m",  # float: haversine metres to the next fix, over fixes outside the corridor
+]
+VISIT_COLUMNS = [
+    "vehicle_id",
+    "zone_id",
+    "entry_ts_ms",  # first fix inside
+    "exit_ts_ms",  # first fix after the run (outside); <NA> when the run reaches the end of the data
+    "last_inside_ts_ms",
+    "dwell_s",  # (exit or last inside) - entry, seconds
+    "fixes",  # fixes inside in the run
+    "entry_lon",
+    "entry_lat",
+]
+SPEEDING_COLUMNS = [
+    "vehicle_id",
+    "route_id",
+    "speed_limit_kmh",
+    "start_ts_ms",  # first fix above the limit
+    "end_ts_ms",  # last fix above the limit
+    "duration_s",
+    "fixes",
+    "max_kmh",
+]
+HEATMAP_COLUMNS = ["h3_cell", "off_route_fixes"]
+
+
+class ReportError(FleetFenceError):
+    """A report request is invalid (bad range, bad vehicle id, unknown report)."""
+
+
+@dataclass(frozen=True)
+class ReportRange:
+    """Half-open UTC interval [from_ms, to_ms) of fix times, with an optional vehicle filter."""
+
+    from_ms: int
+    to_ms: int
+    vehicle_id: str | None = None
+
+    def days(self) -> list[str]:
+        first = self.from_ms // DAY_MS
+        last = (self.to_ms - 1) // DAY_MS
+        return [(date(1970, 1, 1) + timedelta(days=d)).isoformat() for d in range(int(first), int(last) + 1)]
+
+
+def _parse_instant(value: str | date | datetime, *, end: bool) -> int:
+    """A date means the whole UTC day (its start, or for `end` the start of the next day)."""
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, date):
+        dt = datetime(value.year, value.month, value.day, tzinfo=UTC) + (
+            timedelta(days=1) if end else timedelta()
+        )
+    else:
+        text = value.strip()
+        try:
+            if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+                return _parse_instant(date.fromisoformat(text), end=end)
+            dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+        except ValueError as exc:
+            raise ReportError(f"{value!r} is neither a date (YYYY-MM-DD) nor an ISO-8601 time") from exc
+    if dt.tzinfo is None:
+        raise ReportError(f"time {value!r} must carry a UTC offset (e.g. Z)")
+    return int(dt.astimezone(UTC).timestamp() * 1000)
+
+
+def report_range(
+    start: str | date | datetime, end: str | date | datetime, vehicle_id: str | None = None
+) -> ReportRange:
+    """Validate a requested range: dates are whole UTC days, `end` is inclusive for dates."""
+    from_ms = _parse_instant(start, end=False)
+    to_ms = _parse_instant(end, end=True)
+    if to_ms <= from_ms:
+        raise ReportError(f"empty range: {start} .. {end} (the end must be after the start)")
+    if to_ms - from_ms > MAX_RANGE_DAYS * DAY_MS:
+        raise ReportError(f"range longer than {MAX_RANGE_DAYS} days")
+    if vehicle_id is not None and not VEHICLE_ID_RE.match(vehicle_id):
+        raise ReportError(f"vehicle id {vehicle_id!r} is not allowed")
+    return ReportRange(from_ms, to_ms, vehicle_id)
+
+
+# --------------------------------------------------------------------------- archive inputs
+
+
+def telemetry_files(root: str | Path, rng: ReportRange, buckets: int) -> list[str]:
+    """Parquet files of the days in range (and of the vehicle's bucket): partition pruning by path."""
+    base = Path(root) / TELEMETRY
+    files: list[str] = []
+    only = None if rng.vehicle_id is None else f"bucket={bucket_of(rng.vehicle_id, buckets):02d}"
+    for day in rng.days():
+        day_dir = base / f"date={day}"
+        if not day_dir.is_dir():
+            continue
+        for bdir in sorted(day_dir.iterdir()):
+            if bdir.is_dir() and (only is None or bdir.name == only):
+                files.extend(str(p) for p in sorted(bdir.glob("*.parquet")))
+    return files
+
+
+@dataclass(frozen=True)
+class MasterTables:
+    """Master data as validity intervals [from_ms, to_ms) of each entity version.
+
+    routes: route_id, version, from_ms, to_ms, corridor_width_m, speed_limit_kmh, line_wkb
+    zones: zone_id, version, from_ms, to_ms, poly_wkb
+    assignments: vehicle_id, route_id, from_ms, to_ms
+    """
+
+    routes: pa.Table
+    zones: pa.Table
+    assignments: pa.Table
+
+
+def read_master_events(root: str | Path) -> pa.Table:
+    files = sorted((Path(root) / MASTER).glob("*.parquet"))
+    if not files:
+        return MASTER_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(f, schema=MASTER_SCHEMA) for f in files])
+
+
+def _intervals(events: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], int, int]]:
+    """(version, data, from, to) of each live version of one entity: it holds until the next event."""
+    events = sorted(events, key=lambda e: e["version"])
+    out = []
+    for i, e in enumerate(events):
+        end = events[i + 1]["event_ts_ms"] if i + 1 < len(events) else NEVER_MS
+        if e["op"] != "delete" and e["data"] is not None and end > e["event_ts_ms"]:
+            out.append((int(e["version"]), orjson.loads(e["data"]), int(e["event_ts_ms"]), int(end)))
+    return out
+
+
+def master_tables(events: pa.Table) -> MasterTables:
+    """Decode master change events (deduplicated by entity, id, version) into validity intervals.
+
+    An assignment applies over its own [valid_from_ms, valid_to_ms) window intersected with the
+    time its version was current (a newer assignment replaces it, as in the live processor).
+    """
+    by_entity: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for e in events.to_pylist():
+        by_entity.setdefault((e["entity"], e["id"]), {})[int(e["version"])] = e
+    routes: list[dict[str, Any]] = []
+    zones: list[dict[str, Any]] = []
+    assignments: list[dict[str, Any]] = []
+    for (entity, eid), versions in sorted(by_entity.items()):
+        evs = sorted(versions.values(), key=lambda e: e["version"])
+        for version, data, lo, hi in _intervals(evs):
+            if entity == "route":
+                routes.append(
+                    {
+                        "route_id": eid,
+                        "version": version,
+                        "from_ms": lo,
+                        "to_ms": hi,
+                        "corridor_width_m": float(data["corridor_width_m"]),
+                        "speed_limit_kmh": float(data["speed_limit_kmh"]),
+                        "line_wkb": shapely.to_wkb(shape(data["geometry"])),
+                    }
+                )
+            elif entity == "zone":
+                zones.append(
+                    {
+                        "zone_id": eid,
+                        "version": version,
+                        "from_ms": lo,
+                        "to_ms": hi,
+                        "poly_wkb": shapely.to_wkb(shape(data["geometry"])),
+                    }
+                )
+            elif entity == "assignment" and data.get("route_id"):
+                a_lo = max(lo, int(data.get("valid_from_ms") or 0))
+                vt = data.get("valid_to_ms")
+                a_hi = min(hi, NEVER_MS if vt is None else int(vt))
+                if a_hi > a_lo:
+                    assignments.append(
+                        {"vehicle_id": eid, "route_id": str(data["route_id"]), "from_ms": a_lo, "to_ms": a_hi}
+                    )
+    return MasterTables(
+        pa.Table.from_pylist(routes, schema=ROUTES_SCHEMA),
+        pa.Table.from_pylist(zones, schema=ZONES_SCHEMA),
+        pa.Table.from_pylist(assignments, schema=ASSIGNMENTS_SCHEMA),
+    )
+
+
+ROUTES_SCHEMA = pa.schema(
+    [
+        ("route_id", pa.string()),
+        ("version", pa.int64()),
+        ("from_ms", pa.int64()),
+        ("to_ms", pa.int64()),
+        ("corridor_width_m", pa.float64()),
+        ("speed_limit_kmh", pa.float64()),
+        ("line_wkb", pa.binary()),
+    ]
+)
+ZONES_SCHEMA = pa.schema(
+    [
+        ("zone_id", pa.string()),
+        ("version", pa.int64()),
+        ("from_ms", pa.int64()),
+        ("to_ms", pa.int64()),
+        ("poly_wkb", pa.binary()),
+    ]
+)
+ASSIGNMENTS_SCHEMA = pa.schema(
+    [("vehicle_id", pa.string()), ("route_id", pa.string()), ("from_ms", pa.int64()), ("to_ms", pa.int64())]
+)
+
+
+# --------------------------------------------------------------------------- SQL
+
+# Fixes in range with their route (as of the fix) and the corridor test. The corridor is built
+# once per route version exactly like processor.geometry.compile_route: the line is mapped into
+# metres around its centroid (LocalProjection, an affine map), buffered by half the width with
+# quad_segs=4, and mapped back to lon/lat. The test is a SedonaDB spatial join (R-tree over the
+# corridors, prepared point-in-polygon refinement) of each fix against the corridor of its own route
+# version; the route equality is written as a CASE so the planner keeps the spatial join and applies
+# it as the join filter (a plain equality would turn it into a hash join that tests every fix against
+# an unprepared polygon, measured ~20% slower). At most one corridor matches a fix, so the LEFT join
+# keeps one row per fix.
+ENRICHED_SQL = """
+WITH rv AS (
+    SELECT route_id, version, from_ms, to_ms, speed_limit_kmh,
+           ST_Affine(ST_Buffer(ST_Affine(line, kx, 0.0, 0.0, ky, -lon0 * kx, -lat0 * ky),
+                               corridor_width_m / 2.0, 'quad_segs=4'),
+                     1.0 / kx, 0.0, 0.0, 1.0 / ky, lon0, lat0) AS corridor
+    FROM (
+        SELECT r.*, {ky} * cos(radians(lat0)) AS kx, {ky} AS ky
+        FROM (
+            SELECT route_id, version, from_ms, to_ms, corridor_width_m, speed_limit_kmh,
+                   ST_GeomFromWKB(line_wkb) AS line,
+                   ST_X(ST_Centroid(ST_GeomFromWKB(line_wkb))) AS lon0,
+                   ST_Y(ST_Centroid(ST_GeomFromWKB(line_wkb))) AS lat0
+            FROM routes
+        ) r
+    ) p
+),
+fx AS (
+    SELECT vehicle_id, seq, ts_ms, lon, lat, speed_kmh,
+           row_number() OVER w AS rn,
+           lead(ts_ms) OVER w AS next_ts,
+           lead(lon) OVER w AS next_lon,
+           lead(lat) OVER w AS next_lat
+    FROM telemetry
+    WHERE ts_ms >= {from_ms} AND ts_ms < {to_ms} {vehicle_filter}
+    WINDOW w AS (PARTITION BY vehicle_id ORDER BY ts_ms, seq)
+),
+fa AS (
+    SELECT f.*, a.route_id
+    FROM fx f LEFT JOIN assignments a
+      ON f.vehicle_id = a.vehicle_id AND f.ts_ms >= a.from_ms AND f.ts_ms < a.to_ms
+),
+fr AS (
+    SELECT fa.*, rv.version AS route_version, rv.speed_limit_kmh
+    FROM fa LEFT JOIN rv
+      ON fa.route_id = rv.route_id AND fa.ts_ms >= rv.from_ms AND fa.ts_ms < rv.to_ms
+)
+SELECT fr.vehicle_id, fr.seq, fr.ts_ms, fr.lon, fr.lat, fr.speed_kmh, fr.rn, fr.next_ts, fr.next_lon,
+       fr.next_lat, fr.route_id, fr.route_version, fr.speed_limit_kmh,
+       CASE WHEN fr.route_version IS NULL THEN NULL ELSE c.route_id IS NOT NULL END AS inside
+FROM fr LEFT JOIN rv c
+  ON ST_Contains(c.corridor, ST_Point(fr.lon, fr.lat))
+ AND (CASE WHEN c.route_id = fr.route_id AND c.version = fr.route_version THEN 1 ELSE 0 END) = 1
+"""
+
+# Haversine metres from a fix to the next one (same formula and radius as processor.geometry).
+HAVERSINE_NEXT_SQL = (
+    "2.0 * {r} * asin(sqrt(power(sin(radians(next_lat - lat) / 2.0), 2) + "
+    "cos(radians(lat)) * cos(radians(next_lat)) * power(sin(radians(next_lon - lon) / 2.0), 2)))"
+)
+
+ADHERENCE_SQL = """
+SELECT vehicle_id, ts_ms / {day_ms} AS day, count(*) AS fixes, count(inside) AS assigned_fixes,
+       sum(CASE WHEN inside THEN 1 ELSE 0 END) AS inside_fixes,
+       sum(CASE WHEN NOT inside AND next_ts IS NOT NULL THEN next_ts - ts_ms ELSE 0 END) / 1000.0
+           AS off_route_s,
+       sum(CASE WHEN NOT inside AND next_ts IS NOT NULL THEN {haversine} ELSE 0.0 END) AS off_route_m
+FROM enriched
+GROUP BY vehicle_id, ts_ms / {day_ms}
+ORDER BY vehicle_id, day
+"""
+
+# Gaps and islands: within a run, rn - (row number among the matching fixes) is constant.
+ZONE_VISITS_SQL = """
+WITH zv AS (
+    SELECT zone_id, from_ms, to_ms, ST_GeomFromWKB(poly_wkb) AS poly FROM zones
+),
+zf AS (
+    SELECT f.vehicle_id, z.zone_id, f.rn, f.ts_ms, f.next_ts, f.lon, f.lat
+    FROM enriched f JOIN zv z
+      ON ST_Contains(z.poly, ST_Point(f.lon, f.lat)) AND f.ts_ms >= z.from_ms AND f.ts_ms < z.to_ms
+),
+g AS (
+    SELECT *, rn - row_number() OVER (PARTITION BY vehicle_id, zone_id ORDER BY rn) AS grp FROM zf
+)
+SELECT vehicle_id, zone_id, min(ts_ms) AS entry_ts_ms, max(ts_ms) AS last_inside_ts_ms,
+       max(coalesce(next_ts, {never})) AS exit_or_never, count(*) AS fixes,
+       first_value(lon ORDER BY rn) AS entry_lon, first_value(lat ORDER BY rn) AS entry_lat
+FROM g
+GROUP BY vehicle_id, zone_id, grp
+ORDER BY vehicle_id, entry_ts_ms, zone_id
+"""
+
+SPEEDING_SQL = """
+WITH o AS (
+    SELECT vehicle_id, route_id, speed_limit_kmh, rn, ts_ms, speed_kmh,
+           rn - row_number() OVER (PARTITION BY vehicle_id ORDER BY rn) AS grp
+    FROM enriched
+    WHERE speed_limit_kmh IS NOT NULL AND speed_kmh > speed_limit_kmh
+)
+SELECT vehicle_id, first_value(route_id ORDER BY rn) AS route_id,
+       first_value(speed_limit_kmh ORDER BY rn) AS speed_limit_kmh,
+       min(ts_ms) AS start_ts_ms, max(ts_ms) AS end_ts_ms, count(*) AS fixes, max(speed_kmh) AS max_kmh
+FROM o
+GROUP BY vehicle_id, grp
+ORDER BY vehicle_id, start_ts_ms
+"""
+
+HEATMAP_SQL = "SELECT lat, lon FROM enriched WHERE NOT inside"
+
+
+def _connect() -> Any:
+    with warnings.catch_warnings():
+        # SedonaDB probes for PROJ and GDAL at import; the reports need neither (no ST_Transform).
+        warnings.simplefilter("ignore")
+        import sedonadb
+    return sedonadb.connect()
+
+
+class SedonaReports:
+    """One SedonaDB session over one archive and range: the telemetry files, master views and
+    the enriched fixes view (materialised once, shared by every report of the session)."""
+
+    def __init__(self, root: str | Path, rng: ReportRange, buckets: int) -> None:
+        self.root = Path(root)
+        self.rng = rng
+        self.sd = _connect()
+        master = master_tables(read_master_events(self.root))
+        for name, table in (
+            ("routes", master.routes),
+            ("zones", master.zones),
+            ("assignments", master.assignments),
+        ):
+            self.sd.create_data_frame(table).to_view(name, overwrite=True)
+        files = telemetry_files(self.root, rng, buckets)
+        if files:
+            self.sd.read_parquet(files).to_view("telemetry", overwrite=True)
+        else:
+            self.sd.create_data_frame(_empty_telemetry()).to_view("telemetry", overwrite=True)
+        self.files = len(files)
+        if rng.vehicle_id is not None and not VEHICLE_ID_RE.match(rng.vehicle_id):
+            raise ReportError(f"vehicle id {rng.vehicle_id!r} is not allowed")  # it is spliced into SQL
+        vf = "" if rng.vehicle_id is None else f"AND vehicle_id = '{rng.vehicle_id}'"
+        sql = ENRICHED_SQL.format(
+            ky=math.radians(1.0) * EARTH_RADIUS_M, from_ms=rng.from_ms, to_ms=rng.to_ms, vehicle_filter=vf
+        )
+        self._enriched_sql = sql
+        self._materialised = False
+
+    def prepare(self) -> None:
+        """Materialise the enriched fixes once (read, route as of each fix, corridor test)."""
+        if not self._materialised:
+            self.sd.sql(self._enriched_sql).to_memtable().to_view("enriched", overwrite=True)
+            self._materialised = True
+
+    def _query(self, sql: str) -> pd.DataFrame:
+        self.prepare()
+        df: pd.DataFrame = self.sd.sql(sql).to_arrow_table().to_pandas()
+        return df
+
+    def adherence(self) -> pd.DataFrame:
+        df = self._query(
+            ADHERENCE_SQL.format(day_ms=DAY_MS, haversine=HAVERSINE_NEXT_SQL.format(r=EARTH_RADIUS_M))
+        )
+        return finish_adherence(df)
+
+    def zone_visits(self) -> pd.DataFrame:
+        return finish_visits(self._query(ZONE_VISITS_SQL.format(never=NEVER_MS)))
+
+    def speeding(self) -> pd.DataFrame:
+        return finish_speeding(self._query(SPEEDING_SQL))
+
+    def heatmap(self, resolution: int = DEFAULT_H3_RESOLUTION) -> pd.DataFrame:
+        """SedonaDB has no H3 functions (0.5.0): the off-route fixes come from SQL, h3-py bins them."""
+        df = self._query(HEATMAP_SQL)
+        return h3_counts(df["lat"].to_numpy(), df["lon"].to_numpy(), resolution)
+
+
+def _empty_telemetry() -> pa.Table:
+    return TELEMETRY_SCHEMA.empty_table()
+
+
+# --------------------------------------------------------------------------- shaping (shared)
+
+
+def finish_adherence(df: pd.DataFrame) -> pd.DataFrame:
+    """Engine output (vehicle_id, day, counts, sums) -> ADHERENCE_COLUMNS, sorted."""
+    out = pd.DataFrame(
+        {
+            "vehicle_id": df["vehicle_id"].astype(str),
+            "date": [(date(1970, 1, 1) + timedelta(days=int(d))).isoformat() for d in df["day"]],
+            "fixes": df["fixes"].astype("int64"),
+            "assigned_fixes": df["assigned_fixes"].astype("int64"),
+            "inside_fixes": df["inside_fixes"].fillna(0).astype("int64"),
+            "off_route_s": df["off_route_s"].astype("float64"),
+            "off_route_m": df["off_route_m"].astype("float64"),
+        }
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out.insert(
+            5, "inside_share", out["inside_fixes"] / out["assigned_fixes"].where(out["assigned_fixes"] > 0)
+        )
+    return out.sort_values(["vehicle_id", "date"], kind="stable").reset_index(drop=True)[ADHERENCE_COLUMNS]
+
+
+def finish_visits(df: pd.DataFrame) -> pd.DataFrame:
+    """Engine output (..., exit_or_never) -> VISIT_COLUMNS, sorted."""
+    exit_raw = df["exit_or_never"].astype("int64")
+    exit_ts = exit_raw.where(exit_raw < NEVER_MS).astype("Int64")
+    end = exit_ts.fillna(df["last_inside_ts_ms"]).astype("int64")
+    out = pd.DataFrame(
+        {
+            "vehicle_id": df["vehicle_id"].astype(str),
+            "zone_id": df["zone_id"].astype(str),
+            "entry_ts_ms": df["entry_ts_ms"].astype("int64"),
+            "exit_ts_ms": exit_ts,
+            "last_inside_ts_ms": df["last_inside_ts_ms"].astype("int64"),
+            "dwell_s": (end - df["entry_ts_ms"].astype("int64")) / 1000.0,
+            "fixes": df["fixes"].astype("int64"),
+            "entry_lon": df["entry_lon"].astype("float64"),
+            "entry_lat": df["entry_lat"].astype("float64"),
+        }
+    )
+    return out.sort_values(["vehicle_id", "entry_ts_ms", "zone_id"], kind="stable").reset_index(drop=True)
+
+
+def finish_speeding(df: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame(
+        {
+            "vehicle_id": df["vehicle_id"].astype(str),
+            "route_id": df["route_id"].astype(str),
+            "speed_limit_kmh": df["speed_limit_kmh"].astype("float64"),
+            "start_ts_ms": df["start_ts_ms"].astype("int64"),
+            "end_ts_ms": df["end_ts_ms"].astype("int64"),
+            "duration_s": (df["end_ts_ms"].astype("int64") - df["start_ts_ms"].astype("int64")) / 1000.0,
+            "fixes": df["fixes"].astype("int64"),
+            "max_kmh": df["max_kmh"].astype("float64"),
+        }
+    )
+    return out.sort_values(["vehicle_id", "start_ts_ms"], kind="stable").reset_index(drop=True)
+
+
+def h3_counts(lat: np.ndarray, lon: np.ndarray, resolution: int) -> pd.DataFrame:
+    """Count points per H3 cell with h3-py (one call per point; only off-route fixes get here)."""
+    cells = [h3.latlng_to_cell(la, lo, resolution) for la, lo in zip(lat.tolist(), lon.tolist(), strict=True)]
+    counts = pd.Series(cells, dtype=object).value_counts() if cells else pd.Series([], dtype="int64")
+    out = pd.DataFrame(
+        {"h3_cell": counts.index.astype(str), "off_route_fixes": counts.to_numpy().astype("int64")}
+    )
+    return out.sort_values(
+        ["off_route_fixes", "h3_cell"], ascending=[False, True], kind="stable"
+    ).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- output formats
+
+
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """JSON-ready rows: NaN/NA -> None, numpy scalars -> Python, `*_ts_ms` get an ISO twin `*_ts`."""
+    rows: list[dict[str, Any]] = []
+    ts_cols = [c for c in df.columns if c.endswith("_ts_ms")]
+    for row in df.astype(object).where(df.notna(), None).to_dict(orient="records"):
+        clean = {str(k): (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
+        for c in ts_cols:
+            v = clean[c]
+            clean[c[: -len("_ms")]] = None if v is None else ms_to_iso(int(v))
+        rows.append(clean)
+    return rows
+
+
+def heatmap_geojson(df: pd.DataFrame, resolution: int) -> dict[str, Any]:
+    features = []
+    for row in records(df):
+        ring = [[lng, lat] for lat, lng in h3.cell_to_boundary(row["h3_cell"])]
+        ring.append(ring[0])
+        features.append(
+            {
+                "type": "Feature",
+                "id": row["h3_cell"],
+                "geometry": {"type": "Polygon", "coordinates": [ring]},
+                "properties": {**row, "resolution": resolution},
+            }
+        )
+    return {"type": "FeatureCollection", "features": features}
+
+
+def visits_geojson(df: pd.DataFrame) -> dict[str, Any]:
+    """One Point feature per visit, at the first fix inside the zone."""
+    features = [
+        {
+            "type": "Feature",
+            "geometry": {"type": "Point", "coordinates": [row["entry_lon"], row["entry_lat"]]},
+            "properties": row,
+        }
+        for row in records(df)
+    ]
+    return {"type": "FeatureCollection", "features": features}
+
+
+def run_report(
+    name: str,
+    root: str | Path,
+    rng: ReportRange,
+    buckets: int,
+    *,
+    resolution: int = DEFAULT_H3_RESOLUTION,
+) -> pd.DataFrame:
+    """One report by name, with SedonaDB (the entry point of the API and the CLI)."""
+    if name not in REPORTS:
+        raise ReportError(f"unknown report {name!r}; one of {', '.join(REPORTS)}")
+    reports = SedonaReports(root, rng, buckets)
+    logger.info("report %s over %d files %s..%s", name, reports.files, rng.from_ms, rng.to_ms)
+    if name == "adherence":
+        return reports.adherence()
+    if name == "zone_visits":
+        return reports.zone_visits()
+    if name == "speeding":
+        return reports.speeding()
+    return reports.heatmap(resolution)

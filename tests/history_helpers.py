@@ -1,0 +1,190 @@
+"""A recorded scenario for the history tests: the real processor and the real archive query on the
+real broker, built once per test session and shared by the archive and restatement tests.
+
+The recording: master data (sent twice, like a relay re-send), the processor test scenario (with
+v4's duplicates), gateway-style re-deliveries of already sent fixes, junk records, the live
+processor run until its alerts (including event-time silence) are committed, then the archive
+query stopped mid-way, a crash after a batch's files were written but before Spark committed it
+simulated, restarted from its checkpoint, more re-deliveries, until it has caught up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from fleetfence.contracts import Telemetry
+from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
+from fleetfence.settings import Settings
+from history.archive import last_committed_batch, start_archive
+from history.schema import batch_of_file
+from history.settings import HistorySettings
+from processor.domain import EngineConfig
+from processor.job import start_query
+from tests.processor_helpers import (
+    T0,
+    master_events,
+    produce,
+    produce_master,
+    produce_telemetry,
+    scenario,
+    wait_for,
+)
+from tests.test_processor_stream import committed_alerts, expected_alerts, markers, processor_settings
+
+JUNK = [b"not json", b'{"vehicle_id": "v0"}', json.dumps({"vehicle_id": "v9", "seq": "x"}).encode()]
+LATE_FIX = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, 181.5, 3.0, T0 + 400_000)
+
+
+@dataclass
+class Recording:
+    settings: Settings
+    hs: HistorySettings
+    sent: list[Telemetry]  # every valid telemetry record produced, duplicates included
+    master: list[dict[str, Any]]
+    alerts: list[dict[str, Any]]  # committed by the live processor
+    accepted: int  # the processor's own count of accepted fixes (its commit markers)
+    cfg: EngineConfig  # the live processor's engine settings
+    replayed_batch: int
+    replayed_before: dict[str, tuple[str, int]]  # file -> (sha256, mtime_ns) before the restart
+    replayed_after: dict[str, tuple[str, int]] = field(default_factory=dict)
+    batches_first_run: int = 0
+
+    @property
+    def root(self) -> Path:
+        return Path(self.hs.archive_root)
+
+
+_CACHE: dict[str, Recording] = {}
+
+
+def _files_of_batch(root: Path, batch_id: int) -> dict[str, tuple[str, int]]:
+    out = {}
+    for p in root.rglob(f"part-{batch_id:010d}-*.parquet"):
+        if "_staging" in p.parts:
+            continue
+        out[str(p.relative_to(root))] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+    return out
+
+
+def _high_watermarks(s: Settings) -> dict[str, dict[str, int]]:
+    c = Consumer(consumer_config(s.bootstrap_servers, f"hw-{uuid.uuid4().hex}"))
+    out: dict[str, dict[str, int]] = {}
+    for alias, topic, n in (
+        ("t", s.topics.telemetry, s.telemetry_partitions),
+        ("m", s.topics.master, 1),
+        ("a", s.topics.alerts, s.alerts_partitions),
+    ):
+        out[alias] = {
+            str(p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in range(n)
+        }
+    c.close()
+    return out
+
+
+def _caught_up(q: Any, s: Settings) -> bool:
+    p = q.lastProgress
+    if not p or not p["sources"]:
+        return False
+    end = p["sources"][0]["endOffset"]
+    end = json.loads(end) if isinstance(end, str) else end
+    hw = _high_watermarks(s)
+    return all(int(end.get(a, {}).get(k, -1)) >= v for a, parts in hw.items() for k, v in parts.items())
+
+
+def get_recording(spark: Any, infra_settings: Settings, base: Path) -> Recording:
+    if "r" not in _CACHE:
+        _CACHE["r"] = _record(spark, infra_settings, base)
+    return _CACHE["r"]
+
+
+def _record(spark: Any, infra_settings: Settings, base: Path) -> Recording:
+    settings = infra_settings.model_copy(update={"topic_prefix": f"h{uuid.uuid4().hex[:10]}."})
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    ps = processor_settings(settings, base / "processor")
+    events = master_events()
+    fixes = scenario()
+    produce_master(settings, events)
+    produce_master(settings, events[:3])  # a relay re-send: the same versions again
+    redelivered = [f for f in fixes if f.vehicle_id == "v0" and f.seq < 10]
+    produce_telemetry(settings, fixes + redelivered)
+    produce(settings, settings.topics.telemetry, [(b"junk", b) for b in JUNK])
+    n_expected = len(expected_alerts(fixes, ps.engine_config()))
+
+    q = start_query(spark, ps, query_name=f"proc-{settings.topic_prefix}")
+    try:
+        wait_for(lambda: len(committed_alerts(settings)) >= n_expected, 180, "the live alerts")
+        produce_telemetry(settings, [LATE_FIX])  # moves the watermark: every other vehicle goes silent
+        wait_for(lambda: len(committed_alerts(settings)) >= n_expected + 5, 120, "the silence alerts")
+        total = len(fixes) + len(redelivered) + len(JUNK) + 1
+
+        def reconciled() -> bool:
+            ms = markers(settings)
+            return sum(int(m.get("received", 0)) + int(m.get("invalid", 0)) for m in ms) == total
+
+        wait_for(reconciled, 60, "the processor to account for every record")
+    finally:
+        q.stop()
+    alerts = committed_alerts(settings)
+    accepted = sum(m.get("accepted", 0) for m in markers(settings))
+
+    hs = HistorySettings.from_settings(
+        settings,
+        archive_path=str(base / "archive"),
+        checkpoint=str(base / "checkpoints" / "archive"),
+        buckets=4,
+        max_events_per_batch=150,
+        trigger_ms=100,
+    )
+    root = Path(hs.archive_root)
+    a = start_archive(spark, hs, query_name=f"archive-{settings.topic_prefix}")
+    try:
+        wait_for(lambda: last_committed_batch(hs.checkpoint_location) >= 1, 120, "two archive batches")
+    finally:
+        a.stop()
+    # The last committed batch that wrote files (a no-data batch may have followed it).
+    with_files = {b for p in root.rglob("part-*.parquet") if (b := batch_of_file(p.name)) is not None}
+    committed = max(b for b in with_files if b <= last_committed_batch(hs.checkpoint_location))
+    # A crash after the batch's files were renamed into place but before Spark's commit log entry:
+    # the restart must replay the batch and overwrite its files with identical ones.
+    # That state has offsets up to the batch and no commit entry for it (a batch the stop
+    # interrupted after it would not exist yet), so Spark re-runs exactly that batch.
+    cp = Path(hs.checkpoint_location)
+    for log, first in (("offsets", committed + 1), ("commits", committed)):
+        for f in (cp / log).iterdir():
+            n = f.name.removeprefix(".").removesuffix(".crc")
+            if n.isdigit() and int(n) >= first:
+                f.unlink()
+    before = _files_of_batch(root, committed)
+    rec = Recording(
+        settings,
+        hs,
+        fixes + redelivered + [LATE_FIX],
+        events,
+        alerts,
+        accepted,
+        ps.engine_config(),
+        committed,
+        before,
+        batches_first_run=committed + 1,
+    )
+
+    a = start_archive(spark, hs, query_name=f"archive2-{settings.topic_prefix}")
+    try:
+        wait_for(lambda: last_committed_batch(hs.checkpoint_location) >= committed, 120, "the replayed batch")
+        # Re-deliveries after the restart, of fixes archived in earlier batches.
+        again = [f for f in fixes if f.vehicle_id == "v5" and f.seq < 20]
+        produce_telemetry(settings, again)
+        rec.sent += again
+        wait_for(lambda: _caught_up(a, settings), 120, "the archive to catch up with every topic")
+    finally:
+        a.stop()
+    rec.replayed_after = _files_of_batch(root, committed)
+    return rec

@@ -1,0 +1,478 @@
+"""History reports (SedonaDB) on a small hand-made archive: every figure is derived in this file
+from how the tracks were constructed (which fixes were put off-route, in a zone, over the limit),
+then compared with SedonaDB's answer, with the Shapely/pandas baseline's, and with the admin API's.
+
+The archive (buckets=4, GeoParquet via history/schema.py):
+- route r1: a straight line along lat 52.50 from lon 13.40 to 13.44. Version 1 (day 0): corridor
+  100 m (50 m each side), limit 50 km/h. Version 2 (day 1, 09:00:15): corridor 400 m, limit 80.
+- zone z1: the lon/lat box 13.4135..13.4155 x 52.499..52.501.
+- v1 (on r1), day 1 from 08:00, one fix every 10 s at lon 13.405 + 0.001 i with sideways offsets;
+  fixes 4-6 are 70-170 m off the line (70 m: outside the 50 m half width, inside a
+  wrongly unhalved one), fix 11 is 40 m off (inside); speeds cross 50 km/h at fixes 2-4 and
+  8-9; fixes 9-10 are in z1. Day 2 from 08:00: three fixes on the line, the last two in z1 (the
+  data ends inside).
+- v2 (unassigned): four fixes on the line, the middle two in z1, at 90 km/h.
+- v3 (on r1), day 1 from 09:00:00: four fixes 150 m off the line at 60 km/h; r1 version 2 starts
+  between its second and third fix, so only the first two are off-route and over the limit.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import h3
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from history.reports import ReportError, SedonaReports, report_range
+from history.reports_baseline import BaselineReports
+from history.settings import HistorySettings
+from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned
+
+BUCKETS = 4
+R_M = 6_371_008.8
+KY = R_M * math.pi / 180.0  # metres per degree of latitude
+LAT0 = 52.50
+D0 = int(datetime(2026, 11, 19, tzinfo=UTC).timestamp() * 1000)
+D1 = int(datetime(2026, 11, 20, 8, tzinfo=UTC).timestamp() * 1000)  # day 1, 08:00
+D2 = int(datetime(2026, 11, 21, 8, tzinfo=UTC).timestamp() * 1000)  # day 2, 08:00
+V3_T0 = D1 + 3_600_000  # day 1, 09:00
+R1_V2_TS = V3_T0 + 15_000
+ZONE_BOX = (13.4135, 52.499, 13.4155, 52.501)
+
+
+def _fix(vid: str, seq: int, ts: int, lon: float, off_m: float, speed: float) -> dict[str, Any]:
+    return {
+        "vehicle_id": vid,
+        "seq": seq,
+        "ts_ms": ts,
+        "lon": lon,
+        "lat": LAT0 + off_m / KY,
+        "speed_kmh": speed,
+    }
+
+
+V1_DAY1_OFF = [0, 10, -10, 0, 70, 160, -170, 0, 0, 0, 0, 40]
+V1_DAY1_SPEED = [40, 45, 55, 60, 62, 48, 40, 40, 70, 71, 40, 40]
+FIXES = (
+    [
+        _fix("v1", i, D1 + 10_000 * i, 13.405 + 0.001 * i, o, s)
+        for i, (o, s) in enumerate(zip(V1_DAY1_OFF, V1_DAY1_SPEED, strict=True))
+    ]
+    + [_fix("v1", 100 + i, D2 + 10_000 * i, lon, 0, 40) for i, lon in enumerate([13.410, 13.414, 13.415])]
+    + [_fix("v2", i, D1 + 10_000 * i, lon, 0, 90) for i, lon in enumerate([13.410, 13.414, 13.415, 13.420])]
+    + [_fix("v3", i, V3_T0 + 10_000 * i, 13.425 + 0.001 * i, 150, 60) for i in range(4)]
+)
+
+
+def haversine(a: dict[str, Any], b: dict[str, Any]) -> float:
+    p1, p2 = math.radians(a["lat"]), math.radians(b["lat"])
+    dl = math.radians(b["lon"] - a["lon"])
+    h = math.sin((p2 - p1) / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dl / 2) ** 2
+    return 2 * R_M * math.asin(math.sqrt(h))
+
+
+def fixes_of(vid: str, day_ms: int | None = None) -> list[dict[str, Any]]:
+    return [
+        f
+        for f in FIXES
+        if f["vehicle_id"] == vid and (day_ms is None or f["ts_ms"] // 86_400_000 == day_ms // 86_400_000)
+    ]
+
+
+def route(version: int, width: float, limit: float) -> dict[str, Any]:
+    return {
+        "route_id": "r1",
+        "name": "line",
+        "geometry": {"type": "LineString", "coordinates": [[13.40, LAT0], [13.44, LAT0]]},
+        "corridor_width_m": width,
+        "speed_limit_kmh": limit,
+    }
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("archive")
+    x0, y0, x1, y1 = ZONE_BOX
+    zone = {"type": "Polygon", "coordinates": [[[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]]}
+    write_master(
+        root,
+        [
+            {"entity": "route", "id": "r1", "version": 1, "data": route(1, 100, 50), "event_ts_ms": D0},
+            {
+                "entity": "zone",
+                "id": "z1",
+                "version": 1,
+                "data": {"zone_id": "z1", "kind": "depot", "geometry": zone},
+                "event_ts_ms": D0,
+            },
+            {
+                "entity": "assignment",
+                "id": "v1",
+                "version": 1,
+                "event_ts_ms": D0,
+                "data": {"vehicle_id": "v1", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
+            },
+            {
+                "entity": "assignment",
+                "id": "v3",
+                "version": 1,
+                "event_ts_ms": D0,
+                "data": {"vehicle_id": "v3", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
+            },
+            {"entity": "route", "id": "r1", "version": 2, "data": route(2, 400, 80), "event_ts_ms": R1_V2_TS},
+        ],
+    )
+    cols = {k: [f[k] for f in FIXES] for k in FIXES[0]}
+    files = write_telemetry_partitioned(telemetry_table(cols), root, BUCKETS, "part-0.parquet")
+    assert files >= 3  # two days, several buckets: the reader has to combine partitions
+    return root
+
+
+FULL = report_range("2026-11-20", "2026-11-21")
+
+
+@pytest.fixture(scope="module")
+def sedona(archive: Path) -> SedonaReports:
+    return SedonaReports(archive, FULL, BUCKETS)
+
+
+@pytest.fixture(scope="module")
+def baseline(archive: Path) -> BaselineReports:
+    return BaselineReports(archive, FULL, BUCKETS)
+
+
+# --------------------------------------------------------------------------- expectations
+
+
+def expected_adherence() -> pd.DataFrame:
+    v1 = fixes_of("v1", D1)
+    v3 = fixes_of("v3")
+    rows = [
+        # v1 day 1: fixes 4, 5, 6 outside; each counts the interval and distance to its next fix.
+        ("v1", "2026-11-20", 12, 12, 9, 0.75, 30.0, sum(haversine(v1[i], v1[i + 1]) for i in (4, 5, 6))),
+        ("v1", "2026-11-21", 3, 3, 3, 1.0, 0.0, 0.0),
+        ("v2", "2026-11-20", 4, 0, 0, np.nan, 0.0, 0.0),
+        # v3: fixes 0 and 1 outside the 100 m corridor of r1 v1; 2 and 3 inside v2's 400 m one.
+        ("v3", "2026-11-20", 4, 4, 2, 0.5, 20.0, haversine(v3[0], v3[1]) + haversine(v3[1], v3[2])),
+    ]
+    cols = [
+        "vehicle_id",
+        "date",
+        "fixes",
+        "assigned_fixes",
+        "inside_fixes",
+        "inside_share",
+        "off_route_s",
+        "off_route_m",
+    ]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def expected_visits() -> pd.DataFrame:
+    v1, v1b, v2 = fixes_of("v1", D1), fixes_of("v1", D2), fixes_of("v2")
+    rows = [
+        ("v1", "z1", v1[9]["ts_ms"], v1[11]["ts_ms"], v1[10]["ts_ms"], 20.0, 2, v1[9]["lon"], v1[9]["lat"]),
+        ("v1", "z1", v1b[1]["ts_ms"], pd.NA, v1b[2]["ts_ms"], 10.0, 2, v1b[1]["lon"], v1b[1]["lat"]),
+        ("v2", "z1", v2[1]["ts_ms"], v2[3]["ts_ms"], v2[2]["ts_ms"], 20.0, 2, v2[1]["lon"], v2[1]["lat"]),
+    ]
+    cols = [
+        "vehicle_id",
+        "zone_id",
+        "entry_ts_ms",
+        "exit_ts_ms",
+        "last_inside_ts_ms",
+        "dwell_s",
+        "fixes",
+        "entry_lon",
+        "entry_lat",
+    ]
+    df = pd.DataFrame(rows, columns=cols)
+    df["exit_ts_ms"] = df["exit_ts_ms"].astype("Int64")
+    return df
+
+
+def expected_speeding() -> pd.DataFrame:
+    v1, v3 = fixes_of("v1", D1), fixes_of("v3")
+    rows = [
+        ("v1", "r1", 50.0, v1[2]["ts_ms"], v1[4]["ts_ms"], 20.0, 3, 62.0),
+        ("v1", "r1", 50.0, v1[8]["ts_ms"], v1[9]["ts_ms"], 10.0, 2, 71.0),
+        ("v3", "r1", 50.0, v3[0]["ts_ms"], v3[1]["ts_ms"], 10.0, 2, 60.0),  # 60 < 80 once r1 v2 applies
+    ]
+    cols = [
+        "vehicle_id",
+        "route_id",
+        "speed_limit_kmh",
+        "start_ts_ms",
+        "end_ts_ms",
+        "duration_s",
+        "fixes",
+        "max_kmh",
+    ]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def expected_heat(resolution: int) -> dict[str, int]:
+    off = [fixes_of("v1", D1)[i] for i in (4, 5, 6)] + fixes_of("v3")[:2]
+    return dict(Counter(h3.latlng_to_cell(f["lat"], f["lon"], resolution) for f in off))
+
+
+def assert_same(actual: pd.DataFrame, expected: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(
+        actual.reset_index(drop=True), expected.reset_index(drop=True), check_dtype=False, rtol=1e-9
+    )
+
+
+# --------------------------------------------------------------------------- SedonaDB vs hand-made truth
+
+
+def test_adherence(sedona: SedonaReports) -> None:
+    assert_same(sedona.adherence(), expected_adherence())
+
+
+def test_zone_visits(sedona: SedonaReports) -> None:
+    assert_same(sedona.zone_visits(), expected_visits())
+
+
+def test_speeding(sedona: SedonaReports) -> None:
+    assert_same(sedona.speeding(), expected_speeding())
+
+
+@pytest.mark.parametrize("resolution", [7, 11])
+def test_heatmap(sedona: SedonaReports, resolution: int) -> None:
+    df = sedona.heatmap(resolution)
+    assert dict(zip(df["h3_cell"], df["off_route_fixes"].astype(int), strict=True)) == expected_heat(
+        resolution
+    )
+    assert df["off_route_fixes"].is_monotonic_decreasing
+
+
+def test_vehicle_filter_and_range(archive: Path) -> None:
+    """The vehicle filter prunes to one bucket; a one-day range keeps that day's runs only."""
+    only_v3 = SedonaReports(archive, report_range("2026-11-20", "2026-11-21", "v3"), BUCKETS)
+    assert_same(only_v3.adherence(), expected_adherence().iloc[[3]])
+    day2 = SedonaReports(archive, report_range("2026-11-21", "2026-11-21"), BUCKETS)
+    assert_same(day2.adherence(), expected_adherence().iloc[[1]])
+    assert_same(day2.zone_visits(), expected_visits().iloc[[1]])
+    assert day2.speeding().empty
+
+
+def test_empty_range(archive: Path) -> None:
+    empty = SedonaReports(archive, report_range("2025-01-01", "2025-01-02"), BUCKETS)
+    assert empty.files == 0
+    assert empty.adherence().empty
+    assert empty.zone_visits().empty
+    assert empty.heatmap().empty
+
+
+def test_bad_ranges() -> None:
+    with pytest.raises(ReportError, match="end must be after"):
+        report_range("2026-11-21", "2026-11-20")
+    with pytest.raises(ReportError, match="neither a date"):
+        report_range("yesterday", "2026-11-20")
+    with pytest.raises(ReportError, match="longer than"):
+        report_range("2024-01-01", "2026-01-01")
+    with pytest.raises(ReportError, match="UTC offset"):
+        report_range("2026-11-20T08:00:00", "2026-11-21")
+    rng = report_range("2026-11-20T08:00:00Z", "2026-11-20")  # a date end is inclusive: whole day
+    assert (rng.from_ms, rng.to_ms) == (D1, D1 + 16 * 3_600_000)
+
+
+def test_sedonadb_reads_the_archive_as_geoparquet(sedona: SedonaReports) -> None:
+    """The `geo` metadata makes `geometry` a CRS84 geometry column for SedonaDB, equal to lon/lat."""
+    field = str(sedona.sd.view("telemetry").schema)
+    assert "geometry: non-nullable geometry<WkbView(ogc:crs84)>" in field
+    rows = sedona.sd.sql(
+        "SELECT count(*) AS n, sum(CASE WHEN ST_X(geometry) = lon AND ST_Y(geometry) = lat THEN 1 ELSE 0 END)"
+        " AS same FROM telemetry"
+    ).to_arrow_table()
+    assert rows.to_pylist() == [{"n": len(FIXES), "same": len(FIXES)}]
+
+
+# --------------------------------------------------------------------------- baseline cross-check
+
+
+@pytest.mark.parametrize("name", ["adherence", "zone_visits", "speeding", "heatmap"])
+def test_baseline_agrees(sedona: SedonaReports, baseline: BaselineReports, name: str) -> None:
+    assert_same(getattr(baseline, name)(), getattr(sedona, name)())
+
+
+def test_baseline_agrees_on_random_tracks(tmp_path: Path) -> None:
+    """Beyond the hand-made tracks: jittered random tracks crossing corridor and zone edges."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from rich.console import Console
+
+    from bench.reports import DAY_MS, START_MS, generate
+
+    generate(
+        tmp_path, vehicles=12, fixes=1500, n_routes=3, buckets=BUCKETS, seed=3, console=Console(quiet=True)
+    )
+    rng = report_range(
+        datetime.fromtimestamp(START_MS / 1000, UTC), datetime.fromtimestamp((START_MS + DAY_MS) / 1000, UTC)
+    )
+    s, b = SedonaReports(tmp_path, rng, BUCKETS), BaselineReports(tmp_path, rng, BUCKETS)
+    for name in ("adherence", "zone_visits", "speeding", "heatmap"):
+        got = getattr(s, name)()
+        assert len(got) > 0, name
+        assert_same(getattr(b, name)(), got)
+    adherence = s.adherence()
+    assert 0.5 < adherence["inside_share"].mean() < 1.0  # excursions happened, most fixes on route
+
+
+# --------------------------------------------------------------------------- admin API
+
+
+@pytest.fixture(scope="module")
+def api(archive: Path, infra_settings: Any) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    from admin_api.app import create_app
+    from admin_api.security import Role, create_api_key
+    from admin_api.settings import api_settings
+
+    conf = api_settings(
+        infra_settings, redis_prefix=f"rep{uuid.uuid4().hex[:8]}:", api_run_relay=False, api_key_cache_s=0
+    )
+    r = redis.Redis.from_url(conf.redis_dsn)
+    viewer = create_api_key(r, conf.redis_prefix, "viewer", Role.VIEWER)
+    app = create_app(conf)
+    app.state.history_settings = HistorySettings.from_settings(
+        conf, archive_path=str(archive), buckets=BUCKETS
+    )
+    with TestClient(app) as client:
+        yield client, {"X-API-Key": viewer}
+    r.close()
+
+
+Q = {"from": "2026-11-20", "to": "2026-11-21"}
+
+
+@pytest.mark.services
+def test_api_requires_a_key(api: tuple[TestClient, dict[str, str]]) -> None:
+    client, _ = api
+    assert client.get("/api/v1/reports/adherence", params=Q).status_code == 401
+
+
+@pytest.mark.services
+def test_api_adherence_and_speeding(api: tuple[TestClient, dict[str, str]]) -> None:
+    client, key = api
+    res = client.get("/api/v1/reports/adherence", params=Q, headers=key)
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert (body["from"], body["to"]) == ("2026-11-20T00:00:00.000Z", "2026-11-22T00:00:00.000Z")
+    got = pd.DataFrame(body["items"]).astype({"inside_share": float})
+    assert_same(got[list(expected_adherence().columns)], expected_adherence())
+    res = client.get("/api/v1/reports/speeding", params={**Q, "vehicle_id": "v3"}, headers=key)
+    items = res.json()["items"]
+    assert [(i["start_ts_ms"], i["duration_s"], i["max_kmh"]) for i in items] == [(V3_T0, 10.0, 60.0)]
+    assert items[0]["start_ts"] == "2026-11-20T09:00:00.000Z"
+
+
+@pytest.mark.services
+def test_api_zone_visits_geojson(api: tuple[TestClient, dict[str, str]]) -> None:
+    client, key = api
+    plain = client.get("/api/v1/reports/zone-visits", params=Q, headers=key).json()["items"]
+    assert [(v["vehicle_id"], v["entry_ts_ms"], v["exit_ts_ms"], v["dwell_s"]) for v in plain] == [
+        (r.vehicle_id, r.entry_ts_ms, None if pd.isna(r.exit_ts_ms) else r.exit_ts_ms, r.dwell_s)
+        for r in expected_visits().itertuples()
+    ]
+    for url, params in (
+        ("/api/v1/reports/zone-visits", {**Q, "format": "geojson"}),
+        ("/api/v1/reports/zone-visits.geojson", Q),
+    ):
+        res = client.get(url, params=params, headers=key)
+        assert res.status_code == 200
+        assert res.headers["content-type"].startswith("application/geo+json")
+        fc = res.json()
+        assert fc["type"] == "FeatureCollection"
+        assert len(fc["features"]) == 3
+        x0, y0, x1, y1 = ZONE_BOX
+        for f in fc["features"]:
+            lon, lat = f["geometry"]["coordinates"]
+            assert x0 < lon < x1  # the entry fix lies in the zone
+            assert y0 < lat < y1
+
+
+@pytest.mark.services
+def test_api_heatmap_geojson(api: tuple[TestClient, dict[str, str]]) -> None:
+    client, key = api
+    fc = client.get("/api/v1/reports/heatmap.geojson", params={**Q, "resolution": 10}, headers=key).json()
+    assert {f["id"]: f["properties"]["off_route_fixes"] for f in fc["features"]} == expected_heat(10)
+    for f in fc["features"]:
+        ring = f["geometry"]["coordinates"][0]
+        assert f["geometry"]["type"] == "Polygon"
+        assert ring[0] == ring[-1]
+        assert len(ring) == 7
+        assert (
+            h3.latlng_to_cell(ring[0][1] * 0.5 + ring[3][1] * 0.5, ring[0][0] * 0.5 + ring[3][0] * 0.5, 10)
+            == f["id"]
+        )
+
+
+@pytest.mark.services
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({"from": "2026-11-21", "to": "2026-11-20"}, 422),
+        ({"from": "2026-13-45", "to": "2026-11-20"}, 422),
+        ({"from": "2020-01-01", "to": "2026-11-20"}, 422),
+        ({"to": "2026-11-20"}, 422),
+        ({**Q, "vehicle_id": "bad id!"}, 422),
+        ({**Q, "resolution": 16}, 422),
+    ],
+)
+def test_api_rejects_bad_requests(
+    api: tuple[TestClient, dict[str, str]], params: dict[str, Any], status: int
+) -> None:
+    client, key = api
+    res = client.get("/api/v1/reports/heatmap", params=params, headers=key)
+    assert res.status_code == status, res.text
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_report(archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from fleetfence.cli import app
+
+    monkeypatch.setenv("FLEETFENCE_HISTORY_BUCKETS", str(BUCKETS))
+    runner = CliRunner()
+    common = ["--from", "2026-11-20", "--to", "2026-11-21", "--archive", str(archive)]
+    res = runner.invoke(app, ["report", "adherence", *common, "--json"])
+    assert res.exit_code == 0, res.output
+    got = pd.DataFrame(orjson.loads(res.stdout)).astype({"inside_share": float})
+    assert_same(got[list(expected_adherence().columns)], expected_adherence())
+
+    png, gj = tmp_path / "heat.png", tmp_path / "heat.geojson"
+    res = runner.invoke(app, ["report", "heatmap", *common, "--png", str(png), "--geojson", str(gj)])
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    features = orjson.loads(gj.read_bytes())["features"]
+    assert {f["id"]: f["properties"]["off_route_fixes"] for f in features} == expected_heat(9)
+    assert "Off-route fixes per H3 cell" in res.stdout  # the rich table
+
+    res = runner.invoke(app, ["report", "zones", *common, "--vehicle", "v2"])
+    assert res.exit_code == 0, res.output
+    assert "Zone visits (1 rows)" in res.stdout
+
+    for name in ("adherence", "zones", "speeding"):
+        chart = tmp_path / f"{name}.png"
+        res = runner.invoke(app, ["report", name, *common, "--png", str(chart)])
+        assert res.exit_code == 0, res.output
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    res = runner.invoke(app, ["report", "speeding", "--from", "2026-11-21", "--to", "2026-11-20"])
+    assert res.exit_code == 2
+    assert "end must be after" in res.output
