@@ -93,8 +93,9 @@ def run_wrk(name: str, url: str, script: Path, duration_s: int, connections: int
         check=True,
     ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    # Anchored: the thread-stats lines also contain percentages ("89.99%") followed by words.
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     sock = re.search(r"Socket errors:.*", out)
     errors = int(non2xx.group(1)) if non2xx else 0
@@ -143,7 +144,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-s", type=int, default=8)
-    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument(
+        "--connections", default="2,4,8,16", help="comma-separated wrk connection counts to sweep"
+    )
     ap.add_argument("--workers", type=int, default=1, help="uvicorn workers for both apps")
     ap.add_argument("--record", action="store_true", help="write the section of docs/benchmarks.md")
     args = ap.parse_args()
@@ -225,7 +228,7 @@ def main() -> None:
                     "updated_ms": 1_795_320_000_050 + i,
                 }
                 r.set(f"{PREFIX}live:v{i}", orjson.dumps(state))
-                r.zadd(f"{PREFIX}live:index", {f"v{i}": state["ts_ms"]})
+                r.zadd(f"{PREFIX}live:index", {f"v{i}": 1_795_320_000_000 + i})
         key = create_api_key(r, PREFIX, "bench", Role.ADMIN)
         env = {
             **os.environ,
@@ -285,54 +288,70 @@ def main() -> None:
                 ),
             ),
         ]
-        results: list[Result] = []
+        conns = [int(c) for c in str(args.connections).split(",")]
+        results: list[tuple[int, Result]] = []
         with Progress(console=console) as progress:
-            task = progress.add_task("wrk", total=len(scenarios))
-            for name, url, script in scenarios:
-                progress.update(task, description=name)
-                path = tmp / f"s{len(results)}.lua"
+            task = progress.add_task("wrk", total=len(scenarios) * len(conns))
+            for si, (name, url, script) in enumerate(scenarios):
+                path = tmp / f"s{si}.lua"
                 path.write_text(script)
-                results.append(run_wrk(name, url, path, args.duration_s, args.connections))
-                progress.advance(task)
-        base_rps = results[0].rps
+                for c in conns:
+                    progress.update(task, description=f"{name} -c{c}")
+                    results.append((c, run_wrk(name, url, path, args.duration_s, c)))
+                    progress.advance(task)
+        base_rps = {c: res.rps for c, res in results if res.name == scenarios[0][0]}
         table = Table(
             title=f"admin API vs bare Starlette (wrk -t1 -c{args.connections} -d{args.duration_s}s, "
-            f"{args.workers} uvicorn worker(s), {os.cpu_count()} cores shared)"
+            f"{args.workers} uvicorn worker(s), {os.cpu_count()} cores shared, "
+            f"load average {os.getloadavg()[0]:.1f})"
         )
-        for col in (
-            "scenario",
-            "req/s",
-            "p50 ms",
-            "p99 ms",
-            "errors",
-            "× baseline req/s",
-            "≥2k/s & p99≤20ms",
-        ):
+        for col in ("scenario", "conns", "req/s", "p50 ms", "p99 ms", "errors", "× baseline req/s"):
             table.add_column(col, justify="right" if col != "scenario" else "left")
-        rows = []
-        for res in results:
-            ok = "—" if res is results[0] else ("yes" if res.rps >= 2000 and res.p99_ms <= 20 else "NO")
+        rows: list[tuple[str, ...]] = []
+        for c, res in results:
             row = (
                 res.name,
+                str(c),
                 f"{res.rps:,.0f}",
                 f"{res.p50_ms:.2f}",
                 f"{res.p99_ms:.2f}",
                 str(res.errors),
-                f"{res.rps / base_rps:.2f}",
-                ok,
+                f"{res.rps / base_rps[c]:.2f}",
             )
             rows.append(row)
             table.add_row(*row)
         console.print(table)
+        # The target is a service level: the best throughput any load level reaches while p99 stays
+        # within 20 ms (closed-loop wrk: fewer connections trade req/s for queueing delay).
+        summary = Table(title="capacity at p99 <= 20 ms (best load level)")
+        for col in ("scenario", "req/s at p99<=20ms", "conns", "p99 ms", ">= 2k/s"):
+            summary.add_column(col, justify="right" if col != "scenario" else "left")
+        srows: list[tuple[str, ...]] = []
+        for name, _, _ in scenarios[1:]:
+            ok = [(c, r) for c, r in results if r.name == name and r.p99_ms <= 20 and r.errors == 0]
+            if ok:
+                c, best = max(ok, key=lambda cr: cr[1].rps)
+                srow = (
+                    name,
+                    f"{best.rps:,.0f}",
+                    str(c),
+                    f"{best.p99_ms:.2f}",
+                    "yes" if best.rps >= 2000 else "NO",
+                )
+            else:
+                srow = (name, "—", "—", "—", "NO")
+            srows.append(srow)
+            summary.add_row(*srow)
+        console.print(summary)
         if args.record:
-            record(rows, args)
+            record(rows, srows, args)
     finally:
         for p in reversed(procs):
             stop(p)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def record(rows: list[tuple[str, ...]], args: argparse.Namespace) -> None:
+def record(rows: list[tuple[str, ...]], srows: list[tuple[str, ...]], args: argparse.Namespace) -> None:
     doc = ROOT / "docs" / "benchmarks.md"
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     header = "## Admin API (bench/api.py)"
@@ -341,12 +360,19 @@ def record(rows: list[tuple[str, ...]], args: argparse.Namespace) -> None:
         "",
         f"`.venv/bin/python bench/api.py {' '.join(sys.argv[1:])}` "
         f"(wrk -t1 -c{args.connections} -d{args.duration_s}s, "
-        f"{args.workers} uvicorn worker(s), API, baseline, Redis and wrk sharing {os.cpu_count()} cores; "
+        f"{args.workers} uvicorn worker(s), API, baseline, Redis and wrk sharing {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}; "
         "needs `apt-get install -y wrk`). The baseline is a bare Starlette app on the same uvicorn returning "
         "the same route JSON from memory: the ratio is what auth, Redis and FastAPI cost. "
-        "Target: >= 2000 reads/s at p99 <= 20 ms.",
+        "Target: >= 2000 reads/s at p99 <= 20 ms. wrk is closed-loop, so each connection count is one "
+        "load level; the first table is the capacity at the target's p99 (the best load level whose p99 "
+        "stays within 20 ms), the second every load level.",
         "",
-        "| scenario | req/s | p50 ms | p99 ms | errors | × baseline req/s | target met |",
+        "| scenario | req/s at p99 <= 20 ms | conns | p99 ms | >= 2k/s |",
+        "|---|---|---|---|---|",
+        *(f"| {' | '.join(r)} |" for r in srows),
+        "",
+        "| scenario | conns | req/s | p50 ms | p99 ms | errors | × baseline req/s |",
         "|---|---|---|---|---|---|---|",
         *(f"| {' | '.join(r)} |" for r in rows),
         "",

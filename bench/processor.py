@@ -76,7 +76,12 @@ def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoin
             "redis_prefix": "bench:",
         }
     )
-    spark = build_session(app_name="bench", master=f"local[{args.cores}]", local_dir=Path(checkpoint).parent)
+    spark = build_session(
+        app_name="bench",
+        master=args.spark_master or f"local[{args.cores}]",
+        local_dir=Path(checkpoint).parent,
+        shuffle_partitions=args.shuffle_partitions,
+    )
     t_start = time.perf_counter()
     q = start_query(spark, ps)
     seen = 0
@@ -145,6 +150,58 @@ def run_child(args: argparse.Namespace) -> None:
     else:
         res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp")
     print("RESULT " + json.dumps(res), flush=True)
+
+
+def run_contender(args: argparse.Namespace, s: Settings, name: str) -> dict[str, Any]:
+    """Run one contender in a child process against the pre-loaded broker; its RESULT line."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        "--bootstrap",
+        s.bootstrap_servers,
+        "--redis",
+        s.redis_dsn,
+        "--vehicles",
+        str(args.vehicles),
+        "--fixes",
+        str(args.fixes),
+        "--routes",
+        str(args.routes),
+        "--seed",
+        str(args.seed),
+        "--buckets",
+        str(args.buckets),
+        "--batch",
+        str(args.batch),
+        "--cores",
+        str(args.cores),
+        "--live" if args.live else "--no-live",
+    ]
+    if getattr(args, "spark_master", None):
+        cmd += ["--spark-master", args.spark_master]
+    if getattr(args, "shuffle_partitions", None):
+        cmd += ["--shuffle-partitions", str(args.shuffle_partitions)]
+    before = count_alerts(s, s.topics.alerts) if name == "spark" else 0
+    with console.status(f"running {name}…"):
+        out = subprocess.run(
+            cmd,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        console.print(out.stdout[-3000:], out.stderr[-3000:])
+        raise SystemExit(f"{name} failed")
+    res: dict[str, Any] = json.loads(line[7:])
+    if name == "spark":
+        # Delta: several Spark runs (bench/scaleout.py) share the alert topic, each with a fresh checkpoint.
+        res["alerts"] = count_alerts(s, s.topics.alerts) - before
+    return res
 
 
 def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: float) -> dict[str, Any]:
@@ -243,6 +300,8 @@ def main() -> None:
     ap.add_argument("--contenders", default="naive,quix,spark")
     ap.add_argument("--latency-s", type=float, default=60.0, help="0 skips the latency phase")
     ap.add_argument("--record", action="store_true", help="append the results to docs/benchmarks.md")
+    ap.add_argument("--spark-master", help="spark:// URL instead of local[cores] (bench/scaleout.py)")
+    ap.add_argument("--shuffle-partitions", type=int, help="default: the machine's cores")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
     ap.add_argument("--redis", help=argparse.SUPPRESS)
@@ -278,47 +337,7 @@ def main() -> None:
         results: dict[str, dict[str, Any]] = {}
         for name in args.contenders.split(","):
             ensure_topics(s.bootstrap_servers, [type(topic_specs(s)[0])(f"out.{name}", PARTITIONS)])
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                name,
-                "--bootstrap",
-                s.bootstrap_servers,
-                "--redis",
-                s.redis_dsn,
-                "--vehicles",
-                str(args.vehicles),
-                "--fixes",
-                str(args.fixes),
-                "--routes",
-                str(args.routes),
-                "--seed",
-                str(args.seed),
-                "--buckets",
-                str(args.buckets),
-                "--batch",
-                str(args.batch),
-                "--cores",
-                str(args.cores),
-                "--live" if args.live else "--no-live",
-            ]
-            with console.status(f"running {name}…"):
-                out = subprocess.run(
-                    cmd,
-                    check=False,
-                    capture_output=True,
-                    text=True,
-                    timeout=3600,
-                    env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-                )
-            line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                console.print(out.stdout[-3000:], out.stderr[-3000:])
-                raise SystemExit(f"{name} failed")
-            res = json.loads(line[7:])
-            if name == "spark":
-                res["alerts"] = count_alerts(s, s.topics.alerts)
+            res = run_contender(args, s, name)
             results[name] = res
         table = Table(title=f"processor: {len(w):,} events, {args.vehicles:,} vehicles, local[{args.cores}]")
         for col in ("contender", "guarantee", "events/s (sustained)", "vs naive", "vs quix", "alerts"):
