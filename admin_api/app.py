@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from admin_api.readmodels import ReadKeys
+from admin_api.readmodels import LiveReader, ReadKeys
 from admin_api.responses import master_error_handler
 from admin_api.routers import live, master, reports, system, web
 from admin_api.security import KeyVerifier
@@ -47,6 +47,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         app.state.redis = r
         app.state.master = AsyncVehicleMaster(r, settings.redis_prefix)
         app.state.keys = KeyVerifier(r, settings.redis_prefix, settings.api_key_cache_s)
+        app.state.live_reader = LiveReader(r, app.state.read_keys)
         relay = OutboxRelay(settings).start() if settings.api_run_relay else None
         logger.info("admin api started relay=%s prefix=%s", relay is not None, settings.redis_prefix)
         try:

@@ -249,6 +249,24 @@ def test_list_pages_by_id_with_filter(vm: VehicleMaster) -> None:
     assert [r.id for r in depots] == [f"z{i:02d}" for i in range(1, 25, 2)]
 
 
+def test_filtered_list_walks_rounds_of_ids_until_the_index_ends(vm: VehicleMaster) -> None:
+    # 230 ids, a filter keeping 1 in 50: the matches sit in three rounds of 100 ids each.
+    for i in range(230):
+        vm.upsert(
+            VehicleData(
+                vehicle_id=f"v{i:03d}", label=f"L{i}", attributes={"rare": "yes" if i % 50 == 0 else "no"}
+            )
+        )
+    vm.delete("vehicle", "v050")
+    rare = lambda d: d["attributes"]["rare"] == "yes"  # noqa: E731
+    assert [r.id for r in vm.list("vehicle", limit=3, where=rare)] == ["v000", "v100", "v150"]
+    assert [r.id for r in vm.list("vehicle", limit=10, where=rare)] == ["v000", "v100", "v150", "v200"]
+    assert [r.id for r in vm.list("vehicle", limit=10, after="v150", where=rare)] == ["v200"]
+    page = vm.list("vehicle", limit=1000)
+    assert [r.id for r in page] == [f"v{i:03d}" for i in range(230) if i != 50]
+    assert vm.list("vehicle", limit=5, after="v229") == []
+
+
 def test_concurrent_if_match_updates_exactly_one_wins(vm: VehicleMaster, msettings: MasterSettings) -> None:
     vm.create(VehicleData(vehicle_id="v1", label="start"))
     outcomes: list[str] = []

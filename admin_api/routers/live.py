@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, Se
 from fastapi.responses import StreamingResponse
 
 from admin_api.deps import Redis, StreamViewer, Viewer, api_key_header
-from admin_api.readmodels import ReadKeys
+from admin_api.readmodels import LiveReader, ReadKeys
 from admin_api.responses import OrjsonResponse
 from admin_api.schemas import Alert, AlertPage, LivePage, LiveState, Problem, StreamToken
 from admin_api.security import issue_stream_token
@@ -77,18 +77,14 @@ async def list_live(
 
 
 @router.get("/live/{vehicle_id}", response_model=LiveState, responses=ERRORS, tags=["live"])
-async def get_live(request: Request, _: Viewer, r: Redis, vehicle_id: VehiclePath) -> Response:
+async def get_live(request: Request, _: Viewer, vehicle_id: VehiclePath) -> Response:
     """Last position, status, route progress and the open alerts of one vehicle."""
-    keys = _keys(request)
-    pipe = r.pipeline(transaction=False)
-    pipe.get(keys.live(vehicle_id))
-    pipe.hvals(keys.alerts_open(vehicle_id))
-    raw, open_ids = await pipe.execute()
+    reader: LiveReader = request.app.state.live_reader
+    raw, open_raw = await reader.one(vehicle_id)
     if raw is None:
         raise HTTPException(404, f"no live state for vehicle {vehicle_id!r} (no fix processed yet)")
     state = orjson.loads(raw)
-    opened = _loads_all(await r.mget([keys.alert(_str(i)) for i in open_ids])) if open_ids else []
-    state["open_alerts"] = sorted(opened, key=lambda a: a.get("ts_ms", 0))
+    state["open_alerts"] = sorted(_loads_all(open_raw), key=lambda a: a.get("ts_ms", 0))
     return OrjsonResponse(state)
 
 
