@@ -2,8 +2,8 @@
 
 Everything a micro-batch needs is answered by one vectorized Shapely 2 call over the whole batch:
 corridors are buffered in metres (a local tangent-plane projection around each route) and then
-mapped back to lon/lat, so `shapely.contains_xy(corridors[route_index], lon, lat)` tests every fix
-against its own assigned corridor at once, with prepared geometries. The measured alternative, an
+mapped back to lon/lat, and the fixes of a batch are grouped by route so each route's prepared
+corridor tests all of its fixes in one `shapely.contains_xy` call. The measured alternative, an
 H3 pre-filter for corridors, does not pay (nearly every fix of a narrow corridor falls in a boundary
 cell); H3 is used where it does pay: finding candidate zones among thousands.
 
@@ -114,6 +114,47 @@ def compile_route(route_id: str, version: int, data: dict[str, Any], hysteresis_
     return CompiledRoute(route_id, version, rules, line, proj, line_m, float(line_m.length), corridor, inner)
 
 
+def _group_by_route(route_index: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """`sel` reordered so fixes of the same route are contiguous (stable, so arrival order holds
+    within a route). The index is narrowed to 16 bits where it fits: numpy's stable sort is then a
+    radix sort, ~7x faster than the merge sort of 64-bit keys (measured on 1M fixes)."""
+    keys = route_index[sel]
+    if len(keys) and int(keys.max()) < 65536:
+        keys = keys.astype(np.uint16)
+    return sel[np.argsort(keys, kind="stable")]
+
+
+def contains_by_route(
+    shapes: Sequence[shapely.Geometry | None], route_index: np.ndarray, lon: np.ndarray, lat: np.ndarray
+) -> np.ndarray:
+    """`shapes[route_index[i]]` contains fix i, for fixes with `route_index >= 0` (True elsewhere).
+
+    Fixes are grouped by route, and each group is one `contains_xy` call against one prepared
+    polygon: the polygon's index stays hot in cache (~1.8x faster than arrival order), and a scalar
+    geometry spares building and walking a million-element object array (measured: the grouped
+    scalar calls took bench/geofence_kernel.py from 3.8M to 5.7M checks/s). Clipping corridors into
+    planar tiles to shorten each point-in-polygon test was measured too and lost (1.3-1.8M/s): 96%
+    of fixes land in a partial tile, and hopping between thousands of small pieces thrashes the cache.
+    """
+    out = np.ones(len(lon), dtype=bool)
+    sel = np.flatnonzero(route_index >= 0)
+    if not len(sel):
+        return out
+    sel = _group_by_route(route_index, sel)
+    idx = route_index[sel]
+    x, y = lon[sel], lat[sel]
+    res = np.ones(len(sel), dtype=bool)
+    cuts = np.flatnonzero(idx[1:] != idx[:-1]) + 1
+    starts = np.concatenate(([0], cuts)).tolist()
+    ends = np.concatenate((cuts, [len(sel)])).tolist()
+    for a, b in zip(starts, ends, strict=True):
+        shape_ = shapes[int(idx[a])]
+        if shape_ is not None:
+            res[a:b] = shapely.contains_xy(shape_, x[a:b], y[a:b])
+    out[sel] = res
+    return out
+
+
 def corridor_tests(
     routes: Sequence[CompiledRoute | None],
     route_index: np.ndarray,
@@ -123,23 +164,15 @@ def corridor_tests(
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each fix, (inside the corridor, inside the inner band) of its own route.
 
-    `route_index[i]` indexes `routes`; -1 means "no route" and yields True for both (an unassigned
-    vehicle is never off-route). One vectorized contains_xy call per band over the whole batch, with
-    fixes grouped by route so each prepared polygon stays hot in cache (measured ~1.8x faster than
-    arrival order). The inner band is only tested where `inner_mask` says it can matter.
+    `route_index[i]` indexes `routes`; -1 (or a None route) means "no route" and yields True for
+    both (an unassigned vehicle is never off-route). The inner band is only tested where
+    `inner_mask` says it can matter.
     """
-    n = len(lon)
-    inside = np.ones(n, dtype=bool)
-    inner = np.ones(n, dtype=bool)
-    sel = np.flatnonzero(route_index >= 0)
-    if not len(sel):
-        return inside, inner
-    sel = sel[np.argsort(route_index[sel], kind="stable")]
-    corr = np.array([r.corridor if r is not None else None for r in routes], dtype=object)
-    idx = route_index[sel]
-    inside[sel] = shapely.contains_xy(corr[idx], lon[sel], lat[sel])
+    inside = contains_by_route([r.corridor if r is not None else None for r in routes], route_index, lon, lat)
     if inner_mask is None or inner_mask.any():
         inner = inner_band_tests(routes, route_index, lon, lat, inner_mask)
+    else:
+        inner = np.ones(len(lon), dtype=bool)
     return inside, inner
 
 
@@ -151,14 +184,8 @@ def inner_band_tests(
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """Inside the inner ("back on route") band of its own route, tested only where `mask` is set."""
-    inner = np.ones(len(lon), dtype=bool)
-    ok = route_index >= 0 if mask is None else (route_index >= 0) & mask
-    sel = np.flatnonzero(ok)
-    if len(sel):
-        sel = sel[np.argsort(route_index[sel], kind="stable")]
-        inn = np.array([r.inner if r is not None else None for r in routes], dtype=object)
-        inner[sel] = shapely.contains_xy(inn[route_index[sel]], lon[sel], lat[sel])
-    return inner
+    idx = route_index if mask is None else np.where(mask, route_index, -1)
+    return contains_by_route([r.inner if r is not None else None for r in routes], idx, lon, lat)
 
 
 def distance_and_progress_m(

@@ -160,6 +160,41 @@ def test_no_flapping_under_bounded_jitter(jitter: list[float], base: float) -> N
     assert types.count(AlertType.ROUTE_DEVIATION) <= 1
 
 
+def test_grouped_corridor_tests_equal_one_shapely_call_per_fix() -> None:
+    """The grouped kernel (radix-sorted by route, one contains_xy per route) answers exactly what a
+    per-fix prepared test answers, in the caller's order, with -1 and None meaning "no route"."""
+    import shapely
+
+    from processor.geometry import corridor_tests
+
+    rng = np.random.default_rng(7)
+    proj = LocalProjection(13.0, 52.0)
+    routes = []
+    for r in range(5):
+        x = np.cumsum(rng.uniform(30, 60, 40)) + r * 500.0
+        y = np.cumsum(rng.normal(0, 20, 40))
+        lon, lat = proj.inverse(x, y)
+        data = {
+            "geometry": {"type": "LineString", "coordinates": np.column_stack([lon, lat]).tolist()},
+            "corridor_width_m": 60,
+            "speed_limit_kmh": 50,
+        }
+        routes.append(compile_route(f"r{r}", 1, data, 10.0))
+    with_gap: list[Any] = [*routes[:3], None, *routes[3:]]
+    n = 4000
+    ridx = rng.integers(-1, len(with_gap), n)
+    lon = rng.uniform(13.0, 13.06, n)
+    lat = rng.uniform(51.9995, 52.0025, n)
+    mask = rng.random(n) < 0.5
+    inside, inner = corridor_tests(with_gap, ridx, lon, lat, inner_mask=mask)
+    for i in range(n):
+        r = with_gap[ridx[i]] if ridx[i] >= 0 else None
+        want_in = True if r is None else bool(shapely.contains_xy(r.corridor, lon[i], lat[i]))
+        want_inner = True if r is None or not mask[i] else bool(shapely.contains_xy(r.inner, lon[i], lat[i]))
+        assert (inside[i], inner[i]) == (want_in, want_inner), i
+    assert 0.05 < inside[ridx >= 0].mean() < 0.95  # both answers occur, so the order is checked
+
+
 # --------------------------------------------------------------------------- engine equivalence
 
 LINE = [[13.0, 52.005], [13.05, 52.005], [13.1, 52.005]]
