@@ -134,9 +134,9 @@ def main() -> None:
         * args.fixes
         / k
     )
-    inner_pairs, _ = index.memberships(zlon[:m], zlat[:m])
+    (in_fix, in_zone), _ = index.memberships(zlon[:m], zlat[:m])
     tree_pairs = tree.query(shapely.points(zlon[:m], zlat[:m]), predicate="within")
-    agree = sorted((int(i), int(z)) for i, z in inner_pairs) == sorted(
+    agree = sorted(zip(in_fix.tolist(), in_zone.tolist(), strict=True)) == sorted(
         zip(tree_pairs[0].tolist(), tree_pairs[1].tolist(), strict=True)
     )
 

@@ -444,11 +444,12 @@ def process_bucket(
     zones_in: dict[int, set[str]] = {}
     zones_outer: dict[int, set[str]] = {}
     if len(zindex) and n:
-        inner_pairs, outer_pairs = zindex.memberships(lon, lat)
-        for i, zi in inner_pairs:
-            zones_in.setdefault(i, set()).add(zindex.zones[zi].zone_id)
-        for i, zi in outer_pairs:
-            zones_outer.setdefault(i, set()).add(zindex.zones[zi].zone_id)
+        (in_fix, in_zone), (out_fix, out_zone) = zindex.memberships(lon, lat)
+        zone_ids = [z.zone_id for z in zindex.zones]
+        for i, zi in zip(in_fix.tolist(), in_zone.tolist(), strict=True):
+            zones_in.setdefault(i, set()).add(zone_ids[zi])
+        for i, zi in zip(out_fix.tolist(), out_zone.tolist(), strict=True):
+            zones_outer.setdefault(i, set()).add(zone_ids[zi])
 
     # ---- classify vehicles: fast (vectorized) or slow (domain.step).
     starts, ends = _group_bounds(codes)

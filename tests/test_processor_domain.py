@@ -195,6 +195,53 @@ def test_grouped_corridor_tests_equal_one_shapely_call_per_fix() -> None:
     assert 0.05 < inside[ridx >= 0].mean() < 0.95  # both answers occur, so the order is checked
 
 
+def test_zone_index_finds_exactly_the_zones_a_scan_of_every_polygon_finds() -> None:
+    """The H3 index (vectorized cells, sorted multimaps, full cells decided without a polygon
+    test) returns the same (fix, zone) pairs as testing every fix against every zone, for the
+    enter shape and the grown stay-inside shape, with overlapping zones and a MultiPolygon."""
+    import shapely
+
+    from processor.geometry import ZoneIndex, compile_zone
+
+    rng = np.random.default_rng(11)
+    proj = LocalProjection(13.0, 52.0)
+    zones = []
+    for k in range(40):
+        cx, cy = rng.uniform(-3000, 3000, 2)
+        w, h = rng.uniform(60, 900, 2)
+        ring = np.array([[cx - w, cy - h], [cx + w, cy - h], [cx + w, cy + h], [cx - w, cy + h]])
+        lon, lat = proj.inverse(ring[:, 0], ring[:, 1])
+        coords = [list(zip(lon.tolist(), lat.tolist(), strict=True))]
+        geometry: dict[str, Any] = {"type": "Polygon", "coordinates": [coords[0] + [coords[0][0]]]}
+        if k == 0:  # a MultiPolygon: the same square and a copy 2 km east
+            lon2, _ = proj.inverse(ring[:, 0] + 2000, ring[:, 1])
+            other = list(zip(lon2.tolist(), lat.tolist(), strict=True))
+            geometry = {
+                "type": "MultiPolygon",
+                "coordinates": [[coords[0] + [coords[0][0]]], [[*other, other[0]]]],
+            }
+        zones.append(compile_zone(f"z{k:02d}", 1, {"geometry": geometry}, 15.0))
+    index = ZoneIndex.build(zones)
+    n = 20000
+    x, y = rng.uniform(-4000, 6000, n), rng.uniform(-4000, 4000, n)
+    lon, lat = proj.inverse(x, y)
+    (in_fix, in_zone), (out_fix, out_zone) = index.memberships(lon, lat)
+    got_in = set(zip(in_fix.tolist(), in_zone.tolist(), strict=True))
+    got_out = set(zip(out_fix.tolist(), out_zone.tolist(), strict=True))
+    want_in: set[tuple[int, int]] = set()
+    want_out: set[tuple[int, int]] = set()
+    for zi, z in enumerate(index.zones):
+        want_in.update((int(i), zi) for i in np.flatnonzero(shapely.contains_xy(z.polygon, lon, lat)))
+        want_out.update((int(i), zi) for i in np.flatnonzero(shapely.contains_xy(z.outer, lon, lat)))
+    assert len(in_fix) == len(got_in)
+    assert len(out_fix) == len(got_out)
+    assert got_in == want_in
+    assert got_out == want_out
+    assert len(want_in) > 1000
+    assert len(want_out - want_in) > 50
+    assert len(index.full_cells) > 0  # the no-polygon-test path is exercised
+
+
 # --------------------------------------------------------------------------- engine equivalence
 
 LINE = [[13.0, 52.005], [13.05, 52.005], [13.1, 52.005]]
