@@ -291,8 +291,7 @@ class ReceiverRunner:
                         self._one(m)
                 except StopRequestedError:
                     break
-                if msgs:
-                    self._advance_past_markers(consumer)
+                self._advance_past_markers(consumer)
                 self._maybe_commit(consumer)
                 self._maybe_lag(consumer)
         finally:
@@ -395,14 +394,19 @@ class ReceiverRunner:
     # ------------------------------------------------------------------ offsets and lag
 
     def _advance_past_markers(self, consumer: Consumer) -> None:
-        """After a fully handled batch, commit the consumer's position, which (read_committed)
-        already skips transaction markers and aborted records; committing only `last + 1` would
-        leave a permanent lag of one marker per partition."""
-        if not self._processed:
+        """After a fully handled batch (or an empty poll), commit each assigned partition's position,
+        which (read_committed) already skips transaction markers and aborted records. Committing only
+        `last + 1` would leave a permanent lag of one marker per partition, and a partition that holds
+        only aborted transactions delivers nothing at all, so it would never be committed. The
+        position covers only what was handed to us (all handled by now) or skipped by the client;
+        before the first fetch it is invalid and left alone."""
+        assignment = consumer.assignment()
+        if not assignment:
             return
-        for tp in consumer.position([TopicPartition(t, p) for t, p in self._processed]):
-            if tp.offset != OFFSET_INVALID and tp.offset > self._processed[(tp.topic, tp.partition)]:
-                self._processed[(tp.topic, tp.partition)] = tp.offset
+        for tp in consumer.position(assignment):
+            key = (tp.topic, tp.partition)
+            if tp.offset != OFFSET_INVALID and tp.offset > self._processed.get(key, OFFSET_INVALID):
+                self._processed[key] = tp.offset
 
     def _maybe_commit(self, consumer: Consumer) -> None:
         if self._processed == self._sent:
