@@ -15,6 +15,7 @@ from fleetfence.settings import TopicNames
 from gateway.core import MAX_DLQ_VALUE_BYTES, Record, route
 from gateway.inflight import InFlight
 from gateway.testing import fix
+from tests.strategies import json_values
 
 TOPICS = TopicNames("p.")
 NOW_MS = int(time.time() * 1000)
@@ -47,15 +48,6 @@ def test_invalid_utf8_topic_is_dead_lettered_not_raised() -> None:
     assert (r.reason, r.key) == ("bad_topic", b"fleet/\xff/telemetry")
 
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
-    max_leaves=12,
-)
 fields = ["vehicle_id", "seq", "ts", "lat", "lon", "speed_kmh", "heading_deg", "accuracy_m"]
 
 
