@@ -238,12 +238,14 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
 
         wait_for(stalled, 30, "the gateway to hold exactly Receive Maximum and retry")
         # What it holds now, unconfirmed: stalled at the cap with the broker down, nothing is added
-        # or confirmed any more, so reading the gateway's table from this thread is safe.
+        # or confirmed any more, so reading the gateway's table from this thread is safe. The cap
+        # counts entries not yet acknowledged; a few of them may be confirmed already and wait only
+        # for an earlier one (PUBACKs go in receive order), so fewer than `rm` are unconfirmed.
         held = [orjson.loads(e.record.value) for e in gw._inflight.unconfirmed()]
         first_held = {}
         for d in held:
             first_held[d["vehicle_id"]] = min(d["seq"], first_held.get(d["vehicle_id"], d["seq"]))
-        assert len(held) == rm
+        assert 0 < len(held) <= rm
         load.join(30)
         pub.wait_all()  # all 4000 fixes are Mosquitto's now; at most `rm` of them are ours
         forwarded_during = gw.stats.forwarded
