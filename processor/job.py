@@ -19,6 +19,7 @@ from pydantic_settings import SettingsConfigDict
 
 from fleetfence.settings import Settings
 from processor.domain import EngineConfig
+from processor.layout import checkpoint_layout
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +88,17 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
 
     register_sources(spark)
     t = s.topics
+    checkpoint = s.checkpoint
+    keys = checkpoint_layout(
+        checkpoint, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions"))
+    )
     src = (
         spark.readStream.format(SOURCE_NAME)
         .option("bootstrap", s.bootstrap_servers)
         .option("telemetryTopic", t.telemetry)
         .option("masterTopic", t.master)
         .option("buckets", str(s.processor_buckets))
+        .option("bucketKeys", ",".join(map(str, keys)))
         .option("maxEventsPerBatch", str(s.processor_max_events_per_batch))
         .option("startingOffsets", s.processor_starting_offsets)
         .load()
@@ -108,7 +114,6 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
             timeMode="EventTime",
         )
     )
-    checkpoint = s.checkpoint
     writer = (
         out.writeStream.format(SINK_NAME)
         .queryName(query_name)

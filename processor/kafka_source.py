@@ -50,6 +50,8 @@ ARROW_SCHEMA = pa.schema(
         ("error", pa.string()),
     ]
 )
+# `bucket` is the Spark state key of the row's vehicle bucket (`processor.layout`), not the bucket
+# number itself, so that the buckets spread evenly over the stateful tasks.
 # One row of the stream carries a whole chunk of one bucket's fixes, as an Arrow IPC stream with
 # this schema: the JVM moves a few large binary values per bucket instead of converting every fix
 # row by row through the shuffle and into the stateful operator (measured: ~44 us per row there).
@@ -114,8 +116,10 @@ def _consumer(bootstrap: str) -> Any:
 class _Rows:
     """Output rows of one read task: master events, dead letters and per-bucket fix chunks."""
 
-    def __init__(self, buckets: int) -> None:
+    def __init__(self, buckets: int, keys: list[int] | None = None) -> None:
         self.buckets = buckets
+        # The Spark state key of each bucket (processor.layout): the `bucket` column carries the key.
+        self.keys = keys if keys is not None else list(range(buckets))
         self.cols: dict[str, list[Any]] = {f.name: [] for f in ARROW_SCHEMA}
         # Fixes decoded so far, as column batches with each fix's bucket; cut into one Arrow IPC
         # chunk per bucket by `flush_fixes`.
@@ -138,7 +142,7 @@ class _Rows:
     ) -> None:
         c = self.cols
         c["kind"].append(kind)
-        c["bucket"].append(bucket)
+        c["bucket"].append(self.keys[bucket])
         c["ts"].append(None if ts_ms is None else ts_ms * 1000)
         c["n"].append(n)
         c["payload"].append(payload)
@@ -347,6 +351,10 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
         self.telemetry_topic = options["telemetrytopic"]
         self.master_topic = options.get("mastertopic") or None
         self.buckets = int(options.get("buckets", "16"))
+        keys = options.get("bucketkeys")
+        self.bucket_keys = [int(k) for k in keys.split(",")] if keys else list(range(self.buckets))
+        if len(self.bucket_keys) != self.buckets:
+            raise ValueError(f"bucketKeys has {len(self.bucket_keys)} keys for {self.buckets} buckets")
         self.max_events = int(options.get("maxeventsperbatch", "0"))
         self.starting = options.get("startingoffsets", "earliest")
         self.read_timeout_s = float(options.get("readtimeouts", "60"))
@@ -457,7 +465,7 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
         c = _consumer(self.bootstrap)
         tp = TopicPartition(partition.topic, partition.partition, partition.start)
         c.assign([tp])
-        rows = _Rows(self.buckets)
+        rows = _Rows(self.buckets, self.bucket_keys)
         end = partition.end
         deadline = time.monotonic() + self.read_timeout_s
         done = False
@@ -519,7 +527,8 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
 
 class FleetKafkaDataSource(DataSource):
     """`spark.readStream.format("fleetfence_kafka")`: options bootstrap, telemetryTopic, masterTopic,
-    buckets, maxEventsPerBatch, startingOffsets (earliest|latest); for the archive also
+    buckets, bucketKeys (the state key of each bucket, comma-separated; default the bucket numbers),
+    maxEventsPerBatch, startingOffsets (earliest|latest); for the archive also
     output=records (one row per record instead of per-bucket fix chunks) and alertsTopic."""
 
     @classmethod

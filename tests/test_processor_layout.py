@@ -1,0 +1,77 @@
+"""Bucket -> Spark state key layout: Spark's own hash decides, the spread is even, the checkpoint keeps it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fleetfence.errors import ConfigError
+from processor.layout import LAYOUT_FILE, balanced_keys, checkpoint_layout, shuffle_partition, spark_hash_int
+
+VALUES = [*range(-50, 300), 2**31 - 1, -(2**31), 123_456_789, -987_654_321]
+
+
+@pytest.mark.spark
+def test_hash_is_sparks_murmur3_and_partitioning(spark: object) -> None:
+    from pyspark.sql import SparkSession
+
+    assert isinstance(spark, SparkSession)
+    df = spark.createDataFrame([(v,) for v in VALUES], "k int")
+    rows = df.selectExpr("k", "hash(k) AS h", "pmod(hash(k), 2) AS p2", "pmod(hash(k), 7) AS p7").collect()
+    assert len(rows) == len(VALUES)
+    for r in rows:
+        assert spark_hash_int(r["k"]) == r["h"], r
+        assert shuffle_partition(r["k"], 2) == r["p2"]
+        assert shuffle_partition(r["k"], 7) == r["p7"]
+
+
+@pytest.mark.spark
+def test_a_grouped_shuffle_puts_each_bucket_key_where_the_layout_says(spark: object) -> None:
+    """The stateful operator's exchange is hash partitioning on the key: check it on a real shuffle."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    assert isinstance(spark, SparkSession)
+    keys = balanced_keys(8, 2)
+    df = spark.createDataFrame([(k,) for k in keys for _ in range(3)], "bucket int").repartition(2, "bucket")
+    placed = {r["bucket"]: r["p"] for r in df.select("bucket", F.spark_partition_id().alias("p")).collect()}
+    assert placed == {k: b % 2 for b, k in enumerate(keys)}
+
+
+@pytest.mark.parametrize(("buckets", "partitions"), [(1, 1), (4, 2), (16, 2), (16, 4), (64, 8), (5, 3)])
+def test_balanced_keys_spread_evenly_and_are_distinct(buckets: int, partitions: int) -> None:
+    keys = balanced_keys(buckets, partitions)
+    assert len(set(keys)) == buckets
+    assert min(keys) >= 0
+    per = Counter(shuffle_partition(k, partitions) for k in keys)
+    assert max(per.values()) - min(per.values()) <= 1
+    assert [shuffle_partition(k, partitions) for k in keys] == [b % partitions for b in range(buckets)]
+
+
+def test_identity_keys_are_what_made_four_buckets_run_one_plus_three() -> None:
+    """The measured imbalance this layout removes (docs/architecture.md)."""
+    assert sorted(Counter(shuffle_partition(b, 2) for b in range(4)).values()) == [1, 3]
+
+
+def test_checkpoint_records_the_layout_and_refuses_a_changed_bucket_count(tmp_path: Path) -> None:
+    cp = str(tmp_path / "cp")
+    first = checkpoint_layout(cp, 4, 2)
+    assert first == balanced_keys(4, 2)
+    saved = json.loads((tmp_path / "cp" / LAYOUT_FILE).read_text())
+    assert saved == {"buckets": 4, "partitions": 2, "keys": first}
+    # A restart with another shuffle partition count keeps the recorded keys (Spark keeps the
+    # checkpoint's partition count for stateful operators).
+    assert checkpoint_layout(cp, 4, 8) == first
+    with pytest.raises(ConfigError, match="4 buckets"):
+        checkpoint_layout(cp, 16, 2)
+
+
+def test_checkpoint_from_before_layouts_keeps_bucket_numbers(tmp_path: Path) -> None:
+    cp = tmp_path / "old"
+    (cp / "offsets").mkdir(parents=True)
+    (cp / "offsets" / "0").write_text("v1")
+    assert checkpoint_layout(str(cp), 4, 2) == [0, 1, 2, 3]
+    assert checkpoint_layout(f"file:{cp}", 4, 2) == [0, 1, 2, 3]
