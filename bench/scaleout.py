@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100_000, help="max events per micro-batch")
     ap.add_argument("--workers", default="1,2", help="worker counts to run, in order")
     ap.add_argument("--cores-per-worker", type=int, default=1)
+    ap.add_argument("--warmup-share", type=float, default=1 / 3, help="as in bench/processor.py")
     ap.add_argument("--worker-memory", default="3g")
     ap.add_argument("--record", action="store_true", help="write the section of docs/benchmarks.md")
     args = ap.parse_args()
