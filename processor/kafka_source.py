@@ -104,9 +104,15 @@ def _consumer(bootstrap: str) -> Any:
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "enable.partition.eof": True,
-                "fetch.max.bytes": 64 * 1024 * 1024,
-                "max.partition.fetch.bytes": 16 * 1024 * 1024,
-                "queued.max.messages.kbytes": 256 * 1024,
+                # A read task needs a few MB; a deep prefetch queue made the broker serve (and
+                # `unassign` throw away) far more than that, and librdkafka's default one-second
+                # backoff before refilling a queue below its limits made the read wait. Small fetches
+                # refilled at once: 257k vs 139k records/s with two readers, and less CPU in both the
+                # reader and the broker (docs/benchmarks.md, "Kafka read").
+                "fetch.max.bytes": 4 * 1024 * 1024,
+                "max.partition.fetch.bytes": 2 * 1024 * 1024,
+                "queued.max.messages.kbytes": 4 * 1024,
+                "fetch.queue.backoff.ms": 1,
             }
         )
         _CONSUMERS[bootstrap] = c
