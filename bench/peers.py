@@ -12,6 +12,7 @@ corridor, 2 fixes back inside the inner band) so their alert counts are comparab
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -65,8 +66,10 @@ def run_naive(
     routes: dict[str, dict[str, Any]],
     assignment: dict[str, str],
     warmup: int = 0,
+    cpu: Callable[[], tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     corr = corridors(routes)
+    cpu = cpu or (lambda: (0.0, 0.0))
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -82,12 +85,14 @@ def run_naive(
     n = alerts = 0
     t_first = None
     warm: tuple[float, int] | None = None  # (time, events) when the warm-up share was done
+    cpu_warm = (0.0, 0.0)
     while n < total:
         msgs = c.consume(10000, 1.0)
         if t_first is None and msgs:
             t_first = time.perf_counter()
         if warm is None and n >= warmup and msgs:
             warm = (time.perf_counter(), n)
+            cpu_warm = cpu()
         for m in msgs:
             if m.error() is not None:
                 continue
@@ -106,6 +111,7 @@ def run_naive(
         p.poll(0)
     p.flush(30)
     t_end = time.perf_counter()
+    cpu_end = cpu()
     c.close()
     t_warm, n_warm = warm or (t_first or t_end, 0)
     return {
@@ -114,6 +120,7 @@ def run_naive(
         "sustained_events": n - n_warm,
         "startup_s": 0.0,
         "alerts": alerts,
+        "cpu_s": [cpu_end[0] - cpu_warm[0], cpu_end[1] - cpu_warm[1]],
     }
 
 
@@ -126,9 +133,12 @@ def run_quix(
     assignment: dict[str, str],
     state_dir: str,
     warmup: int = 0,
+    cpu: Callable[[], tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     from quixstreams import Application
 
+    cpu = cpu or (lambda: (0.0, 0.0))
+    snapshots: dict[str, tuple[float, float]] = {}
     corr = corridors(routes)
     app = Application(
         broker_address=bootstrap,
@@ -146,12 +156,14 @@ def run_quix(
     def process(value: dict[str, Any], state: Any) -> dict[str, Any] | None:
         if counters["n"] == warmup:
             counters["t_warm"] = time.perf_counter()
+            snapshots["warm"] = cpu()
         counters["n"] += 1
         st = state.get("s", default={})
         a = step(st, corr[assignment[value["vehicle_id"]]], value)
         state.set("s", st)
         if counters["n"] >= total:
             counters["t_last"] = time.perf_counter()
+            snapshots["end"] = cpu()
             app.stop()
         if a is None:
             return None
@@ -167,5 +179,6 @@ def run_quix(
         "seconds": counters["t_last"] - counters["t_warm"],
         "sustained_events": counters["n"] - warmup,
         "startup_s": 0.0,
+        "cpu_s": [snapshots["end"][i] - snapshots["warm"][i] for i in (0, 1)],
         "alerts": counters["alerts"],
     }

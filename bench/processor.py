@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench import workload as wl
+from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
 from fleetfence import infra
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
@@ -61,7 +63,13 @@ def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], 
         p.flush(120)
 
 
-def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoint: str) -> dict[str, Any]:
+def contender_spark(
+    args: argparse.Namespace,
+    s: Settings,
+    total: int,
+    checkpoint: str,
+    cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
+) -> dict[str, Any]:
     from processor.job import ProcessorSettings, start_query
     from processor.service import telemetry_events
     from processor.spark import build_session
@@ -88,6 +96,7 @@ def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoin
     q = start_query(spark, ps)
     seen = 0
     ends: list[tuple[float, int]] = []  # (time, events so far) at the end of each batch
+    cpus: list[tuple[float, float]] = []  # CPU snapshots taken when each batch end was seen
     last_batch = -1
     while seen < total:
         if q.exception() is not None:
@@ -98,22 +107,28 @@ def contender_spark(args: argparse.Namespace, s: Settings, total: int, checkpoin
                 rows = telemetry_events(p)
                 seen += rows
                 ends.append((time.perf_counter(), seen))
+                cpus.append(cpu())
         time.sleep(0.2)
     q.stop()
     spark.stop()
     # Sustained: from the end of the first batch that completes the warm-up share to the end of the
     # last one (the same rule as the peers: `warmup_events`).
-    data = [(t, n) for i, (t, n) in enumerate(ends) if n > (ends[i - 1][1] if i else 0)]
+    data = [
+        (t, n, c)
+        for i, ((t, n), c) in enumerate(zip(ends, cpus, strict=True))
+        if n > (ends[i - 1][1] if i else 0)
+    ]
     t_first = data[0][0]
-    t_warm, n_warm = next(((t, n) for t, n in data if n >= warmup_events(args, total)), data[0])
-    t_end = data[-1][0]
+    t_warm, n_warm, cpu_warm = next((d for d in data if d[1] >= warmup_events(args, total)), data[0])
+    t_end, _, cpu_end = data[-1]
     return {
         "events": seen,
         "seconds": t_end - t_warm,
         "sustained_events": seen - n_warm,
         "startup_s": t_first - t_start,
         "batches": len(data),
-        "measured_batches": sum(1 for t, _ in data if t > t_warm),
+        "measured_batches": sum(1 for t, _, _ in data if t > t_warm),
+        "cpu_s": [cpu_end[0] - cpu_warm[0], cpu_end[1] - cpu_warm[1]],
     }
 
 
@@ -142,6 +157,13 @@ def run_child(args: argparse.Namespace) -> None:
     w = wl.build(args.vehicles, args.fixes, args.routes, seed=args.seed)
     total = len(w)
     out_topic = f"{args.prefix}out.{args.child}"
+    bpid = broker_pid(int(args.bootstrap.rsplit(":", 1)[1]))
+    me = os.getpid()
+
+    def cpu() -> tuple[float, float]:
+        """CPU seconds so far of this contender's process tree and of the broker."""
+        return tree_cpu_s(me), (pid_cpu_s(bpid) if bpid else 0.0)
+
     if args.child == "naive":
         from bench.peers import run_naive
 
@@ -154,6 +176,7 @@ def run_child(args: argparse.Namespace) -> None:
             w.routes,
             w.assignment,
             warmup=warmup_events(args, total),
+            cpu=cpu,
         )
     elif args.child == "quix":
         from bench.peers import run_quix
@@ -167,9 +190,10 @@ def run_child(args: argparse.Namespace) -> None:
             w.assignment,
             tempfile.mkdtemp(),
             warmup=warmup_events(args, total),
+            cpu=cpu,
         )
     else:
-        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp")
+        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -402,7 +426,15 @@ def main() -> None:
             res = run_contender(args, s, name)
             results[name] = res
         table = Table(title=f"processor: {len(w):,} events, {args.vehicles:,} vehicles, local[{args.cores}]")
-        for col in ("contender", "guarantee", "events/s (sustained)", "vs naive", "vs quix", "alerts"):
+        for col in (
+            "contender",
+            "guarantee",
+            "events/s (sustained)",
+            "vs naive",
+            "vs quix",
+            "CPU µs/event own / broker",
+            "alerts",
+        ):
             table.add_column(col)
         rate = {k: (v.get("sustained_events", v["events"]) / v["seconds"]) for k, v in results.items()}
         guarantee = {
@@ -417,6 +449,7 @@ def main() -> None:
                 f"{rate[k]:,.0f}",
                 f"{rate[k] / rate['naive']:.2f}" if "naive" in rate else "-",
                 f"{rate[k] / rate['quix']:.2f}" if "quix" in rate else "-",
+                cpu_per_event(v),
                 str(v["alerts"]),
             )
         console.print(table)
@@ -437,6 +470,13 @@ def main() -> None:
         infra.down(s)
 
 
+def cpu_per_event(res: dict[str, Any]) -> str:
+    """CPU microseconds per measured event of the contender's processes and of the broker."""
+    own, broker = res.get("cpu_s", (0.0, 0.0))
+    n = max(1, int(res.get("sustained_events", res["events"])))
+    return f"{own / n * 1e6:.1f} / {broker / n * 1e6:.1f}"
+
+
 def record(
     args: argparse.Namespace, rate: dict[str, float], results: dict[str, Any], lat: dict[str, Any], n: int
 ) -> None:
@@ -445,14 +485,16 @@ def record(
         f"\n### Processor run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n",
         f"`.venv/bin/python bench/processor.py --vehicles {args.vehicles} --fixes {args.fixes} "
         f"--routes {args.routes} --buckets {args.buckets} --batch {args.batch} "
-        f"--latency-s {args.latency_s:g} --record`: {n:,} events, local[{args.cores}]\n",
-        "| contender | events/s | vs naive | vs quix | alerts |",
-        "|---|---|---|---|---|",
+        f"--latency-s {args.latency_s:g} --record`: {n:,} events, local[{args.cores}]; each contender "
+        f"timed after its first {args.warmup_share:.0%} of the events; CPU per measured event of the "
+        "contender's processes (Spark: driver, JVM and Python workers) and of the broker\n",
+        "| contender | events/s | vs naive | vs quix | CPU µs/event own / broker | alerts |",
+        "|---|---|---|---|---|---|",
     ]
     for k, v in results.items():
         lines.append(
             f"| {k} | {rate[k]:,.0f} | {rate[k] / rate.get('naive', rate[k]):.2f} | "
-            f"{rate[k] / rate.get('quix', rate[k]):.2f} | {v['alerts']} |"
+            f"{rate[k] / rate.get('quix', rate[k]):.2f} | {cpu_per_event(v)} | {v['alerts']} |"
         )
     if lat:
         lines.append(
