@@ -34,7 +34,10 @@ class ProcessorSettings(Settings):
         description="Checkpoint location (any Hadoop path); default <state_dir>/checkpoints/processor",
     )
     processor_buckets: int = Field(default=16, ge=1, le=4096, description="State buckets (vehicle groups).")
-    processor_max_events_per_batch: int = Field(default=200_000, ge=0, description="0 = no cap.")
+    # A micro-batch has ~1 s of fixed cost here (docs/architecture.md), so the cap decides how fast a
+    # backlog drains: 44k events/s at 100k, ~60k at 200k, ~113k at 400k (docs/benchmarks.md). Live
+    # batches hold what arrived during the previous one and stay far below it.
+    processor_max_events_per_batch: int = Field(default=400_000, ge=0, description="0 = no cap.")
     processor_trigger_ms: int = Field(default=200, ge=0)
     processor_lateness_s: float = Field(default=10.0, ge=0, description="Allowed event-time lateness.")
     processor_hysteresis_m: float = Field(default=15.0, ge=0)
