@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from admin_api.security import Role, create_api_key  # noqa: E402
+from bench.common import write_section  # noqa: E402
 from fleetfence.infra import free_port  # noqa: E402
 from vehicle_master.models import RouteData, VehicleData  # noqa: E402
 from vehicle_master.store import VehicleMaster  # noqa: E402
@@ -352,8 +353,6 @@ def main() -> None:
 
 
 def record(rows: list[tuple[str, ...]], srows: list[tuple[str, ...]], args: argparse.Namespace) -> None:
-    doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     header = "## Admin API (bench/api.py)"
     lines = [
         header,
@@ -377,14 +376,7 @@ def record(rows: list[tuple[str, ...]], srows: list[tuple[str, ...]], args: argp
         *(f"| {' | '.join(r)} |" for r in rows),
         "",
     ]
-    section = "\n".join(lines)
-    if header in text:
-        start = text.index(header)
-        nxt = text.find("\n## ", start + len(header))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
+    write_section(header, lines)
 
 
 if __name__ == "__main__":

@@ -484,13 +484,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="ff-bench-gw-") as state:
         s = GatewaySettings(
-            state_dir=Path(state),
-            kafka_port=infra.free_port(),
-            mqtt_port=infra.free_port(),
-            redis_port=infra.free_port(),
-            kafka_bootstrap=None,
-            mqtt_url=None,
-            redis_url=None,
+            **infra.private_fields(Path(state)),
             topic_prefix="bench.",
             gateway_metrics_port=0,
             gateway_receive_maximum=a.receive_maximum,

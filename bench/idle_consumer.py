@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,6 +32,7 @@ from alerts.metrics import ReceiverMetrics
 from alerts.model import AlertFilter
 from alerts.runner import MemoryDedup, ReceiverRunner, RunnerOptions
 from alerts.tail import TailSink
+from bench.common import write_section
 from bench.cpu import broker_pid, pid_cpu_s
 from fleetfence import infra
 from fleetfence.contracts import alert_id, ms_to_iso
@@ -82,13 +82,7 @@ def main() -> None:
     args = ap.parse_args()
 
     s = Settings(
-        state_dir=Path(tempfile.mkdtemp(prefix="ff-bench-idle-")),
-        kafka_port=infra.free_port(),
-        mqtt_port=infra.free_port(),
-        redis_port=infra.free_port(),
-        kafka_bootstrap=None,
-        mqtt_url=None,
-        redis_url=None,
+        **infra.private_fields(Path(tempfile.mkdtemp(prefix="ff-bench-idle-"))),
     )
     infra.up(s, create_topics=False)
     rows: list[tuple[str, float, float]] = []
@@ -153,10 +147,8 @@ def main() -> None:
 
 
 def record(args: argparse.Namespace, rows: list[tuple[str, float, float]], delivered: str) -> None:
-    doc = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-    text = doc.read_text()
     head = "## Idle consumers on the embedded broker (bench/idle_consumer.py)"
-    body: list[Any] = [
+    body: list[str] = [
         head,
         "",
         f"`.venv/bin/python -m bench.idle_consumer --seconds {args.seconds:g} --record` "
@@ -175,14 +167,7 @@ def record(args: argparse.Namespace, rows: list[tuple[str, float, float]], deliv
         "that long.",
         "",
     ]
-    section = "\n".join(body)
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + len(head))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
+    write_section(head, body)
 
 
 if __name__ == "__main__":

@@ -439,13 +439,7 @@ def main() -> None:
 
     state = Path(tempfile.mkdtemp(prefix="ff-bench-"))
     s = Settings(
-        state_dir=state,
-        kafka_port=infra.free_port(),
-        mqtt_port=infra.free_port(),
-        redis_port=infra.free_port(),
-        kafka_bootstrap=None,
-        mqtt_url=None,
-        redis_url=None,
+        **infra.private_fields(state),
         telemetry_partitions=PARTITIONS,
     )
     infra.up(s, create_topics=False)

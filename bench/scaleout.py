@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import workload as wl
+from bench.common import write_section
 from bench.processor import PARTITIONS, produce_all, run_contender
 from fleetfence import infra
 from fleetfence.kafka import ensure_topics, topic_specs
@@ -57,13 +58,7 @@ def main() -> None:
 
     state = Path(tempfile.mkdtemp(prefix="ff-bench-scaleout-"))
     s = Settings(
-        state_dir=state,
-        kafka_port=infra.free_port(),
-        mqtt_port=infra.free_port(),
-        redis_port=infra.free_port(),
-        kafka_bootstrap=None,
-        mqtt_url=None,
-        redis_url=None,
+        **infra.private_fields(state),
         telemetry_partitions=PARTITIONS,
     )
     infra.up(s, create_topics=False)
@@ -130,8 +125,6 @@ def main() -> None:
 
 
 def record(rows: list[dict[str, Any]], args: argparse.Namespace, n: int, load: float) -> None:
-    doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text()
     header = "## Processor scale-out (bench/scaleout.py)"
     base = rows[0]["rate"]
     lines = [
@@ -155,14 +148,7 @@ def record(rows: list[dict[str, Any]], args: argparse.Namespace, n: int, load: f
         ),
         "",
     ]
-    section = "\n".join(lines)
-    if header in text:
-        start = text.index(header)
-        nxt = text.find("\n## ", start + len(header))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
+    write_section(header, lines)
 
 
 if __name__ == "__main__":

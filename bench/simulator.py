@@ -38,13 +38,7 @@ def main() -> None:
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
         base = Settings(
-            state_dir=Path(tmp),
-            kafka_port=infra.free_port(),
-            mqtt_port=infra.free_port(),
-            redis_port=infra.free_port(),
-            kafka_bootstrap=None,
-            mqtt_url=None,
-            redis_url=None,
+            **infra.private_fields(Path(tmp)),
             topic_prefix=f"b{uuid.uuid4().hex[:6]}.",
         )
         infra.up(base)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import redis
@@ -154,6 +155,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def private_fields(state_dir: Path) -> dict[str, Any]:
+    """Settings fields for an embedded broker, Mosquitto and Redis of one's own, on free ports with
+    their data under `state_dir`: tests and benchmarks never touch the machine's shared instances on
+    the standard ports, nor any external endpoint from the environment."""
+    return {
+        "state_dir": state_dir,
+        "kafka_port": free_port(),
+        "mqtt_port": free_port(),
+        "redis_port": free_port(),
+        "kafka_bootstrap": None,
+        "mqtt_url": None,
+        "redis_url": None,
+    }
 
 
 # --------------------------------------------------------------------------- process bookkeeping

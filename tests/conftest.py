@@ -24,13 +24,7 @@ def infra_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
     """Private broker, Mosquitto and Redis for the whole test session (no topics created)."""
     state = tmp_path_factory.mktemp("fleetfence-state")
     settings = Settings(
-        state_dir=state,
-        kafka_port=infra.free_port(),
-        mqtt_port=infra.free_port(),
-        redis_port=infra.free_port(),
-        kafka_bootstrap=None,
-        mqtt_url=None,
-        redis_url=None,
+        **infra.private_fields(state),
         startup_timeout_s=60,
     )
     try:

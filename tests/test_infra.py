@@ -105,13 +105,7 @@ def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None
     from pathlib import Path
 
     s = Settings(
-        state_dir=Path(str(tmp_path)),
-        kafka_port=infra.free_port(),
-        mqtt_port=infra.free_port(),
-        redis_port=infra.free_port(),
-        kafka_bootstrap=None,
-        mqtt_url=None,
-        redis_url=None,
+        **infra.private_fields(Path(str(tmp_path))),
         startup_timeout_s=60,
     )
     try:
