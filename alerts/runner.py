@@ -185,7 +185,7 @@ class RunnerOptions:
     consumer_overrides: dict[str, Any] | None = None
     #: After a poll that brought nothing, fetching pauses this long (0: never). A broker that does
     #: not hold an empty fetch for `fetch.wait.max.ms` (noida-db 0.2.3 answers at once) otherwise
-    #: gets the next fetch at once: one idle consumer cost 0.37 cores of broker and 0.46 of client
+    #: gets the next fetch at once: one idle consumer cost 0.37 cores of broker and 0.45 of client
     #: (bench/idle_consumer.py). On Apache Kafka it only delays the first alert after a quiet spell.
     idle_backoff_ms: int = 100
 

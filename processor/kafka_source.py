@@ -108,7 +108,7 @@ def _consumer(bootstrap: str) -> Any:
                 # `unassign` throw away) far more than that, and librdkafka's default one-second
                 # backoff before refilling a queue below its limits made the read wait. Small fetches
                 # refilled at once: 257k vs 139k records/s with two readers, and less CPU in both the
-                # reader and the broker (docs/benchmarks.md, "Kafka read").
+                # reader and the broker (docs/architecture.md).
                 "fetch.max.bytes": 4 * 1024 * 1024,
                 "max.partition.fetch.bytes": 2 * 1024 * 1024,
                 "queued.max.messages.kbytes": 4 * 1024,
