@@ -25,6 +25,12 @@ class OrjsonResponse(JSONResponse):
         return orjson.dumps(content)
 
 
+class GeoJsonResponse(OrjsonResponse):
+    """`application/geo+json` (RFC 7946), so GIS tools recognise the body and the docs say so."""
+
+    media_type = "application/geo+json"
+
+
 def problem(status: int, detail: str, headers: dict[str, str] | None = None) -> Response:
     return OrjsonResponse({"detail": detail}, status_code=status, headers=headers)
 

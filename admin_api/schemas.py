@@ -47,6 +47,75 @@ ZONE_EXAMPLE: dict[str, Any] = {
     "properties": {"name": "Main depot", "kind": "depot", "dwell_limit_s": 3600},
 }
 
+UPDATED_EXAMPLE = "2026-11-22T06:00:00.000Z"
+ROUTE_OUT_EXAMPLE: dict[str, Any] = {
+    **ROUTE_EXAMPLE,
+    "properties": {
+        **ROUTE_EXAMPLE["properties"],
+        "route_id": "r-berlin-1",
+        "version": 3,
+        "updated": UPDATED_EXAMPLE,
+    },
+}
+ZONE_OUT_EXAMPLE: dict[str, Any] = {
+    **ZONE_EXAMPLE,
+    "properties": {
+        **ZONE_EXAMPLE["properties"],
+        "zone_id": "z-depot-1",
+        "version": 1,
+        "updated": UPDATED_EXAMPLE,
+    },
+}
+VEHICLE_OUT_EXAMPLE: dict[str, Any] = {
+    "vehicle_id": "truck-042",
+    "label": "Truck 42",
+    "attributes": {"plate": "B-FF 42"},
+    "version": 1,
+    "updated": UPDATED_EXAMPLE,
+}
+ASSIGNMENT_OUT_EXAMPLE: dict[str, Any] = {
+    "vehicle_id": "truck-042",
+    "route_id": "r-berlin-1",
+    "valid_from_ms": 1_795_327_200_000,
+    "valid_to_ms": None,
+    "valid_from": UPDATED_EXAMPLE,
+    "valid_to": None,
+    "version": 2,
+    "updated": UPDATED_EXAMPLE,
+}
+ALERT_EXAMPLE: dict[str, Any] = {  # docs/contracts.md, Kafka fleet.alerts
+    "alert_id": "5f1c0e9a7d3b2a11c0ffee42",
+    "type": "ROUTE_DEVIATION",
+    "vehicle_id": "truck-042",
+    "route_id": "r-berlin-1",
+    "route_version": 3,
+    "seq": 1817,
+    "ts_ms": 1_795_320_930_250,
+    "ts": "2026-11-22T04:15:30.250Z",
+    "lat": 52.5201,
+    "lon": 13.4049,
+    "details": {"distance_m": 212.4, "outside_fixes": 3, "outside_s": 2.0},
+}
+LIVE_EXAMPLE: dict[str, Any] = {
+    "vehicle_id": "truck-042",
+    "seq": 1820,
+    "ts_ms": 1_795_320_933_250,
+    "lat": 52.5203,
+    "lon": 13.4052,
+    "speed_kmh": 43.5,
+    "status": "off_route",
+    "overspeed": False,
+    "silent": False,
+    "route_id": "r-berlin-1",
+    "route_version": 3,
+    "progress_m": 1250.0,
+    "progress_ratio": 0.42,
+    "zones": [],
+    "h3": "891f1d48947ffff",
+    "updated_ms": 1_795_320_933_300,
+    "open_alerts": [ALERT_EXAMPLE],
+}
+
 
 class Echoed(BaseModel):
     version: int | None = Field(default=None, description="Ignored on input; use If-Match.")
@@ -72,6 +141,7 @@ class RoutePropsOut(RouteProps):
 
 
 class RouteFeature(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [ROUTE_OUT_EXAMPLE]})
     type: Literal["Feature"]
     id: EntityId
     geometry: LineString
@@ -97,6 +167,7 @@ class ZonePropsOut(ZoneProps):
 
 
 class ZoneFeature(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [ZONE_OUT_EXAMPLE]})
     type: Literal["Feature"]
     id: EntityId
     geometry: ZoneGeometry
@@ -104,12 +175,22 @@ class ZoneFeature(BaseModel):
 
 
 class RouteCollection(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"type": "FeatureCollection", "features": [ROUTE_OUT_EXAMPLE], "next_after": None}]
+        }
+    )
     type: Literal["FeatureCollection"]
     features: list[RouteFeature]
     next_after: str | None = Field(description="Pass as `after` for the next page; null on the last.")
 
 
 class ZoneCollection(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"type": "FeatureCollection", "features": [ZONE_OUT_EXAMPLE], "next_after": None}]
+        }
+    )
     type: Literal["FeatureCollection"]
     features: list[ZoneFeature]
     next_after: str | None
@@ -125,11 +206,15 @@ class VehicleIn(VehicleProps, Echoed):
 
 
 class VehicleOut(VehicleData):
+    model_config = ConfigDict(json_schema_extra={"examples": [VEHICLE_OUT_EXAMPLE]})
     version: int
     updated: str
 
 
 class VehiclePage(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"items": [VEHICLE_OUT_EXAMPLE], "next_after": "truck-042"}]}
+    )
     items: list[VehicleOut]
     next_after: str | None
 
@@ -154,6 +239,7 @@ class AssignmentIn(BaseModel):
 
 
 class AssignmentOut(AssignmentData):
+    model_config = ConfigDict(json_schema_extra={"examples": [ASSIGNMENT_OUT_EXAMPLE]})
     valid_from: str
     valid_to: str | None
     version: int
@@ -161,6 +247,9 @@ class AssignmentOut(AssignmentData):
 
 
 class AssignmentPage(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"items": [ASSIGNMENT_OUT_EXAMPLE], "next_after": None}]}
+    )
     items: list[AssignmentOut]
     next_after: str | None
 
@@ -177,7 +266,7 @@ class ImportResult(BaseModel):
 
 
 class Alert(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [ALERT_EXAMPLE]})
     alert_id: str
     type: AlertType
     vehicle_id: str
@@ -192,12 +281,13 @@ class Alert(BaseModel):
 
 
 class AlertPage(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"items": [ALERT_EXAMPLE], "next_offset": 1}]})
     items: list[Alert]
     next_offset: int | None
 
 
 class LiveState(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [LIVE_EXAMPLE]})
     vehicle_id: str
     seq: int
     ts_ms: int
@@ -218,15 +308,102 @@ class LiveState(BaseModel):
 
 
 class LivePage(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"items": [{**LIVE_EXAMPLE, "open_alerts": []}], "next_offset": None}]
+        }
+    )
     items: list[LiveState]
     next_offset: int | None
 
 
 class StreamToken(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"token": "fft_q3VnZ1x0cE9kRmJ3YWxsZXRz", "expires_in_s": 60, "role": "viewer"}]
+        }
+    )
     token: str = Field(description="Pass as `token` to GET /api/v1/stream; valid for expires_in_s.")
     expires_in_s: int
     role: Literal["viewer", "admin"] = Field(description="The role of the key the token was issued for.")
 
 
 class Problem(BaseModel):
+    """The body of every error but a validation error (FastAPI's `{"detail": "..."}`)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"detail": "unknown or revoked API key"}]})
     detail: str
+
+
+class ValidationIssue(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    loc: list[str | int] = Field(description="Where: `body`, `query` or `path`, then the field path.")
+    msg: str
+    type: str
+
+
+class ValidationProblem(BaseModel):
+    """A 422: every problem found, each with its location (FastAPI's own shape, also used for the
+    vehicle master's semantic checks, so clients parse one format)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "detail": [
+                        {
+                            "loc": ["body", "geometry"],
+                            "msg": "Value error, point 0: longitude 181.0 outside [-180, 180]",
+                            "type": "value_error",
+                        }
+                    ]
+                }
+            ]
+        }
+    )
+    detail: list[ValidationIssue]
+
+
+class Health(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"status": "ok"}]})
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"ready": True, "checks": {"redis": "ok", "kafka": "1 broker(s), 12 topic(s)"}},
+                {
+                    "ready": False,
+                    "checks": {
+                        "redis": "unreachable: ConnectionError: Error 111 connecting to 127.0.0.1:6379. "
+                        "Connect call failed ('127.0.0.1', 6379).",
+                        "kafka": "1 broker(s), 12 topic(s)",
+                    },
+                },
+            ]
+        }
+    )
+    ready: bool
+    checks: dict[str, str] = Field(
+        description='Per dependency (`redis`, `kafka`): "unreachable: <why>" when it failed, else "ok" '
+        "or a short summary."
+    )
+
+
+def problem_doc(description: str, detail: str) -> dict[str, Any]:
+    """A `responses=` entry: the Problem body with this status's real message as the example, so
+    the docs show what a client will actually read."""
+    return {
+        "model": Problem,
+        "description": description,
+        "content": {"application/json": {"example": {"detail": detail}}},
+    }
+
+
+UNAUTHORIZED = problem_doc("No or unknown API key", "missing API key: send it in the X-API-Key header")
+INVALID: dict[str, Any] = {
+    "model": ValidationProblem,
+    "description": "Invalid parameters or body; every problem is listed",
+}

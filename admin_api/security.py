@@ -47,15 +47,26 @@ def names_key(prefix: str) -> str:
     return f"{prefix}apikeys:names"
 
 
+# One script, so the name and its key are written together or not at all: with two commands a
+# crash between them left a name pointing at no key, which blocks the name until someone revokes it.
+CREATE_LUA = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+    return 0
+end
+redis.call('HSET', KEYS[2], 'name', ARGV[1], 'role', ARGV[3], 'created_ms', ARGV[4])
+return 1
+"""
+
+
 def create_api_key(r: redis.Redis, prefix: str, name: str, role: Role) -> str:
     """Create a key; returns the plain key, which is shown once and never stored."""
     if not VEHICLE_ID_RE.match(name):
         raise ApiKeyError(f"key name {name!r} must match {VEHICLE_ID_RE.pattern}")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     d = digest(key)
-    if not r.hsetnx(names_key(prefix), name, d):
+    keys = [names_key(prefix), key_hash_key(prefix, d)]
+    if not r.register_script(CREATE_LUA)(keys=keys, args=[name, d, role.value, utc_now_ms()]):
         raise ApiKeyError(f"an API key named {name!r} already exists; revoke it first")
-    r.hset(key_hash_key(prefix, d), mapping={"name": name, "role": role.value, "created_ms": utc_now_ms()})
     logger.info("api key created name=%s role=%s", name, role.value)
     return key
 
@@ -70,6 +81,22 @@ def list_api_keys(r: redis.Redis, prefix: str) -> list[dict[str, str]]:
 
 def _s(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _role(raw: bytes | str, key_digest: str) -> Role | None:
+    """The stored role, or None when it is not a Role (hand-edited or corrupt data).
+
+    Such a key is refused like an unknown one (401) instead of failing every request with a 500;
+    the warning names the digest (never the key), i.e. the record `apikey:<digest>` to fix.
+    """
+    value = _s(raw)
+    try:
+        return Role(value)
+    except ValueError:
+        logger.warning(
+            "api key with an invalid stored role refused digest=%s role=%r", key_digest, value[:40]
+        )
+        return None
 
 
 def revoke_api_key(r: redis.Redis, prefix: str, name: str) -> None:
@@ -104,7 +131,10 @@ class KeyVerifier:
         if raw is None:
             self._cache.pop(d, None)
             return None
-        role = Role(raw.decode() if isinstance(raw, bytes) else raw)
+        role = _role(raw, d)
+        if role is None:
+            self._cache.pop(d, None)
+            return None
         if self.cache_s > 0:
             if len(self._cache) > 10_000:  # bounded: unique bad keys must not grow memory forever
                 self._cache.clear()
@@ -141,4 +171,4 @@ async def stream_token_role(r: aioredis.Redis, prefix: str, token: str) -> Role 
     if key_digest is None:
         return None
     raw = await r.hget(key_hash_key(prefix, _s(key_digest)), "role")
-    return None if raw is None else Role(_s(raw))
+    return None if raw is None else _role(raw, _s(key_digest))

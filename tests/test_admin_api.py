@@ -4,6 +4,7 @@ optimistic concurrency, the auth matrix, bulk import, read models, limits and pr
 from __future__ import annotations
 
 import copy
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,12 +13,23 @@ import orjson
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
 
+from admin_api import schemas
 from admin_api.app import create_app
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
-from admin_api.security import Role, create_api_key, revoke_api_key
+from admin_api.security import (
+    ApiKeyError,
+    Role,
+    create_api_key,
+    digest,
+    key_hash_key,
+    names_key,
+    revoke_api_key,
+)
 from admin_api.settings import ApiSettings, api_settings
 from fleetfence.contracts import alert_id
+from fleetfence.infra import free_port
 from fleetfence.settings import Settings
 
 pytestmark = pytest.mark.services
@@ -155,6 +167,28 @@ def test_pagination_visits_every_vehicle_once(api: Api) -> None:
     assert seen == [f"v{i:02d}" for i in range(23)]
 
 
+def test_routes_name_contains_filter_is_case_insensitive_and_pages(api: Api) -> None:
+    names = {"r1": "Berlin loop", "r2": "Hamburg harbour", "r3": "BERLIN airport run", "r4": "Potsdam"}
+    for rid, name in names.items():
+        assert api.c.post("/api/v1/routes", json=route_feature(rid, name=name), headers=api.admin).is_success
+
+    def page(**params: Any) -> tuple[list[str], str | None]:
+        res = api.c.get("/api/v1/routes", params=params, headers=api.viewer)
+        assert res.status_code == 200, res.text
+        body = res.json()
+        return [f["id"] for f in body["features"]], body["next_after"]
+
+    assert page(name_contains="berlin") == (["r1", "r3"], None)
+    assert page(name_contains="HARBOUR") == (["r2"], None)
+    assert page(name_contains="rome") == ([], None)
+    assert page(name_contains="berlin", limit=1) == (["r1"], "r1")
+    assert page(name_contains="berlin", limit=1, after="r1") == (["r3"], "r3")
+    assert page(name_contains="berlin", limit=1, after="r3") == ([], None)
+    too_long = api.c.get("/api/v1/routes", params={"name_contains": "x" * 201}, headers=api.viewer)
+    assert too_long.status_code == 422
+    assert "at most 200 characters" in too_long.json()["detail"][0]["msg"]
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -181,6 +215,11 @@ def _bad_route(**change: Any) -> dict[str, Any]:
             "routes",
             _bad_route(geometry={"type": "LineString", "coordinates": [[13.4, 95], [1, 1]]}),
             "latitude 95",
+        ),
+        (
+            "routes",
+            _bad_route(geometry={"type": "LineString", "coordinates": [[181, 52.5], [13.4, 52.5]]}),
+            "longitude 181.0 outside [-180, 180]",
         ),
         ("routes", _bad_route(corridor_width_m=0), "greater than 0"),
         ("routes", _bad_route(corridor_width_m=-5), "greater than 0"),
@@ -271,9 +310,35 @@ def _operations(client: TestClient) -> list[tuple[str, str]]:
     ]
 
 
-def _call(api: Api, method: str, path: str, headers: dict[str, str]) -> int:
+# What an admin's call in the matrix returns, exactly. The bodies are minimal but valid, so every
+# write succeeds (201 creates, 200 replaces what seed() made); reads of what seed() did not create
+# are 404s and the reports without their required from/to are 422s. Anything else is 200.
+ADMIN_EXPECTED = {
+    ("post", "/api/v1/routes"): 201,
+    ("put", "/api/v1/routes/{route_id}"): 200,
+    ("post", "/api/v1/zones"): 201,
+    ("put", "/api/v1/zones/{zone_id}"): 200,
+    ("post", "/api/v1/vehicles"): 201,
+    ("put", "/api/v1/vehicles/{vehicle_id}"): 200,
+    ("post", "/api/v1/assignments"): 201,  # v-new, created by the vehicles POST before it
+    ("put", "/api/v1/assignments/{vehicle_id}"): 200,
+    ("post", "/api/v1/import"): 200,  # an empty collection: nothing to write, counts all 0
+    ("post", "/api/v1/stream/token"): 200,
+    ("get", "/api/v1/live/{vehicle_id}"): 404,  # no fix processed for v1
+    ("get", "/api/v1/alerts/{alert_id}"): 404,
+}
+
+
+def _call(api: Api, method: str, path: str, headers: dict[str, str], query: str = "") -> int:
     url = path.replace("{route_id}", "r1").replace("{zone_id}", "z1").replace("{vehicle_id}", "v1")
-    url = url.replace("{alert_id}", "abc123")
+    url = url.replace("{alert_id}", "abc123") + query
+    if path == "/api/v1/stream":
+        # An endless body: take the status once the response starts, then hang up (the client
+        # closes the stream at once, as a browser leaving the page does).
+        with api.c.stream("GET", url, headers=headers) as res:
+            if res.status_code == 200:
+                assert res.headers["content-type"].startswith("text/event-stream")
+            return res.status_code
     body: Any = None
     if method in {"post", "put"}:
         body = {
@@ -291,17 +356,20 @@ def _call(api: Api, method: str, path: str, headers: dict[str, str]) -> int:
     return api.c.request(method.upper(), url, json=body, headers=headers).status_code
 
 
+def _reports_need_a_range(path: str) -> bool:
+    return path.startswith("/api/v1/reports/")
+
+
 def test_auth_matrix_every_route(api: Api) -> None:
     seed(api)
     ops = _operations(api.c)
     assert len(ops) >= 24
+    assert ("get", "/api/v1/stream") in ops
     problems = []
     for method, path in ops:
         for who, headers in (("none", {}), ("bogus", {"X-API-Key": "ffk_not-a-key"})):
             if (code := _call(api, method, path, headers)) != 401:
                 problems.append((method, path, who, code))
-        if path == "/api/v1/stream":
-            continue  # an endless stream: its 200 for a viewer is checked against the real server
         viewer = _call(api, method, path, api.viewer)
         if path in VIEWER_POSTS:
             if viewer != 200:
@@ -313,8 +381,18 @@ def test_auth_matrix_every_route(api: Api) -> None:
         # Deletes last in the matrix would break later calls, so admins write to throwaway ids.
         if method != "delete":
             admin = _call(api, method, path, api.admin)
-            if admin in (401, 403) or admin >= 500:
+            expected = ADMIN_EXPECTED.get((method, path), 422 if _reports_need_a_range(path) else 200)
+            if admin != expected:
                 problems.append((method, path, "admin", admin))
+    # The stream also takes a short-lived token instead of the header (EventSource cannot send one).
+    token = api.c.post("/api/v1/stream/token", headers=api.viewer).json()["token"]
+    for who, query, expected in (
+        ("viewer token", f"?token={token}", 200),
+        ("bogus token", "?token=fft_not-a-token", 401),
+        ("api key as token", f"?token={api.viewer['X-API-Key']}", 401),
+    ):
+        if (code := _call(api, "get", "/api/v1/stream", {}, query)) != expected:
+            problems.append(("get", "/api/v1/stream", who, code))
     assert problems == []
     # Deletes with an admin key succeed once the references are gone.
     for path in (
@@ -333,6 +411,51 @@ def test_revoked_key_is_refused(api: Api) -> None:
     assert api.c.get("/api/v1/routes", headers=api.viewer).status_code == 401
     assert api.r.keys(f"{api.p}apikey:*") != []  # the admin key is still there, stored hashed
     assert all(api.admin["X-API-Key"].encode() not in api.r.dump(k) for k in api.r.keys(f"{api.p}apikey*"))
+
+
+def test_corrupt_stored_role_is_refused_with_a_warning(api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    """A role value that is not a Role (hand-edited, or written by a newer version) must make the
+    key invalid (401), for the header and for stream tokens issued to it, not crash every request."""
+    viewer_key = api.viewer["X-API-Key"]
+    token = api.c.post("/api/v1/stream/token", headers=api.viewer).json()["token"]
+    api.r.hset(key_hash_key(api.p, digest(viewer_key)), "role", "superuser")
+    with caplog.at_level(logging.WARNING, logger="admin_api.security"):
+        res = api.c.get("/api/v1/routes", headers=api.viewer)
+        assert (res.status_code, res.json()["detail"]) == (401, "unknown or revoked API key")
+        assert api.c.get("/api/v1/stream", params={"token": token}).status_code == 401
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert all("invalid stored role" in w and "'superuser'" in w for w in warnings)
+    assert not any(viewer_key in w for w in warnings)  # the log never carries the key
+    assert api.c.get("/api/v1/routes", headers=api.admin).status_code == 200  # others unaffected
+
+
+def test_create_api_key_writes_name_and_key_in_one_atomic_command(api: Api) -> None:
+    """The name and the key's hash are written by one server-side script, so no crash can leave a
+    name without its key. A crash cannot be placed between two commands on purpose, so the test
+    watches the wire (MONITOR): no write to the key store may come as a plain client command."""
+    monitor_client = redis.Redis.from_url(api.settings.redis_dsn, socket_timeout=10)
+    marker = f"end-{uuid.uuid4().hex}"
+    try:
+        with monitor_client.monitor() as m:
+            key = create_api_key(api.r, api.p, "ops", Role.VIEWER)
+            with pytest.raises(ApiKeyError, match="already exists"):
+                create_api_key(api.r, api.p, "ops", Role.ADMIN)
+            api.r.echo(marker)
+            seen: list[dict[str, Any]] = []
+            while marker not in (cmd := m.next_command())["command"]:  # socket_timeout is the deadline
+                seen.append(cmd)
+    finally:
+        monitor_client.close()
+    ours = [c for c in seen if api.p in c["command"]]
+    plain = [c["command"] for c in ours if c["client_type"] != "lua" and c["command"].split()[0] != "EVALSHA"]
+    assert plain == []
+    assert sum(c["client_type"] == "lua" and c["command"].startswith("HSETNX") for c in ours) == 2
+    assert sum(c["client_type"] == "lua" and c["command"].startswith("HSET ") for c in ours) == 1
+    # The refused duplicate left the first key as it was, and wrote no second key.
+    assert api.r.hget(names_key(api.p), "ops") == digest(key).encode()
+    assert api.r.hget(key_hash_key(api.p, digest(key)), "role") == b"viewer"
+    assert len(api.r.keys(f"{api.p}apikey:*")) == 3  # admin, viewer, ops
 
 
 # --------------------------------------------------------------------------- bulk import
@@ -533,6 +656,20 @@ def test_request_size_limit_and_cors(api: Api) -> None:
     assert "access-control-allow-origin" not in evil.headers
 
 
+def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        node = schema["components"]["schemas"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def _has_example(schema: dict[str, Any], media: dict[str, Any]) -> bool:
+    """An example on the media type (example/examples) or on the (resolved) schema."""
+    if media.get("example") is not None or media.get("examples"):
+        return True
+    resolved = _resolve(schema, media.get("schema", {}))
+    return bool(resolved.get("examples")) or resolved.get("example") is not None
+
+
 def test_health_ready_metrics_and_openapi_examples(api: Api) -> None:
     assert api.c.get("/healthz").json() == {"status": "ok"}
     ready = api.c.get("/readyz")
@@ -542,17 +679,62 @@ def test_health_ready_metrics_and_openapi_examples(api: Api) -> None:
     metrics = api.c.get("/metrics").text
     assert 'fleetfence_api_requests_total{method="GET",route="/api/v1/routes",status="200"}' in metrics
     schema = api.c.get("/openapi.json").json()
-    post_route = schema["paths"]["/api/v1/routes"]["post"]
-    assert post_route["requestBody"]["content"]["application/json"]["examples"]
     assert "X-API-Key" in str(schema["components"]["securitySchemes"])
+    # Every request body and every JSON response (2xx and errors) of every operation has an example.
+    missing = []
+    operations = 0
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            operations += 1
+            body = op.get("requestBody")
+            if body is not None:
+                json_bodies = [m for t, m in body["content"].items() if t.endswith("json")]
+                if not json_bodies or not all(_has_example(schema, m) for m in json_bodies):
+                    missing.append(f"{method} {path} request body")
+            for status, response in op["responses"].items():
+                for media_type, media in response.get("content", {}).items():
+                    if media_type.endswith("json") and not _has_example(schema, media):
+                        missing.append(f"{method} {path} {status} {media_type}")
+            ok = [s for s in op["responses"] if s.startswith("2")]
+            json_ok = any(t.endswith("json") for s in ok for t in op["responses"][s].get("content", {}))
+            documented = path == "/api/v1/stream" or method == "delete" or json_ok
+            if path.startswith("/api/v1/") and not documented:  # every JSON read and write
+                missing.append(f"{method} {path}: no JSON 2xx body")
+    assert operations >= 30
+    assert missing == []
+    # The examples are real: each validates against its own model.
+    for model in vars(schemas).values():
+        if isinstance(model, type) and issubclass(model, BaseModel) and model.__module__ == schemas.__name__:
+            extra = model.model_config.get("json_schema_extra")
+            for example in extra.get("examples", []) if isinstance(extra, dict) else []:
+                model.model_validate(example)
+    # Liveness vs readiness is part of the contract.
+    healthz, readyz = schema["paths"]["/healthz"]["get"], schema["paths"]["/readyz"]["get"]
+    assert "Liveness" in healthz["description"]
+    assert "checks no dependency" in healthz["description"]
+    assert "Readiness" in readyz["description"]
+    assert "503" in readyz["responses"]
 
 
 def test_readyz_reports_unreachable_kafka(api_conf: ApiSettings) -> None:
-    from fleetfence.infra import free_port
-
     conf = api_conf.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
     with TestClient(create_app(conf)) as c:
         res = c.get("/readyz")
     assert res.status_code == 503
     assert res.json()["checks"]["kafka"].startswith("unreachable")
     assert res.json()["checks"]["redis"] == "ok"
+
+
+def test_readyz_reports_unreachable_redis_while_healthz_stays_live(api_conf: ApiSettings) -> None:
+    """Nothing listens on the port: readiness fails and names Redis; liveness checks no dependency,
+    so it still answers 200 (a restart would not bring Redis back)."""
+    conf = api_conf.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    with TestClient(create_app(conf)) as c:
+        live = c.get("/healthz")
+        res = c.get("/readyz")
+    assert (live.status_code, live.json()) == (200, {"status": "ok"})
+    assert res.status_code == 503, res.text
+    body = res.json()
+    assert body["ready"] is False
+    assert body["checks"]["redis"].startswith("unreachable: "), body
+    assert not body["checks"]["kafka"].startswith("unreachable"), body

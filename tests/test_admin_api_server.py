@@ -1,6 +1,6 @@
 """The admin API as deployed: `fleetfence api` (uvicorn, outbox relay inside) as a real
 subprocess. Checks the relay end to end, the SSE stream, and runs schemathesis over the whole
-OpenAPI schema asserting that no generated request causes a server error."""
+OpenAPI schema (as admin, viewer and anonymous) asserting no server error and the role rules."""
 
 from __future__ import annotations
 
@@ -167,34 +167,84 @@ def test_sse_stream_delivers_alerts_and_positions(server: Server) -> None:
 # --------------------------------------------------------------------------- schemathesis
 
 
-def test_schemathesis_no_server_errors(server: Server) -> None:
-    """Every operation (but the endless SSE stream), property-based bodies/params/headers, as admin.
+def _operations(server: Server) -> list[Any]:
+    """Every operation but the endless SSE stream (its auth is in test_auth_matrix_every_route)."""
+    schema = schemathesis.openapi.from_url(f"{server.base}/openapi.json").exclude(path="/api/v1/stream")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 27
+    return operations
+
+
+def _for_each_case(op: Any, max_examples: int, check: Callable[[Any], None]) -> None:
+    """Run `check` on property-based cases of one operation.
 
     Hypothesis drives schemathesis' strategies directly: its pytest plugin (`from_fixture`) does
     not work with this pytest version.
     """
-    schema = schemathesis.openapi.from_url(f"{server.base}/openapi.json").exclude(path="/api/v1/stream")
-    operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 27
+
+    @given(case=op.as_strategy())
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def run(case: Any) -> None:
+        check(case)
+
+    run()
+
+
+def test_schemathesis_no_server_errors(server: Server) -> None:
+    """Every operation (but the endless SSE stream), property-based bodies/params/headers, as admin."""
     calls: Counter[int] = Counter()
     failures: list[str] = []
-    for op in operations:
 
-        @given(case=op.as_strategy())
-        @settings(
-            max_examples=12,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        def run(case: Any) -> None:
-            response = case.call(headers=server.admin, timeout=10)
-            calls[response.status_code] += 1
-            if response.status_code >= 500:
-                failures.append(f"{case.operation.label}: {response.status_code} {case.as_curl_command()}")
+    def check(case: Any) -> None:
+        response = case.call(headers=server.admin, timeout=10)
+        calls[response.status_code] += 1
+        if response.status_code >= 500:
+            failures.append(f"{case.operation.label}: {response.status_code} {case.as_curl_command()}")
 
-        run()
+    for op in _operations(server):
+        _for_each_case(op, 12, check)
     assert failures == []
     assert sum(calls.values()) >= 200
     assert any(200 <= code < 300 for code in calls), calls  # some generated requests succeeded
+
+
+# POSTs that change no master data: a viewer may call them.
+VIEWER_POSTS = {"/api/v1/stream/token"}
+
+
+def test_schemathesis_viewer_and_anonymous_callers(server: Server) -> None:
+    """The same generated requests with a viewer key and with no key: never a 5xx; without a key
+    every /api/v1 operation is a 401 whatever the parameters; a viewer's write is a 403 (the role
+    is checked before the body), a viewer's read is never refused."""
+    problems: list[str] = []
+    calls = 0
+
+    def check(case: Any) -> None:
+        nonlocal calls
+        op = case.operation
+        api = op.path.startswith("/api/v1/")
+        write = op.method.lower() in {"post", "put", "delete", "patch"} and op.path not in VIEWER_POSTS
+        if case.headers:  # the schema's security scheme may make schemathesis send a key of its own
+            case.headers = {k: v for k, v in case.headers.items() if k.lower() != "x-api-key"}
+        for who, headers in (("viewer", server.viewer), ("anonymous", {})):
+            code = case.call(headers=headers, timeout=10).status_code
+            calls += 1
+            expected = None
+            if api and who == "anonymous":
+                expected = 401
+            elif api and write:
+                expected = 403
+            refused = api and not write and who == "viewer" and code in (401, 403)
+            if code >= 500 or refused or (expected is not None and code != expected):
+                problems.append(f"{op.label} {who}: {code} {case.as_curl_command()}")
+
+    for op in _operations(server):
+        _for_each_case(op, 3, check)
+    assert problems == []
+    assert calls >= 100

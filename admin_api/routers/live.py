@@ -18,7 +18,16 @@ from fastapi.responses import StreamingResponse
 from admin_api.deps import Redis, StreamViewer, Viewer, api_key_header
 from admin_api.readmodels import LiveReader, ReadKeys
 from admin_api.responses import OrjsonResponse
-from admin_api.schemas import Alert, AlertPage, LivePage, LiveState, Problem, StreamToken
+from admin_api.schemas import (
+    INVALID,
+    UNAUTHORIZED,
+    Alert,
+    AlertPage,
+    LivePage,
+    LiveState,
+    StreamToken,
+    problem_doc,
+)
 from admin_api.security import issue_stream_token
 from fleetfence.contracts import VEHICLE_ID_RE, AlertType
 
@@ -27,8 +36,9 @@ router = APIRouter(prefix="/api/v1")
 
 VehiclePath = Annotated[str, Path(pattern=VEHICLE_ID_RE.pattern)]
 ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": Problem, "description": "No or unknown API key"},
-    404: {"model": Problem, "description": "Not found"},
+    401: UNAUTHORIZED,
+    404: problem_doc("Not found", "no live state for vehicle 'truck-042' (no fix processed yet)"),
+    422: INVALID,
 }
 SCAN_CHUNK = 200
 
@@ -171,7 +181,12 @@ async def stream_token(
     "/stream",
     tags=["live"],
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "SSE: `alert` and `positions` events"}
+        200: {"content": {"text/event-stream": {}}, "description": "SSE: `alert` and `positions` events"},
+        401: problem_doc(
+            "No or unknown API key or stream token",
+            "unknown or expired stream token: ask POST /api/v1/stream/token for a new one",
+        ),
+        422: INVALID,
     },
     response_class=StreamingResponse,
 )

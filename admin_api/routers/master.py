@@ -14,13 +14,14 @@ from fastapi import APIRouter, Body, Path, Query, Response
 from admin_api.deps import Admin, IfMatch, Master, Viewer, etag, parse_if_match
 from admin_api.responses import OrjsonResponse
 from admin_api.schemas import (
+    INVALID,
     ROUTE_EXAMPLE,
+    UNAUTHORIZED,
     ZONE_EXAMPLE,
     AssignmentIn,
     AssignmentOut,
     AssignmentPage,
     ImportResult,
-    Problem,
     RouteCollection,
     RouteFeature,
     RouteFeatureIn,
@@ -30,6 +31,7 @@ from admin_api.schemas import (
     ZoneCollection,
     ZoneFeature,
     ZoneFeatureIn,
+    problem_doc,
 )
 from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity, utc_now_ms
 from vehicle_master.errors import MasterValidationError, NotFoundError
@@ -45,16 +47,25 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
 After = Annotated[str | None, Query(pattern=ID, description="Return ids after this one (next_after).")]
 
 READ_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": Problem, "description": "No or unknown API key"},
-    404: {"model": Problem, "description": "No such entity"},
+    401: UNAUTHORIZED,
+    404: problem_doc("No such entity", "route 'r-berlin-1' does not exist"),
+    422: INVALID,
 }
 WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": Problem, "description": "No or unknown API key"},
-    403: {"model": Problem, "description": "A viewer key cannot write"},
-    404: {"model": Problem, "description": "No such entity (update/delete)"},
-    409: {"model": Problem, "description": "Exists already (POST) or still referenced (DELETE)"},
-    412: {"model": Problem, "description": "If-Match does not name the current version"},
-    413: {"model": Problem, "description": "Body too large"},
+    401: UNAUTHORIZED,
+    403: problem_doc(
+        "A viewer key cannot write", "this operation needs an admin API key; yours is a viewer key"
+    ),
+    404: problem_doc("No such entity (update/delete)", "route 'r-berlin-1' does not exist"),
+    409: problem_doc(
+        "Exists already (POST) or still referenced (DELETE)", "route 'r-berlin-1' already exists (version 3)"
+    ),
+    412: problem_doc(
+        "If-Match does not name the current version",
+        "route 'r-berlin-1' is at version 4, not the expected one",
+    ),
+    413: problem_doc("Body too large", "request body larger than 5242880 bytes"),
+    422: INVALID,
 }
 
 
@@ -363,7 +374,7 @@ IMPORT_EXAMPLE = {
     response_model=ImportResult,
     responses={
         **WRITE_ERRORS,
-        422: {"description": "Every invalid feature, with its index; nothing written"},
+        422: {**INVALID, "description": "Every invalid feature, with its index; nothing written"},
     },
     tags=["import"],
 )

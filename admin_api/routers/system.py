@@ -9,20 +9,35 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from admin_api.deps import Redis
 from admin_api.responses import OrjsonResponse
+from admin_api.schemas import Health, Readiness
 from fleetfence.infra import kafka_ping
 
 router = APIRouter(tags=["system"])
 
 
-@router.get("/healthz")
+@router.get(
+    "/healthz",
+    response_model=Health,
+    summary="Liveness probe",
+    description="**Liveness**: 200 while the process serves requests. It checks no dependency on "
+    "purpose: a Redis or Kafka outage must not make an orchestrator restart every API replica "
+    "(a restart cannot fix the outage). Use `/readyz` (**readiness**) to decide whether to send "
+    "traffic.",
+)
 async def healthz() -> dict[str, str]:
-    """The process serves requests (says nothing about its dependencies)."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "Redis or Kafka unreachable"}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    summary="Readiness probe",
+    description="**Readiness**: 200 when Redis answers PING and Kafka a metadata request (each "
+    "within 2 s), 503 otherwise, with each dependency's state in `checks`. Unlike `/healthz` "
+    "(**liveness**) it depends on Redis and Kafka.",
+    responses={503: {"model": Readiness, "description": "Redis or Kafka unreachable"}},
+)
 async def readyz(request: Request, r: Redis) -> Response:
-    """Ready when Redis answers PING and Kafka a metadata request (each within 2 s)."""
     checks: dict[str, str] = {}
     try:
         await asyncio.wait_for(r.ping(), 2.0)
