@@ -72,6 +72,8 @@ KIND_MASTER = "M"
 KIND_INVALID = "E"
 KIND_RECORD = "R"  # record mode: one raw Kafka record (see `output=records`)
 CHUNK_FIXES = 50_000
+PARSE_SLICE = 10_000  # records parsed at a time, once a block is drained
+DRAIN_BLOCK = 250_000  # most records a read task holds unparsed (see `_drain`)
 
 
 @dataclass
@@ -465,70 +467,94 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
     # ---- executor side
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka import KafkaError, TopicPartition
-
         assert isinstance(partition, KafkaInputPartition)
-        c = _consumer(self.bootstrap)
-        tp = TopicPartition(partition.topic, partition.partition, partition.start)
-        c.assign([tp])
         rows = _Rows(self.buckets, self.bucket_keys)
-        end = partition.end
-        deadline = time.monotonic() + self.read_timeout_s
-        done = False
-        off = partition.start
         topic, part = partition.topic, partition.partition
-        try:
-            while not done:
-                # Ask for no more than is left, or consume() waits out its whole timeout at the end.
-                want = max(1, min(10000, end - off - (0 if off == partition.start else 1)))
-                msgs = c.consume(num_messages=want, timeout=0.2)
-                values: list[bytes | None] = []
-                offsets: list[int] = []
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            if m.offset() >= end:
-                                done = True
-                            continue
-                        raise RuntimeError(f"Kafka read error on {topic}/{part}: {err}")
-                    off = m.offset()
-                    if off >= end:
-                        done = True
-                        break
-                    if self.records:
-                        ts_type, ts_ms = m.timestamp()
-                        rows.row(
-                            KIND_RECORD, 0, ts_ms if ts_type else None, 1, m.value(), topic, part, off, None
-                        )
-                    elif partition.kind == KIND_MASTER:
-                        parse_master(rows, m.value(), topic, part, off)
-                    else:
-                        values.append(m.value())
-                        offsets.append(off)
-                    if off >= end - 1:
-                        done = True
-                        break
-                if values:
-                    parse_telemetry_batch(rows, values, offsets, topic, part)
-                if rows.n_fixes >= CHUNK_FIXES:
-                    rows.flush_fixes(part, off)
+        last: int | None = None
+        for offsets, values, stamps in self._drain(partition):
+            for i in range(0, len(offsets), PARSE_SLICE):
+                offs, vals = offsets[i : i + PARSE_SLICE], values[i : i + PARSE_SLICE]
+                if self.records:
+                    for off, value, ts_ms in zip(offs, vals, stamps[i : i + PARSE_SLICE], strict=True):
+                        rows.row(KIND_RECORD, 0, ts_ms, 1, value, topic, part, off, None)
+                elif partition.kind == KIND_MASTER:
+                    for off, value in zip(offs, vals, strict=True):
+                        parse_master(rows, value, topic, part, off)
+                else:
+                    parse_telemetry_batch(rows, vals, offs, topic, part)
+                    if rows.n_fixes >= CHUNK_FIXES:
+                        rows.flush_fixes(part, offs[-1])
                 if len(rows) >= 1000:
                     yield rows.batch()
-                if not done and not msgs:
-                    # Transaction markers and compaction leave holes: the position tells where we are.
-                    pos = c.position([TopicPartition(topic, part)])[0].offset
-                    if pos >= end:
-                        done = True
-                    elif time.monotonic() > deadline:
-                        raise TimeoutError(
-                            f"reading {topic}/{part} [{partition.start}, {end}) stalled at {pos}"
-                        )
-        finally:
-            c.unassign()
-        rows.flush_fixes(part, off)
+            last = offsets[-1]
+        if last is not None:
+            rows.flush_fixes(part, last)
         if len(rows):
             yield rows.batch()
+
+    def _drain(
+        self, partition: KafkaInputPartition
+    ) -> Iterator[tuple[list[int], list[bytes | None], list[int | None]]]:
+        """Offsets, values and (record mode) timestamps of the partition's range, in blocks of at
+        most DRAIN_BLOCK records, each read whole before it is parsed and with the consumer released
+        in between: a consumer left assigned at the end of its range keeps fetching while the task
+        parses, and a broker that answers an empty fetch at once (noida-db 0.2.3) turns that into a
+        busy loop (docs/benchmarks.md, "Idle consumers"). The block bounds a task's memory when a
+        batch has no cap (`maxEventsPerBatch=0`) and a backlog is large."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        topic, part, end = partition.topic, partition.partition, partition.end
+        c = _consumer(self.bootstrap)
+        nxt = partition.start
+        while nxt < end:
+            stop = min(end, nxt + DRAIN_BLOCK)
+            offsets: list[int] = []
+            values: list[bytes | None] = []
+            stamps: list[int | None] = []
+            c.assign([TopicPartition(topic, part, nxt)])
+            deadline = time.monotonic() + self.read_timeout_s
+            done = False
+            try:
+                while not done:
+                    # Ask for no more than is left, or consume() waits out its whole timeout at the end.
+                    msgs = c.consume(num_messages=max(1, min(10000, stop - nxt)), timeout=0.2)
+                    for m in msgs:
+                        err = m.error()
+                        if err is not None:
+                            if err.code() == KafkaError._PARTITION_EOF:
+                                if m.offset() >= stop:
+                                    done = True
+                                continue
+                            raise RuntimeError(f"Kafka read error on {topic}/{part}: {err}")
+                        off = m.offset()
+                        if off >= stop:
+                            done = True
+                            break
+                        offsets.append(off)
+                        values.append(m.value())
+                        if self.records:
+                            ts_type, ts_ms = m.timestamp()
+                            stamps.append(ts_ms if ts_type else None)
+                        nxt = off + 1
+                        if nxt >= stop:
+                            done = True
+                            break
+                    if msgs:
+                        deadline = time.monotonic() + self.read_timeout_s  # stalled, not slow
+                    elif not done:
+                        # Transaction markers and compaction leave holes: the position tells where we are.
+                        pos = c.position([TopicPartition(topic, part)])[0].offset
+                        if pos >= stop:
+                            done = True
+                        elif time.monotonic() > deadline:
+                            raise TimeoutError(
+                                f"reading {topic}/{part} [{partition.start}, {end}) stalled at {pos}"
+                            )
+            finally:
+                c.unassign()
+            nxt = stop
+            if offsets:
+                yield offsets, values, stamps
 
 
 class FleetKafkaDataSource(DataSource):
