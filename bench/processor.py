@@ -285,7 +285,11 @@ def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: f
             "processor_starting_offsets": "latest",
         }
     )
-    spark = build_session(app_name="bench-latency", master=f"local[{args.cores}]")
+    spark = build_session(
+        app_name="bench-latency",
+        master=f"local[{args.cores}]",
+        extra_conf=dict(kv.split("=", 1) for kv in args.spark_conf),
+    )
     q = start_query(spark, ps)
     try:
         p = Producer(producer_config(s.bootstrap_servers, **{"linger.ms": 5}))
@@ -293,7 +297,9 @@ def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: f
         # Wait for the first (empty) batch so start-up does not count as latency.
         while not q.recentProgress:
             time.sleep(0.2)
+        bpid = broker_pid(int(s.bootstrap_servers.rsplit(":", 1)[1]))
         t0 = time.time()
+        broker0 = pid_cpu_s(bpid) if bpid else 0.0
         sent = 0
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task(f"live load at {rate:.0f} ev/s", total=seconds)
@@ -318,6 +324,8 @@ def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: f
                 break
             time.sleep(0.2)
         phases = batch_phases(q.recentProgress)
+        # The broker's share of the box while it serves the live load and the read tasks' fetches.
+        broker_cores = ((pid_cpu_s(bpid) if bpid else 0.0) - broker0) / (time.time() - t0)
     finally:
         q.stop()
         spark.stop()
@@ -335,6 +343,7 @@ def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: f
         "p50_ms": lat[len(lat) // 2],
         "p99_ms": lat[int(len(lat) * 0.99)],
         "phases": phases,
+        "broker_cores": round(broker_cores, 2),
     }
 
 
@@ -493,7 +502,8 @@ def main() -> None:
             lat = latency_phase(args, s, half, args.latency_s)
             console.print(
                 f"latency at {lat['rate']:,.0f} ev/s: p50 {lat.get('p50_ms')} ms, "
-                f"p99 {lat.get('p99_ms')} ms over {lat['alerts']} alerts; median batch phases (ms): "
+                f"p99 {lat.get('p99_ms')} ms over {lat['alerts']} alerts; broker "
+                f"{lat.get('broker_cores')} cores; median batch phases (ms): "
                 + ", ".join(f"{k} {v:,.0f}" for k, v in lat.get("phases", {}).items())
             )
         summary = {"results": results, "rates": rate, "latency": lat, "args": vars(args)}
@@ -533,8 +543,8 @@ def record(
     if lat:
         lines.append(
             f"\nEvent→alert latency at half load ({lat['rate']:,.0f} ev/s, trigger {args.trigger_ms} ms): "
-            f"p50 {lat.get('p50_ms')} ms, p99 {lat.get('p99_ms')} ms ({lat['alerts']} alerts); median "
-            "micro-batch phases (ms): "
+            f"p50 {lat.get('p50_ms')} ms, p99 {lat.get('p99_ms')} ms ({lat['alerts']} alerts); the "
+            f"broker used {lat.get('broker_cores')} cores; median micro-batch phases (ms): "
             + ", ".join(f"{k} {v:,.0f}" for k, v in lat.get("phases", {}).items())
             + ".\n"
         )
