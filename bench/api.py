@@ -357,6 +357,7 @@ def record(rows: list[tuple[str, ...]], srows: list[tuple[str, ...]], args: argp
     lines = [
         header,
         "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
         f"`.venv/bin/python bench/api.py {' '.join(sys.argv[1:])}` "
         f"(wrk -t1 -c{args.connections} -d{args.duration_s}s, "
         f"{args.workers} uvicorn worker(s), API, baseline, Redis and wrk sharing {os.cpu_count()} cores, "
