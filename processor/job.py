@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from fleetfence.errors import ConfigError
 from fleetfence.settings import Settings
+from processor.checkpoint_files import CheckpointFiles, HadoopCheckpointFiles
 from processor.domain import EngineConfig
 from processor.layout import checkpoint_layout
 
@@ -64,15 +65,19 @@ class ProcessorSettings(Settings):
         )
 
 
-def sink_id_for(checkpoint: str) -> str:
+SINK_ID_FILE = "fleetfence-sink-id"
+
+
+def sink_id_for(files: CheckpointFiles) -> str:
     """A stable id per checkpoint: a reset checkpoint gets a new id, so its batches are not skipped
-    against the markers of the old one. Local checkpoints only; on a cluster pass it explicitly."""
-    p = Path(checkpoint.removeprefix("file:"))
-    p.mkdir(parents=True, exist_ok=True)
-    f = p / "fleetfence-sink-id"
-    if not f.exists():
-        f.write_text(uuid.uuid4().hex[:16])
-    return f.read_text().strip()
+    against the markers of the old one. Kept in the checkpoint itself, through the same FileSystem
+    as Spark's logs: a driver restarted elsewhere must find the same id, or it could commit its last
+    micro-batch to Kafka a second time (docs/exactly-once.md)."""
+    files.create(SINK_ID_FILE, uuid.uuid4().hex[:16])
+    text = files.read(SINK_ID_FILE)
+    if not text or not text.strip():
+        raise ConfigError(f"the checkpoint {files.location} has an empty {SINK_ID_FILE}")
+    return text.strip()
 
 
 def register_sources(spark: Any) -> None:
@@ -92,9 +97,8 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
     register_sources(spark)
     t = s.topics
     checkpoint = s.checkpoint
-    keys = checkpoint_layout(
-        checkpoint, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions"))
-    )
+    files = HadoopCheckpointFiles(spark, checkpoint)
+    keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
     src = (
         spark.readStream.format(SOURCE_NAME)
         .option("bootstrap", s.bootstrap_servers)
@@ -125,7 +129,7 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
         .option("alertsTopic", t.alerts)
         .option("dlqTopic", t.telemetry_dlq)
         .option("markersTopic", t.processor_commits)
-        .option("sinkId", sink_id_for(checkpoint))
+        .option("sinkId", sink_id_for(files))
         .option("redisPrefix", s.redis_prefix)
     )
     if s.processor_live_state:

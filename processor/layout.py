@@ -7,7 +7,8 @@ So each bucket gets a key chosen for its hash: bucket `b` goes to partition `b %
 
 The choice is part of the checkpoint's identity (state lives under these keys, and Spark keeps the
 shuffle partition count of a checkpoint for its whole life), so it is written into the checkpoint
-folder at the first start and read from there afterwards. A checkpoint started before this file
+(through the FileSystem Spark uses for it, `processor.checkpoint_files`) at the first start and read
+from there afterwards. A checkpoint started before this file
 existed keeps the bucket numbers as keys. Changing the number of buckets of an existing checkpoint
 would move vehicles to buckets whose state does not hold them, so that is refused.
 """
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 from fleetfence.errors import ConfigError
+from processor.checkpoint_files import CheckpointFiles
 
 logger = logging.getLogger(__name__)
 
@@ -66,30 +67,24 @@ def balanced_keys(buckets: int, partitions: int) -> list[int]:
     return keys
 
 
-def checkpoint_layout(checkpoint: str, buckets: int, partitions: int) -> list[int]:
-    """The bucket -> state key map of this checkpoint: read it, or choose and record it on first use.
-
-    Local (POSIX) checkpoint paths only, like the sink id (docs/deploy.md)."""
-    root = Path(checkpoint.removeprefix("file:"))
-    f = root / LAYOUT_FILE
-    if f.exists():
-        saved = json.loads(f.read_text())
-        keys = [int(k) for k in saved["keys"]]
-        if len(keys) != buckets:
-            raise ConfigError(
-                f"checkpoint {checkpoint} holds state for {len(keys)} buckets, but "
-                f"FLEETFENCE_PROCESSOR_BUCKETS={buckets}: changing the bucket count of a checkpoint would "
-                "lose vehicle state; keep the setting or start from a new checkpoint"
-            )
-        return keys
-    offsets = root / "offsets"
-    if offsets.is_dir() and any(offsets.iterdir()):
-        keys = list(range(buckets))  # started before layouts were recorded: its state is under these
-        logger.warning("checkpoint without a bucket layout: keeping bucket numbers as state keys")
-    else:
-        keys = balanced_keys(buckets, partitions)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"buckets": buckets, "partitions": partitions, "keys": keys}))
-    tmp.replace(f)
+def checkpoint_layout(files: CheckpointFiles, buckets: int, partitions: int) -> list[int]:
+    """The bucket -> state key map of this checkpoint: read it, or choose and record it on first use."""
+    text = files.read(LAYOUT_FILE)
+    if text is None:
+        if files.has_entries("offsets"):
+            keys = list(range(buckets))  # started before layouts were recorded: its state is under these
+            logger.warning("checkpoint without a bucket layout: keeping bucket numbers as state keys")
+        else:
+            keys = balanced_keys(buckets, partitions)
+        layout = json.dumps({"buckets": buckets, "partitions": partitions, "keys": keys})
+        if files.create(LAYOUT_FILE, layout):
+            return keys
+        text = files.read(LAYOUT_FILE) or layout  # another driver recorded one first: use that
+    keys = [int(k) for k in json.loads(text)["keys"]]
+    if len(keys) != buckets:
+        raise ConfigError(
+            f"checkpoint {files.location} holds state for {len(keys)} buckets, but "
+            f"FLEETFENCE_PROCESSOR_BUCKETS={buckets}: changing the bucket count of a checkpoint would "
+            "lose vehicle state; keep the setting or start from a new checkpoint"
+        )
     return keys

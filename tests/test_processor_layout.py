@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fleetfence.errors import ConfigError
+from processor.checkpoint_files import CheckpointFiles, HadoopCheckpointFiles, LocalCheckpointFiles
+from processor.job import SINK_ID_FILE, sink_id_for
 from processor.layout import LAYOUT_FILE, balanced_keys, checkpoint_layout, shuffle_partition, spark_hash_int
 
 VALUES = [*range(-50, 300), 2**31 - 1, -(2**31), 123_456_789, -987_654_321]
@@ -56,8 +59,24 @@ def test_identity_keys_are_what_made_four_buckets_run_one_plus_three() -> None:
     assert sorted(Counter(shuffle_partition(b, 2) for b in range(4)).values()) == [1, 3]
 
 
-def test_checkpoint_records_the_layout_and_refuses_a_changed_bucket_count(tmp_path: Path) -> None:
-    cp = str(tmp_path / "cp")
+Files = Callable[[str], CheckpointFiles]
+
+
+@pytest.fixture(params=["local", "hadoop"])
+def files(request: pytest.FixtureRequest) -> Files:
+    """Both implementations of the checkpoint files: on a local folder, and through the Hadoop
+    FileSystem of the shared SparkSession (what the job uses, for any checkpoint URI)."""
+    if request.param == "local":
+        return LocalCheckpointFiles
+    request.applymarker(pytest.mark.spark)
+    spark = request.getfixturevalue("spark")
+    return lambda location: HadoopCheckpointFiles(spark, location)
+
+
+def test_checkpoint_records_the_layout_and_refuses_a_changed_bucket_count(
+    tmp_path: Path, files: Files
+) -> None:
+    cp = files(str(tmp_path / "cp"))
     first = checkpoint_layout(cp, 4, 2)
     assert first == balanced_keys(4, 2)
     saved = json.loads((tmp_path / "cp" / LAYOUT_FILE).read_text())
@@ -69,9 +88,43 @@ def test_checkpoint_records_the_layout_and_refuses_a_changed_bucket_count(tmp_pa
         checkpoint_layout(cp, 16, 2)
 
 
-def test_checkpoint_from_before_layouts_keeps_bucket_numbers(tmp_path: Path) -> None:
+def test_checkpoint_from_before_layouts_keeps_bucket_numbers(tmp_path: Path, files: Files) -> None:
     cp = tmp_path / "old"
     (cp / "offsets").mkdir(parents=True)
     (cp / "offsets" / "0").write_text("v1")
-    assert checkpoint_layout(str(cp), 4, 2) == [0, 1, 2, 3]
-    assert checkpoint_layout(f"file:{cp}", 4, 2) == [0, 1, 2, 3]
+    assert checkpoint_layout(files(str(cp)), 4, 2) == [0, 1, 2, 3]
+    assert checkpoint_layout(files(f"file:{cp}"), 4, 2) == [0, 1, 2, 3]
+    assert checkpoint_layout(files(f"file://{cp}"), 4, 2) == [0, 1, 2, 3]
+
+
+def test_files_are_created_once_and_both_implementations_see_the_same_folder(
+    tmp_path: Path, files: Files
+) -> None:
+    cp = files(f"file://{tmp_path / 'new' / 'cp'}")  # the folder does not exist yet
+    assert cp.read("id") is None
+    assert not cp.has_entries("offsets")
+    assert cp.create("id", "first")
+    assert not cp.create("id", "second"), "create must not replace an existing file"
+    assert cp.read("id") == "first"
+    left = sorted(p.name for p in (tmp_path / "new" / "cp").iterdir())
+    assert left in (["id"], [".id.crc", "id"]), left  # Hadoop's local FS keeps a checksum beside it
+    (tmp_path / "new" / "cp" / "offsets").mkdir()
+    assert not cp.has_entries("offsets"), "an empty offsets folder is a new checkpoint"
+    (tmp_path / "new" / "cp" / "offsets" / "0").write_text("v1")
+    assert cp.has_entries("offsets")
+    assert LocalCheckpointFiles(str(tmp_path / "new" / "cp")).read("id") == "first"
+
+
+def test_sink_id_is_kept_in_the_checkpoint(tmp_path: Path, files: Files) -> None:
+    cp = files(str(tmp_path / "cp"))
+    sid = sink_id_for(cp)
+    assert len(sid) == 16
+    assert sink_id_for(files(str(tmp_path / "cp"))) == sid, "a restarted driver gets the same id"
+    assert (tmp_path / "cp" / SINK_ID_FILE).read_text() == sid
+    assert sink_id_for(files(str(tmp_path / "other"))) != sid, "a new checkpoint gets a new id"
+
+
+@pytest.mark.spark
+def test_a_location_spark_cannot_open_is_a_clear_error(spark: object) -> None:
+    with pytest.raises(ConfigError, match="nosuchfs://x/cp"):
+        HadoopCheckpointFiles(spark, "nosuchfs://x/cp")
