@@ -111,16 +111,19 @@ class HadoopCheckpointFiles:
             out.write(bytearray(text.encode()))
         finally:
             out.close()
+        error: Exception | None = None
         try:
             # Hadoop's rename does not replace an existing file: it returns False (HDFS, local) or
             # raises, so a racing writer cannot overwrite the first one's file.
             renamed = bool(self._fs.rename(tmp, final))
-        except Exception:
-            renamed = False
+        except Exception as exc:
+            renamed, error = False, exc
         if not renamed:
             self._fs.delete(tmp, False)
             if not self._fs.exists(final):
-                raise ConfigError(f"could not write {name} into the checkpoint {self.location}")
+                raise ConfigError(
+                    f"could not write {name} into the checkpoint {self.location}: {error or 'rename refused'}"
+                ) from error
         return renamed
 
     def has_entries(self, folder: str) -> bool:

@@ -518,6 +518,7 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
                 while not done:
                     # Ask for no more than is left, or consume() waits out its whole timeout at the end.
                     msgs = c.consume(num_messages=max(1, min(10000, stop - nxt)), timeout=0.2)
+                    before = nxt
                     for m in msgs:
                         err = m.error()
                         if err is not None:
@@ -539,9 +540,9 @@ class FleetKafkaStreamReader(DataSourceStreamReader):
                         if nxt >= stop:
                             done = True
                             break
-                    if msgs:
+                    if nxt > before:
                         deadline = time.monotonic() + self.read_timeout_s  # stalled, not slow
-                    elif not done:
+                    elif not done and not msgs:
                         # Transaction markers and compaction leave holes: the position tells where we are.
                         pos = c.position([TopicPartition(topic, part)])[0].offset
                         if pos >= stop:
