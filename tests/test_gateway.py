@@ -20,6 +20,7 @@ from gateway.core import MAX_DLQ_VALUE_BYTES
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import Publisher, TopicReader, fix, forget_session, telemetry_seqs, wait_for
+from tests.strategies import json_ints
 
 pytestmark = pytest.mark.services
 
@@ -233,7 +234,7 @@ def _valid() -> dict[str, Any]:
 bad_number = st.one_of(
     st.text(max_size=5).map(lambda s: ("wrong_type", s)),
     st.booleans().map(lambda b: ("wrong_type", b)),
-    st.lists(st.integers(), max_size=2).map(lambda x: ("wrong_type", x)),
+    st.lists(json_ints, max_size=2).map(lambda x: ("wrong_type", x)),
     st.just(("missing_field", None)),
 )
 
@@ -262,9 +263,7 @@ def bad_payload(draw: st.DrawFn) -> tuple[bytes, str]:
     if kind == "garbage":
         return b"\xff" + draw(st.binary(max_size=200)), "not_json"
     if kind == "non_object":
-        v = draw(
-            st.one_of(st.integers(), st.text(max_size=20), st.lists(st.integers(), max_size=3), st.none())
-        )
+        v = draw(st.one_of(json_ints, st.text(max_size=20), st.lists(json_ints, max_size=3), st.none()))
         return orjson.dumps(v), "not_object"
     if kind == "mismatch":
         other = draw(st.text(min_size=1, max_size=20).filter(lambda s: s != VID))
