@@ -20,7 +20,7 @@ class InfraError(FleetFenceError):
 
 
 class MissingBinaryError(InfraError):
-    """A server binary (mosquitto, redis-server, noida-db, java) is not installed."""
+    """A server binary (mosquitto, redis-server, java, mvn) is not installed."""
 
 
 class ServiceUnavailableError(InfraError):

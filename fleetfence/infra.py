@@ -1,7 +1,10 @@
-"""Embedded infrastructure: a Kafka-protocol broker (noida-db), Mosquitto and Redis.
+"""Embedded infrastructure: Apache Kafka (a single KRaft node), Mosquitto and Redis.
 
 Each service is a real server process bound to loopback, with its data under one state folder,
-started only when no external endpoint is configured for it. `up` waits for a real protocol
+started only when no external endpoint is configured for it. Kafka runs from the official jars on
+Maven Central (`fleetfence.jars`), broker and controller in one JVM: the same broker a production
+installation runs, so an acknowledged record is in the broker's log (the OS page cache) before the
+producer hears about it and survives a SIGKILL of the broker process. `up` waits for a real protocol
 round trip (Kafka metadata, MQTT publish/receive, Redis PING), records pid files, and creates the
 topics; `down` stops exactly the processes whose pid files it wrote, after checking that the pid
 still belongs to the binary it started (pids get recycled).
@@ -19,9 +22,9 @@ import subprocess
 import threading
 import time
 import uuid
+from base64 import urlsafe_b64encode
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from confluent_kafka.admin import AdminClient
 from paho.mqtt.enums import CallbackAPIVersion
 
 from fleetfence.errors import InfraError, MissingBinaryError, ServiceUnavailableError
+from fleetfence.jars import ensure_jars
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 
@@ -50,16 +54,6 @@ class ServiceStatus:
 
 
 # --------------------------------------------------------------------------- binaries
-
-
-def noida_binary() -> Path:
-    """The broker binary inside the noida-db wheel (spawned directly so signals reach it)."""
-    path = Path(str(files("noida_db").joinpath("noida-db")))
-    if not path.is_file():
-        raise MissingBinaryError(f"noida-db binary not found at {path}: run `pip install noida-db==0.2.3`")
-    if not os.access(path, os.X_OK):
-        path.chmod(0o755)
-    return path
 
 
 def system_binary(name: str, package: str) -> Path:
@@ -179,27 +173,37 @@ def _pid_file(settings: Settings, name: str) -> Path:
     return settings.run_dir / f"{name}.pid"
 
 
-def _read_pid(settings: Settings, name: str) -> tuple[int, str] | None:
+def _read_pid(settings: Settings, name: str) -> tuple[int, str, str] | None:
+    """(pid, binary, marker) from a pid file; the marker is the last argument of the command line
+    (the config file), which tells our JVM from any other `java` on a recycled pid."""
     pf = _pid_file(settings, name)
     if not pf.exists():
         return None
     try:
-        pid_s, exe = pf.read_text().split("\n", 1)
-        return int(pid_s), exe.strip()
-    except ValueError:
+        lines = pf.read_text().splitlines()
+        return int(lines[0]), lines[1].strip(), (lines[2].strip() if len(lines) > 2 else "")
+    except (ValueError, IndexError):
         return None
 
 
-def _alive(pid: int, exe: str) -> bool:
-    """True when `pid` runs and is the binary we started (not a recycled pid)."""
+def _alive(pid: int, exe: str, marker: str = "") -> bool:
+    """True when `pid` runs and is the process we started (not a recycled pid)."""
     try:
         running = os.readlink(f"/proc/{pid}/exe")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if marker else b""
     except OSError:  # gone, a zombie, or not ours to inspect
         return False
-    return Path(running.removesuffix(" (deleted)")).name == Path(exe).name
+    if Path(running.removesuffix(" (deleted)")).name != Path(exe).name:
+        return False
+    return not marker or marker.encode() in cmdline.split(b"\0")
 
 
-def _spawn(settings: Settings, name: str, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    settings: Settings, name: str, argv: list[str], log: Path, marker: str = ""
+) -> subprocess.Popen[bytes]:
+    """Start a service in its own session; `marker` (an argument of its command line) tells it
+    apart from other processes of the same binary (every JVM is `java`). Redis rewrites its process
+    title, so it goes without."""
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     logf = log.open("ab")
     proc = subprocess.Popen(
@@ -208,7 +212,7 @@ def _spawn(settings: Settings, name: str, argv: list[str], log: Path) -> subproc
     logf.close()
     # The resolved path: /usr/bin/redis-server is a symlink to redis-check-rdb, which is what
     # /proc/<pid>/exe shows.
-    _pid_file(settings, name).write_text(f"{proc.pid}\n{Path(argv[0]).resolve()}\n")
+    _pid_file(settings, name).write_text(f"{proc.pid}\n{Path(argv[0]).resolve()}\n{marker}\n")
     logger.info("service spawned service=%s pid=%s", name, proc.pid)
     return proc
 
@@ -225,26 +229,134 @@ def _check_port(settings: Settings, name: str, port: int) -> None:
 # --------------------------------------------------------------------------- per-service start
 
 
+KAFKA_HEAP = ("-Xms128m", "-Xmx512m")
+KAFKA_LOG4J = """status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d{yyyy-MM-dd'T'HH:mm:ss.SSS'Z'}{UTC}] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
+
+
+def _controller_port(settings: Settings) -> int:
+    """The KRaft controller's port: chosen free once and kept, because a standalone quorum records
+    its voter's endpoint in the metadata log when the storage is formatted."""
+    f = settings.kafka_dir / "controller.port"
+    if f.exists():
+        return int(f.read_text().strip())
+    port = free_port(settings.host)
+    f.write_text(f"{port}\n")
+    return port
+
+
+def kafka_server_properties(settings: Settings, controller_port: int) -> str:
+    """A single-node KRaft broker+controller on loopback, with data under the state folder.
+
+    Internal topics get replication 1 (one node) and few partitions (a small machine: 50 offset
+    partitions cost seconds at the first consumer group); the log cleaner looks for work every
+    second so `fleet.master` is compacted soon after it is dirty. Kafka writes acknowledged records
+    to the page cache before answering: a SIGKILL of the broker loses none of them."""
+    d = settings.kafka_dir.resolve()
+    h = settings.host
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.bootstrap.servers={h}:{controller_port}",
+            f"listeners=PLAINTEXT://{h}:{settings.kafka_port},CONTROLLER://{h}:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://{h}:{settings.kafka_port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={d / 'data'}",
+            "num.partitions=1",
+            "num.network.threads=2",
+            "num.io.threads=4",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=8",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=8",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "log.cleaner.backoff.ms=1000",
+            "",
+        ]
+    )
+
+
+def _java() -> Path:
+    java = system_binary("java", "openjdk-17-jre-headless")
+    return java.resolve()
+
+
+def _format_kafka_storage(settings: Settings, java: Path, classpath: str, props: Path) -> None:
+    """Format the log folder once (what `kafka-storage.sh format --standalone` does)."""
+    if (settings.kafka_dir / "data" / "meta.properties").exists():
+        return
+    cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    proc = subprocess.run(
+        [
+            str(java),
+            "-Xmx256m",
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            cluster_id,
+            "-c",
+            str(props),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "KAFKA_LOG4J_OPTS": ""},
+    )
+    if proc.returncode != 0:
+        raise InfraError(f"formatting Kafka storage failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
+    logger.info("kafka storage formatted cluster_id=%s dir=%s", cluster_id, settings.kafka_dir)
+
+
 def _start_kafka(settings: Settings) -> subprocess.Popen[bytes] | None:
     running = _read_pid(settings, "kafka")
     if running and _alive(*running):
         return None
     _check_port(settings, "kafka", settings.kafka_port)
-    binary = noida_binary()
-    settings.kafka_dir.mkdir(parents=True, exist_ok=True)
+    java = _java()
+    d = settings.kafka_dir.resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    libs = ensure_jars("kafka")
+    classpath = f"{libs[0].parent}/*"
+    props = d / "server.properties"
+    props.write_text(kafka_server_properties(settings, _controller_port(settings)))
+    log4j = d / "log4j2.properties"
+    log4j.write_text(KAFKA_LOG4J)
+    _format_kafka_storage(settings, java, classpath, props)
     argv = [
-        str(binary),
-        "start",
-        "--data-dir",
-        str(settings.kafka_dir.resolve()),
-        "--host",
-        settings.host,
-        "--only",
-        "kafka",
-        "--kafka-port",
-        str(settings.kafka_port),
+        str(java),
+        *KAFKA_HEAP,
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dkafka.logs.dir={d}",
+        "-cp",
+        classpath,
+        "kafka.Kafka",
+        str(props),
     ]
-    return _spawn(settings, "kafka", argv, settings.kafka_dir / "broker.log")
+    return _spawn(settings, "kafka", argv, d / "broker.log", marker=str(props))
 
 
 def _start_mqtt(settings: Settings) -> subprocess.Popen[bytes] | None:
@@ -354,23 +466,23 @@ def up(settings: Settings, *, create_topics: bool = True) -> list[ServiceStatus]
     return status(settings)
 
 
-def _stop_one(settings: Settings, name: str, timeout_s: float = 15.0) -> bool:
+def _stop_one(settings: Settings, name: str, timeout_s: float = 30.0) -> bool:
     rec = _read_pid(settings, name)
     pf = _pid_file(settings, name)
     if rec is None:
         return False
-    pid, exe = rec
+    pid, exe, marker = rec
     stopped = False
-    if _alive(pid, exe):
+    if _alive(pid, exe, marker):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while _alive(pid, exe) and time.monotonic() < deadline:
+        while _alive(pid, exe, marker) and time.monotonic() < deadline:
             _reap(pid)
             time.sleep(0.05)
-        if _alive(pid, exe):
+        if _alive(pid, exe, marker):
             logger.warning("service ignored SIGTERM, killing service=%s pid=%s", name, pid)
             os.kill(pid, signal.SIGKILL)
-            while _alive(pid, exe):
+            while _alive(pid, exe, marker):
                 _reap(pid)
                 time.sleep(0.05)
         stopped = True
@@ -382,6 +494,14 @@ def _reap(pid: int) -> None:
     """Collect the exit status when the process is our child, so it does not linger as a zombie."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def restart(settings: Settings, name: str) -> list[ServiceStatus]:
+    """Stop one embedded service (SIGTERM, as `down` does) and start it again with its data."""
+    if name not in SERVICES:
+        raise InfraError(f"unknown service {name!r}; one of: {', '.join(SERVICES)}")
+    _stop_one(settings, name)
+    return up(settings, create_topics=False)
 
 
 def down(settings: Settings) -> list[str]:
