@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/processor.py --vehicles 10000 --fixes 60 [--record]
 
-Every contender reads the same pre-loaded `fleet.telemetry` topic on a private noida-db broker, in
-its own process (so each gets the whole box in turn), and produces deviation alerts. Reported:
+Every contender reads the same pre-loaded `fleet.telemetry` topic on a private embedded Apache
+Kafka broker, in its own process (so each gets the whole box in turn), and produces deviation
+alerts. Reported:
 sustained events/s (after warm-up), ratios, and the alert counts (which must agree). A second
 phase drives the Spark job at half its measured rate with live timestamps and reports the
 event→alert latency p50/p99 (alert commit time minus the fix's ingest time).
@@ -70,6 +71,7 @@ def contender_spark(
     total: int,
     checkpoint: str,
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
+    source: str = "kafka",
 ) -> dict[str, Any]:
     from processor.job import ProcessorSettings, start_query
     from processor.service import telemetry_events
@@ -83,6 +85,7 @@ def contender_spark(
             "processor_trigger_ms": 0,
             "processor_max_events_per_batch": args.batch,
             "processor_live_state": args.live,
+            "processor_source": source,
             "redis_prefix": "bench:",
         }
     )
@@ -105,7 +108,7 @@ def contender_spark(
         for p in q.recentProgress:
             if p["batchId"] > last_batch:
                 last_batch = p["batchId"]
-                rows = telemetry_events(p)
+                rows = telemetry_events(p, s.topics.telemetry)
                 seen += rows
                 ends.append((time.perf_counter(), seen))
                 cpus.append(cpu())
@@ -194,7 +197,8 @@ def run_child(args: argparse.Namespace) -> None:
             cpu=cpu,
         )
     else:
-        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu)
+        source = "python" if args.child == "spark-pysource" else "kafka"
+        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu, source=source)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -233,7 +237,8 @@ def run_contender(args: argparse.Namespace, s: Settings, name: str) -> dict[str,
         cmd += ["--shuffle-partitions", str(args.shuffle_partitions)]
     for kv in getattr(args, "spark_conf", []):
         cmd += ["--spark-conf", kv]
-    before = count_alerts(s, s.topics.alerts) if name == "spark" else 0
+    spark = name.startswith("spark")
+    before = count_alerts(s, s.topics.alerts) if spark else 0
     with console.status(f"running {name}…"):
         out = subprocess.run(
             cmd,
@@ -248,7 +253,7 @@ def run_contender(args: argparse.Namespace, s: Settings, name: str) -> dict[str,
         console.print(out.stdout[-3000:], out.stderr[-3000:])
         raise SystemExit(f"{name} failed")
     res: dict[str, Any] = json.loads(line[7:])
-    if name == "spark":
+    if spark:
         # Delta: several Spark runs (bench/scaleout.py) share the alert topic, each with a fresh checkpoint.
         res["alerts"] = count_alerts(s, s.topics.alerts) - before
     return res
@@ -318,12 +323,10 @@ def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: f
         deadline = time.time() + 120
         while time.time() < deadline:
             last = q.lastProgress
-            end = last["sources"][0]["endOffset"] if last and last["sources"] else None
-            end = orjson.loads(end) if isinstance(end, str) else end
-            if isinstance(end, dict) and sum(int(x) for x in end.get("t", {}).values()) >= sent:
+            if last and telemetry_end(last, ls.topics.telemetry) >= sent:
                 break
             time.sleep(0.2)
-        phases = batch_phases(q.recentProgress)
+        phases = batch_phases(q.recentProgress, ls.topics.telemetry)
         # The broker's share of the box while it serves the live load and the read tasks' fetches.
         broker_cores = ((pid_cpu_s(bpid) if bpid else 0.0) - broker0) / (time.time() - t0)
     finally:
@@ -386,23 +389,34 @@ def stamped_templates(records: list[tuple[bytes, bytes]]) -> list[tuple[bytes, b
     return out
 
 
-def batch_phases(progress: list[dict[str, Any]]) -> dict[str, float]:
+def batch_phases(progress: list[dict[str, Any]], topic: str) -> dict[str, float]:
     """Median of each `durationMs` phase and of the rows per batch over the batches that read data:
     where a live micro-batch's time goes, which is what the event->alert latency is made of."""
-    rows = [p for p in progress if telemetry_rows(p) > 0]
+    rows = [p for p in progress if telemetry_rows(p, topic) > 0]
     if not rows:
         return {}
     keys = sorted({k for p in rows for k in p.get("durationMs", {})})
     out = {k: float(statistics.median([p["durationMs"].get(k, 0) for p in rows])) for k in keys}
-    out["rows"] = float(statistics.median([telemetry_rows(p) for p in rows]))
+    out["rows"] = float(statistics.median([telemetry_rows(p, topic) for p in rows]))
     out["batches"] = float(len(rows))
     return out
 
 
-def telemetry_rows(progress: dict[str, Any]) -> int:
+def telemetry_rows(progress: dict[str, Any], topic: str) -> int:
     from processor.service import telemetry_events
 
-    return int(telemetry_events(progress))
+    return int(telemetry_events(progress, topic))
+
+
+def telemetry_end(progress: dict[str, Any], topic: str) -> int:
+    """Sum of the telemetry topic's end offsets in a progress report (any source, either format)."""
+    total = 0
+    for src in progress.get("sources") or []:
+        end = src.get("endOffset")
+        end = orjson.loads(end) if isinstance(end, str) else end
+        if isinstance(end, dict):
+            total += sum(int(x) for x in end.get(topic, end.get("t", {})).values())
+    return total
 
 
 def main() -> None:
@@ -483,7 +497,8 @@ def main() -> None:
         guarantee = {
             "naive": "at-least-once, no checkpoint",
             "quix": "exactly-once (RocksDB)",
-            "spark": "exactly-once (Spark state + Kafka txn)",
+            "spark": "exactly-once (Spark state + Kafka txn), Spark's Kafka connector",
+            "spark-pysource": "exactly-once, the former Python data source",
         }
         for k, v in results.items():
             table.add_row(

@@ -99,7 +99,7 @@ def parse_records(
     Telemetry that is not canonical (the processor dead-letters it) is dropped here, with the
     processor's own check, so "valid" means the same thing in both places.
     """
-    from processor.kafka_source import INVALID_ERRORS, canonical_fix
+    from processor.parse import INVALID_ERRORS, canonical_fix
 
     schema = pa.schema(
         [
@@ -302,23 +302,23 @@ def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence
     """Build and start the archive query; returns the StreamingQuery."""
     from pyspark.sql import functions as F
 
-    from processor.job import register_sources
-    from processor.kafka_source import SOURCE_NAME
+    from processor.source import kafka_stream
 
-    register_sources(spark)
     t = hs.topics
     topics = {t.telemetry: TELEMETRY, t.alerts: ALERTS, t.master: MASTER}
     buckets, root, max_rows = hs.buckets, hs.archive_root, hs.max_rows_per_file
-    src = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("bootstrap", hs.bootstrap_servers)
-        .option("telemetryTopic", t.telemetry)
-        .option("masterTopic", t.master)
-        .option("alertsTopic", t.alerts)
-        .option("output", "records")
-        .option("maxEventsPerBatch", str(hs.max_events_per_batch))
-        .load()
-    )
+    # Spark's Kafka connector, committed records only: the alerts topic is written in transactions
+    # by the processor, so an aborted batch's alerts never reach the archive. The compacted master
+    # topic is a source of its own (holes in its offsets are not data loss).
+    cols = ["topic", "value AS payload", "timestamp AS ts", "offset AS kafka_offset"]
+    events = kafka_stream(
+        spark,
+        hs.bootstrap_servers,
+        [t.telemetry, t.alerts],
+        max_offsets_per_trigger=hs.max_events_per_batch,
+    ).selectExpr(*cols)
+    master = kafka_stream(spark, hs.bootstrap_servers, [t.master], compacted=True).selectExpr(*cols)
+    src = events.unionByName(master)
     parsed = src.mapInArrow(lambda it: parse_records(it, topics, buckets), RECORD_DDL)
     # The de-duplication clock is the micro-batch time (kept in the offset log, so a replay sees
     # the same): no row is ever behind that watermark, so nothing is dropped as late, and a

@@ -1,6 +1,7 @@
 """The streaming job: Kafka telemetry + master data in, alerts (exactly once) and live state out.
 
-    source (fleetfence_kafka) -> watermark on event time -> groupBy(bucket)
+    Spark's Kafka source (telemetry + master) -> mapInArrow(parse into bucket chunks)
+      -> watermark on event time -> groupBy(bucket)
       -> transformWithStateInPandas(GeofenceProcessor, EventTime) -> sink (fleetfence_alerts)
 
 Runs on `local[*]` by default and unchanged under `spark-submit --master spark://...`: the source,
@@ -50,6 +51,11 @@ class ProcessorSettings(Settings):
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
     processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
     processor_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus port, 0 = off.")
+    processor_source: str = Field(
+        default="kafka",
+        pattern="^(kafka|python)$",
+        description="kafka: Spark's Kafka connector; python: the former Python data source (benchmark only).",
+    )
 
     @property
     def checkpoint(self) -> str:
@@ -88,18 +94,11 @@ def register_sources(spark: Any) -> None:
     spark.dataSource.register(AlertSinkDataSource)
 
 
-def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
-    """Build and start the streaming query; returns the StreamingQuery."""
-    from processor.kafka_sink import OUTPUT_DDL, SINK_NAME
+def _python_source(spark: Any, s: ProcessorSettings, keys: list[int]) -> Any:
     from processor.kafka_source import SOURCE_NAME
-    from processor.stateful import GeofenceProcessor
 
-    register_sources(spark)
     t = s.topics
-    checkpoint = s.checkpoint
-    files = HadoopCheckpointFiles(spark, checkpoint)
-    keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
-    src = (
+    return (
         spark.readStream.format(SOURCE_NAME)
         .option("bootstrap", s.bootstrap_servers)
         .option("telemetryTopic", t.telemetry)
@@ -110,6 +109,32 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
         .option("startingOffsets", s.processor_starting_offsets)
         .load()
     )
+
+
+def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
+    """Build and start the streaming query; returns the StreamingQuery."""
+    from processor.kafka_sink import OUTPUT_DDL, SINK_NAME
+    from processor.source import processor_input
+    from processor.stateful import GeofenceProcessor
+
+    register_sources(spark)
+    t = s.topics
+    checkpoint = s.checkpoint
+    files = HadoopCheckpointFiles(spark, checkpoint)
+    keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    if s.processor_source == "python":
+        src = _python_source(spark, s, keys)
+    else:
+        src = processor_input(
+            spark,
+            bootstrap=s.bootstrap_servers,
+            telemetry_topic=t.telemetry,
+            master_topic=t.master,
+            buckets=s.processor_buckets,
+            bucket_keys=keys,
+            starting_offsets=s.processor_starting_offsets,
+            max_events_per_batch=s.processor_max_events_per_batch,
+        )
     lateness = f"{int(s.processor_lateness_s * 1000)} milliseconds"
     out = (
         src.withWatermark("ts", lateness)

@@ -1,8 +1,10 @@
 """SparkSession construction with the settings measured to matter on these machines.
 
 See ../shared/notes/spark-streaming.md: transformWithState needs the RocksDB state store
-provider; Python worker reuse is 4x faster; shuffle partitions should equal the cores; the Python
-data source worker must run the virtualenv's Python (PYSPARK_PYTHON) to import pyarrow.
+provider; Python worker reuse is 4x faster; shuffle partitions should equal the cores; Python
+workers must run the virtualenv's Python (PYSPARK_PYTHON) to import pyarrow. Spark's Kafka connector
+comes from the project's jar cache (`fleetfence.jars`) through `spark.jars`: the driver serves the
+jars to a cluster's executors, so nothing needs installing on the workers.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def build_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from fleetfence.jars import spark_jars
+
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
@@ -48,6 +52,8 @@ def build_session(
         conf["spark.local.dir"] = str(local_dir / "tmp")
         conf["spark.sql.warehouse.dir"] = str(local_dir / "warehouse")
     conf.update(extra_conf or {})
+    # Ours first; jars the caller asked for are kept after them.
+    conf["spark.jars"] = ",".join(j for j in [spark_jars(), conf.get("spark.jars", "")] if j)
     for k, v in conf.items():
         builder = builder.config(k, v)
     session = builder.getOrCreate()

@@ -41,7 +41,7 @@ from processor.engine import (
     silent_after_s,
 )
 from processor.kafka_sink import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS, pack_live
-from processor.kafka_source import KIND_INVALID, KIND_MASTER, KIND_TELEMETRY
+from processor.parse import KIND_INVALID, KIND_MASTER, KIND_TELEMETRY
 
 logger = logging.getLogger(__name__)
 

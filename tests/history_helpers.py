@@ -76,12 +76,12 @@ def _files_of_batch(root: Path, batch_id: int) -> dict[str, tuple[str, int]]:
 def _high_watermarks(s: Settings) -> dict[str, dict[str, int]]:
     c = Consumer(consumer_config(s.bootstrap_servers, f"hw-{uuid.uuid4().hex}"))
     out: dict[str, dict[str, int]] = {}
-    for alias, topic, n in (
-        ("t", s.topics.telemetry, s.telemetry_partitions),
-        ("m", s.topics.master, 1),
-        ("a", s.topics.alerts, s.alerts_partitions),
+    for topic, n in (
+        (s.topics.telemetry, s.telemetry_partitions),
+        (s.topics.master, 1),
+        (s.topics.alerts, s.alerts_partitions),
     ):
-        out[alias] = {
+        out[topic] = {
             str(p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
             for p in range(n)
         }
@@ -90,13 +90,16 @@ def _high_watermarks(s: Settings) -> dict[str, dict[str, int]]:
 
 
 def _caught_up(q: Any, s: Settings) -> bool:
+    """Every topic's end offsets, over all of the query's Kafka sources, at the high watermarks."""
     p = q.lastProgress
     if not p or not p["sources"]:
         return False
-    end = p["sources"][0]["endOffset"]
-    end = json.loads(end) if isinstance(end, str) else end
+    end: dict[str, dict[str, int]] = {}
+    for src in p["sources"]:
+        e = src["endOffset"]
+        end.update(json.loads(e) if isinstance(e, str) else e)
     hw = _high_watermarks(s)
-    return all(int(end.get(a, {}).get(k, -1)) >= v for a, parts in hw.items() for k, v in parts.items())
+    return all(int(end.get(t, {}).get(k, -1)) >= v for t, parts in hw.items() for k, v in parts.items())
 
 
 def get_recording(spark: Any, infra_settings: Settings, base: Path) -> Recording:

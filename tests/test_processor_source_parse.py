@@ -12,12 +12,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from fleetfence.contracts import Telemetry, bucket_of
-from processor.kafka_source import (
+from processor.parse import (
     FIX_SCHEMA,
     INVALID_ERRORS,
     KIND_INVALID,
     KIND_TELEMETRY,
-    _Rows,
+    BucketRows,
     canonical_fix,
     parse_telemetry_batch,
 )
@@ -45,7 +45,7 @@ def reference(value: bytes | None) -> tuple[Any, ...] | None:
 
 def parsed(values: list[bytes | None]) -> tuple[list[tuple[Any, ...]], list[int]]:
     """(accepted fixes in Kafka order, offsets of the invalid rows) after parse + flush."""
-    rows = _Rows(BUCKETS)
+    rows = BucketRows(BUCKETS)
     parse_telemetry_batch(rows, values, list(range(len(values))), "t", 0)
     rows.flush_fixes(0, len(values))
     b = rows.batch()
@@ -106,7 +106,7 @@ def test_batch_parse_equals_the_per_record_reference(values: list[bytes | None])
 
 def test_fast_path_takes_the_common_fix() -> None:
     """Guard for the property above: a batch of plain canonical fixes takes the msgspec path."""
-    import processor.kafka_source as ks
+    import processor.parse as ks
 
     calls: list[bytes] = []
     real = ks._plain_fix
