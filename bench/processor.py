@@ -71,7 +71,6 @@ def contender_spark(
     total: int,
     checkpoint: str,
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
-    source: str = "kafka",
 ) -> dict[str, Any]:
     from processor.job import ProcessorSettings, start_query
     from processor.service import telemetry_events
@@ -85,7 +84,6 @@ def contender_spark(
             "processor_trigger_ms": 0,
             "processor_max_events_per_batch": args.batch,
             "processor_live_state": args.live,
-            "processor_source": source,
             "redis_prefix": "bench:",
         }
     )
@@ -197,8 +195,7 @@ def run_child(args: argparse.Namespace) -> None:
             cpu=cpu,
         )
     else:
-        source = "python" if args.child == "spark-pysource" else "kafka"
-        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu, source=source)
+        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -415,7 +412,7 @@ def telemetry_end(progress: dict[str, Any], topic: str) -> int:
         end = src.get("endOffset")
         end = orjson.loads(end) if isinstance(end, str) else end
         if isinstance(end, dict):
-            total += sum(int(x) for x in end.get(topic, end.get("t", {})).values())
+            total += sum(int(x) for x in end.get(topic, {}).values())
     return total
 
 
@@ -498,7 +495,6 @@ def main() -> None:
             "naive": "at-least-once, no checkpoint",
             "quix": "exactly-once (RocksDB)",
             "spark": "exactly-once (Spark state + Kafka txn), Spark's Kafka connector",
-            "spark-pysource": "exactly-once, the former Python data source",
         }
         for k, v in results.items():
             table.add_row(
@@ -544,7 +540,8 @@ def record(
         f"\n### Processor run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n",
         f"`.venv/bin/python bench/processor.py --vehicles {args.vehicles} --fixes {args.fixes} "
         f"--routes {args.routes} --buckets {args.buckets} --batch {args.batch} "
-        f"--latency-s {args.latency_s:g} --record`: {n:,} events, local[{args.cores}]; each contender "
+        f"--latency-s {args.latency_s:g} --contenders {args.contenders} --record`: {n:,} events, "
+        f"local[{args.cores}]; each contender "
         f"timed after its first {args.warmup_share:.0%} of the events; CPU per measured event of the "
         "contender's processes (Spark: driver, JVM and Python workers) and of the broker\n",
         "| contender | events/s | vs naive | vs quix | CPU µs/event own / broker | alerts |",

@@ -51,11 +51,6 @@ class ProcessorSettings(Settings):
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
     processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
     processor_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus port, 0 = off.")
-    processor_source: str = Field(
-        default="kafka",
-        pattern="^(kafka|python)$",
-        description="kafka: Spark's Kafka connector; python: the former Python data source (benchmark only).",
-    )
 
     @property
     def checkpoint(self) -> str:
@@ -86,29 +81,10 @@ def sink_id_for(files: CheckpointFiles) -> str:
     return text.strip()
 
 
-def register_sources(spark: Any) -> None:
+def register_sink(spark: Any) -> None:
     from processor.kafka_sink import AlertSinkDataSource
-    from processor.kafka_source import FleetKafkaDataSource
 
-    spark.dataSource.register(FleetKafkaDataSource)
     spark.dataSource.register(AlertSinkDataSource)
-
-
-def _python_source(spark: Any, s: ProcessorSettings, keys: list[int]) -> Any:
-    from processor.kafka_source import SOURCE_NAME
-
-    t = s.topics
-    return (
-        spark.readStream.format(SOURCE_NAME)
-        .option("bootstrap", s.bootstrap_servers)
-        .option("telemetryTopic", t.telemetry)
-        .option("masterTopic", t.master)
-        .option("buckets", str(s.processor_buckets))
-        .option("bucketKeys", ",".join(map(str, keys)))
-        .option("maxEventsPerBatch", str(s.processor_max_events_per_batch))
-        .option("startingOffsets", s.processor_starting_offsets)
-        .load()
-    )
 
 
 def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
@@ -117,24 +93,21 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
     from processor.source import processor_input
     from processor.stateful import GeofenceProcessor
 
-    register_sources(spark)
+    register_sink(spark)
     t = s.topics
     checkpoint = s.checkpoint
     files = HadoopCheckpointFiles(spark, checkpoint)
     keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
-    if s.processor_source == "python":
-        src = _python_source(spark, s, keys)
-    else:
-        src = processor_input(
-            spark,
-            bootstrap=s.bootstrap_servers,
-            telemetry_topic=t.telemetry,
-            master_topic=t.master,
-            buckets=s.processor_buckets,
-            bucket_keys=keys,
-            starting_offsets=s.processor_starting_offsets,
-            max_events_per_batch=s.processor_max_events_per_batch,
-        )
+    src = processor_input(
+        spark,
+        bootstrap=s.bootstrap_servers,
+        telemetry_topic=t.telemetry,
+        master_topic=t.master,
+        buckets=s.processor_buckets,
+        bucket_keys=keys,
+        starting_offsets=s.processor_starting_offsets,
+        max_events_per_batch=s.processor_max_events_per_batch,
+    )
     lateness = f"{int(s.processor_lateness_s * 1000)} milliseconds"
     out = (
         src.withWatermark("ts", lateness)

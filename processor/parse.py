@@ -305,11 +305,12 @@ def parse_master(rows: BucketRows, value: bytes | None, topic: str, part: int, o
 def parse_kafka_records(
     batches: Iterator[pa.RecordBatch],
     *,
-    master_topic: str,
+    topic: str,
+    master: bool,
     buckets: int,
     keys: list[int],
 ) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` body over one Spark task's Kafka records (columns `value`, `topic`,
+    """The `mapInArrow` body over one Spark task's records of `topic` (columns `value`,
     `partition`, `offset`, as Spark's Kafka source names them), in offset order.
 
     Fixes are gathered over the whole task and cut into bucket chunks of up to CHUNK_FIXES, so a
@@ -322,16 +323,15 @@ def parse_kafka_records(
         if n == 0:
             continue
         values: list[bytes | None] = batch.column("value").to_pylist()
-        topics = batch.column("topic").to_numpy(zero_copy_only=False)
         parts = batch.column("partition").to_numpy(zero_copy_only=False)
         offs = batch.column("offset").to_numpy(zero_copy_only=False)
-        # One task reads one topic-partition range; runs are split anyway so nothing depends on it.
-        change = np.flatnonzero((topics[1:] != topics[:-1]) | (parts[1:] != parts[:-1])) + 1
+        # One task reads one partition's range; runs are split anyway so nothing depends on it.
+        change = np.flatnonzero(parts[1:] != parts[:-1]) + 1
         for lo, hi in zip([0, *change.tolist()], [*change.tolist(), n], strict=True):
-            topic, part = str(topics[lo]), int(parts[lo])
+            part = int(parts[lo])
             if last is not None and last[0] != part:
                 rows.flush_fixes(*last)
-            if topic == master_topic:
+            if master:
                 for i in range(lo, hi):
                     parse_master(rows, values[i], topic, part, int(offs[i]))
             else:
@@ -350,11 +350,11 @@ def parse_kafka_records(
 
 
 def record_parser(
-    master_topic: str, buckets: int, keys: list[int]
+    topic: str, master: bool, buckets: int, keys: list[int]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A picklable-by-closure `mapInArrow` function for one query's topics and bucket layout."""
+    """The `mapInArrow` function for one topic of one query (a closure Spark pickles to workers)."""
 
     def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return parse_kafka_records(batches, master_topic=master_topic, buckets=buckets, keys=keys)
+        return parse_kafka_records(batches, topic=topic, master=master, buckets=buckets, keys=keys)
 
     return parse

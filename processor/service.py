@@ -90,8 +90,7 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
 def telemetry_events(progress: Any, telemetry_topic: str) -> int:
     """Telemetry records a micro-batch read, from its Kafka offsets (a stream row is a whole chunk).
 
-    Spark's Kafka source reports offsets as {topic: {partition: offset}}; the former Python source
-    used the alias "t" (still read, for the benchmark that compares the two). The first batch of a
+    Spark's Kafka source reports offsets as {topic: {partition: offset}}. The first batch of a
     new checkpoint has no start offset; it is counted from offset 0, which is exact unless retention
     already removed the topic's first records (transaction markers count as records too).
     """
@@ -102,8 +101,7 @@ def telemetry_events(progress: Any, telemetry_topic: str) -> int:
         end = orjson.loads(end) if isinstance(end, str) else end
         if not isinstance(end, dict):
             continue
-        for key in (telemetry_topic, "t"):
-            begin = start.get(key, {}) if isinstance(start, dict) else {}
-            for p, e in end.get(key, {}).items():
-                total += int(e) - int(begin.get(p, 0))
+        begin = start.get(telemetry_topic, {}) if isinstance(start, dict) else {}
+        for p, e in end.get(telemetry_topic, {}).items():
+            total += int(e) - int(begin.get(p, 0))
     return total

@@ -63,7 +63,8 @@ def processor_input(
     """The rows the stateful operator folds (processor.parse.SCHEMA_DDL), from both topics."""
     if len(bucket_keys) != buckets:
         raise ValueError(f"{len(bucket_keys)} bucket keys for {buckets} buckets")
-    cols = ["value", "topic", "partition", "offset"]
+    # Only what the parse reads crosses from the JVM into Arrow: every column costs per record.
+    cols = ["value", "partition", "offset"]
     telemetry = kafka_stream(
         spark,
         bootstrap,
@@ -72,6 +73,8 @@ def processor_input(
         max_offsets_per_trigger=max_events_per_batch,
     ).select(*cols)
     master = kafka_stream(spark, bootstrap, [master_topic], compacted=True).select(*cols)
-    return telemetry.unionByName(master).mapInArrow(
-        record_parser(master_topic, buckets, bucket_keys), SCHEMA_DDL
+    parse_telemetry = record_parser(telemetry_topic, False, buckets, bucket_keys)
+    parse_master = record_parser(master_topic, True, buckets, bucket_keys)
+    return telemetry.mapInArrow(parse_telemetry, SCHEMA_DDL).unionByName(
+        master.mapInArrow(parse_master, SCHEMA_DDL)
     )

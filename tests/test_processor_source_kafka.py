@@ -125,7 +125,6 @@ def test_chunks_are_cut_and_keep_order_across_batches(monkeypatch: pytest.Monkey
     batch = pa.RecordBatch.from_pydict(
         {
             "value": values,
-            "topic": ["tele"] * 40,
             "partition": pa.array([0] * 40, pa.int32()),
             "offset": pa.array(range(100, 140), pa.int64()),
         }
@@ -133,7 +132,7 @@ def test_chunks_are_cut_and_keep_order_across_batches(monkeypatch: pytest.Monkey
     monkeypatch.setattr(parse, "CHUNK_FIXES", 8)
     monkeypatch.setattr(parse, "PARSE_SLICE", 5)
     parts = iter([batch.slice(0, 25), batch.slice(25)])
-    out = list(parse.parse_kafka_records(parts, master_topic="m", buckets=1, keys=[0]))
+    out = list(parse.parse_kafka_records(parts, topic="tele", master=False, buckets=1, keys=[0]))
     table = pa.Table.from_batches(out)
     chunks = [pa.ipc.open_stream(p).read_all() for p in table.column("payload").to_pylist()]
     assert len(chunks) >= 3, "several chunks were cut"
