@@ -71,12 +71,12 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
     last_batch = -1
     try:
         while not stop.is_set():
-            if q.awaitTermination(0.5):
-                break
-            p = q.lastProgress
-            if p and p["batchId"] != last_batch:
+            done = q.awaitTermination(0.5)
+            for p in unseen_progress(q.recentProgress, last_batch):
                 last_batch = p["batchId"]
                 _observe(p, s.topics.telemetry)
+            if done:
+                break
         exc = q.exception()
         if exc is not None:
             raise ProcessorError(f"streaming query failed: {exc}")
@@ -85,6 +85,20 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
             logger.info("stopping processor query=%s", q.id)
             q.stop()
         spark.stop()
+
+
+def unseen_progress(recent: list[dict[str, Any]], last_batch: int) -> list[dict[str, Any]]:
+    """The progress reports of batches after `last_batch`, oldest first, one per batch.
+
+    Every completed batch is counted: sampling only `lastProgress` every half second missed the
+    batches that completed in between (the counters said 2,303 records in 428 batches where the
+    commit markers said 3,832 in 529). Spark keeps the last 100 reports
+    (`spark.sql.streaming.numRecentProgressUpdates`), far more than complete in half a second."""
+    out: dict[int, dict[str, Any]] = {}
+    for p in recent:
+        if p["batchId"] > last_batch:
+            out[p["batchId"]] = p  # a batch reported twice: its latest report
+    return [out[b] for b in sorted(out)]
 
 
 def telemetry_events(progress: Any, telemetry_topic: str) -> int:
