@@ -23,7 +23,7 @@ from fleetfence.settings import Settings, get_settings
 
 app = typer.Typer(help="FleetFence: real-time fleet geofencing.", no_args_is_help=True, add_completion=False)
 infra_app = typer.Typer(
-    help="Embedded infrastructure: Kafka-protocol broker, Mosquitto, Redis.", no_args_is_help=True
+    help="Embedded infrastructure: Apache Kafka (KRaft), Mosquitto, Redis.", no_args_is_help=True
 )
 app.add_typer(infra_app, name="infra")
 
@@ -73,7 +73,7 @@ def print_status(statuses: list[infra.ServiceStatus]) -> bool:
 def infra_up() -> None:
     """Start the embedded services (those without an external endpoint) and create the topics."""
     s = _settings()
-    with console.status("starting broker, Mosquitto and Redis…"):
+    with console.status("starting Kafka, Mosquitto and Redis…"):
         statuses = infra.up(s)
     print_status(statuses)
 
@@ -92,6 +92,38 @@ def infra_status() -> None:
     """Show each service, its address and whether it answers a protocol round trip."""
     if not print_status(infra.status(_settings())):
         raise typer.Exit(1)
+
+
+@infra_app.command("restart")
+@friendly_errors
+def infra_restart(
+    service: Annotated[str, typer.Argument(help=f"One of: {', '.join(infra.SERVICES)}.")],
+) -> None:
+    """Restart one embedded service: SIGTERM (as `down` does), then start it again on its data."""
+    s = _settings()
+    with console.status(f"restarting {service}…"):
+        statuses = infra.restart(s, service)
+    if not print_status(statuses):
+        raise typer.Exit(1)
+
+
+@infra_app.command("jars")
+@friendly_errors
+def infra_jars(
+    bundles: Annotated[
+        list[str] | None, typer.Argument(help="Bundles to fetch (default all: kafka, spark).")
+    ] = None,
+) -> None:
+    """Fetch the JVM jars (the embedded Kafka broker, Spark's Kafka connector) with Maven, once,
+    into the jar cache (FLEETFENCE_JAR_CACHE); later runs find them there offline."""
+    from fleetfence import jars
+
+    _settings()
+    for bundle in bundles or jars.BUNDLES:
+        with console.status(f"fetching the {bundle} jars (Maven, first time only)…"):
+            libs = jars.ensure_jars(bundle)
+        version = jars.pom_property(bundle, f"{bundle}.version")
+        print(f"{bundle} {version}: {len(libs)} jars in {jars.bundle_dir(bundle) / 'libs'}")
 
 
 @app.command()

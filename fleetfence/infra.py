@@ -485,9 +485,26 @@ def _stop_one(settings: Settings, name: str, timeout_s: float = 30.0) -> bool:
             while _alive(pid, exe, marker):
                 _reap(pid)
                 time.sleep(0.05)
+        # A restart right after must find the port free (bounded: a recycled pid is not waited on).
+        exit_deadline = time.monotonic() + 5
+        while not _exited(pid) and time.monotonic() < exit_deadline:
+            time.sleep(0.01)
+        _reap(pid)
         stopped = True
     pf.unlink(missing_ok=True)
     return stopped
+
+
+def _exited(pid: int) -> bool:
+    """True once every thread of `pid` has finished exiting (gone, or only a zombie left): only then
+    are its sockets closed and its ports free again. Its /proc exe link, which `_alive` reads,
+    disappears earlier, and a JVM's main thread turns zombie while its other threads still exit."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X") and threads <= 1
 
 
 def _reap(pid: int) -> None:
@@ -500,6 +517,13 @@ def restart(settings: Settings, name: str) -> list[ServiceStatus]:
     """Stop one embedded service (SIGTERM, as `down` does) and start it again with its data."""
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; one of: {', '.join(SERVICES)}")
+    external = {
+        "kafka": settings.kafka_external,
+        "mqtt": settings.mqtt_external,
+        "redis": settings.redis_external,
+    }
+    if external[name]:
+        raise InfraError(f"{name} is an external endpoint here: restart it where it runs")
     _stop_one(settings, name)
     return up(settings, create_topics=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import uuid
 
@@ -111,6 +112,15 @@ def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None
     try:
         infra.up(s)
         pids = {st.name: st.pid for st in infra.status(s)}
+        # What each pid file records: the binary and, for the JVM, its config file (every JVM is
+        # `java`, so the command line tells ours from any other on a recycled pid).
+        recorded = {name: infra._read_pid(s, name) for name in infra.SERVICES}
+        kafka_rec = recorded["kafka"]
+        assert kafka_rec is not None
+        assert Path(kafka_rec[1]).name == "java"
+        assert kafka_rec[2] == str((s.kafka_dir / "server.properties").resolve())
+        assert infra._alive(*kafka_rec)
+        assert not infra._alive(kafka_rec[0], kafka_rec[1], "/elsewhere/server.properties")
         r = redis.Redis.from_url(s.redis_dsn)
         r.set("kept", "yes")
         r.close()
@@ -118,10 +128,11 @@ def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None
         p.produce(s.topics.master, key=b"route:r1", value=b"{}")
         assert p.flush(10) == 0
         assert sorted(infra.down(s)) == ["kafka", "mqtt", "redis"]
-        exes = {"kafka": "noida-db", "mqtt": "mosquitto", "redis": "redis-server"}
         for name, pid in pids.items():
-            assert pid is not None
-            assert not infra._alive(pid, exes[name]), f"{name} still running"
+            rec = recorded[name]
+            assert rec is not None
+            assert pid == rec[0]
+            assert not infra._alive(pid, rec[1]), f"{name} still running"  # no such binary at that pid
         assert all(st.pid is None and not st.healthy for st in infra.status(s))
         infra.up(s)
         r = redis.Redis.from_url(s.redis_dsn)
@@ -166,3 +177,32 @@ def test_external_endpoints_start_nothing(tmp_path: object, infra_settings: Sett
     assert all(st.healthy and not st.managed and st.pid is None for st in statuses)
     assert not (Path(str(tmp_path)) / "run").exists() or not any((Path(str(tmp_path)) / "run").iterdir())
     assert infra.down(s) == []
+
+
+def test_infra_jars_fetches_once_and_says_where() -> None:
+    from pathlib import Path
+
+    from fleetfence import jars
+
+    cli = Path(sys.executable).parent / "fleetfence"
+    out = subprocess.run(
+        [str(cli), "infra", "jars"], capture_output=True, text=True, timeout=900, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(jars.BUNDLES), out.stdout
+    for bundle, line in zip(jars.BUNDLES, lines, strict=True):
+        libs = jars.bundle_dir(bundle) / "libs"
+        assert (libs.parent / jars.COMPLETE).is_file()
+        n = len(list(libs.glob("*.jar")))
+        version = jars.pom_property(bundle, f"{bundle}.version")
+        assert line == f"{bundle} {version}: {n} jars in {libs}"
+    kafka_version = jars.pom_property("kafka", "kafka.version")
+    spark_version = jars.pom_property("spark", "spark.version")
+    assert (jars.bundle_dir("kafka") / "libs" / f"kafka_2.13-{kafka_version}.jar").is_file()
+    assert (jars.bundle_dir("spark") / "libs" / f"spark-sql-kafka-0-10_2.13-{spark_version}.jar").is_file()
+    bad = subprocess.run(
+        [str(cli), "infra", "jars", "hadoop"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert bad.returncode == 2
+    assert "unknown jar bundle 'hadoop'" in bad.stderr
