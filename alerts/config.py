@@ -39,12 +39,6 @@ class AlertsSettings(Settings):
         default=None,
         description="Static group member id of this process (default: the host name); unique per process.",
     )
-    alerts_idle_backoff_ms: int = Field(
-        default=100,
-        ge=0,
-        le=10_000,
-        description="After an empty poll, receivers stop fetching this long (0: never); see docs/alerts.md.",
-    )
     alerts_metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Port of the Prometheus endpoint of `alerts run`."
     )

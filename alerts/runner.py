@@ -32,7 +32,15 @@ from enum import Enum
 from typing import Any, Protocol
 
 import redis
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from alerts.metrics import ReceiverMetrics
 from alerts.model import INVALID_ALERT, Alert, AlertFilter, parse_alert
@@ -177,17 +185,12 @@ class RunnerOptions:
     commit: bool = True
     commit_interval_ms: int = 1000
     from_latest: bool = False
-    #: Static group membership (`group.instance.id`): a restarted process takes its partitions
-    #: back at once instead of waiting for the broker to expire the dead member (noida-db does not
-    #: expire it at all in practice, see docs/alerts.md).
+    #: Static group membership (`group.instance.id`): a process restarted after a crash takes its
+    #: partitions back at once, without a rebalance, instead of waiting for the broker to expire
+    #: the dead member (docs/alerts.md).
     instance_id: str | None = None
     batch_size: int = 500
     consumer_overrides: dict[str, Any] | None = None
-    #: After a poll that brought nothing, fetching pauses this long (0: never). A broker that does
-    #: not hold an empty fetch for `fetch.wait.max.ms` (noida-db 0.2.3 answers at once) otherwise
-    #: gets the next fetch at once: one idle consumer cost 0.37 cores of broker and 0.45 of client
-    #: (bench/idle_consumer.py). On Apache Kafka it only delays the first alert after a quiet spell.
-    idle_backoff_ms: int = 100
 
 
 class ReceiverRunner:
@@ -214,6 +217,10 @@ class ReceiverRunner:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._assigned = threading.Event()
+        # The partitions this member owns, kept by the rebalance callbacks (which run inside
+        # consume()): a record of a partition revoked during the consume() that returned it is
+        # left to its new owner, which starts from the offset committed at the revocation.
+        self._owned: set[tuple[str, int]] = set()
         self._thread: threading.Thread | None = None
         # Next offset to commit per partition, for everything handled since the assignment; kept
         # after a commit so the synchronous commit on stop and revoke re-sends all of it (an async
@@ -244,6 +251,11 @@ class ReceiverRunner:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def partitions(self) -> frozenset[tuple[str, int]]:
+        """The (topic, partition) pairs this member of the group owns now."""
+        return frozenset(self._owned)
+
     def wait_assigned(self, timeout_s: float) -> bool:
         """True once the group gave this receiver its partitions (for tests and the demo)."""
         return self._assigned.wait(timeout_s)
@@ -268,19 +280,49 @@ class ReceiverRunner:
         overrides["on_commit"] = self._on_commit
         consumer = Consumer(consumer_config(o.bootstrap, o.group_id, **overrides))
 
+        # Cooperative rebalancing (fleetfence.kafka.consumer_config): each callback gets only the
+        # partitions that move, and librdkafka assigns or unassigns exactly those (incrementally)
+        # after the callback returns, since none of them assigns by itself.
         def on_assign(c: Consumer, parts: list[TopicPartition]) -> None:
+            self._owned |= {(tp.topic, tp.partition) for tp in parts}
             logger.info(
-                "partitions assigned receiver=%s partitions=%s", self.name, [p.partition for p in parts]
+                "partitions assigned receiver=%s instance=%s added=%s owned=%s",
+                self.name,
+                o.instance_id,
+                sorted(tp.partition for tp in parts),
+                sorted(p for _, p in self._owned),
             )
             self._assigned.set()
 
         def on_revoke(c: Consumer, parts: list[TopicPartition]) -> None:
-            self._commit(c, synchronous=True)
-            for tp in parts:
-                self._processed.pop((tp.topic, tp.partition), None)
-                self._sent.pop((tp.topic, tp.partition), None)
+            # Everything handled so far is committed before the partitions move, so their next
+            # owner starts after it; the partitions this member keeps are committed along.
+            try:
+                self._commit(c, synchronous=True)
+            except KafkaException as exc:  # the next owner re-reads; de-duplication skips repeats
+                logger.warning("offset commit on revoke failed receiver=%s error=%s", self.name, exc)
+            self._forget(parts)
+            logger.info(
+                "partitions revoked receiver=%s instance=%s removed=%s owned=%s",
+                self.name,
+                o.instance_id,
+                sorted(tp.partition for tp in parts),
+                sorted(p for _, p in self._owned),
+            )
 
-        consumer.subscribe([o.topic], on_assign=on_assign, on_revoke=on_revoke)
+        def on_lost(c: Consumer, parts: list[TopicPartition]) -> None:
+            # The group moved on without this member (e.g. its session expired): the partitions
+            # may have another owner already, so a commit would be refused; they are re-read from
+            # the last committed offset and de-duplication skips what was handled here.
+            self._forget(parts)
+            logger.warning(
+                "partitions lost receiver=%s instance=%s lost=%s",
+                self.name,
+                o.instance_id,
+                sorted(tp.partition for tp in parts),
+            )
+
+        consumer.subscribe([o.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
         logger.info(
             "receiver started receiver=%s group=%s topic=%s filter=%s",
             self.name,
@@ -290,7 +332,13 @@ class ReceiverRunner:
         )
         try:
             while not self._stop.is_set():
-                msgs = consumer.consume(o.batch_size, 0.2)
+                # What is queued already, at once; when nothing is, wait for the next record and
+                # take it as soon as it comes (consume() would hold it until its timeout for want
+                # of a full batch).
+                msgs = consumer.consume(o.batch_size, 0)
+                if not msgs:
+                    first = consumer.poll(0.2)
+                    msgs = [first] if first is not None else []
                 try:
                     for m in msgs:
                         self._one(m)
@@ -299,8 +347,6 @@ class ReceiverRunner:
                 self._advance_past_markers(consumer)
                 self._maybe_commit(consumer)
                 self._maybe_lag(consumer)
-                if not msgs and o.idle_backoff_ms > 0:
-                    self._idle(consumer, o.idle_backoff_ms / 1000)
         finally:
             try:
                 self._commit(consumer, synchronous=True)
@@ -310,18 +356,12 @@ class ReceiverRunner:
             self.sink.close()
             logger.info("receiver stopped receiver=%s %s", self.name, self.metrics.snapshot())
 
-    def _idle(self, consumer: Consumer, seconds: float) -> None:
-        """Stop fetching for a while: pausing keeps the positions (fetching resumes from them)."""
-        assignment = consumer.assignment()
-        if not assignment:
-            return
-        consumer.pause(assignment)
-        try:
-            self._stop.wait(seconds)
-        finally:
-            # The assignment may have changed in the meantime only through a rebalance callback,
-            # which runs inside consume(), so it is still the one paused above.
-            consumer.resume(assignment)
+    def _forget(self, parts: list[TopicPartition]) -> None:
+        for tp in parts:
+            key = (tp.topic, tp.partition)
+            self._owned.discard(key)
+            self._processed.pop(key, None)
+            self._sent.pop(key, None)
 
     def _one(self, m: Message) -> None:
         err = m.error()
@@ -330,6 +370,9 @@ class ReceiverRunner:
                 raise KafkaDeliveryError(f"receiver {self.name}: fatal consumer error: {err}")
             if err.code() != KafkaError._PARTITION_EOF:
                 logger.warning("consumer error receiver=%s error=%s", self.name, err)
+            return
+        if (m.topic(), m.partition()) not in self._owned:
+            logger.debug("record of a revoked partition left to its new owner receiver=%s", self.name)
             return
         self.metrics.consumed()
         src = SourceRecord(m.topic(), m.partition(), m.offset(), m.key())
@@ -472,11 +515,14 @@ class ReceiverRunner:
             assignment = consumer.assignment()
             if not assignment:
                 return
+            # The watermarks every fetch response carries, cached by librdkafka: asking the broker
+            # (cached=False) queues behind the fetch it holds for fetch.wait.max.ms, which stalled
+            # the loop up to 0.5 s per partition and delayed alerts by as much.
             total = 0
             for tp in consumer.position(assignment):
-                lo, hi = consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=1.0, cached=False
-                )
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), cached=True)
+                if hi < 0:  # not fetched yet
+                    continue
                 total += max(0, hi - (tp.offset if tp.offset >= 0 else lo))
             self.metrics.lag(total)
         except Exception as exc:  # lag is informational; never stop delivering for it

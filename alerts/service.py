@@ -88,7 +88,6 @@ class AlertService:
             topic=s.topics.alerts,
             group_id=cfg.group_id or group_id(s, cfg.name),
             commit_interval_ms=s.alerts_commit_interval_ms,
-            idle_backoff_ms=s.alerts_idle_backoff_ms,
             instance_id=f"{s.alerts_instance_id or socket.gethostname()}.{cfg.name}",
         )
         return ReceiverRunner(
@@ -205,7 +204,6 @@ def tail(
         group_id=group or f"{settings.topic_prefix}fleetfence.alerts.tail-{uuid.uuid4().hex[:12]}",
         commit=durable,
         commit_interval_ms=settings.alerts_commit_interval_ms,
-        idle_backoff_ms=settings.alerts_idle_backoff_ms,
         from_latest=not from_beginning,
     )
     runner = ReceiverRunner(

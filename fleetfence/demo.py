@@ -137,7 +137,6 @@ class LiveAlerts:
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "latest",
                 "enable.auto.commit": False,
-                "partition.assignment.strategy": "range",
             }
         )
         c.subscribe([s.topics.alerts])

@@ -1,9 +1,11 @@
 """Kafka client helpers shared by every component: configs, topic specs, topic creation.
 
-Only `bootstrap.servers` differs between the embedded noida-db broker and Apache Kafka; the
-other settings here were chosen to work on both (see ../shared/notes/kafka-broker.md): the eager
-`range` assignor (noida-db hangs on cooperative-sticky) and explicit topic creation (noida-db does
-not auto-create topics on subscribe).
+Only `bootstrap.servers` differs between the embedded Apache Kafka broker (`fleetfence infra up`)
+and a production cluster. Topics are created explicitly with their partitions and configs
+(compaction of `fleet.master`) instead of relying on auto-creation, which production clusters
+usually disable. Consumer groups rebalance cooperatively (`cooperative-sticky`, classic protocol):
+a joining member takes over only the partitions that move, and static members (`group.instance.id`)
+restarted after a crash take their partitions back at once (docs/alerts.md says why not KIP-848).
 """
 
 from __future__ import annotations
@@ -114,15 +116,23 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
 
 
 def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A read_committed consumer with manual commits and the eager range assignor."""
+    """A read_committed consumer with manual commits and cooperative rebalancing.
+
+    With `cooperative-sticky` a rebalance revokes only the partitions that move (the callbacks
+    get the delta, and librdkafka assigns incrementally when they do not assign themselves);
+    a consumer that assigns partitions itself (`assign()`) is unaffected."""
     cfg: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "group.id": group_id,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "range",
+        "partition.assignment.strategy": "cooperative-sticky",
         "session.timeout.ms": 6000,
+        # A member learns of a rebalance from a heartbeat response, and a cooperative rebalance
+        # takes two rounds: a joining member was balanced in ~6 s with the default 3 s, ~2 s with
+        # 1 s (docs/alerts.md).
+        "heartbeat.interval.ms": 1000,
     }
     cfg.update(overrides)
     return cfg

@@ -6,6 +6,7 @@ every test also proves that aborted alerts never reach a receiver.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -711,3 +712,108 @@ def test_tail_json_filters_and_exits_after_limit(settings: Settings, tmp_path: P
     )
     assert bad.returncode == 2
     assert "alert types are" in bad.stderr.decode()
+
+
+def test_a_second_receiver_takes_partitions_over_without_duplicates_or_losses(
+    settings: Settings, target: WebhookTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two processes run the same receiver (one consumer group, static members `a` and `b`). The
+    second joins while the first is delivering a steady stream: the group rebalances cooperatively,
+    the first keeps half of the partitions and keeps delivering, the second takes the other half
+    over from the offsets the first committed when it gave them up. Every committed alert is
+    POSTed exactly once, none is read twice, none is lost, and aborted ones never show."""
+    caplog.set_level(logging.INFO, logger="alerts.runner")
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=200)
+    run = uuid.uuid4().hex[:6]
+    vehicles = [f"g{run}-{i}" for i in range(40)]  # keys spread over every partition
+    writer = AlertWriter(s)
+    written: list[dict[str, Any]] = []
+    aborted: list[dict[str, Any]] = []
+    seqs = iter(range(1, 1_000_000))
+
+    def write(n: int, *, commit: bool = True) -> None:
+        batch = [make_alert(vehicles[i % len(vehicles)], "OVERSPEED", next(seqs)) for i in range(n)]
+        writer.batch(batch, commit=commit)
+        (written if commit else aborted).extend(batch)
+
+    write(100)
+    write(20, commit=False)
+    toml = f'[[receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{target.url}"\nsecret = "{SECRET}"\n'
+    first = AlertService(
+        s.model_copy(update={"alerts_instance_id": f"a{run}"}), parse_config(toml), CollectorRegistry()
+    )
+    second: AlertService | None = None
+    stop_writing = threading.Event()
+
+    def keep_writing() -> None:  # a steady stream of alerts while the group rebalances
+        while not stop_writing.wait(0.05):
+            write(5)
+            write(1, commit=False)
+
+    streamer = threading.Thread(target=keep_writing, daemon=True)
+    try:
+        first.start()
+        a = first.runners["hook"]
+        wait_for(lambda: target.accepted_ids() >= {x["alert_id"] for x in written}, 30, "the first 100")
+        assert len(a.partitions) == s.alerts_partitions
+        streamer.start()
+        second = AlertService(
+            s.model_copy(update={"alerts_instance_id": f"b{run}"}), parse_config(toml), CollectorRegistry()
+        ).start()
+        b = second.runners["hook"]
+        delivered_at_join = first.snapshots()["hook"].delivered
+        smallest_share: list[int] = []
+
+        def balanced() -> bool:
+            smallest_share.append(len(a.partitions))
+            return len(a.partitions) == len(b.partitions) == s.alerts_partitions // 2
+
+        wait_for(balanced, 60, "the group to balance over both receivers")
+        assert not a.partitions & b.partitions
+        # Cooperative: the first gave up exactly the partitions that moved, kept the others and
+        # delivered throughout the join.
+        revoked = [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith(f"partitions revoked receiver=hook instance=a{run}.hook ")
+        ]
+        moved = sorted(p for _, p in b.partitions)
+        assert revoked == [
+            f"partitions revoked receiver=hook instance=a{run}.hook removed={moved} owned="
+            f"{sorted(p for _, p in a.partitions)}"
+        ], revoked
+        assert min(smallest_share) >= s.alerts_partitions // 2
+        assert first.snapshots()["hook"].delivered > delivered_at_join
+        wait_for(
+            lambda: second.snapshots()["hook"].delivered > 0 if second else False, 30, "the second to deliver"
+        )
+        stop_writing.set()
+        streamer.join(10)
+        write(100)  # after the rebalance: both members deliver their share
+        ids = {x["alert_id"] for x in written}
+        wait_for(lambda: target.accepted_ids() >= ids, 60, "every committed alert")
+
+        def consumed() -> int:
+            assert second is not None
+            return first.snapshots()["hook"].consumed + second.snapshots()["hook"].consumed
+
+        wait_for(lambda: consumed() >= len(written), 30, "both receivers to handle every committed alert")
+    finally:
+        stop_writing.set()
+        if streamer.is_alive():
+            streamer.join(10)
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert second is not None
+    snaps = [first.snapshots()["hook"], second.snapshots()["hook"]]
+    assert target.accepted == Counter(dict.fromkeys(ids, 1))  # each once
+    assert target.attempts == Counter(dict.fromkeys(ids, 1))  # not even a repeated attempt
+    assert not {x["alert_id"] for x in aborted} & set(target.attempts)
+    # No record read twice: the partitions moved exactly at the offsets committed when revoked.
+    assert sum(x.consumed for x in snaps) == len(written), snaps
+    assert sum(x.delivered for x in snaps) == len(written), snaps
+    assert all(x.duplicates == 0 and x.reconciles for x in snaps), snaps
+    assert all(x.delivered > 0 for x in snaps), snaps
+    assert_fully_committed(s, group_id(s, "hook"))
