@@ -430,7 +430,7 @@ def report(results: list[Result], cmd: str, record: bool, receive_maximum: int) 
     lines = [
         SECTION,
         "",
-        f"`{cmd}` ({os.cpu_count()} cores shared by Mosquitto, the noida-db broker and the "
+        f"`{cmd}` ({os.cpu_count()} cores shared by Mosquitto, the embedded Apache Kafka broker and the "
         "contender; the backlog is published before each drain). Each contender drains a backlog "
         "queued in its own persistent MQTT session; rates for the gateway and the naive bridge run "
         "from their first Kafka confirmation to the last PUBACK. The ceiling and the gateway drains "

@@ -1,7 +1,7 @@
 """The gateway under faults: SIGKILL mid-stream, SIGTERM drain, Kafka broker down for a while.
 
 Real processes throughout: the gateway runs as `python -m gateway` where it is killed, and the
-outage test stops and restarts a private noida-db broker (the session broker is shared).
+outage test stops and restarts a private Apache Kafka broker (the session broker is shared).
 """
 
 from __future__ import annotations
@@ -242,9 +242,6 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         # counts entries not yet acknowledged; a few of them may be confirmed already and wait only
         # for an earlier one (PUBACKs go in receive order), so fewer than `rm` are unconfirmed.
         held = [orjson.loads(e.record.value) for e in gw._inflight.unconfirmed()]
-        first_held = {}
-        for d in held:
-            first_held[d["vehicle_id"]] = min(d["seq"], first_held.get(d["vehicle_id"], d["seq"]))
         assert 0 < len(held) <= rm
         load.join(30)
         pub.wait_all()  # all 4000 fixes are Mosquitto's now; at most `rm` of them are ours
@@ -263,35 +260,21 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         assert rss_growth < 50 * 2**20, rss_growth
         infra.up(own, create_topics=False)  # same port, same data folder
         reader = TopicReader(own.bootstrap_servers, [own.topics.telemetry])
-        # noida-db 0.2.3 was measured losing the last writes it had acknowledged (acks=all) when
-        # it is stopped with SIGTERM: fixes the gateway had confirmed just before the outage are
-        # sometimes gone after the restart (seen: 63 of them, all in the last ~1% before the stop),
-        # while the gateway's own stats show every one confirmed. That is the broker's durability,
-        # not the gateway's contract, so those are allowed (and reported); everything the gateway
-        # held or received during and after the outage must arrive. Per vehicle (one partition,
-        # confirmed in order) the confirmed fixes are a prefix, the held ones follow, then the
-        # rest: so from each vehicle's first held seq on, everything must arrive. (A count read
-        # just before the stop is no line at all: confirmations keep coming until the broker is
-        # really gone.) A vehicle with nothing held falls back to the confirmed count plus what
-        # can be in flight.
-        fallback = (forwarded_during + rm) // len(vehicles)
-        want = {(v, s) for v in vehicles for s in range(first_held.get(v, fallback), 400)}
-        assert len(want) >= 400 * len(vehicles) - forwarded_during - rm
+        # Every fix arrives: those the gateway confirmed before the outage (Kafka had acknowledged
+        # them, and a stopped broker keeps what it acknowledged), those it held during it, and
+        # those Mosquitto queued for it meanwhile.
+        everything = {(v, s) for v in vehicles for s in range(400)}
         try:
             reader.read_until(
-                lambda rs: want <= set(telemetry_seqs(rs, prefix)), 60, "every fix after the outage"
+                lambda rs: everything <= set(telemetry_seqs(rs, prefix)), 60, "every fix after the outage"
             )
         except WaitTimeoutError:
-            missing = sorted(want - set(telemetry_seqs(reader.records, prefix)), key=lambda k: k[1])
+            missing = sorted(everything - set(telemetry_seqs(reader.records, prefix)), key=lambda k: k[1])
             pytest.fail(
-                f"{len(missing)} fixes missing (seq {missing[0][1]}..{missing[-1][1]}); gateway stats "
-                f"{gw.stats}; forwarded before the outage {forwarded_at_outage}, when stalled "
-                f"{forwarded_during}"
+                f"{len(missing)} of {len(everything)} fixes missing (seq {missing[0][1]}..{missing[-1][1]}); "
+                f"gateway stats {gw.stats}; forwarded before the outage {forwarded_at_outage}, when "
+                f"stalled {forwarded_during}; held at the stall {len(held)}"
             )
-        everything = {(v, s) for v in vehicles for s in range(400)}
-        lost_by_broker = everything - set(telemetry_seqs(reader.records, prefix))
-        if lost_by_broker:
-            print(f"broker lost {len(lost_by_broker)} acknowledged pre-outage fixes on restart")
         wait_for(lambda: gw is not None and gw.in_flight == 0, 30, "in-flight to drain")
         s = gw.stats
         print(
