@@ -6,7 +6,10 @@
 #   docker build --target processor -t fleetfence-processor .   (Java 17: the Spark driver)
 #   docker build --target spark     -t fleetfence-spark .       (Java 17: Spark master/worker/executors)
 # pyspark from PyPI ships Spark itself (jars and bin/spark-class), so the processor and the Spark
-# cluster run the same Spark and the same Python packages (executors import processor.*).
+# cluster run the same Spark and the same Python packages (executors import processor.*). Spark's
+# Kafka connector is not in pyspark: the jars stage fetches it with Maven from the same pom and into
+# the same cache layout as `fleetfence infra jars` on a developer machine, and the Java images carry
+# that cache (FLEETFENCE_JAR_CACHE), so they start offline.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -26,6 +29,19 @@ COPY simulator ./simulator
 COPY history ./history
 RUN /opt/venv/bin/pip install . \
     && chmod 0755 /opt/venv/lib/python3.11/site-packages/pyspark/bin/*
+
+# ---------------------------------------------------------------- jars: Spark's Kafka connector
+# `fleetfence infra jars spark` runs Maven on the installed package's fleetfence/jvm/spark/pom.xml and
+# keeps the jars in $FLEETFENCE_JAR_CACHE/spark-<pom hash>/libs (marked complete), where every
+# SparkSession of the processor and the archive looks for them (spark.jars).
+FROM build AS jars
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends maven \
+    && rm -rf /var/lib/apt/lists/*
+ENV FLEETFENCE_JAR_CACHE=/opt/fleetfence-jars
+RUN /opt/venv/bin/fleetfence infra jars spark \
+    && chmod -R a+rX /opt/fleetfence-jars \
+    && rm -rf /root/.m2
 
 # ---------------------------------------------------------------- web: the live map's npm packages
 # Leaflet and Geoman, pinned by web/package-lock.json; the api image serves them at /static/vendor.
@@ -59,11 +75,14 @@ USER root
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && rm -rf /var/lib/apt/lists/*
+# Spark's Kafka connector, fetched at build time (the jars stage): the driver lists them in spark.jars.
+COPY --from=jars /opt/fleetfence-jars /opt/fleetfence-jars
 # Executors run Python workers with the driver's interpreter path: the same venv in every image.
 ENV SPARK_HOME=/opt/spark \
     PYSPARK_PYTHON=/opt/venv/bin/python \
     PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python \
-    SPARK_NO_DAEMONIZE=1
+    SPARK_NO_DAEMONIZE=1 \
+    FLEETFENCE_JAR_CACHE=/opt/fleetfence-jars
 USER fleetfence
 
 # ---------------------------------------------------------------- service targets

@@ -2,9 +2,10 @@
 # FleetFence's one entry point for a fresh Debian/Ubuntu machine:
 #   bash scripts/dev.sh demo   -> the live demo on the embedded infrastructure
 #   bash scripts/dev.sh test   -> the whole test suite (extra arguments go to pytest)
-# It installs what is missing (mosquitto, redis, a Java 17 runtime, chromium and npm; a virtualenv
-# with the project and its dev extra; the map's npm packages in web/node_modules) and only what is
-# missing, so a second run starts at once.
+# It installs what is missing (mosquitto, redis, a Java 17 runtime, Maven, kcat, chromium and npm;
+# a virtualenv with the project and its dev extra; the JVM jars of the embedded Kafka broker and of
+# Spark's Kafka connector, fetched by Maven once into ~/.cache/fleetfence/jars; the map's npm packages
+# in web/node_modules) and only what is missing, so a second run starts at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,9 @@ command -v redis-cli >/dev/null || need+=(redis-tools)
 if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(17|21)'; then
   need+=(openjdk-17-jre-headless)
 fi
+# Maven fetches the JVM jars once (`fleetfence infra jars`); kcat inspects the embedded broker.
+command -v mvn >/dev/null || need+=(maven)
+command -v kcat >/dev/null || need+=(kcat)
 # The live map: its front-end libraries come from npm; its browser tests drive Debian's chromium.
 { command -v chromium >/dev/null || [ -x /usr/bin/chromium ]; } || need+=(chromium)
 command -v npm >/dev/null || need+=(nodejs npm)
@@ -41,6 +45,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[dev,bench,charts]'
   touch "$stamp"
 fi
+# The embedded Kafka broker's jars and Spark's Kafka connector: a no-op once they are in the cache.
+.venv/bin/fleetfence infra jars >/dev/null
 web_stamp=web/node_modules/.fleetfence-installed
 if [ ! -f "$web_stamp" ] || [ web/package-lock.json -nt "$web_stamp" ]; then
   npm ci --prefix web --no-audit --no-fund

@@ -84,6 +84,23 @@ def services_with_target(target: str) -> dict[str, dict[str, Any]]:
 
 
 @cache
+def dockerfile_instructions() -> dict[str, list[str]]:
+    """Stage name -> its instructions, each on one line (backslash continuations joined)."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for raw in re.sub(r"\\\n", " ", DOCKERFILE.read_text()).splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"(?i)^FROM\s+\S+\s+AS\s+(\S+)\s*$", line)
+        if m:
+            current = stages[m.group(1)] = []
+        elif current is not None:
+            current.append(re.sub(r"\s+", " ", line))
+    return stages
+
+
+@cache
 def dockerfile_stages() -> dict[str, dict[str, Any]]:
     """Stage name -> {parent, users}: the FROM ... AS name lines and the USER lines after each."""
     stages: dict[str, dict[str, Any]] = {}
@@ -333,6 +350,9 @@ def test_processor_runs_on_the_spark_master_with_a_shared_checkpoint() -> None:
 
 def test_every_fleetfence_variable_is_a_setting() -> None:
     known = setting_env_names()
+    # Read from the environment by fleetfence.jars (the jar cache is needed before any settings).
+    assert 'os.environ.get("FLEETFENCE_JAR_CACHE")' in (ROOT / "fleetfence" / "jars.py").read_text()
+    known.add("FLEETFENCE_JAR_CACHE")
     assert "FLEETFENCE_PROCESSOR_SPARK_MASTER" in known
     assert "FLEETFENCE_RELAY_BATCH_SIZE" in known
     used: dict[str, str] = {}
@@ -444,3 +464,66 @@ def test_grafana_dashboard_queries_only_real_metrics() -> None:
 )
 def test_no_latest_anywhere(name: str) -> None:
     assert ":latest" not in (ROOT / name).read_text()
+
+
+# --------------------------------------------------------------------------- versions and JVM jars
+
+
+def test_compose_kafka_is_the_embedded_kafka_version() -> None:
+    from fleetfence.jars import pom_property
+
+    image = services()["kafka"]["image"]
+    repo, _, tag = image.rpartition(":")
+    assert repo == "apache/kafka"
+    assert tag == pom_property("kafka", "kafka.version"), (
+        f"docker-compose.yml runs Kafka {tag}, the embedded broker {pom_property('kafka', 'kafka.version')}"
+    )
+
+
+def test_pyspark_pin_is_the_spark_version_of_the_jars() -> None:
+    import tomllib
+
+    from fleetfence.jars import pom_property
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = [m.group(1) for d in deps if (m := re.fullmatch(r"pyspark(?:\[[\w,]+\])?==([\w.]+)", d))]
+    assert pins == [pom_property("spark", "spark.version")], (deps, pom_property("spark", "spark.version"))
+
+
+def test_java_images_carry_the_connector_jars_of_infra_jars() -> None:
+    """A stage runs `fleetfence infra jars spark` into FLEETFENCE_JAR_CACHE, and the images that run
+    Spark (processor, spark) copy that cache and point FLEETFENCE_JAR_CACHE at it; the others don't."""
+    instructions = dockerfile_instructions()
+    stages = dockerfile_stages()
+    fetchers = {
+        name: next(
+            (m.group(1) for i in body if (m := re.match(r"ENV .*FLEETFENCE_JAR_CACHE=(\S+)", i))), None
+        )
+        for name, body in instructions.items()
+        if any(re.match(r"RUN .*fleetfence infra jars spark\b", i) for i in body)
+    }
+    assert len(fetchers) == 1, fetchers
+    ((fetch_stage, cache),) = fetchers.items()
+    assert cache, f"{fetch_stage} runs `infra jars` without FLEETFENCE_JAR_CACHE"
+    assert any(re.match(r"RUN .*apt-get install .*\bmaven\b", i) for i in instructions[fetch_stage])
+    assert any(f"chmod -R a+rX {cache}" in i for i in instructions[fetch_stage]), (
+        "jars unreadable as non-root"
+    )
+
+    def ancestry(stage: str) -> list[str]:
+        chain = [stage]
+        while stages[chain[-1]]["parent"] in stages:
+            chain.append(stages[chain[-1]]["parent"])
+        return chain
+
+    def carries(target: str) -> bool:
+        body = [i for s in ancestry(target) for i in instructions[s]]
+        copied = f"COPY --from={fetch_stage} {cache} {cache}" in body
+        pointed = any(re.match(rf"ENV .*FLEETFENCE_JAR_CACHE={re.escape(cache)}(\s|$)", i) for i in body)
+        assert copied == pointed, f"{target}: copies the jar cache without pointing to it, or the reverse"
+        return copied
+
+    for target in ("processor", "spark"):
+        assert carries(target), f"{target} lacks Spark's Kafka connector jars"
+    for target in ("gateway", "api", "alerts"):
+        assert not carries(target), f"{target} carries JVM jars it does not need"
