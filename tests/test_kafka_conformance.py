@@ -227,13 +227,17 @@ def test_acknowledged_records_survive_sigkill_and_sigterm_of_the_broker(own_kafk
     assert_all_there(bs, f"{s.topic_prefix}durable2", 4, sent2)
 
 
-def test_restart_refuses_unknown_and_external_services(own_kafka: Settings) -> None:
+def test_restart_refuses_unknown_and_external_services(tmp_path: Path, infra_settings: Settings) -> None:
     from fleetfence.errors import InfraError
 
+    s = Settings(
+        **{**infra.private_fields(tmp_path), "mqtt_url": f"mqtt://127.0.0.1:{infra_settings.mqtt_port}"}
+    )
     with pytest.raises(InfraError, match="unknown service 'zookeeper'"):
-        infra.restart(own_kafka, "zookeeper")
+        infra.restart(s, "zookeeper")
     with pytest.raises(InfraError, match="mqtt is an external endpoint"):
-        infra.restart(own_kafka, "mqtt")
+        infra.restart(s, "mqtt")
+    assert infra.down(s) == []  # nothing was started
 
 
 # --------------------------------------------------------------------------- transactions
