@@ -268,6 +268,64 @@ def fast_canonical(topic: str, payload: bytes, now_ms: int) -> tuple[str, bytes]
     return vid, _fast_encoder.encode(c)
 
 
+# --------------------------------------------------------------------------- a record already on Kafka
+# The processor and the archive judge every `fleet.telemetry` record again (a producer other than
+# the gateway may have written it): the gateway's verdict above, re-stated for a canonical record.
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+
+
+class PlainFix(msgspec.Struct):
+    """The canonical fix as msgspec decodes it in C: the processor's fast path (`processor.parse`).
+    Accepts only what `canonical_fix` accepts, with the same values (a property test holds the two
+    together); whatever it rejects is judged by `canonical_fix`."""
+
+    vehicle_id: Annotated[str, msgspec.Meta(min_length=1)]
+    seq: _Int64
+    ts_ms: Annotated[int, msgspec.Meta(ge=MIN_TS_MS, le=MAX_TS_MS)]
+    lat: Annotated[float, msgspec.Meta(ge=-90.0, le=90.0)]
+    lon: Annotated[float, msgspec.Meta(ge=-180.0, le=180.0)]
+    speed_kmh: Annotated[float, msgspec.Meta(ge=0.0)]
+    received_ms: _Int64 | None = None
+
+
+decode_plain_fix = msgspec.json.Decoder(PlainFix).decode
+
+
+def canonical_fix(d: Any) -> tuple[str, int, int, float, float, float]:
+    """(vehicle_id, seq, ts_ms, lat, lon, speed_kmh) of a canonical telemetry record, or an error.
+
+    The processor's definition of valid telemetry; the archive applies the very same check."""
+    vid = d["vehicle_id"]
+    seq, ts_ms = d["seq"], d["ts_ms"]
+    lat, lon, speed = float(d["lat"]), float(d["lon"]), float(d["speed_kmh"])
+    if not (
+        isinstance(vid, str)
+        and vid
+        # int64 columns downstream: a bool or a larger number would fail the read task on every retry
+        and type(seq) is int
+        and type(ts_ms) is int
+        and INT64_MIN <= seq <= INT64_MAX
+        # the gateway's static bounds: an absurd event time would drag the watermark for everyone
+        and MIN_TS_MS <= ts_ms <= MAX_TS_MS
+        and -90 <= lat <= 90
+        and -180 <= lon <= 180
+        and speed >= 0
+    ):
+        raise ValueError("field out of contract")
+    return vid, seq, ts_ms, lat, lon, speed
+
+
+INVALID_ERRORS = (orjson.JSONDecodeError, KeyError, TypeError, ValueError)
+
+
+def received_ms_of(d: Any) -> int:
+    recv = d.get("received_ms")
+    return recv if type(recv) is int and INT64_MIN <= recv <= INT64_MAX else 0
+
+
 def bucket_of(vehicle_id: str, buckets: int) -> int:
     """A vehicle's state bucket (crc32 mod buckets): stable across processes and machines (unlike
     `hash`), so state never moves between buckets. Shared by the processor and the archive."""

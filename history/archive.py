@@ -99,7 +99,7 @@ def parse_records(
     Telemetry that is not canonical (the processor dead-letters it) is dropped here, with the
     processor's own check, so "valid" means the same thing in both places.
     """
-    from processor.parse import INVALID_ERRORS, canonical_fix
+    from fleetfence.contracts import INVALID_ERRORS, canonical_fix
 
     schema = pa.schema(
         [

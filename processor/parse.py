@@ -11,21 +11,29 @@ range in order, parses it, and hands on a few rows per bucket instead of one row
 - master data: a route or zone change concerns every bucket and is emitted once per bucket; an
   assignment or vehicle change goes to its vehicle's bucket.
 
-This is also where valid telemetry is defined for the processor and the archive (`canonical_fix`).
+Valid telemetry itself is defined in `fleetfence.contracts` (`canonical_fix` and its msgspec fast
+path), beside the gateway's verdict, so the gateway, the processor and the archive judge alike.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
 
-from fleetfence.contracts import MAX_TS_MS, MIN_TS_MS, bucket_of
+from fleetfence.contracts import (
+    INVALID_ERRORS,
+    PlainFix,
+    bucket_of,
+    canonical_fix,
+    decode_plain_fix,
+    received_ms_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,59 +172,6 @@ class BucketRows:
         return out
 
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
-
-
-class _PlainFix(msgspec.Struct):
-    """The canonical fix as msgspec decodes it in C: the fast path of `parse_telemetry_batch`.
-    Accepts only what `canonical_fix` accepts, with the same values (a property test holds the two
-    together); whatever it rejects is judged by `canonical_fix`."""
-
-    vehicle_id: Annotated[str, msgspec.Meta(min_length=1)]
-    seq: _Int64
-    ts_ms: Annotated[int, msgspec.Meta(ge=MIN_TS_MS, le=MAX_TS_MS)]
-    lat: Annotated[float, msgspec.Meta(ge=-90.0, le=90.0)]
-    lon: Annotated[float, msgspec.Meta(ge=-180.0, le=180.0)]
-    speed_kmh: Annotated[float, msgspec.Meta(ge=0.0)]
-    received_ms: _Int64 | None = None
-
-
-_plain_fix = msgspec.json.Decoder(_PlainFix).decode
-
-
-def canonical_fix(d: Any) -> tuple[str, int, int, float, float, float]:
-    """(vehicle_id, seq, ts_ms, lat, lon, speed_kmh) of a canonical telemetry record, or an error.
-
-    The processor's definition of valid telemetry; the archive applies the very same check."""
-    vid = d["vehicle_id"]
-    seq, ts_ms = d["seq"], d["ts_ms"]
-    lat, lon, speed = float(d["lat"]), float(d["lon"]), float(d["speed_kmh"])
-    if not (
-        isinstance(vid, str)
-        and vid
-        # int64 columns downstream: a bool or a larger number would fail the read task on every retry
-        and type(seq) is int
-        and type(ts_ms) is int
-        and INT64_MIN <= seq <= INT64_MAX
-        # the gateway's static bounds: an absurd event time would drag the watermark for everyone
-        and MIN_TS_MS <= ts_ms <= MAX_TS_MS
-        and -90 <= lat <= 90
-        and -180 <= lon <= 180
-        and speed >= 0
-    ):
-        raise ValueError("field out of contract")
-    return vid, seq, ts_ms, lat, lon, speed
-
-
-INVALID_ERRORS = (orjson.JSONDecodeError, KeyError, TypeError, ValueError)
-
-
-def _received_ms(d: Any) -> int:
-    recv = d.get("received_ms")
-    return recv if type(recv) is int and INT64_MIN <= recv <= INT64_MAX else 0
-
-
 def parse_telemetry_batch(
     rows: BucketRows, values: list[bytes | None], offsets: list[int], topic: str, part: int
 ) -> None:
@@ -230,7 +185,7 @@ def parse_telemetry_batch(
     them into one JSON array would let a crafted record swallow its neighbour."""
     try:
         if all(v is not None and v.isascii() and b"\\" not in v for v in values):
-            fs = list(map(_plain_fix, values))  # type: ignore[arg-type]
+            fs = list(map(decode_plain_fix, values))  # type: ignore[arg-type]
             rows.fixes(
                 [
                     [f.vehicle_id for f in fs],
@@ -257,13 +212,13 @@ def parse_telemetry_batch(
         try:
             if value is None or not value.isascii() or b"\\" in value:
                 raise ValueError
-            f = _plain_fix(value)
+            f = decode_plain_fix(value)
             r = f.received_ms or 0
         except (msgspec.DecodeError, ValueError):
             try:
                 d = orjson.loads(value or b"")
-                f = _PlainFix(*canonical_fix(d))
-                r = _received_ms(d)
+                f = PlainFix(*canonical_fix(d))
+                r = received_ms_of(d)
             except INVALID_ERRORS as exc:
                 key = f"{topic}:{part}:{off}"
                 rows.row(

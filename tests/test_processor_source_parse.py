@@ -7,20 +7,13 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fleetfence.contracts import Telemetry, bucket_of
-from processor.parse import (
-    FIX_SCHEMA,
-    INVALID_ERRORS,
-    KIND_INVALID,
-    KIND_TELEMETRY,
-    BucketRows,
-    canonical_fix,
-    parse_telemetry_batch,
-)
+from fleetfence.contracts import INVALID_ERRORS, Telemetry, bucket_of, canonical_fix
+from processor.parse import FIX_SCHEMA, KIND_INVALID, KIND_TELEMETRY, BucketRows, parse_telemetry_batch
 from tests.strategies import json_values
 
 BUCKETS = 4
@@ -104,23 +97,20 @@ def test_batch_parse_equals_the_per_record_reference(values: list[bytes | None])
     assert len(fixes) + len(invalid) == len(values)
 
 
-def test_fast_path_takes_the_common_fix() -> None:
+def test_fast_path_takes_the_common_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guard for the property above: a batch of plain canonical fixes takes the msgspec path."""
     import processor.parse as ks
 
     calls: list[bytes] = []
-    real = ks._plain_fix
+    real = ks.decode_plain_fix
 
     def spy(v: bytes) -> Any:
         calls.append(v)
         return real(v)
 
-    ks._plain_fix = spy
-    try:
-        values: list[bytes | None] = [canonical(f"veh-{i % 7}", i) for i in range(50)]
-        fixes, invalid = parsed(values)
-    finally:
-        ks._plain_fix = real
+    monkeypatch.setattr(ks, "decode_plain_fix", spy)
+    values: list[bytes | None] = [canonical(f"veh-{i % 7}", i) for i in range(50)]
+    fixes, invalid = parsed(values)
     assert len(calls) == 50
     assert invalid == []
     assert len(fixes) == 50
