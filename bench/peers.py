@@ -147,7 +147,6 @@ def run_quix(
         processing_guarantee="exactly-once",
         state_dir=state_dir,
         loglevel="WARNING",
-        consumer_extra_config={"partition.assignment.strategy": "range"},
     )
     src = app.topic(topic, value_deserializer="json")
     out = app.topic(alerts_topic, value_serializer="json")

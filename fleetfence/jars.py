@@ -100,6 +100,7 @@ def _fetch(bundle: str, target: Path, timeout_s: float) -> None:
                 f"{(proc.stdout + proc.stderr)[-3000:]}"
             )
         (tmp / COMPLETE).write_text(pom_property(bundle, f"{bundle}.version") + "\n")
+        tmp.chmod(0o755)  # mkdtemp makes it 0700: a cache shared by users (an image) must be readable
         try:
             tmp.rename(target)
         except OSError:
