@@ -18,21 +18,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from fleetfence.errors import FleetFenceError
 from fleetfence.kafka import admin_client, consumer_config
+from fleetfence.testing import wait_for
 from gateway.settings import GatewaySettings
-
-
-class WaitTimeoutError(FleetFenceError):
-    """A condition did not become true before its deadline."""
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise WaitTimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def fix(vehicle_id: str, seq: int, ts_ms: int | None = None, **extra: object) -> dict[str, object]:

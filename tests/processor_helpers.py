@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from fleetfence.contracts import Telemetry
 from fleetfence.kafka import consumer_config, producer_config
 from fleetfence.settings import Settings
+from fleetfence.testing import wait_for as wait_until_true
 from processor.geometry import LocalProjection
 
 T0 = 1_795_000_000_000
@@ -147,12 +149,5 @@ def read_all(settings: Settings, topic: str, partitions: int, timeout_s: float =
     return out
 
 
-def wait_for(cond: Any, timeout_s: float, what: str, interval_s: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+# Each check of these tests reads topics to their end: poll every 0.25 s, not the default 0.05 s.
+wait_for = partial(wait_until_true, interval_s=0.25)

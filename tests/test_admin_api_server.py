@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +30,12 @@ from admin_api.security import Role, create_api_key
 from fleetfence.infra import free_port
 from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import wait_for
+
+# Waits on an HTTP server: a refused or failed request means "not yet".
+wait_http = partial(wait_for, ignore=(httpx.HTTPError, OSError))
 
 pytestmark = pytest.mark.services
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if cond():
-                return
-        except (httpx.HTTPError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Server:
@@ -84,7 +76,7 @@ def server(infra_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -
     proc = subprocess.Popen([str(exe), "api"], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(
+        wait_http(
             lambda: proc.poll() is None and httpx.get(f"{base}/healthz").status_code == 200, 30, "api up"
         )
         yield Server(base, conf, admin, viewer, r)

@@ -41,6 +41,7 @@ from fleetfence import infra
 from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import wait_for
 
 pytestmark = pytest.mark.services
 
@@ -49,18 +50,6 @@ T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
-    """Poll until `check` returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last value {value!r})")
-        time.sleep(interval_s)
 
 
 def make_alert(

@@ -24,19 +24,18 @@ import pytest
 from fleetfence import infra
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import WaitTimeoutError, wait_for
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import (
     Publisher,
     TopicReader,
-    WaitTimeoutError,
     fix,
     forget_session,
     gateway_env,
     rss_bytes,
     scrape,
     telemetry_seqs,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

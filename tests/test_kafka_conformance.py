@@ -43,7 +43,7 @@ from confluent_kafka.admin import (
 from fleetfence import infra
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
-from gateway.testing import wait_for
+from fleetfence.testing import wait_for
 
 pytestmark = pytest.mark.services
 

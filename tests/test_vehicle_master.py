@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import wait_for
 from vehicle_master.errors import (
     AlreadyExistsError,
     GeometryError,
@@ -39,14 +40,6 @@ pytestmark = pytest.mark.services
 
 LINE = {"type": "LineString", "coordinates": [[13.40, 52.52], [13.41, 52.53]]}
 SQUARE = {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]]}
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def route(rid: str = "r1", **kw: Any) -> RouteData:
