@@ -8,10 +8,15 @@ the last value it saw.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from fleetfence.errors import FleetFenceError
+from fleetfence.kafka import consumer_config
+from fleetfence.settings import Settings
 
 T = TypeVar("T")
 
@@ -46,3 +51,36 @@ def wait_for(
         if time.monotonic() > deadline:
             raise WaitTimeoutError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
         time.sleep(interval_s)
+
+
+def read_all(settings: Settings, topic: str, partitions: int, timeout_s: float = 10.0) -> list[Any]:
+    """Every committed record of a topic (confluent-kafka messages), read_committed, up to the end
+    it had when called: what a test or a benchmark compares against what it expected."""
+    c = Consumer(
+        consumer_config(
+            settings.bootstrap_servers, f"read-{uuid.uuid4().hex}", **{"enable.partition.eof": True}
+        )
+    )
+    tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
+    ends = {
+        p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+        for p in range(partitions)
+    }
+    c.assign(tps)
+    out: list[Any] = []
+    done = {p for p, e in ends.items() if e == 0}
+    deadline = time.monotonic() + timeout_s
+    while len(done) < partitions and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.2):
+            if m.error() is not None:
+                if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= ends[m.partition()]:
+                    done.add(m.partition())
+                continue
+            out.append(m)
+            if m.offset() >= ends[m.partition()] - 1:
+                done.add(m.partition())
+        for p in range(partitions):
+            if p not in done and c.position([TopicPartition(topic, p)])[0].offset >= ends[p]:
+                done.add(p)
+    c.close()
+    return out

@@ -29,14 +29,17 @@ from processor.domain import EngineConfig
 from processor.job import start_query
 from tests.processor_helpers import (
     T0,
+    committed_alerts,
+    expected_alerts,
+    markers,
     master_events,
+    processor_settings,
     produce,
     produce_master,
     produce_telemetry,
     scenario,
     wait_for,
 )
-from tests.test_processor_stream import committed_alerts, expected_alerts, markers, processor_settings
 
 JUNK = [b"not json", b'{"vehicle_id": "v0"}', json.dumps({"vehicle_id": "v9", "seq": "x"}).encode()]
 LATE_FIX = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, 181.5, 3.0, T0 + 400_000)

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-import time
-import uuid
+import os
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+import pandas as pd
+from confluent_kafka import Producer
 
 from fleetfence.contracts import Telemetry
-from fleetfence.kafka import consumer_config, producer_config
+from fleetfence.kafka import producer_config
 from fleetfence.settings import Settings
+from fleetfence.testing import read_all
 from fleetfence.testing import wait_for as wait_until_true
+from processor.domain import EngineConfig
+from processor.engine import Catalog, MasterState, empty_states, process_bucket
 from processor.geometry import LocalProjection
+from processor.job import ProcessorSettings
 
 T0 = 1_795_000_000_000
 LINE = [[13.0, 52.5], [13.1, 52.5]]
@@ -117,36 +124,69 @@ def produce_telemetry(settings: Settings, fixes: list[Telemetry]) -> None:
     produce(settings, settings.topics.telemetry, [(f.vehicle_id.encode(), f.to_json()) for f in fixes])
 
 
-def read_all(settings: Settings, topic: str, partitions: int, timeout_s: float = 10.0) -> list[Any]:
-    """Every committed record of a topic, read_committed, up to its current end."""
-    c = Consumer(
-        consumer_config(
-            settings.bootstrap_servers, f"read-{uuid.uuid4().hex}", **{"enable.partition.eof": True}
-        )
+def processor_settings(settings: Settings, tmp: Path, **kw: Any) -> ProcessorSettings:
+    return ProcessorSettings(
+        **{
+            **settings.model_dump(exclude={"topics"}),
+            "processor_checkpoint": str(tmp / "cp"),
+            "processor_buckets": 4,
+            "processor_trigger_ms": 100,
+            "redis_prefix": f"{settings.topic_prefix}ff:",
+            **kw,
+        }
     )
-    tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
-    ends = {
-        p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-        for p in range(partitions)
+
+
+def expected_alerts(fixes: list[Telemetry], cfg: EngineConfig) -> dict[str, dict[str, Any]]:
+    """The reference: the pure engine over all fixes in one batch (no watermark, so no silence)."""
+    m = MasterState()
+    for e in master_events():
+        m.apply(e)
+    df = pd.DataFrame(
+        [
+            {
+                "vehicle_id": f.vehicle_id,
+                "seq": f.seq,
+                "ts_ms": f.ts_ms,
+                "lat": f.lat,
+                "lon": f.lon,
+                "speed_kmh": f.speed_kmh,
+                "received_ms": f.received_ms,
+            }
+            for f in fixes
+        ]
+    )
+    r = process_bucket(empty_states(), {}, m, df, 0, cfg, Catalog(cfg), force_slow=True)
+    return {a.alert_id: a.to_dict() for a in r.alerts}
+
+
+def committed_alerts(s: Settings) -> list[dict[str, Any]]:
+    return [orjson.loads(m.value()) for m in read_all(s, s.topics.alerts, s.alerts_partitions)]
+
+
+def markers(s: Settings) -> list[dict[str, Any]]:
+    return [orjson.loads(m.value()) for m in read_all(s, s.topics.processor_commits, 1)]
+
+
+def spawn_processor(
+    ps: ProcessorSettings, log: Path, spark_master: str = "local[2]"
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        **{
+            f"FLEETFENCE_{k.upper()}": str(v)
+            for k, v in ps.model_dump(exclude={"topics"}).items()
+            if v is not None
+        },
+        "FLEETFENCE_PROCESSOR_SPARK_MASTER": spark_master,
     }
-    c.assign(tps)
-    out: list[Any] = []
-    done = {p for p, e in ends.items() if e == 0}
-    deadline = time.monotonic() + timeout_s
-    while len(done) < partitions and time.monotonic() < deadline:
-        for m in c.consume(1000, 0.2):
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= ends[m.partition()]:
-                    done.add(m.partition())
-                continue
-            out.append(m)
-            if m.offset() >= ends[m.partition()] - 1:
-                done.add(m.partition())
-        for p in range(partitions):
-            if p not in done and c.position([TopicPartition(topic, p)])[0].offset >= ends[p]:
-                done.add(p)
-    c.close()
-    return out
+    return subprocess.Popen(
+        [sys.executable, "-m", "processor"],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 # Each check of these tests reads topics to their end: poll every 0.25 s, not the default 0.05 s.

@@ -13,8 +13,17 @@ import pytest
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from processor.standalone import StandaloneCluster
-from tests.processor_helpers import master_events, produce_master, produce_telemetry, scenario, wait_for
-from tests.test_processor_stream import _spawn, committed_alerts, expected_alerts, processor_settings
+from tests.processor_helpers import (
+    committed_alerts,
+    expected_alerts,
+    master_events,
+    processor_settings,
+    produce_master,
+    produce_telemetry,
+    scenario,
+    spawn_processor,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.services, pytest.mark.slow]
 
@@ -37,7 +46,7 @@ def test_processor_on_standalone_master_and_two_workers(settings: Settings, tmp_
         expected = expected_alerts(fixes, ps.engine_config())
         produce_master(settings, master_events())
         produce_telemetry(settings, fixes)
-        proc = _spawn(ps, tmp_path / "processor.log", spark_master=c.url)
+        proc = spawn_processor(ps, tmp_path / "processor.log", spark_master=c.url)
         try:
             got = wait_for(
                 lambda: (a := committed_alerts(settings)) and len(a) >= len(expected) and a,

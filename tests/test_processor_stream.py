@@ -6,77 +6,34 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pandas as pd
 import pytest
 import redis
 
 from fleetfence.contracts import AlertType, Telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from processor.domain import EngineConfig
-from processor.engine import Catalog, MasterState, empty_states, process_bucket
-from processor.job import ProcessorSettings, start_query
+from processor.job import start_query
 from tests.processor_helpers import (
     T0,
+    committed_alerts,
+    expected_alerts,
+    markers,
     master_events,
+    processor_settings,
     produce,
     produce_master,
     produce_telemetry,
     read_all,
     scenario,
+    spawn_processor,
     wait_for,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.services]
-
-
-def processor_settings(settings: Settings, tmp: Path, **kw: Any) -> ProcessorSettings:
-    return ProcessorSettings(
-        **{
-            **settings.model_dump(exclude={"topics"}),
-            "processor_checkpoint": str(tmp / "cp"),
-            "processor_buckets": 4,
-            "processor_trigger_ms": 100,
-            "redis_prefix": f"{settings.topic_prefix}ff:",
-            **kw,
-        }
-    )
-
-
-def expected_alerts(fixes: list[Telemetry], cfg: EngineConfig) -> dict[str, dict[str, Any]]:
-    """The reference: the pure engine over all fixes in one batch (no watermark, so no silence)."""
-    m = MasterState()
-    for e in master_events():
-        m.apply(e)
-    df = pd.DataFrame(
-        [
-            {
-                "vehicle_id": f.vehicle_id,
-                "seq": f.seq,
-                "ts_ms": f.ts_ms,
-                "lat": f.lat,
-                "lon": f.lon,
-                "speed_kmh": f.speed_kmh,
-                "received_ms": f.received_ms,
-            }
-            for f in fixes
-        ]
-    )
-    r = process_bucket(empty_states(), {}, m, df, 0, cfg, Catalog(cfg), force_slow=True)
-    return {a.alert_id: a.to_dict() for a in r.alerts}
-
-
-def committed_alerts(s: Settings) -> list[dict[str, Any]]:
-    return [orjson.loads(m.value()) for m in read_all(s, s.topics.alerts, s.alerts_partitions)]
-
-
-def markers(s: Settings) -> list[dict[str, Any]]:
-    return [orjson.loads(m.value()) for m in read_all(s, s.topics.processor_commits, 1)]
 
 
 def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings, tmp_path: Path) -> None:
@@ -153,25 +110,6 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
         q.stop()
 
 
-def _spawn(ps: ProcessorSettings, log: Path, spark_master: str = "local[2]") -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        **{
-            f"FLEETFENCE_{k.upper()}": str(v)
-            for k, v in ps.model_dump(exclude={"topics"}).items()
-            if v is not None
-        },
-        "FLEETFENCE_PROCESSOR_SPARK_MASTER": spark_master,
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "processor"],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
 @pytest.mark.slow
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
@@ -183,7 +121,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
     chunks = [fixes[i : i + 90] for i in range(0, len(fixes), 90)]
     log = tmp_path / "processor.log"
     kills = 0
-    proc = _spawn(ps, log)
+    proc = spawn_processor(ps, log)
     try:
         for i, chunk in enumerate(chunks):
             produce_telemetry(settings, chunk)
@@ -194,7 +132,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)
                 kills += 1
-                proc = _spawn(ps, log)
+                proc = spawn_processor(ps, log)
         got = wait_for(
             lambda: (a := committed_alerts(settings)) and len(a) >= len(expected) and a,
             240,
