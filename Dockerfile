@@ -19,6 +19,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY cli ./cli
 COPY fleetfence ./fleetfence
 COPY gateway ./gateway
 COPY processor ./processor

@@ -1,5 +1,5 @@
 """`fleetfence report ...`: run a history report and show it as a rich table, JSON, GeoJSON or a
-PNG chart. The typer commands live in fleetfence/cli.py; this module does the work so the CLI's
+PNG chart. The typer commands live in cli/history.py; this module does the work so the CLI's
 start-up does not import SedonaDB, pandas or matplotlib until a report actually runs.
 """
 

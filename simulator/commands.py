@@ -1,6 +1,6 @@
 """What `fleetfence simulate` and `fleetfence verify` do, behind their typer option lists.
 
-Kept out of `fleetfence/cli.py` so the CLI module stays a list of thin adapters and these
+Kept out of the `cli` package so its modules stay a list of thin adapters and these
 functions can be called (and tested) with plain arguments.
 """
 

@@ -566,7 +566,7 @@ def _env(s: AlertsSettings, **extra: str) -> dict[str, str]:
     return env
 
 
-FLEETFENCE = [sys.executable, "-c", "from fleetfence.cli import app; app()"]
+FLEETFENCE = [sys.executable, "-c", "from cli.app import app; app()"]
 
 
 @pytest.mark.slow

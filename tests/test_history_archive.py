@@ -168,7 +168,7 @@ def test_cli_archive_compact_and_retention(
 ) -> None:
     from typer.testing import CliRunner
 
-    from fleetfence.cli import app
+    from cli.app import app
 
     root = tmp_path / "archive"
     shutil.copytree(rec.root, root)

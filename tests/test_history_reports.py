@@ -445,7 +445,7 @@ def test_api_rejects_bad_requests(
 def test_cli_report(archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from fleetfence.cli import app
+    from cli.app import app
 
     monkeypatch.setenv("FLEETFENCE_HISTORY_BUCKETS", str(BUCKETS))
     runner = CliRunner()

@@ -123,7 +123,7 @@ def test_cli_restate_prints_and_writes_the_diff(
 ) -> None:
     from typer.testing import CliRunner
 
-    from fleetfence.cli import app
+    from cli.app import app
     from fleetfence.contracts import ms_to_iso
 
     route = next(e for e in rec.master if e["entity"] == "route")["data"]

@@ -14,7 +14,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from typer.testing import CliRunner
 
-from fleetfence.cli import app
+from cli.app import app
 from fleetfence.contracts import Telemetry, utc_now_ms, validate_telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings

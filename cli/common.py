@@ -1,0 +1,45 @@
+"""What every command of the `fleetfence` command line shares: the root app, the error handling
+that turns FleetFence's own errors into one readable line and exit code 2, settings and logging.
+
+The commands themselves live in a module per group (cli.infra, cli.services, cli.alerts,
+cli.simulation, cli.history, cli.demo); each is a thin adapter that reads settings, configures
+logging and calls into a component package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from fleetfence.errors import FleetFenceError
+from fleetfence.logs import configure_logging
+from fleetfence.settings import Settings, get_settings
+
+app = typer.Typer(help="FleetFence: real-time fleet geofencing.", no_args_is_help=True, add_completion=False)
+console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def friendly_errors(fn: F) -> F:
+    """Print FleetFence's own errors as one readable message instead of a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FleetFenceError as exc:
+            console.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(2) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def settings_from_env() -> Settings:
+    """The settings from the environment, with logging configured from them."""
+    s = get_settings()
+    configure_logging(s.log_level, s.log_json)
+    return s

@@ -1,0 +1,261 @@
+"""`fleetfence archive`, `restate` and `report`: the telemetry archive and what reads it (history)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import app, console, friendly_errors, settings_from_env
+
+archive_app = typer.Typer(
+    help="The telemetry/alert archive (GeoParquet): writer, compaction, retention.", no_args_is_help=True
+)
+app.add_typer(archive_app, name="archive")
+
+
+def _historysettings_from_env() -> Any:
+    from history.settings import HistorySettings
+
+    return HistorySettings.from_settings(settings_from_env())
+
+
+@archive_app.command("run")
+@friendly_errors
+def archive_run() -> None:
+    """Run the archive writer (Spark streaming, exactly once) until Ctrl-C/SIGTERM."""
+    from history.archive import run_archive
+
+    run_archive(_historysettings_from_env())
+
+
+@archive_app.command("compact")
+@friendly_errors
+def archive_compact() -> None:
+    """Merge the files of each partition older than the current UTC day into one."""
+    from history.archive import compact
+
+    hs = _historysettings_from_env()
+    r = compact(hs.archive_root, hs.checkpoint_location)
+    console.print(
+        f"compacted {r.partitions} partitions: {r.files_removed} files -> {r.partitions}, {r.rows} rows"
+        f" ({r.skipped_uncommitted} files of uncommitted batches left alone)"
+    )
+
+
+@archive_app.command("retention")
+@friendly_errors
+def archive_retention(
+    days: Annotated[
+        int | None, typer.Option(min=1, help="Default: FLEETFENCE_HISTORY_RETENTION_DAYS.")
+    ] = None,
+) -> None:
+    """Delete telemetry and alert date partitions older than the retention (master data is kept)."""
+    from history.archive import apply_retention
+
+    hs = _historysettings_from_env()
+    deleted = apply_retention(hs.archive_root, days or hs.retention_days)
+    console.print(f"deleted {len(deleted)} date partitions")
+
+
+@app.command("restate")
+@friendly_errors
+def restate_cmd(
+    start: Annotated[str, typer.Option("--from", help="Window start: ISO-8601 with offset, or epoch ms.")],
+    end: Annotated[str, typer.Option("--to", help="Window end (exclusive).")],
+    out: Annotated[str, typer.Option("--out", help="Result folder: alerts.parquet and diff.json.")],
+    routes: Annotated[
+        str | None,
+        typer.Option("--routes", help="Proposed routes: GeoJSON FeatureCollection (bulk import format)."),
+    ] = None,
+    route_version: Annotated[
+        list[str] | None, typer.Option("--route-version", help="ID=VER: use an archived route version.")
+    ] = None,
+    batch_s: Annotated[float, typer.Option(min=0.001, help="Event-time slice (a live micro-batch).")] = 10.0,
+    warmup_s: Annotated[float, typer.Option(min=0, help="Replay this long before --from first.")] = 0.0,
+    archive: Annotated[
+        str | None, typer.Option("--archive", help="Default: FLEETFENCE_HISTORY_ARCHIVE_PATH.")
+    ] = None,
+) -> None:
+    """Re-run the live geofence logic over the archive (Spark batch) and diff with the live alerts."""
+    import json
+
+    from fleetfence.contracts import ms_to_iso, parse_ts_ms
+    from fleetfence.errors import ConfigError
+    from history.restate import RestateRequest, run_restatement
+    from processor.job import ProcessorSettings
+    from processor.spark import build_session
+
+    hs = _historysettings_from_env()
+    pins: dict[str, int] = {}
+    for item in route_version or []:
+        rid, sep, ver = item.partition("=")
+        if not sep or not ver.isdigit():
+            raise ConfigError(f"--route-version must look like ID=VERSION, got {item!r}")
+        pins[rid] = int(ver)
+    geojson = None
+    if routes is not None:
+        try:
+            with open(routes) as f:
+                geojson = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read proposed routes {routes!r}: {exc}") from exc
+    req = RestateRequest(
+        parse_ts_ms(int(start) if start.isdigit() else start),
+        parse_ts_ms(int(end) if end.isdigit() else end),
+        out,
+        geojson,
+        pins,
+        batch_ms=int(batch_s * 1000),
+        warmup_ms=int(warmup_s * 1000),
+    )
+    from pyspark.sql import SparkSession
+
+    # A session that already runs in this process (a notebook, a test) is used and left running.
+    started = SparkSession.getActiveSession() is None
+    master = hs.spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    spark = build_session(app_name="fleetfence-restate", master=master)
+    try:
+        with console.status("restating over the archive (Spark batch)..."):
+            r = run_restatement(spark, archive or hs.archive_root, req, ProcessorSettings().engine_config())
+    finally:
+        if started:
+            spark.stop()
+    table = Table(title=f"restated {r.fixes} fixes")
+    for col in ("result", "alerts"):
+        table.add_column(col)
+    for name, n in (
+        ("live", len(r.live)),
+        ("restated", len(r.restated)),
+        ("same", len(r.same)),
+        ("changed", len(r.changed)),
+        ("only live", len(r.only_live)),
+        ("only restated", len(r.only_restated)),
+    ):
+        table.add_row(name, str(n))
+    Console().print(table)
+    diff = Table(title="differences")
+    for col in ("side", "alert_id", "type", "vehicle", "seq", "ts"):
+        diff.add_column(col)
+    for side, df, ids in (("live", r.live, r.only_live), ("restated", r.restated, r.only_restated)):
+        for row in df[df["alert_id"].isin(ids)].to_dict("records"):
+            diff.add_row(
+                side,
+                row["alert_id"],
+                row["type"],
+                row["vehicle_id"],
+                str(row["seq"]),
+                ms_to_iso(row["ts_ms"]),
+            )
+    for a in r.changed:
+        diff.add_row("changed", a, "", "", "", "")
+    if r.only_live or r.only_restated or r.changed:
+        Console().print(diff)
+    console.print(f"wrote {os.path.join(out, 'alerts.parquet')} and {os.path.join(out, 'diff.json')}")
+
+
+# --------------------------------------------------------------------------- history reports
+
+report_app = typer.Typer(
+    help="History reports over the telemetry archive (SedonaDB): tables, JSON, PNG charts.",
+    no_args_is_help=True,
+)
+app.add_typer(report_app, name="report")
+
+ReportFrom = Annotated[str, typer.Option("--from", help="UTC date (whole day) or ISO-8601 time.")]
+ReportTo = Annotated[str, typer.Option("--to", help="UTC date (inclusive) or ISO-8601 time (exclusive).")]
+ReportVehicle = Annotated[str | None, typer.Option("--vehicle", help="Only this vehicle.")]
+ReportPng = Annotated[Path | None, typer.Option("--png", help="Also write a chart to this PNG file.")]
+ReportJson = Annotated[bool, typer.Option("--json", help="Print the rows as JSON instead of a table.")]
+ReportArchive = Annotated[
+    str | None, typer.Option("--archive", help="Default: FLEETFENCE_HISTORY_ARCHIVE_PATH.")
+]
+ReportGeojson = Annotated[Path | None, typer.Option("--geojson", help="Also write GeoJSON to this file.")]
+
+
+def _report(name: str, **kwargs: Any) -> None:
+    from history.report_cli import run as run_report_cli
+
+    run_report_cli(name, settings_from_env(), **kwargs)
+
+
+@report_app.command("adherence")
+@friendly_errors
+def report_adherence(
+    start: ReportFrom,
+    end: ReportTo,
+    vehicle: ReportVehicle = None,
+    png: ReportPng = None,
+    as_json: ReportJson = False,
+    archive: ReportArchive = None,
+) -> None:
+    """Share of fixes inside the route corridor, time and distance off-route, per vehicle and day."""
+    _report("adherence", start=start, end=end, vehicle_id=vehicle, png=png, as_json=as_json, archive=archive)
+
+
+@report_app.command("zones")
+@friendly_errors
+def report_zones(
+    start: ReportFrom,
+    end: ReportTo,
+    vehicle: ReportVehicle = None,
+    png: ReportPng = None,
+    as_json: ReportJson = False,
+    archive: ReportArchive = None,
+    geojson: ReportGeojson = None,
+) -> None:
+    """Zone visits: entry, exit and dwell time of each run of fixes inside a zone."""
+    _report(
+        "zone_visits",
+        start=start,
+        end=end,
+        vehicle_id=vehicle,
+        png=png,
+        as_json=as_json,
+        archive=archive,
+        geojson=geojson,
+    )
+
+
+@report_app.command("speeding")
+@friendly_errors
+def report_speeding(
+    start: ReportFrom,
+    end: ReportTo,
+    vehicle: ReportVehicle = None,
+    png: ReportPng = None,
+    as_json: ReportJson = False,
+    archive: ReportArchive = None,
+) -> None:
+    """Speeding episodes: runs of fixes above the assigned route's limit."""
+    _report("speeding", start=start, end=end, vehicle_id=vehicle, png=png, as_json=as_json, archive=archive)
+
+
+@report_app.command("heatmap")
+@friendly_errors
+def report_heatmap(
+    start: ReportFrom,
+    end: ReportTo,
+    vehicle: ReportVehicle = None,
+    png: ReportPng = None,
+    as_json: ReportJson = False,
+    archive: ReportArchive = None,
+    geojson: ReportGeojson = None,
+    resolution: Annotated[int, typer.Option(min=0, max=15, help="H3 resolution.")] = 9,
+) -> None:
+    """Off-route fixes per H3 cell (GeoJSON polygons with --geojson)."""
+    _report(
+        "heatmap",
+        start=start,
+        end=end,
+        vehicle_id=vehicle,
+        png=png,
+        as_json=as_json,
+        archive=archive,
+        geojson=geojson,
+        resolution=resolution,
+    )

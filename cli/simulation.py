@@ -1,0 +1,151 @@
+"""`fleetfence simulate` and `verify`: the simulated fleet with its ground truth (the simulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import app, friendly_errors
+
+
+@app.command("simulate")
+@friendly_errors
+def simulate_cmd(
+    vehicles: Annotated[int, typer.Option("--vehicles", "-n", min=1, max=1_000_000, help="Fleet size.")] = 10,
+    duration: Annotated[float, typer.Option(min=0.05, help="Seconds of event time.")] = 600.0,
+    rate: Annotated[float, typer.Option(min=0.05, max=50, help="Fixes per second per vehicle.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Same seed and start time: same scenario and truth.")] = 1,
+    noise: Annotated[
+        float, typer.Option(min=0, help="GPS noise sigma in metres (bounded at 3 sigma).")
+    ] = 3.0,
+    routes: Annotated[
+        int, typer.Option(min=0, help="Synthetic routes (0: one per 25 vehicles, max 20).")
+    ] = 0,
+    routes_geojson: Annotated[
+        str | None,
+        typer.Option("--routes-geojson", help="Use the LineStrings of this GeoJSON file as routes."),
+    ] = None,
+    route_length: Annotated[float, typer.Option(min=200, help="Synthetic route length in metres.")] = 8000.0,
+    zones_per_route: Annotated[int, typer.Option(min=0, max=10)] = 2,
+    bbox: Annotated[
+        str | None, typer.Option(help="City box min_lon,min_lat,max_lon,max_lat (default central Berlin).")
+    ] = None,
+    corridor_width: Annotated[float, typer.Option(min=1, help="Route corridor full width, metres.")] = 100.0,
+    speed_limit: Annotated[float, typer.Option(min=1, help="Route speed limit, km/h.")] = 50.0,
+    deviation_min_fixes: Annotated[int, typer.Option(min=1)] = 3,
+    deviation_min_s: Annotated[float, typer.Option(min=0)] = 0.0,
+    overspeed_min_s: Annotated[float, typer.Option(min=0)] = 10.0,
+    silent_after: Annotated[float, typer.Option(min=1, help="Route silent_after_s.")] = 120.0,
+    deviations: Annotated[
+        float, typer.Option(min=0, max=1, help="Fraction of vehicles that leave the corridor.")
+    ] = 0.1,
+    overspeeds: Annotated[
+        float, typer.Option(min=0, max=1, help="Fraction of vehicles with a speeding episode.")
+    ] = 0.1,
+    dwells: Annotated[
+        float, typer.Option(min=0, max=1, help="Fraction of vehicles that stop in a zone.")
+    ] = 0.1,
+    silences: Annotated[
+        float, typer.Option(min=0, max=1, help="Fraction of vehicles that go silent.")
+    ] = 0.05,
+    duplicates: Annotated[
+        float, typer.Option(min=0, max=1, help="Probability a message is sent twice.")
+    ] = 0.01,
+    out_of_order: Annotated[
+        float, typer.Option(min=0, max=1, help="Probability a fix swaps with the next.")
+    ] = 0.01,
+    late: Annotated[
+        float, typer.Option(min=0, max=1, help="Probability a calm fix arrives after the lateness.")
+    ] = 0.005,
+    direct: Annotated[
+        bool, typer.Option("--direct", help="Write canonical records straight to Kafka instead of MQTT.")
+    ] = False,
+    realtime: Annotated[
+        bool,
+        typer.Option("--realtime/--fast", help="Pace at the rate (demos) or publish as fast as possible."),
+    ] = False,
+    start_time: Annotated[
+        str | None, typer.Option(help="Event time of the first fix: ISO-8601, epoch ms or 'now'.")
+    ] = None,
+    truth: Annotated[
+        str, typer.Option("--truth", help="Ground truth output (JSON lines).")
+    ] = "sim-truth.jsonl",
+    register: Annotated[
+        bool, typer.Option("--register/--no-register", help="Register routes, zones, vehicles, assignments.")
+    ] = True,
+    api_url: Annotated[str | None, typer.Option(help="Register through the admin API at this URL.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Admin API key (or FLEETFENCE_SIMULATOR_API_KEY).")
+    ] = None,
+    vehicle_prefix: Annotated[str, typer.Option(help="Prefix of vehicle, route and zone ids.")] = "sim-",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the closing report as JSON.")] = False,
+) -> None:
+    """Drive simulated vehicles with injected deviations, speeding, zone stops, silences and
+    transport faults; publish them (MQTT or Kafka) and write the exact expected alerts."""
+
+    from simulator.commands import simulate
+    from simulator.scenario import Injections
+
+    simulate(
+        vehicles=vehicles,
+        duration_s=duration,
+        rate_hz=rate,
+        seed=seed,
+        noise_m=noise,
+        routes=routes,
+        routes_geojson=Path(routes_geojson) if routes_geojson else None,
+        route_length_m=route_length,
+        zones_per_route=zones_per_route,
+        bbox=bbox,
+        corridor_width_m=corridor_width,
+        speed_limit_kmh=speed_limit,
+        deviation_min_fixes=deviation_min_fixes,
+        deviation_min_s=deviation_min_s,
+        overspeed_min_s=overspeed_min_s,
+        silent_after_s=silent_after,
+        injections=Injections(deviations, overspeeds, dwells, silences, duplicates, out_of_order, late),
+        direct=direct,
+        realtime=realtime,
+        start_time=start_time,
+        truth_path=Path(truth),
+        register=register,
+        api_url=api_url,
+        api_key=api_key,
+        vehicle_prefix=vehicle_prefix,
+        as_json=as_json,
+    )
+
+
+@app.command("verify")
+@friendly_errors
+def verify_cmd(
+    truth: Annotated[
+        str, typer.Option("--truth", help="Ground truth written by `simulate`.")
+    ] = "sim-truth.jsonl",
+    timeout: Annotated[float, typer.Option(min=0, help="Wait up to this long for missing alerts.")] = 0.0,
+    seq_tolerance: Annotated[int, typer.Option(min=0, help="Match alerts whose seq is this close.")] = 0,
+    min_precision: Annotated[float, typer.Option(min=0, max=1)] = 1.0,
+    min_recall: Annotated[float, typer.Option(min=0, max=1)] = 1.0,
+    max_duplicates: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Compare committed alerts (read_committed) with a ground truth; exit 1 below the thresholds."""
+
+    from simulator.commands import verify
+
+    code = verify(
+        truth_path=Path(truth),
+        timeout_s=timeout,
+        seq_tolerance=seq_tolerance,
+        min_precision=min_precision,
+        min_recall=min_recall,
+        max_duplicates=max_duplicates,
+        as_json=as_json,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------- history archive, restatement
