@@ -1,8 +1,10 @@
-"""FleetFence's shared package: the `fleetfence` CLI, settings, wire contracts, errors,
-embedded infrastructure and the Kafka/MQTT client helpers every component uses.
+"""FleetFence's ground: wire contracts and telemetry validity, settings, the one exception tree,
+the Kafka client helpers, the JVM jar cache, the embedded infrastructure and the helpers tests and
+benchmarks share.
 
-Components (gateway, processor, vehicle_master, alerts, admin_api, simulator) depend on this
-package and never on each other's internals, so each can be deployed on its own.
+Every component (gateway, processor, vehicle_master, alerts, admin_api, simulator, history) depends
+on this package, and it imports none of them (tests/test_layers.py holds it to that); the command
+line that composes them is the `cli` package on top.
 """
 
 __version__ = "0.1.0"
