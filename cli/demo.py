@@ -197,7 +197,7 @@ def run_demo(
         procs: list[subprocess.Popen[bytes]] = []
         api = _spawn(
             "api",
-            [sys.executable, "-m", "fleetfence", "api", "--port", str(api_port), "--host", settings.host],
+            [sys.executable, "-m", "cli", "api", "--port", str(api_port), "--host", settings.host],
             env,
             run_dir / "api.log",
         )

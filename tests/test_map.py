@@ -464,7 +464,7 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
     assert page.locator("path.route-corridor").count() == 2
     assert page.locator("path.zone").count() == 1
     marker = page.locator(".veh-dot[data-vehicle='v-map-1']")
-    marker.wait_http()
+    marker.wait_for()
     assert marker.get_attribute("data-status") == "on_route"
     assert watched.marker_latlng("v-map-1") == (52.5205, 13.4010)
     before = marker.bounding_box()
@@ -489,7 +489,7 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
         live("v-map-5", 1, 52.5210, 13.4190, status="unassigned", route_id=None),
     ]
     server.write_live([stale, *others], written=4)
-    page.locator(".veh-dot[data-vehicle='v-map-5']").wait_http()  # the batch has been applied
+    page.locator(".veh-dot[data-vehicle='v-map-5']").wait_for()  # the batch has been applied
     assert watched.marker_latlng("v-map-1") == (52.5232, 13.4105)
     statuses = page.evaluate(
         "() => Object.fromEntries([...document.querySelectorAll('.veh-dot')]"
@@ -516,7 +516,7 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
     dev = alert("v-map-1", "ROUTE_DEVIATION", 11, 52.5232, 13.4105)
     server.deliver_alert(dev)
     item = page.locator(f"#alerts li[data-alert-id='{dev['alert_id']}']")
-    item.wait_http(timeout=5000)
+    item.wait_for(timeout=5000)
     assert time.monotonic() - t0 < 5
     assert "Route deviation" in item.inner_text()
     assert page.locator("#alerts li").first.get_attribute("data-alert-id") == dev["alert_id"]
@@ -532,7 +532,7 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
     )
     assert item.get_attribute("aria-current") is not None
     panel = page.locator("#vehicle-panel")
-    panel.get_by_text("Route progress: 50 %").wait_http()
+    panel.get_by_text("Route progress: 50 %").wait_for()
     assert "deviating" in panel.inner_text()
     assert "Alpha loop (r-map-a)" in panel.inner_text()
     assert page.locator("#route-progress").get_attribute("value") == "50"
@@ -574,20 +574,20 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     x, y = watched.screen_point(*points[-1])
     page.mouse.click(x, y)  # clicking the last vertex again finishes the line
     form = page.locator("#editor")
-    form.wait_http()
+    form.wait_for()
     page.get_by_label("Route id").fill("r-drawn")
     page.get_by_label("Name").fill("Drawn in the browser")
     page.get_by_label("Corridor width (m, full width)").fill("0")
     page.get_by_role("button", name="Save").click()
     # The API's own validation message is shown, nothing is saved.
-    page.locator("#editor-error").get_by_text("corridor_width_m").wait_http()
+    page.locator("#editor-error").get_by_text("corridor_width_m").wait_for()
     assert "greater than 0" in page.locator("#editor-error").inner_text()
     assert httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).status_code == 404
     page.get_by_label("Corridor width (m, full width)").fill("80")
     page.get_by_label("Speed limit (km/h)").fill("40")
     page.screenshot(path=str(artifacts / "05-admin-draw-form.png"))
     page.get_by_role("button", name="Save").click()
-    page.get_by_text("Route r-drawn saved (version 1).").wait_http()
+    page.get_by_text("Route r-drawn saved (version 1).").wait_for()
 
     got = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer)
     assert got.status_code == 200
@@ -607,7 +607,7 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.locator(f"#vehicles li[data-vehicle-id='{vid}']").click()
     page.locator("#assign-route").select_option("r-drawn")
     page.get_by_role("button", name="Assign", exact=True).click()
-    page.get_by_text(f"{vid} assigned to r-drawn").wait_http()
+    page.get_by_text(f"{vid} assigned to r-drawn").wait_for()
     assignment = httpx.get(f"{server.base}/api/v1/assignments/{vid}", headers=server.viewer).json()
     assert assignment["route_id"] == "r-drawn"
 
@@ -620,7 +620,7 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.get_by_role("button", name="Edit route").click()
     page.get_by_label("Corridor width (m, full width)").fill("90")
     page.get_by_role("button", name="Save").click()
-    page.locator("#editor-error").get_by_text("someone else changed route r-drawn").wait_http()
+    page.locator("#editor-error").get_by_text("someone else changed route r-drawn").wait_for()
     assert "now version 2" in page.locator("#editor-error").inner_text()
     after = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).json()
     assert after["properties"]["name"] == "Changed elsewhere"  # the stale edit did not overwrite it
@@ -628,12 +628,12 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
 
     # Cancel reloads the current version; editing that one succeeds (If-Match "2" -> version 3).
     page.get_by_role("button", name="Cancel").click()
-    page.locator("#route-panel").get_by_text("Changed elsewhere (r-drawn)").wait_http()
+    page.locator("#route-panel").get_by_text("Changed elsewhere (r-drawn)").wait_for()
     page.get_by_role("button", name="Edit route").click()
     assert page.get_by_label("Name").input_value() == "Changed elsewhere"
     page.get_by_label("Corridor width (m, full width)").fill("90")
     page.get_by_role("button", name="Save").click()
-    page.get_by_text("Route r-drawn saved (version 3).").wait_http()
+    page.get_by_text("Route r-drawn saved (version 3).").wait_for()
     edited = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).json()
     assert edited["properties"]["corridor_width_m"] == 90
     assert edited["geometry"] == other["geometry"]
@@ -649,7 +649,7 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.get_by_label("Name").fill("Drawn yard")
     page.get_by_label("Kind").select_option("depot")
     page.get_by_role("button", name="Save").click()
-    page.get_by_text("Zone z-drawn saved (version 1).").wait_http()
+    page.get_by_text("Zone z-drawn saved (version 1).").wait_for()
     zone = httpx.get(f"{server.base}/api/v1/zones/z-drawn", headers=server.viewer).json()
     assert zone["properties"]["kind"] == "depot"
     ring = zone["geometry"]["coordinates"][0]
