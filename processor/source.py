@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetfence.errors import ConfigError
 from processor.parse import SCHEMA_DDL, record_parser
 
 KAFKA_FORMAT = "kafka"
@@ -62,7 +63,7 @@ def processor_input(
 ) -> Any:
     """The rows the stateful operator folds (processor.parse.SCHEMA_DDL), from both topics."""
     if len(bucket_keys) != buckets:
-        raise ValueError(f"{len(bucket_keys)} bucket keys for {buckets} buckets")
+        raise ConfigError(f"{len(bucket_keys)} bucket keys for {buckets} buckets")
     # Only what the parse reads crosses from the JVM into Arrow: every column costs per record.
     cols = ["value", "partition", "offset"]
     telemetry = kafka_stream(
