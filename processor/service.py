@@ -72,9 +72,18 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
     try:
         while not stop.is_set():
             done = q.awaitTermination(0.5)
-            for p in unseen_progress(q.recentProgress, last_batch):
-                last_batch = p["batchId"]
-                _observe(p, s.topics.telemetry)
+            latest = q.lastProgress
+            if latest and latest["batchId"] > last_batch:
+                # Usually one new batch; the whole recent list (up to 100 reports) only when more
+                # than one completed since the last look, or after a restart.
+                new = (
+                    [latest]
+                    if latest["batchId"] == last_batch + 1
+                    else unseen_progress(q.recentProgress, last_batch)
+                )
+                for p in new:
+                    last_batch = p["batchId"]
+                    _observe(p, s.topics.telemetry)
             if done:
                 break
         exc = q.exception()
