@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +186,15 @@ def run_demo(
     console = Console()
     run_dir = settings.state_dir.resolve() / "demo"
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
+        # The demo's own servers start from empty data every run: the previous run's routes, zones
+        # and vehicles would otherwise still be in the master data (Redis, the compacted topic),
+        # and this run's vehicles crossing an old zone would raise alerts its ground truth does
+        # not know. The last run's data stays under demo/state until the next run; logs and truth
+        # files stay beside it.
+        state = run_dir / "state"
+        shutil.rmtree(state, ignore_errors=True)
+        settings = settings.model_copy(update={"state_dir": state})
     api_port = api_port or (infra.free_port() if not infra.port_free(settings.host, 8000) else 8000)
     api_url = f"http://{settings.host}:{api_port}"
     truth = run_dir / f"truth-{int(time.time())}.jsonl"
