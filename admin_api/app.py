@@ -15,12 +15,13 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from admin_api.readmodels import LiveReader, ReadKeys
+from admin_api.readmodels import LiveReader
 from admin_api.responses import master_error_handler
 from admin_api.routers import live, master, reports, system, web
 from admin_api.security import KeyVerifier
 from admin_api.settings import ApiSettings
 from fleetfence import __version__
+from fleetfence.readmodels import ReadKeys
 from vehicle_master.errors import MasterError
 from vehicle_master.relay import OutboxRelay
 from vehicle_master.store import AsyncVehicleMaster

@@ -1,50 +1,13 @@
-"""Key names of the Redis read models (docs/contracts.md, "Redis read models").
+"""The API's reads of the Redis read models (the key names: `fleetfence.readmodels`).
 
-The processor and the alert history receiver write these; the API only reads them.
+The processor and the alert history receiver write them; the API only reads them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import redis.asyncio as aioredis
 
-
-@dataclass(frozen=True)
-class ReadKeys:
-    prefix: str
-
-    def live(self, vehicle_id: str) -> str:
-        return f"{self.prefix}live:{vehicle_id}"
-
-    @property
-    def live_index(self) -> str:
-        return f"{self.prefix}live:index"
-
-    @property
-    def positions_channel(self) -> str:
-        return f"{self.prefix}live:positions"
-
-    @property
-    def alerts_channel(self) -> str:
-        return f"{self.prefix}live:alerts"
-
-    def alert(self, alert_id: str) -> str:
-        return f"{self.prefix}alert:{alert_id}"
-
-    @property
-    def alerts_by_ts(self) -> str:
-        return f"{self.prefix}alerts:by_ts"
-
-    def alerts_vehicle(self, vehicle_id: str) -> str:
-        return f"{self.prefix}alerts:vehicle:{vehicle_id}"
-
-    def alerts_type(self, alert_type: str) -> str:
-        return f"{self.prefix}alerts:type:{alert_type}"
-
-    def alerts_open(self, vehicle_id: str) -> str:
-        return f"{self.prefix}alerts:open:{vehicle_id}"
-
+from fleetfence.readmodels import ReadKeys
 
 # One vehicle's live state and its open alerts in one round trip. The GET + HVALS pipeline and the
 # MGET of the alerts that followed it were two round trips and three commands through redis-py's

@@ -14,6 +14,7 @@ import redis
 
 from alerts.model import Alert, condition_change
 from alerts.runner import Context, Outcome
+from fleetfence.readmodels import ReadKeys
 
 logger = logging.getLogger(__name__)
 
@@ -52,39 +53,12 @@ return 1
 """
 
 
-class HistoryKeys:
-    """Key names of the 'Redis read models' table, under FLEETFENCE_REDIS_PREFIX."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def alert(self, alert_id: str) -> str:
-        return f"{self.prefix}alert:{alert_id}"
-
-    @property
-    def by_ts(self) -> str:
-        return f"{self.prefix}alerts:by_ts"
-
-    def vehicle(self, vehicle_id: str) -> str:
-        return f"{self.prefix}alerts:vehicle:{vehicle_id}"
-
-    def type(self, alert_type: str) -> str:
-        return f"{self.prefix}alerts:type:{alert_type}"
-
-    def open(self, vehicle_id: str) -> str:
-        return f"{self.prefix}alerts:open:{vehicle_id}"
-
-    @property
-    def channel(self) -> str:
-        return f"{self.prefix}live:alerts"
-
-
 class HistorySink:
     idempotent = True
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self._r = client
-        self.keys = HistoryKeys(prefix)
+        self.keys = ReadKeys(prefix)
         self._script = client.register_script(_SCRIPT)
 
     def deliver(self, alert: Alert, ctx: Context) -> Outcome:
@@ -93,11 +67,11 @@ class HistorySink:
         created = self._script(
             keys=[
                 k.alert(alert.alert_id),
-                k.by_ts,
-                k.vehicle(alert.vehicle_id),
-                k.type(alert.type.value),
-                k.open(alert.vehicle_id),
-                k.channel,
+                k.alerts_by_ts,
+                k.alerts_vehicle(alert.vehicle_id),
+                k.alerts_type(alert.type.value),
+                k.alerts_open(alert.vehicle_id),
+                k.alerts_channel,
             ],
             args=[
                 alert.alert_id,

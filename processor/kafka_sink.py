@@ -21,6 +21,8 @@ import orjson
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from fleetfence.readmodels import ReadKeys
+
 logger = logging.getLogger(__name__)
 
 SINK_NAME = "fleetfence_alerts"
@@ -206,18 +208,18 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         try:
             script = r.register_script(LIVE_LUA)
             pipe = r.pipeline(transaction=False)
-            p = self.redis_prefix
-            head = [f"{p}live:index", f"{p}live:version"]
+            rk = ReadKeys(self.redis_prefix)
+            head = [rk.live_index, rk.live_version]
             for i in range(0, len(live), LIVE_PER_CALL):
                 part = live[i : i + LIVE_PER_CALL]
                 script(
-                    keys=head + [f"{p}live:{vid}" for vid, *_ in part],
+                    keys=head + [rk.live(vid) for vid, *_ in part],
                     args=[x for item in part for x in item],
                     client=pipe,
                 )
             written = sum(int(x) for x in pipe.execute())
             # One message per task and batch, not per vehicle: the live map redraws in batches.
-            r.publish(f"{p}live:positions", b"[" + b",".join(v for *_, v in live) + b"]")
+            r.publish(rk.positions_channel, b"[" + b",".join(v for *_, v in live) + b"]")
             return written
         finally:
             r.close()

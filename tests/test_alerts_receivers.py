@@ -31,7 +31,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertsSettings, parse_config
-from alerts.history import HistoryKeys, HistorySink
+from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
 from alerts.model import parse_alert
 from alerts.runner import Context, Outcome, SourceRecord
@@ -40,6 +40,7 @@ from alerts.webhook import verify_signature
 from fleetfence import infra
 from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 
@@ -322,8 +323,8 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
         # Both webhook receivers share the target; together they accept each id once or twice.
         wait_for(lambda: target.accepted_ids() >= ids, 30, "webhook deliveries")
         wait_for(lambda: len(sub.snapshot()) >= 2 * len(ids), 30, "MQTT fan-out")
-        keys = HistoryKeys(s.redis_prefix)
-        wait_for(lambda: r.zcard(keys.by_ts) >= len(ids), 30, "history index")
+        keys = ReadKeys(s.redis_prefix)
+        wait_for(lambda: r.zcard(keys.alerts_by_ts) >= len(ids), 30, "history index")
         wait_for(
             lambda: all(
                 snap.consumed == len(committed) + 1 and snap.reconciles
@@ -366,13 +367,13 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
     }
     assert retained == last
     # History: exactly the contract's keys.
-    keys = HistoryKeys(s.redis_prefix)
+    keys = ReadKeys(s.redis_prefix)
     for a in committed:
         assert r.get(keys.alert(a["alert_id"])) == orjson.dumps(a)
-        assert r.zscore(keys.by_ts, a["alert_id"]) == a["ts_ms"]
-        assert r.zscore(keys.vehicle(a["vehicle_id"]), a["alert_id"]) == a["ts_ms"]
-        assert r.zscore(keys.type(a["type"]), a["alert_id"]) == a["ts_ms"]
-    assert r.zcard(keys.by_ts) == len(ids)
+        assert r.zscore(keys.alerts_by_ts, a["alert_id"]) == a["ts_ms"]
+        assert r.zscore(keys.alerts_vehicle(a["vehicle_id"]), a["alert_id"]) == a["ts_ms"]
+        assert r.zscore(keys.alerts_type(a["type"]), a["alert_id"]) == a["ts_ms"]
+    assert r.zcard(keys.alerts_by_ts) == len(ids)
     assert not any(r.exists(keys.alert(aid)) for aid in aborted_ids)
     for v in vehicles:
         opened = {
@@ -382,7 +383,7 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
         }
         last_dev = max(a["seq"] for a in committed if a["vehicle_id"] == v and a["type"] == "ROUTE_DEVIATION")
         last_ret = max(a["seq"] for a in committed if a["vehicle_id"] == v and a["type"] == "ROUTE_RETURN")
-        hash_ = {_s(k): _s(x) for k, x in r.hgetall(keys.open(v)).items()}
+        hash_ = {_s(k): _s(x) for k, x in r.hgetall(keys.alerts_open(v)).items()}
         assert hash_.get("OVERSPEED") == opened["OVERSPEED"]
         assert ("ROUTE_DEVIATION" in hash_) == (last_dev > last_ret)
     # Metrics reconcile: consumed = delivered + dead-lettered + duplicates + filtered.
@@ -423,7 +424,7 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
         sub2.close()
     assert target.accepted == expected
     assert sub2.snapshot() == []
-    assert r.zcard(keys.by_ts) == len(ids)
+    assert r.zcard(keys.alerts_by_ts) == len(ids)
     for name, snap in replay_snaps.items():
         assert snap.delivered == 0, (name, snap)
         assert snap.reconciles, (name, snap)
@@ -505,9 +506,9 @@ backoff_max_ms = 80
 def test_history_open_conditions_and_publish(settings: Settings) -> None:
     s = alerts_settings(settings)
     r = redis.Redis.from_url(s.redis_dsn)
-    keys = HistoryKeys(s.redis_prefix)
+    keys = ReadKeys(s.redis_prefix)
     pubsub = r.pubsub()  # type: ignore[no-untyped-call]
-    pubsub.subscribe(keys.channel)
+    pubsub.subscribe(keys.alerts_channel)
     wait_for(lambda: pubsub.get_message(timeout=0.1), 5, "subscribe confirmation")
     sink = HistorySink(redis.Redis.from_url(s.redis_dsn), s.redis_prefix)
     ctx = Context(
@@ -519,7 +520,7 @@ def test_history_open_conditions_and_publish(settings: Settings) -> None:
         return sink.deliver(parse_alert(orjson.dumps(d)), ctx)
 
     def open_() -> dict[str, str]:
-        return {_s(k): _s(x) for k, x in r.hgetall(keys.open(v)).items()}
+        return {_s(k): _s(x) for k, x in r.hgetall(keys.alerts_open(v)).items()}
 
     dev = make_alert(v, "ROUTE_DEVIATION", 10)
     assert deliver(dev) is Outcome.DELIVERED

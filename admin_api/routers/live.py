@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, Se
 from fastapi.responses import StreamingResponse
 
 from admin_api.deps import Redis, StreamViewer, Viewer, api_key_header
-from admin_api.readmodels import LiveReader, ReadKeys
+from admin_api.readmodels import LiveReader
 from admin_api.responses import OrjsonResponse
 from admin_api.schemas import (
     INVALID,
@@ -30,6 +30,7 @@ from admin_api.schemas import (
 )
 from admin_api.security import issue_stream_token
 from fleetfence.contracts import VEHICLE_ID_RE, AlertType
+from fleetfence.readmodels import ReadKeys
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1")

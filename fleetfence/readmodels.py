@@ -1,0 +1,50 @@
+"""Key names of the Redis read models (docs/contracts.md, "Redis read models"): one definition for
+the processor (live state), the alert history receiver (alerts, open conditions) that write them
+and the admin API that reads them. Every key is under FLEETFENCE_REDIS_PREFIX."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReadKeys:
+    prefix: str
+
+    def live(self, vehicle_id: str) -> str:
+        """A vehicle's live state (JSON)."""
+        return f"{self.prefix}live:{vehicle_id}"
+
+    @property
+    def live_index(self) -> str:
+        """Every vehicle with a live state, scored by its time."""
+        return f"{self.prefix}live:index"
+
+    @property
+    def live_version(self) -> str:
+        """Hash: vehicle -> version of its stored live state (a replay never writes an older one)."""
+        return f"{self.prefix}live:version"
+
+    @property
+    def positions_channel(self) -> str:
+        return f"{self.prefix}live:positions"
+
+    @property
+    def alerts_channel(self) -> str:
+        return f"{self.prefix}live:alerts"
+
+    def alert(self, alert_id: str) -> str:
+        return f"{self.prefix}alert:{alert_id}"
+
+    @property
+    def alerts_by_ts(self) -> str:
+        return f"{self.prefix}alerts:by_ts"
+
+    def alerts_vehicle(self, vehicle_id: str) -> str:
+        return f"{self.prefix}alerts:vehicle:{vehicle_id}"
+
+    def alerts_type(self, alert_type: str) -> str:
+        return f"{self.prefix}alerts:type:{alert_type}"
+
+    def alerts_open(self, vehicle_id: str) -> str:
+        return f"{self.prefix}alerts:open:{vehicle_id}"
