@@ -22,7 +22,8 @@ from rich.table import Table
 from shapely.geometry import Point
 
 from bench.workload import CENTER, make_route
-from processor.geometry import LocalProjection, ZoneIndex, compile_route, compile_zone, corridor_tests
+from fleetfence.geo import LocalProjection
+from processor.geometry import ZoneIndex, compile_route, compile_zone, corridor_tests
 
 console = Console()
 

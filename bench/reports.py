@@ -43,6 +43,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fleetfence.geo import LocalProjection  # noqa: E402
 from history.reports import (  # noqa: E402
     REPORTS,
     ReportRange,
@@ -51,7 +52,6 @@ from history.reports import (  # noqa: E402
 from history.reports_baseline import BaselineReports  # noqa: E402
 from history.schema import TELEMETRY_SCHEMA, points_wkb  # noqa: E402
 from history.synthetic import write_master, write_telemetry_partitioned  # noqa: E402
-from processor.geometry import LocalProjection  # noqa: E402
 
 CENTER_LON, CENTER_LAT = 13.40, 52.52
 START_MS = 1_795_305_600_000  # 2026-11-22 00:00 UTC

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import shapely
 
-from processor.geometry import LocalProjection
+from fleetfence.geo import LocalProjection
 
 T0_MS = 1_795_000_000_000
 CENTER = (13.40, 52.52)

@@ -43,8 +43,8 @@ from shapely.geometry import shape
 
 from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
 from fleetfence.errors import FleetFenceError
+from fleetfence.geo import EARTH_RADIUS_M
 from history.schema import MASTER, MASTER_SCHEMA, TELEMETRY, TELEMETRY_SCHEMA, bucket_of
-from processor.geometry import EARTH_RADIUS_M
 
 logger = logging.getLogger(__name__)
 

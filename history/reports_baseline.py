@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import shapely
 from shapely.geometry import mapping
 
+from fleetfence.geo import haversine_m
 from history.reports import (
     DEFAULT_H3_RESOLUTION,
     NEVER_MS,
@@ -35,7 +36,7 @@ from history.reports import (
     read_master_events,
     telemetry_files,
 )
-from processor.geometry import CompiledRoute, compile_route, corridor_tests, haversine_m
+from processor.geometry import CompiledRoute, compile_route, corridor_tests
 
 DAY_MS = 86_400_000
 COLUMNS = ["vehicle_id", "seq", "ts_ms", "lon", "lat", "speed_kmh"]

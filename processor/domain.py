@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetfence.contracts import AlertType, alert_id, ms_to_iso
-from processor.geometry import RouteRules
+from fleetfence.rules import RouteRules
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ import numpy as np
 import pandas as pd
 import shapely
 
+from fleetfence.rules import RouteRules
 from processor.domain import Alert, EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
 from processor.geometry import (
     CompiledRoute,
     CompiledZone,
-    RouteRules,
     ZoneIndex,
     compile_route,
     compile_zone,

@@ -15,7 +15,6 @@ jitter smaller than the band cannot make alerts flap.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,50 +25,10 @@ import shapely
 from h3ronpy.vector import coordinates_to_cells
 from shapely.geometry import LineString, MultiPolygon, Polygon, shape
 
-EARTH_RADIUS_M = 6_371_008.8
+from fleetfence.geo import LocalProjection
+from fleetfence.rules import RouteRules
+
 ZONE_H3_RESOLUTION = 9  # ~0.1 km² cells: a few hundred cells for a depot-sized zone
-
-
-@dataclass(frozen=True)
-class LocalProjection:
-    """Equirectangular projection around a reference point: metres east/north of it.
-
-    Accurate to well under 0.1% within ~50 km of the reference (routes are city/regional scale), and
-    invertible exactly, which is what buffering in metres and mapping back to lon/lat needs.
-    """
-
-    lon0: float
-    lat0: float
-
-    @property
-    def kx(self) -> float:
-        return math.radians(1.0) * EARTH_RADIUS_M * math.cos(math.radians(self.lat0))
-
-    @property
-    def ky(self) -> float:
-        return math.radians(1.0) * EARTH_RADIUS_M
-
-    def forward(self, lon: Any, lat: Any) -> tuple[Any, Any]:
-        return (np.asarray(lon) - self.lon0) * self.kx, (np.asarray(lat) - self.lat0) * self.ky
-
-    def inverse(self, x: Any, y: Any) -> tuple[Any, Any]:
-        return np.asarray(x) / self.kx + self.lon0, np.asarray(y) / self.ky + self.lat0
-
-    def to_metric(self, geom: shapely.Geometry) -> shapely.Geometry:
-        return shapely.transform(geom, lambda c: np.column_stack(self.forward(c[:, 0], c[:, 1])))
-
-    def to_lonlat(self, geom: shapely.Geometry) -> shapely.Geometry:
-        return shapely.transform(geom, lambda c: np.column_stack(self.inverse(c[:, 0], c[:, 1])))
-
-
-@dataclass(frozen=True)
-class RouteRules:
-    corridor_width_m: float
-    speed_limit_kmh: float
-    deviation_min_fixes: int = 3
-    deviation_min_s: float = 0.0
-    overspeed_min_s: float = 10.0
-    silent_after_s: float = 120.0
 
 
 @dataclass
@@ -92,14 +51,7 @@ def compile_route(route_id: str, version: int, data: dict[str, Any], hysteresis_
     line = shape(data["geometry"])
     if not isinstance(line, LineString):
         raise ValueError(f"route {route_id} geometry must be a LineString")
-    rules = RouteRules(
-        corridor_width_m=float(data["corridor_width_m"]),
-        speed_limit_kmh=float(data["speed_limit_kmh"]),
-        deviation_min_fixes=int(data.get("deviation_min_fixes", 3)),
-        deviation_min_s=float(data.get("deviation_min_s", 0.0)),
-        overspeed_min_s=float(data.get("overspeed_min_s", 10.0)),
-        silent_after_s=float(data.get("silent_after_s", 120.0)),
-    )
+    rules = RouteRules.from_master(data)
     c = line.centroid
     proj = LocalProjection(c.x, c.y)
     line_m = proj.to_metric(line)
@@ -344,9 +296,3 @@ def _sorted_multimap(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarr
     arr = np.array(pairs, dtype=np.uint64)
     order = np.lexsort((arr[:, 1], arr[:, 0]))
     return arr[order, 0], arr[order, 1].astype(np.int64)
-
-
-def haversine_m(lon1: Any, lat1: Any, lon2: Any, lat2: Any) -> Any:
-    lon1, lat1, lon2, lat2 = map(np.radians, (lon1, lat1, lon2, lat2))
-    a = np.sin((lat2 - lat1) / 2) ** 2 + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2) ** 2
-    return 2 * EARTH_RADIUS_M * np.arcsin(np.sqrt(a))

@@ -17,9 +17,10 @@ from rich.console import Console
 from fleetfence.contracts import parse_ts_ms, utc_now_ms
 from fleetfence.errors import ConfigError
 from fleetfence.logs import configure_logging
+from fleetfence.rules import RouteRules
 from simulator.publish import SimulationOptions, SimulationReport, report_table, run_simulation
 from simulator.routes import DEFAULT_BBOX, parse_bbox
-from simulator.scenario import Injections, RouteRulesSpec, ScenarioConfig
+from simulator.scenario import Injections, ScenarioConfig
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts, result_table
@@ -88,7 +89,7 @@ def simulate(
         zones_per_route=zones_per_route,
         bbox=parse_bbox(bbox) if bbox else DEFAULT_BBOX,
         routes_geojson=geo,
-        rules=RouteRulesSpec(
+        rules=RouteRules(
             corridor_width_m=corridor_width_m,
             speed_limit_kmh=speed_limit_kmh,
             deviation_min_fixes=deviation_min_fixes,

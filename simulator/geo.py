@@ -1,4 +1,5 @@
-"""Metric geometry of the simulated city: a local projection and arc-length maths on polylines.
+"""Metric geometry of the simulated city: arc-length maths on polylines (the projection is
+`fleetfence.geo.LocalProjection`, shared with the processor).
 
 Pure functions, no I/O. The simulator plans in metres (kinematics, corridor margins, zone edges)
 and only converts to lon/lat at the end. The projection is equirectangular, i.e. an affine map of
@@ -8,45 +9,13 @@ so a rectangle drawn in metres is tested identically by anyone who tests it in l
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-EARTH_RADIUS_M = 6_371_008.8
-
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True)
-class Projection:
-    """Metres east/north of a reference point (accurate to ~0.1% within tens of km)."""
-
-    lon0: float
-    lat0: float
-
-    @property
-    def kx(self) -> float:
-        return math.radians(1.0) * EARTH_RADIUS_M * math.cos(math.radians(self.lat0))
-
-    @property
-    def ky(self) -> float:
-        return math.radians(1.0) * EARTH_RADIUS_M
-
-    def to_metric(self, lon: Any, lat: Any) -> tuple[FloatArray, FloatArray]:
-        return (
-            (np.asarray(lon, dtype=np.float64) - self.lon0) * self.kx,
-            (np.asarray(lat, dtype=np.float64) - self.lat0) * self.ky,
-        )
-
-    def to_lonlat(self, x: Any, y: Any) -> tuple[FloatArray, FloatArray]:
-        return (
-            np.asarray(x, dtype=np.float64) / self.kx + self.lon0,
-            np.asarray(y, dtype=np.float64) / self.ky + self.lat0,
-        )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from shapely.geometry import LineString, Polygon
 from shapely.ops import substring
 
 from fleetfence.errors import ConfigError
-from simulator.geo import FloatArray, Polyline, Projection
+from fleetfence.geo import LocalProjection
+from simulator.geo import FloatArray, Polyline
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class RouteGeom:
 
 @dataclass
 class CityMap:
-    projection: Projection
+    projection: LocalProjection
     routes: list[RouteGeom]
 
     @property
@@ -242,7 +243,7 @@ def place_zones(
                     continue
                 placed.append(grown)
                 ex, ey = rect.exterior.coords.xy
-                lon, lat = city.projection.to_lonlat(np.asarray(ex), np.asarray(ey))
+                lon, lat = city.projection.inverse(np.asarray(ex), np.asarray(ey))
                 ring = [[round(float(o), 8), round(float(t), 8)] for o, t in zip(lon, lat, strict=True)]
                 ring[-1] = ring[0]
                 kind = "depot" if k == 0 else "customer"
@@ -264,15 +265,15 @@ def build_city(
     geojson: Any | None = None,
 ) -> CityMap:
     """Routes in one metric frame around the box centre (synthetic, or the GeoJSON's lines)."""
-    proj = Projection((bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2)
+    proj = LocalProjection((bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2)
     routes: list[RouteGeom] = []
     if geojson is not None:
         lines = routes_from_geojson(geojson)
         mean_lon = float(np.mean([c[0] for _i, _n, cs in lines for c in cs]))
         mean_lat = float(np.mean([c[1] for _i, _n, cs in lines for c in cs]))
-        proj = Projection(mean_lon, mean_lat)
+        proj = LocalProjection(mean_lon, mean_lat)
         for i, (rid, name, coords) in enumerate(lines):
-            x, y = proj.to_metric([c[0] for c in coords], [c[1] for c in coords])
+            x, y = proj.forward([c[0] for c in coords], [c[1] for c in coords])
             line = Polyline.of(x, y)
             routes.append(
                 RouteGeom(
@@ -285,15 +286,15 @@ def build_city(
                 )
             )
     else:
-        bx0, by0 = proj.to_metric(bbox[0], bbox[1])
-        bx1, by1 = proj.to_metric(bbox[2], bbox[3])
+        bx0, by0 = proj.forward(bbox[0], bbox[1])
+        bx1, by1 = proj.forward(bbox[2], bbox[3])
         box_m = (float(bx0), float(by0), float(bx1), float(by1))
         for i in range(n_routes):
             x, y, runs = synthetic_route(rng, box_m, route_length_m)
-            lon, lat = proj.to_lonlat(x, y)
+            lon, lat = proj.inverse(x, y)
             # Coordinates as registered (rounded to ~1 mm); the metric line is rebuilt from them.
             coords = [[round(float(o), 8), round(float(t), 8)] for o, t in zip(lon, lat, strict=True)]
-            mx, my = proj.to_metric([c[0] for c in coords], [c[1] for c in coords])
+            mx, my = proj.forward([c[0] for c in coords], [c[1] for c in coords])
             line = Polyline.of(mx, my)
             routes.append(
                 RouteGeom(

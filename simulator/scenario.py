@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ import shapely
 
 from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
+from fleetfence.rules import RouteRules
 from simulator.geo import FloatArray, IntArray, clip_radius
 from simulator.routes import DEFAULT_BBOX, EDGE_MARGIN_M, CityMap, build_city, excursion_safe, place_zones
 from simulator.truth import TruthAlert, vehicle_id
@@ -46,16 +47,15 @@ RAMP = (0.6, 0.8)  # fractions of the excursion offset on the way out and (rever
 ZONE_CLAMP_M = 1.5  # a fix stays at least this far on its planned side of every zone edge
 
 
-@dataclass(frozen=True)
-class RouteRulesSpec:
-    """The rules registered on every simulated route (docs/contracts.md, fleet.master)."""
+SIMULATED_CORRIDOR_WIDTH_M = 100.0
+SIMULATED_SPEED_LIMIT_KMH = 50.0
 
-    corridor_width_m: float = 100.0
-    speed_limit_kmh: float = 50.0
-    deviation_min_fixes: int = 3
-    deviation_min_s: float = 0.0
-    overspeed_min_s: float = 10.0
-    silent_after_s: float = 120.0
+
+def simulated_rules(**overrides: Any) -> RouteRules:
+    """The rules registered on every simulated route (docs/contracts.md, fleet.master): a 100 m
+    corridor at 50 km/h, the rest at `RouteRules`' own defaults unless overridden."""
+    rules = RouteRules(SIMULATED_CORRIDOR_WIDTH_M, SIMULATED_SPEED_LIMIT_KMH)
+    return replace(rules, **overrides) if overrides else rules
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class ScenarioConfig:
     zones_per_route: int = 2
     bbox: tuple[float, float, float, float] = DEFAULT_BBOX
     routes_geojson: Any | None = None
-    rules: RouteRulesSpec = field(default_factory=RouteRulesSpec)
+    rules: RouteRules = field(default_factory=simulated_rules)
     assume: ProcessorAssumptions = field(default_factory=ProcessorAssumptions)
     inject: Injections = field(default_factory=Injections)
     start_ms: int = 1_795_000_000_000
@@ -517,7 +517,7 @@ class Scenario:
                 nx, ny = nx + fix * tzx, ny + fix * tzy
                 in_poly[:, zi] = valid & (s_eff > a0) & (s_eff < b0)
                 in_outer[:, zi] = valid & (s_eff > a0 - h) & (s_eff < b0 + h)
-        lon, lat = self.city.projection.to_lonlat(x + nx, y + ny)
+        lon, lat = self.city.projection.inverse(x + nx, y + ny)
         heading = np.degrees(np.arctan2(hx, hy)) % 360.0
 
         # ---- truth: the alert rules over the planned facts (vehicles publishing this tick)

@@ -15,13 +15,13 @@ import pandas as pd
 from confluent_kafka import Producer
 
 from fleetfence.contracts import Telemetry
+from fleetfence.geo import LocalProjection
 from fleetfence.kafka import producer_config
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from fleetfence.testing import wait_for as wait_until_true
 from processor.domain import EngineConfig
 from processor.engine import Catalog, MasterState, empty_states, process_bucket
-from processor.geometry import LocalProjection
 from processor.job import ProcessorSettings
 
 T0 = 1_795_000_000_000

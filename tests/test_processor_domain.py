@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetfence.contracts import AlertType
+from fleetfence.geo import LocalProjection
+from fleetfence.rules import RouteRules
 from processor.domain import EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
 from processor.engine import Catalog, MasterState, StateTable, empty_states, process_bucket
-from processor.geometry import LocalProjection, RouteRules, compile_route
+from processor.geometry import compile_route
 
 CFG = EngineConfig(hysteresis_m=15.0, return_min_fixes=2)
 RULES = RouteRules(

@@ -23,7 +23,7 @@ from processor.domain import EngineConfig
 from processor.engine import Catalog, MasterState, empty_states, process_bucket
 from simulator.publish import _rows
 from simulator.register import scenario_entities
-from simulator.scenario import Injections, RouteRulesSpec, Scenario, ScenarioConfig, TickBatch
+from simulator.scenario import Injections, Scenario, ScenarioConfig, TickBatch, simulated_rules
 from simulator.truth import TruthAlert
 from simulator.verify import ObservedAlert, compare
 from vehicle_master.models import entity_id, entity_of, to_wire
@@ -41,7 +41,7 @@ def small(**kw: Any) -> ScenarioConfig:
         "routes": 3,
         "route_length_m": 2500,
         "inject": FAULTY,
-        "rules": RouteRulesSpec(
+        "rules": simulated_rules(
             silent_after_s=60, overspeed_min_s=5, deviation_min_fixes=3, deviation_min_s=2
         ),
     }
@@ -162,7 +162,7 @@ def test_kinematics_noise_is_bounded_and_seq_contiguous() -> None:
     speeds: dict[int, list[float]] = defaultdict(list)
     dists = []
     for b in batches:
-        x, y = proj.to_metric(b.lon, b.lat)
+        x, y = proj.forward(b.lon, b.lat)
         for v, s, xi, yi, sp in zip(
             b.vehicle.tolist(), b.seq.tolist(), x.tolist(), y.tolist(), b.speed_kmh.tolist(), strict=True
         ):
@@ -187,7 +187,7 @@ def test_deviation_places_fixes_far_outside_the_corridor_and_alerts_at_the_right
     by_vehicle: dict[int, list[tuple[int, float]]] = defaultdict(list)
     points: dict[tuple[int, int], tuple[float, float]] = {}
     for b in batches:
-        x, y = sc.city.projection.to_metric(b.lon, b.lat)
+        x, y = sc.city.projection.forward(b.lon, b.lat)
         for v, s, xi, yi in zip(b.vehicle.tolist(), b.seq.tolist(), x.tolist(), y.tolist(), strict=True):
             by_vehicle[v].append((s, sc.city.routes[int(sc.route_idx[v])].line_m.distance(Point(xi, yi))))
             points[(v, s)] = (xi, yi)
@@ -241,7 +241,7 @@ def test_zones_are_clean_rectangles_and_enter_exit_follow_the_plan() -> None:
             assert not zones[a.zone_id].contains(Point(*fixes[(a.vehicle_id, a.seq - 1)]))
     for a in exits:
         assert a.zone_id is not None
-        x, y = sc.city.projection.to_metric(*fixes[(a.vehicle_id, a.seq)])
+        x, y = sc.city.projection.forward(*fixes[(a.vehicle_id, a.seq)])
         assert not grown[a.zone_id].contains(Point(float(x), float(y)))
 
 

@@ -19,7 +19,7 @@ from fleetfence.contracts import Telemetry, utc_now_ms, validate_telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from simulator.publish import SimulationOptions, run_simulation
-from simulator.scenario import Injections, RouteRulesSpec, Scenario, ScenarioConfig
+from simulator.scenario import Injections, Scenario, ScenarioConfig, simulated_rules
 from simulator.settings import SimulatorSettings, simulator_settings
 from simulator.truth import read_truth
 from tests.processor_helpers import read_all, wait_for
@@ -46,7 +46,7 @@ def config(prefix: str, **kw: Any) -> ScenarioConfig:
         "inject": FAULTS,
         "vehicle_prefix": prefix,
         "start_ms": utc_now_ms() - 60_000,
-        "rules": RouteRulesSpec(overspeed_min_s=3),
+        "rules": simulated_rules(overspeed_min_s=3),
     }
     base.update(kw)
     return ScenarioConfig(**base)

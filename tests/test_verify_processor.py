@@ -14,7 +14,7 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from processor.job import ProcessorSettings, start_query
 from simulator.publish import SimulationOptions, run_simulation
-from simulator.scenario import Injections, RouteRulesSpec, ScenarioConfig
+from simulator.scenario import Injections, ScenarioConfig, simulated_rules
 from simulator.settings import simulator_settings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts
@@ -35,7 +35,7 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
         route_length_m=2000,
         vehicle_prefix=f"e{uuid.uuid4().hex[:5]}-",
         start_ms=utc_now_ms() - 600_000,
-        rules=RouteRulesSpec(silent_after_s=60, overspeed_min_s=5, deviation_min_s=2),
+        rules=simulated_rules(silent_after_s=60, overspeed_min_s=5, deviation_min_s=2),
         inject=Injections(0.5, 0.5, 0.3, 0.2, duplicate=0.02, out_of_order=0.02, late=0.02),
         assume=sim.assumptions(),
     )

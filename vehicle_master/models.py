@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity
+from fleetfence.rules import RouteRules
 from vehicle_master.geometry import validate_line_string, validate_zone_geometry
 
 EntityId = Annotated[str, StringConstraints(pattern=VEHICLE_ID_RE.pattern)]
@@ -73,10 +74,10 @@ class RouteProps(_Strict):
     name: Name
     corridor_width_m: float = Field(gt=0, le=100_000, description="Full corridor width (half each side).")
     speed_limit_kmh: float = Field(gt=0, le=1000)
-    deviation_min_fixes: int = Field(default=3, ge=1, le=100_000)
-    deviation_min_s: float = Field(default=0, ge=0, le=86_400)
-    overspeed_min_s: float = Field(default=10, ge=0, le=86_400)
-    silent_after_s: float = Field(default=120, gt=0, le=7 * 86_400)
+    deviation_min_fixes: int = Field(default=RouteRules.deviation_min_fixes, ge=1, le=100_000)
+    deviation_min_s: float = Field(default=RouteRules.deviation_min_s, ge=0, le=86_400)
+    overspeed_min_s: float = Field(default=RouteRules.overspeed_min_s, ge=0, le=86_400)
+    silent_after_s: float = Field(default=RouteRules.silent_after_s, gt=0, le=7 * 86_400)
 
 
 class RouteData(RouteProps):

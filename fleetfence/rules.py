@@ -1,0 +1,45 @@
+"""A route's rules: the one definition of their fields and defaults.
+
+The admin API validates them (`vehicle_master.models.RouteProps` takes its defaults from here), the
+processor applies them (`processor.geometry.compile_route` reads master data through
+`RouteRules.from_master`), the simulator's ground truth predicts with them, and the map shows them
+(it reads the defaults from the API's OpenAPI schema). A default changed here changes for all of
+them at once; a default spelled in two places would let the truth and the processor disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RouteRules:
+    """The per-route rules of the state machine (processor-wide ones live in its EngineConfig).
+
+    corridor_width_m is the full width (half each side of the line); a deviation is confirmed after
+    `deviation_min_fixes` fixes outside spanning at least `deviation_min_s`; overspeed after
+    `overspeed_min_s` above `speed_limit_kmh`; a vehicle is silent after `silent_after_s` without a
+    fix. Read as class attributes, the defaulted fields give their defaults.
+    """
+
+    corridor_width_m: float
+    speed_limit_kmh: float
+    deviation_min_fixes: int = 3
+    deviation_min_s: float = 0.0
+    overspeed_min_s: float = 10.0
+    silent_after_s: float = 120.0
+
+    @classmethod
+    def from_master(cls, data: Mapping[str, Any]) -> RouteRules:
+        """The rules of a route's master-data record (`fleet.master`, entity `route`); fields an
+        older record lacks take today's defaults."""
+        return cls(
+            corridor_width_m=float(data["corridor_width_m"]),
+            speed_limit_kmh=float(data["speed_limit_kmh"]),
+            deviation_min_fixes=int(data.get("deviation_min_fixes", cls.deviation_min_fixes)),
+            deviation_min_s=float(data.get("deviation_min_s", cls.deviation_min_s)),
+            overspeed_min_s=float(data.get("overspeed_min_s", cls.overspeed_min_s)),
+            silent_after_s=float(data.get("silent_after_s", cls.silent_after_s)),
+        )
