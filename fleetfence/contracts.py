@@ -49,6 +49,34 @@ class DlqReason(StrEnum):
     VEHICLE_MISMATCH = "vehicle_mismatch"
     # Not a property of the input: the validator itself failed (a bug); the message is kept anyway.
     INTERNAL_ERROR = "internal_error"
+    # The processor's own verdict on a record of fleet.telemetry that is not canonical telemetry
+    # (written there by a producer other than the gateway).
+    NOT_CANONICAL = "not_canonical"
+
+
+MAX_DLQ_VALUE_BYTES = 512 * 1024
+
+DlqHeaders = list[tuple[str, bytes]]
+
+
+def dead_letter(
+    original: bytes, *, reason: str, detail: str, origin: tuple[str, bytes], received_ms: int
+) -> tuple[bytes, DlqHeaders]:
+    """The value and headers of a record on `fleet.telemetry.dlq` (docs/contracts.md), whoever
+    dead-letters it: the original bytes (capped at MAX_DLQ_VALUE_BYTES) and the headers that say
+    why. `origin` names where the bytes came from: `("mqtt_topic", topic)` at the gateway,
+    `("source", b"topic:partition:offset")` in the processor. One builder, so a DLQ consumer reads
+    the same headers from both."""
+    truncated = len(original) > MAX_DLQ_VALUE_BYTES
+    headers: DlqHeaders = [
+        ("reason", reason.encode()),
+        ("detail", detail[:500].encode("utf-8", "replace")),
+        origin,
+        ("received_ms", str(received_ms).encode()),
+        ("original_size", str(len(original)).encode()),
+        ("truncated", b"true" if truncated else b"false"),
+    ]
+    return (original[:MAX_DLQ_VALUE_BYTES] if truncated else original), headers
 
 
 class AlertType(StrEnum):

@@ -10,15 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fleetfence.contracts import DlqReason, fast_canonical, validate_telemetry
+from fleetfence.contracts import DlqHeaders, DlqReason, fast_canonical, validate_telemetry
+from fleetfence.contracts import dead_letter as dead_letter_record
 from fleetfence.errors import ContractError
 from fleetfence.settings import TopicNames
 
 logger = logging.getLogger(__name__)
-
-MAX_DLQ_VALUE_BYTES = 512 * 1024
-
-Headers = list[tuple[str, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,25 +25,18 @@ class Record:
     topic: str
     key: bytes
     value: bytes
-    headers: Headers | None
+    headers: DlqHeaders | None
     reason: str | None
 
 
 def dead_letter(
     topics: TopicNames, mqtt_topic: str | bytes, payload: bytes, *, reason: str, detail: str, now_ms: int
 ) -> Record:
-    """The DLQ record of docs/contracts.md: original bytes (capped) keyed by the MQTT topic."""
+    """The DLQ record of docs/contracts.md, keyed by the MQTT topic."""
     key = mqtt_topic if isinstance(mqtt_topic, bytes) else mqtt_topic.encode("utf-8", "replace")
-    truncated = len(payload) > MAX_DLQ_VALUE_BYTES
-    headers: Headers = [
-        ("reason", reason.encode()),
-        ("detail", detail[:500].encode("utf-8", "replace")),
-        ("mqtt_topic", key),
-        ("received_ms", str(now_ms).encode()),
-        ("original_size", str(len(payload)).encode()),
-        ("truncated", b"true" if truncated else b"false"),
-    ]
-    value = payload[:MAX_DLQ_VALUE_BYTES] if truncated else payload
+    value, headers = dead_letter_record(
+        payload, reason=reason, detail=detail, origin=("mqtt_topic", key), received_ms=now_ms
+    )
     return Record(topics.telemetry_dlq, key, value, headers, reason)
 
 

@@ -21,6 +21,7 @@ import orjson
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from fleetfence.contracts import DlqReason, dead_letter
 from fleetfence.readmodels import ReadKeys
 
 logger = logging.getLogger(__name__)
@@ -250,19 +251,16 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             p.begin_transaction()
             for vid, value in alerts:
                 p.produce(self.alerts_topic, key=vid.encode(), value=value)
-            now = str(int(time.time() * 1000)).encode()
-            for src, value, reason in dlq:
-                p.produce(
-                    self.dlq_topic,
-                    key=src.encode(),
-                    value=value,
-                    headers=[
-                        ("reason", b"not_canonical"),
-                        ("detail", reason.encode()[:500]),
-                        ("source", src.encode()),
-                        ("received_ms", now),
-                    ],
+            now_ms = int(time.time() * 1000)
+            for src, original, detail in dlq:
+                value, headers = dead_letter(
+                    original,
+                    reason=DlqReason.NOT_CANONICAL,
+                    detail=detail,
+                    origin=("source", src.encode()),
+                    received_ms=now_ms,
                 )
+                p.produce(self.dlq_topic, key=src.encode(), value=value, headers=headers)
             marker = {
                 "sink_id": self.sink_id,
                 "batch_id": batchId,

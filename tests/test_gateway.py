@@ -13,11 +13,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fleetfence.contracts import DlqReason, Telemetry
+from fleetfence.contracts import MAX_DLQ_VALUE_BYTES, DlqReason, Telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from gateway.core import MAX_DLQ_VALUE_BYTES
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import Publisher, TopicReader, fix, forget_session, telemetry_seqs

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fleetfence.contracts import DlqReason, Telemetry, fast_canonical, validate_telemetry
+from fleetfence.contracts import MAX_DLQ_VALUE_BYTES, DlqReason, Telemetry, fast_canonical, validate_telemetry
 from fleetfence.errors import ContractError
 from fleetfence.settings import TopicNames
-from gateway.core import MAX_DLQ_VALUE_BYTES, Record, route
+from gateway.core import Record, route
 from gateway.inflight import InFlight
 from gateway.testing import fix
 from tests.strategies import json_values

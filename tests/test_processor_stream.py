@@ -69,6 +69,15 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
             "dead letters",
         )
         assert sorted(m.value() for m in dlq) == sorted(bad)
+        for m in dlq:  # the same header set as the gateway's dead letters (docs/contracts.md)
+            h = dict(m.headers() or [])
+            assert h["reason"] == b"not_canonical"
+            assert h["source"] == m.key()
+            assert m.key().startswith(f"{settings.topics.telemetry}:".encode())
+            assert h["original_size"] == str(len(m.value())).encode()
+            assert h["truncated"] == b"false"
+            assert h["detail"]
+            assert int(h["received_ms"]) > 0
 
         def reconciled() -> bool:
             ms = markers(settings)
