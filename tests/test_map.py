@@ -32,12 +32,12 @@ import orjson
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Request, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Request, Route, sync_playwright
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from admin_api.app import create_app
-from admin_api.routers.web import NPM_HINT, content_security_policy, missing_vendor_files
+from admin_api.routers.web import NPM_HINT, STATIC_DIR, content_security_policy, missing_vendor_files
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
 from admin_api.security import Role, create_api_key, digest, revoke_api_key, stream_token_key
 from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings, api_settings
@@ -50,6 +50,7 @@ from fleetfence.infra import free_port
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from processor.kafka_sink import AlertStreamWriter, pack_live, unpack_live
+from vehicle_master.models import RouteProps
 
 # Waits on an HTTP server: a refused or failed request means "not yet".
 wait_http = partial(wait_for, ignore=(httpx.HTTPError, OSError))
@@ -319,6 +320,14 @@ def test_page_is_self_contained_and_served_at_root_and_map(server: Server) -> No
         res = httpx.get(server.base + asset)
         assert res.status_code == 200, asset
         assert len(res.content) > 500, asset
+    # The page's code is split into ES modules (#20): every one is served, as JavaScript (a module
+    # script with another MIME type is refused by the browser).
+    modules = sorted(p.name for p in STATIC_DIR.glob("*.js"))
+    assert "app.js" in modules
+    for name in modules:
+        res = httpx.get(f"{server.base}/static/app/{name}")
+        assert res.status_code == 200, name
+        assert "javascript" in res.headers["content-type"], name
     assert httpx.get(server.base + "/static/vendor/leaflet/../package.json").status_code == 404
     assert httpx.get(server.base + "/map/config.json").json()["tile_url"] is None
     # The page is not an API operation: it stays out of the OpenAPI schema (and its fuzzing).
@@ -562,6 +571,21 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     assert res.status_code == 201, res.text
     server.write_live([live(vid, 1, 52.5150, 13.3950, status="unassigned", route_id=None)])
     page = watched.page
+    # The route rules' defaults reach the form from the API's OpenAPI schema (their one home is the
+    # Python model): the served schema is altered here, so the form can only show them from there.
+    bump = {"deviation_min_fixes": 1, "overspeed_min_s": 7}
+    served: dict[str, Any] = {}
+
+    def patched_schema(rt: Route) -> None:
+        res = rt.fetch()
+        doc = res.json()
+        props = doc["components"]["schemas"]["RoutePropsIn"]["properties"]
+        for name, extra in bump.items():
+            props[name]["default"] += extra
+        served.update({k: v["default"] for k, v in props.items() if v.get("default") is not None})
+        rt.fulfill(response=res, json=doc)
+
+    page.route("**/openapi.json", patched_schema)
     watched.login(server.admin_key)
     assert page.locator("body").get_attribute("data-role") == "admin"
     page.evaluate("() => window.fleetfence.map.setView([52.515, 13.40], 14, {animate: false})")
@@ -575,6 +599,16 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.mouse.click(x, y)  # clicking the last vertex again finishes the line
     form = page.locator("#editor")
     form.wait_for()
+    rules = {
+        "deviation_min_fixes": "Deviation after N fixes outside",
+        "deviation_min_s": "…and at least (s)",
+        "overspeed_min_s": "Speeding alert after (s)",
+        "silent_after_s": "Silent after (s)",
+    }
+    for name, label in rules.items():
+        want = RouteProps.model_fields[name].default + bump.get(name, 0)
+        assert served[name] == want, name
+        assert float(page.get_by_label(label, exact=True).input_value()) == want, name
     page.get_by_label("Route id").fill("r-drawn")
     page.get_by_label("Name").fill("Drawn in the browser")
     page.get_by_label("Corridor width (m, full width)").fill("0")
@@ -595,6 +629,8 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     assert feature["properties"]["name"] == "Drawn in the browser"
     assert feature["properties"]["corridor_width_m"] == 80
     assert feature["properties"]["speed_limit_kmh"] == 40
+    assert feature["properties"]["deviation_min_fixes"] == served["deviation_min_fixes"]
+    assert feature["properties"]["overspeed_min_s"] == served["overspeed_min_s"]
     coords = feature["geometry"]["coordinates"]
     assert len(coords) == 3
     for (lon, lat), (want_lat, want_lon) in zip(coords, points, strict=True):

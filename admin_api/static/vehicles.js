@@ -1,0 +1,188 @@
+// Vehicles: one marker per vehicle moved by its live state (merged by seq, so a late older state
+// never moves it back), the vehicle list, the selected vehicle's panel with route progress, and
+// assigning a vehicle to a route. Fed by stream.js; alerts.js selects a vehicle through here.
+
+import { api, ApiError } from "./api.js";
+import { state } from "./state.js";
+import { $, activatable, ago, el, fmtKm, fmtTime, say } from "./dom.js";
+import { lineLengthM } from "./geo.js";
+import { ALERT_LABEL, STATUS_GLYPH, STATUS_LABEL } from "./labels.js";
+
+const L = window.L;
+
+/** Colour class of a live state: silent > deviating > speeding > on route > unassigned. */
+export function statusOf(s) {
+  if (s.silent) return "silent";
+  if (s.status === "off_route") return "deviating";
+  if (s.overspeed) return "speeding";
+  if (s.status === "on_route") return "on_route";
+  return "unassigned";
+}
+
+function vehicleIcon(id, cls) {
+  const span = el("span", { class: "veh-dot", "data-vehicle": id, "data-status": cls, text: STATUS_GLYPH[cls] });
+  return L.divIcon({ className: `veh st-${cls}`, html: span, iconSize: [24, 24], iconAnchor: [12, 12] });
+}
+
+export function updateVehicle(s) {
+  if (!s || typeof s.vehicle_id !== "string" || typeof s.lat !== "number") return;
+  const id = s.vehicle_id;
+  let v = state.vehicles.get(id);
+  if (v && v.state.seq > s.seq) return; // an older state arriving late
+  if (v && v.state.seq === s.seq && v.state.silent && !s.silent) return;
+  const cls = statusOf(s);
+  if (!v) {
+    const marker = L.marker([s.lat, s.lon], {
+      icon: vehicleIcon(id, cls),
+      keyboard: true,
+      title: id,
+      riseOnHover: true,
+    }).addTo(state.map);
+    marker.on("click", () => selectVehicle(id));
+    // A div icon has no alt text: name the marker and its status for screen readers.
+    const icon = marker.getElement();
+    icon.setAttribute("role", "button");
+    icon.setAttribute("aria-label", `${id}: ${STATUS_LABEL[cls]}`);
+    v = { state: s, marker, cls };
+    state.vehicles.set(id, v);
+  } else {
+    v.marker.setLatLng([s.lat, s.lon]);
+    if (v.cls !== cls) {
+      const e = v.marker.getElement();
+      if (e) {
+        e.className = e.className.replace(/\bst-\S+/, `st-${cls}`);
+        const dot = e.querySelector(".veh-dot");
+        dot.dataset.status = cls;
+        dot.textContent = STATUS_GLYPH[cls];
+        e.setAttribute("aria-label", `${id}: ${STATUS_LABEL[cls]}`);
+      }
+      v.cls = cls;
+    }
+    v.state = { ...v.state, ...s };
+  }
+  v.marker.setZIndexOffset(cls === "on_route" || cls === "unassigned" ? 0 : 500);
+}
+
+let vehicleListTimer = null;
+export function scheduleVehicleList() {
+  if (vehicleListTimer) return;
+  vehicleListTimer = setTimeout(() => {
+    vehicleListTimer = null;
+    renderVehicleList();
+    renderVehiclePanel();
+  }, 250);
+}
+
+export function renderVehicleList() {
+  const ul = $("vehicles");
+  const active = document.activeElement;
+  const focused = active && ul.contains(active) ? active.dataset.vehicleId : null;
+  ul.replaceChildren();
+  const ids = [...state.vehicles.keys()].sort();
+  for (const id of ids) {
+    const v = state.vehicles.get(id);
+    const li = activatable(
+      el(
+        "li",
+        { "data-vehicle-id": id },
+        el("span", { class: `dot st-${v.cls}`, "aria-hidden": "true", text: STATUS_GLYPH[v.cls] }),
+        el("strong", { text: id }),
+        el("span", { class: "sub", text: ` ${STATUS_LABEL[v.cls]} · ${Math.round(v.state.speed_kmh)} km/h` }),
+      ),
+      () => selectVehicle(id, true),
+    );
+    if (state.selectedVehicle === id) li.setAttribute("aria-current", "true");
+    ul.append(li);
+    if (focused === id) li.focus();
+  }
+  $("vehicle-count").textContent = `(${ids.length})`;
+}
+
+export async function selectVehicle(id, fly = false) {
+  state.selectedVehicle = id;
+  const v = state.vehicles.get(id);
+  for (const [vid, other] of state.vehicles) {
+    const e = other.marker.getElement();
+    if (e) e.classList.toggle("selected", vid === id);
+  }
+  if (v && fly) state.map.setView(v.marker.getLatLng(), Math.max(state.map.getZoom(), 15), { animate: false });
+  renderVehicleList();
+  renderVehiclePanel(true);
+  $("vehicle-section").hidden = false;
+  try {
+    const { data } = await api(`/api/v1/live/${encodeURIComponent(id)}`);
+    updateVehicle(data);
+    if (state.selectedVehicle === id) {
+      state.vehicles.get(id).openAlerts = data.open_alerts || [];
+      renderVehiclePanel(true);
+    }
+  } catch (err) {
+    if (!(err instanceof ApiError && err.status === 404)) say(`Vehicle ${id}: ${err.message}`, "error");
+  }
+}
+
+export function renderVehiclePanel(force = false) {
+  const id = state.selectedVehicle;
+  const box = $("vehicle-panel");
+  // Live updates must not yank focus or a half-made choice from under a keyboard user.
+  if (!id || (!force && box.contains(document.activeElement))) return;
+  const v = state.vehicles.get(id);
+  if (!v) {
+    box.replaceChildren(el("p", { text: `No live state for ${id} yet.` }));
+    return;
+  }
+  const s = v.state;
+  const route = s.route_id ? state.routes.get(s.route_id) : null;
+  const routeLen = route ? lineLengthM(route.feature.geometry.coordinates) : null;
+  const ratio = s.route_id && typeof s.progress_ratio === "number" ? Math.min(1, Math.max(0, s.progress_ratio)) : null;
+  const rows = [
+    ["Status", STATUS_LABEL[v.cls]],
+    ["Speed", `${s.speed_kmh.toFixed(0)} km/h${route ? ` (limit ${route.feature.properties.speed_limit_kmh})` : ""}`],
+    ["Route", s.route_id ? `${route ? route.feature.properties.name : s.route_id} (${s.route_id})` : "none"],
+    ["Last fix", `${fmtTime(s.ts_ms)}, ${ago(s.ts_ms)}`],
+    ["Zones", s.zones && s.zones.length ? s.zones.join(", ") : "none"],
+  ];
+  const parts = [
+    el("p", { class: "veh-head" }, el("span", { class: `dot st-${v.cls}`, "aria-hidden": "true", text: STATUS_GLYPH[v.cls] }), el("strong", { text: id })),
+    el("dl", { class: "facts" }, ...rows.flatMap(([k, val]) => [el("dt", { text: k }), el("dd", { text: val })])),
+  ];
+  if (ratio !== null) {
+    const pct = Math.round(ratio * 100);
+    const done = typeof s.progress_m === "number" ? fmtKm(s.progress_m) : "";
+    parts.push(
+      el("label", { for: "route-progress", text: `Route progress: ${pct} %${done ? ` (${done}${routeLen ? ` of ${fmtKm(routeLen)}` : ""})` : ""}` }),
+      el("progress", { id: "route-progress", max: "100", value: String(pct) }),
+    );
+  }
+  if (v.openAlerts && v.openAlerts.length) {
+    parts.push(el("p", { class: "sub", text: `Open: ${v.openAlerts.map((a) => ALERT_LABEL[a.type] || a.type).join(", ")}` }));
+  }
+  if (state.role === "admin" && state.routes.size) {
+    const select = el("select", { id: "assign-route", name: "route_id" });
+    for (const rid of [...state.routes.keys()].sort()) {
+      select.append(el("option", { value: rid, text: rid, selected: rid === s.route_id }));
+    }
+    parts.push(
+      el(
+        "form",
+        { class: "assign", id: "assign-form", onsubmit: (ev) => { ev.preventDefault(); assignVehicle(id, select.value); } },
+        el("label", { for: "assign-route", text: "Assign to route" }),
+        select,
+        el("button", { type: "submit", text: "Assign" }),
+      ),
+    );
+  }
+  box.replaceChildren(...parts);
+}
+
+async function assignVehicle(vehicleId, routeId) {
+  try {
+    const { data } = await api(`/api/v1/assignments/${encodeURIComponent(vehicleId)}`, {
+      method: "PUT",
+      body: { route_id: routeId },
+    });
+    say(`${vehicleId} assigned to ${data.route_id} (version ${data.version}).`, "ok");
+  } catch (err) {
+    say(`Could not assign ${vehicleId}: ${err.message}`, "error");
+  }
+}
