@@ -31,8 +31,10 @@ from pyarrow import fs as pafs
 from fleetfence.errors import FleetFenceError
 from history.archive import filesystem
 from history.schema import ALERTS, MASTER, SCHEMAS, TELEMETRY, date_of_ms, to_table, write_geoparquet
+from processor.columns import Fixes, empty_states
 from processor.domain import EngineConfig, RawFix
-from processor.engine import Catalog, Fixes, MasterState, empty_states, process_bucket
+from processor.engine import process_bucket
+from processor.master import Catalog, MasterState
 
 logger = logging.getLogger(__name__)
 

@@ -20,211 +20,19 @@ The same function serves the Spark streaming job, the tests and batch restatemen
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import shapely
 
-from fleetfence.rules import RouteRules
-from processor.domain import Alert, EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
-from processor.geometry import (
-    CompiledRoute,
-    CompiledZone,
-    ZoneIndex,
-    compile_route,
-    compile_zone,
-    corridor_tests,
-    inner_band_tests,
-)
+from processor.columns import Fixes, StateTable
+from processor.domain import Alert, EngineConfig, Fix, RawFix, check_silence, reorder, step
+from processor.geometry import CompiledRoute, corridor_tests, inner_band_tests
+from processor.live import live_rows
+from processor.master import Catalog, MasterState, compiled_route
 
 logger = logging.getLogger(__name__)
-
-FIX_COLUMNS = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
-
-
-# --------------------------------------------------------------------------- master data
-
-
-@dataclass
-class MasterState:
-    """Routes, zones and assignments as of the current batch, with their versions.
-
-    Deleted entities keep a tombstone (`data=None`) so a re-sent older version is still ignored.
-    """
-
-    routes: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
-    zones: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
-    assignments: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
-    vehicles: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
-
-    def apply(self, event: dict[str, Any]) -> bool:
-        """Apply one `fleet.master` change event; False when it is stale or unknown."""
-        table = {
-            "route": self.routes,
-            "zone": self.zones,
-            "assignment": self.assignments,
-            "vehicle": self.vehicles,
-        }.get(event.get("entity", ""))
-        if table is None:
-            return False
-        key, version = str(event["id"]), int(event["version"])
-        current = table.get(key)
-        if current is not None and current[0] >= version:
-            return False
-        table[key] = (version, None if event.get("op") == "delete" else event.get("data"))
-        return True
-
-    def zone_key(self) -> tuple[tuple[str, int], ...]:
-        return tuple(sorted((z, v) for z, (v, d) in self.zones.items() if d is not None))
-
-
-class Catalog:
-    """Compiled geometry cached by (id, version): immutable, so caching keeps replays deterministic."""
-
-    def __init__(self, cfg: EngineConfig) -> None:
-        self.cfg = cfg
-        self._routes: dict[tuple[str, int], CompiledRoute] = {}
-        self._zone_index: tuple[tuple[tuple[str, int], ...], ZoneIndex] | None = None
-        self._zones: dict[tuple[str, int], CompiledZone] = {}
-
-    def route(self, route_id: str, version: int, data: dict[str, Any]) -> CompiledRoute:
-        key = (route_id, version)
-        r = self._routes.get(key)
-        if r is None:
-            r = compile_route(route_id, version, data, self.cfg.hysteresis_m)
-            self._routes[key] = r
-        return r
-
-    def zone_index(self, master: MasterState) -> ZoneIndex:
-        key = master.zone_key()
-        if self._zone_index is None or self._zone_index[0] != key:
-            zones = []
-            for zid, (v, data) in master.zones.items():
-                if data is None:
-                    continue
-                z = self._zones.get((zid, v))
-                if z is None:
-                    z = compile_zone(zid, v, data, self.cfg.hysteresis_m)
-                    self._zones[(zid, v)] = z
-                zones.append(z)
-            self._zone_index = (key, ZoneIndex.build(zones))
-        return self._zone_index[1]
-
-
-# --------------------------------------------------------------------------- vehicle state table
-
-INT_COLS = (
-    "last_seq",
-    "last_ts_ms",
-    "last_received_ms",
-    "route_version",
-    "outside_fixes",
-    "outside_since_ms",
-    "inside_fixes",
-    "over_since_ms",
-)
-FLOAT_COLS = ("lat", "lon", "speed_kmh", "over_max_kmh")
-BOOL_COLS = ("off_route", "overspeed", "silent")
-
-
-class StateTable:
-    """The vehicle states of one bucket, column by column (numpy), with an id -> row index.
-
-    Columnar so the fast path is a handful of fancy-index assignments per batch and the blob that
-    goes to the state store is a few numpy buffers, not thousands of Python objects.
-    """
-
-    def __init__(self, ids: list[str] | None = None, cols: dict[str, np.ndarray] | None = None) -> None:
-        self.ids: list[str] = ids or []
-        n = len(self.ids)
-        if cols is None:
-            cols = {c: np.zeros(n, dtype=np.int64) for c in INT_COLS}
-            cols.update({c: np.zeros(n, dtype=np.float64) for c in FLOAT_COLS})
-            cols.update({c: np.zeros(n, dtype=bool) for c in BOOL_COLS})
-            cols["route_id"] = np.full(n, None, dtype=object)
-            cols["zones"] = np.full(n, None, dtype=object)
-        self.cols = cols
-        self.index = {v: i for i, v in enumerate(self.ids)}
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"ids": self.ids, "cols": self.cols}
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__init__(d["ids"], d["cols"])  # type: ignore[misc]
-
-    def add(self, vehicle_ids: list[str]) -> None:
-        new = [v for v in vehicle_ids if v not in self.index]
-        if not new:
-            return
-        k = len(new)
-        base = len(self.ids)
-        self.ids.extend(new)
-        for v_i, v in enumerate(new):
-            self.index[v] = base + v_i
-        for c, arr in self.cols.items():
-            ext = np.full(k, None, dtype=object) if arr.dtype == object else np.zeros(k, dtype=arr.dtype)
-            self.cols[c] = np.concatenate([arr, ext])
-        self.cols["last_seq"][base:] = -1
-        self.cols["outside_since_ms"][base:] = -1
-        self.cols["over_since_ms"][base:] = -1
-
-    def get(self, i: int) -> VehicleState:
-        c = self.cols
-        return VehicleState(
-            self.ids[i],
-            int(c["last_seq"][i]),
-            int(c["last_ts_ms"][i]),
-            int(c["last_received_ms"][i]),
-            float(c["lat"][i]),
-            float(c["lon"][i]),
-            float(c["speed_kmh"][i]),
-            c["route_id"][i],
-            int(c["route_version"][i]),
-            bool(c["off_route"][i]),
-            int(c["outside_fixes"][i]),
-            int(c["outside_since_ms"][i]),
-            int(c["inside_fixes"][i]),
-            bool(c["overspeed"][i]),
-            int(c["over_since_ms"][i]),
-            float(c["over_max_kmh"][i]),
-            bool(c["silent"][i]),
-            dict(c["zones"][i] or {}),
-        )
-
-    def put(self, i: int, s: VehicleState) -> None:
-        c = self.cols
-        for f in INT_COLS + FLOAT_COLS + BOOL_COLS:
-            c[f][i] = getattr(s, f)
-        c["route_id"][i] = s.route_id
-        c["zones"][i] = dict(s.zones) if s.zones else None
-
-    def state(self, vehicle_id: str) -> VehicleState:
-        return self.get(self.index[vehicle_id])
-
-    def states(self) -> list[VehicleState]:
-        return [self.get(i) for i in range(len(self))]
-
-
-def empty_states() -> StateTable:
-    return StateTable()
-
-
-def states_from_objects(states: Iterable[VehicleState]) -> StateTable:
-    states = list(states)
-    t = StateTable()
-    t.add([s.vehicle_id for s in states])
-    for s in states:
-        t.put(t.index[s.vehicle_id], s)
-    return t
-
-
-# --------------------------------------------------------------------------- batch result
 
 
 @dataclass
@@ -237,69 +45,6 @@ class BucketResult:
     dropped_duplicates: int = 0
     fast_vehicles: int = 0
     slow_vehicles: int = 0
-
-
-def _route_rules(master: MasterState, catalog: Catalog, route_id: str | None) -> CompiledRoute | None:
-    if route_id is None:
-        return None
-    entry = master.routes.get(route_id)
-    if entry is None or entry[1] is None:
-        return None
-    return catalog.route(route_id, entry[0], entry[1])
-
-
-@dataclass
-class Fixes:
-    """A batch of fixes as numpy columns (what the Spark operator hands over)."""
-
-    vehicle_id: np.ndarray  # object
-    seq: np.ndarray
-    ts_ms: np.ndarray
-    lat: np.ndarray
-    lon: np.ndarray
-    speed_kmh: np.ndarray
-    received_ms: np.ndarray
-
-    @staticmethod
-    def from_frame(df: pd.DataFrame) -> Fixes:
-        return Fixes(
-            df["vehicle_id"].to_numpy(dtype=object),
-            df["seq"].to_numpy(dtype=np.int64),
-            df["ts_ms"].to_numpy(dtype=np.int64),
-            df["lat"].to_numpy(dtype=np.float64),
-            df["lon"].to_numpy(dtype=np.float64),
-            df["speed_kmh"].to_numpy(dtype=np.float64),
-            df["received_ms"].to_numpy(dtype=np.int64),
-        )
-
-    @staticmethod
-    def empty() -> Fixes:
-        i, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        return Fixes(np.zeros(0, dtype=object), i, i, f, f, f, i)
-
-    def take(self, idx: np.ndarray) -> Fixes:
-        return Fixes(
-            self.vehicle_id[idx],
-            self.seq[idx],
-            self.ts_ms[idx],
-            self.lat[idx],
-            self.lon[idx],
-            self.speed_kmh[idx],
-            self.received_ms[idx],
-        )
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    def raw(self, i: int) -> RawFix:
-        return RawFix(
-            int(self.seq[i]),
-            int(self.ts_ms[i]),
-            float(self.lat[i]),
-            float(self.lon[i]),
-            float(self.speed_kmh[i]),
-            int(self.received_ms[i]),
-        )
 
 
 def _group_bounds(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -425,7 +170,7 @@ def process_bucket(
         rid = data.get("route_id")
         pos = route_pos.get(rid) if rid is not None else None
         if pos is None:
-            cr = _route_rules(master, catalog, rid)
+            cr = compiled_route(master, catalog, rid)
             if cr is None:
                 continue
             pos = route_pos[cr.route_id] = len(route_list)
@@ -545,82 +290,5 @@ def silent_after_s(
 
 
 def _silent_after(master: MasterState, catalog: Catalog, route_id: Any, cfg: EngineConfig) -> float:
-    cr = _route_rules(master, catalog, route_id if isinstance(route_id, str) else None)
+    cr = compiled_route(master, catalog, route_id if isinstance(route_id, str) else None)
     return cr.rules.silent_after_s if cr is not None else cfg.default_silent_after_s
-
-
-def live_rows(
-    states: StateTable, rows: np.ndarray, master: MasterState, catalog: Catalog
-) -> list[dict[str, Any]]:
-    """The live read model (docs/contracts.md) for the vehicles a batch touched."""
-    if not len(rows):
-        return []
-    c = states.cols
-    routes = c["route_id"][rows]
-    lon, lat = c["lon"][rows], c["lat"][rows]
-    progress = np.zeros(len(rows))
-    ratio = np.zeros(len(rows))
-    dist = np.full(len(rows), np.nan)
-    codes, uniq = pd.factorize(routes, use_na_sentinel=True)
-    compiled = [_route_rules(master, catalog, rid) for rid in uniq.tolist()]
-    ok = np.array([cr is not None for cr in compiled] + [False], dtype=bool)[codes]
-    if ok.any():
-        # One vectorized call over every vehicle, each against its own route's metric projection.
-        crs = [cr for cr in compiled if cr is not None]
-        pos = np.cumsum([cr is not None for cr in compiled]) - 1
-        ri = pos[codes[ok]]
-        lon0 = np.array([cr.projection.lon0 for cr in crs])[ri]
-        lat0 = np.array([cr.projection.lat0 for cr in crs])[ri]
-        kx = np.array([cr.projection.kx for cr in crs])[ri]
-        ky = np.array([cr.projection.ky for cr in crs])[ri]
-        lines = np.array([cr.line_m for cr in crs], dtype=object)[ri]
-        length = np.array([cr.length_m for cr in crs])[ri]
-        pts = shapely.points((lon[ok] - lon0) * kx, (lat[ok] - lat0) * ky)
-        p = shapely.line_locate_point(lines, pts)
-        progress[ok], dist[ok] = p, shapely.distance(lines, pts)
-        ratio[ok] = np.where(length > 0, p / np.maximum(length, 1e-9), 0.0)
-    cols = [
-        c[f][rows].tolist()
-        for f in (
-            "last_seq",
-            "last_ts_ms",
-            "lat",
-            "lon",
-            "speed_kmh",
-            "off_route",
-            "overspeed",
-            "silent",
-            "route_version",
-        )
-    ]
-    zones = c["zones"][rows].tolist()
-    rl = routes.tolist()
-    prog, rat, dis = np.round(progress, 1).tolist(), np.round(ratio, 4).tolist(), np.round(dist, 1).tolist()
-    out = []
-    for k, row in enumerate(rows.tolist()):
-        rid = rl[k]
-        out.append(
-            {
-                "vehicle_id": states.ids[row],
-                "seq": cols[0][k],
-                "ts_ms": cols[1][k],
-                "lat": cols[2][k],
-                "lon": cols[3][k],
-                "speed_kmh": cols[4][k],
-                "status": "unassigned" if rid is None else ("off_route" if cols[5][k] else "on_route"),
-                "overspeed": cols[6][k],
-                "silent": cols[7][k],
-                "route_id": rid,
-                "route_version": cols[8][k],
-                "progress_m": prog[k],
-                "progress_ratio": rat[k],
-                "distance_m": None if dis[k] != dis[k] else dis[k],
-                "zones": sorted(zones[k]) if zones[k] else [],
-            }
-        )
-    return out
-
-
-def rules_for(master: MasterState, catalog: Catalog, route_id: str | None) -> RouteRules | None:
-    cr = _route_rules(master, catalog, route_id)
-    return cr.rules if cr else None

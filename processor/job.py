@@ -89,7 +89,8 @@ def register_sink(spark: Any) -> None:
 
 def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
     """Build and start the streaming query; returns the StreamingQuery."""
-    from processor.kafka_sink import OUTPUT_DDL, SINK_NAME
+    from processor.kafka_sink import SINK_NAME
+    from processor.rows import OUTPUT_DDL
     from processor.source import processor_input
     from processor.stateful import GeofenceProcessor
 

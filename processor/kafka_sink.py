@@ -23,76 +23,12 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from fleetfence.contracts import DlqReason, dead_letter
 from fleetfence.readmodels import ReadKeys
+from processor.live_store import write_live
+from processor.rows import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS, OUTPUT_DDL, unpack_live
 
 logger = logging.getLogger(__name__)
 
 SINK_NAME = "fleetfence_alerts"
-OUTPUT_DDL = "kind string, key string, value binary, seq long, error string"
-OUT_ALERT = "alert"
-OUT_LIVE = "live"
-OUT_DLQ = "dlq"
-OUT_STATS = "stats"
-
-LIVE_SCHEMA = pa.schema(
-    [("vehicle_id", pa.string()), ("version", pa.int64()), ("ts_ms", pa.int64()), ("state", pa.binary())]
-)
-
-
-def pack_live(live: list[dict[str, Any]]) -> bytes:
-    """A bucket's live states as one Arrow IPC blob: each state is JSON-encoded once, here, and
-    written to Redis as these bytes. The version orders states of one vehicle: a newer seq wins;
-    at the same seq, "silent" is the newer state."""
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.array([d["vehicle_id"] for d in live], pa.string()),
-            pa.array([d["seq"] * 2 + (1 if d["silent"] else 0) for d in live], pa.int64()),
-            pa.array([d["ts_ms"] for d in live], pa.int64()),
-            pa.array([orjson.dumps(d) for d in live], pa.binary()),
-        ],
-        schema=LIVE_SCHEMA,
-    )
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, LIVE_SCHEMA) as w:
-        w.write_batch(batch)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def unpack_live(blob: bytes) -> list[tuple[str, int, int, bytes]]:
-    """(vehicle_id, version, ts_ms, state JSON) for each state packed by `pack_live`."""
-    t = pa.ipc.open_stream(blob).read_all()
-    return list(zip(*(t.column(c).to_pylist() for c in LIVE_SCHEMA.names), strict=True))
-
-
-# Replaces each live state only when (seq, silent) is newer: replays and retries write the same or
-# an older state and change nothing. Many vehicles per call, versions in a hash beside the states,
-# so Redis compares two numbers instead of decoding the stored JSON (a state written before the
-# version hash existed is still judged by its JSON). KEYS: index, versions, then one state key per
-# vehicle; ARGV: per vehicle (id, version, ts_ms, state).
-LIVE_LUA = """
-local written = 0
-for i = 3, #KEYS do
-  local a = (i - 3) * 4
-  local vid, newv = ARGV[a + 1], tonumber(ARGV[a + 2])
-  local curv = tonumber(redis.call('HGET', KEYS[2], vid))
-  if not curv then
-    local cur = redis.call('GET', KEYS[i])
-    if cur then
-      local ok, d = pcall(cjson.decode, cur)
-      if ok and d['seq'] then
-        curv = tonumber(d['seq']) * 2 + ((d['silent'] == true) and 1 or 0)
-      end
-    end
-  end
-  if not curv or curv < newv then
-    redis.call('SET', KEYS[i], ARGV[a + 4])
-    redis.call('HSET', KEYS[2], vid, newv)
-    redis.call('ZADD', KEYS[1], ARGV[a + 3], vid)
-    written = written + 1
-  end
-end
-return written
-"""
-LIVE_PER_CALL = 500  # vehicles per script call: one call keeps Redis busy for about a millisecond
 
 
 @dataclass
@@ -203,27 +139,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         return msg
 
     def _write_live(self, live: list[tuple[str, int, int, bytes]]) -> int:
-        import redis
-
-        r = redis.Redis.from_url(self.redis_url or "")
-        try:
-            script = r.register_script(LIVE_LUA)
-            pipe = r.pipeline(transaction=False)
-            rk = ReadKeys(self.redis_prefix)
-            head = [rk.live_index, rk.live_version]
-            for i in range(0, len(live), LIVE_PER_CALL):
-                part = live[i : i + LIVE_PER_CALL]
-                script(
-                    keys=head + [rk.live(vid) for vid, *_ in part],
-                    args=[x for item in part for x in item],
-                    client=pipe,
-                )
-            written = sum(int(x) for x in pipe.execute())
-            # One message per task and batch, not per vehicle: the live map redraws in batches.
-            r.publish(rk.positions_channel, b"[" + b",".join(v for *_, v in live) + b"]")
-            return written
-        finally:
-            r.close()
+        return write_live(self.redis_url or "", ReadKeys(self.redis_prefix), live)
 
     # ---- driver
 

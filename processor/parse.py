@@ -34,46 +34,10 @@ from fleetfence.contracts import (
     decode_plain_fix,
     received_ms_of,
 )
+from processor.rows import ARROW_SCHEMA, FIX_SCHEMA, KIND_INVALID, KIND_MASTER, KIND_TELEMETRY, encode_chunk
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_DDL = (
-    "kind string, bucket int, ts timestamp, n long, payload binary, topic string, kafka_partition int, "
-    "kafka_offset long, error string"
-)
-ARROW_SCHEMA = pa.schema(
-    [
-        ("kind", pa.string()),
-        ("bucket", pa.int32()),
-        ("ts", pa.timestamp("us", tz="UTC")),
-        ("n", pa.int64()),
-        ("payload", pa.binary()),
-        ("topic", pa.string()),
-        ("kafka_partition", pa.int32()),
-        ("kafka_offset", pa.int64()),
-        ("error", pa.string()),
-    ]
-)
-# `bucket` is the Spark state key of the row's vehicle bucket (`processor.layout`), not the bucket
-# number itself, so that the buckets spread evenly over the stateful tasks.
-# One row of the stream carries a whole chunk of one bucket's fixes, as an Arrow IPC stream with
-# this schema: the JVM moves a few large binary values per bucket instead of converting every fix
-# row by row through the shuffle and into the stateful operator (measured: ~44 us per row there).
-FIX_SCHEMA = pa.schema(
-    [
-        ("vehicle_id", pa.string()),
-        ("seq", pa.int64()),
-        ("ts_ms", pa.int64()),
-        ("lat", pa.float64()),
-        ("lon", pa.float64()),
-        ("speed_kmh", pa.float64()),
-        ("received_ms", pa.int64()),
-    ]
-)
-
-KIND_TELEMETRY = "T"
-KIND_MASTER = "M"
-KIND_INVALID = "E"
 CHUNK_FIXES = 50_000
 PARSE_SLICE = 10_000  # records parsed at a time
 
@@ -144,16 +108,13 @@ class BucketRows:
         cuts = np.flatnonzero(np.diff(sorted_bk)) + 1
         ts = table.column("ts_ms").to_numpy()
         for idx in np.split(order, cuts):
-            chunk = table.take(pa.array(idx))
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, FIX_SCHEMA) as w:
-                w.write_table(chunk)
+            chunk = encode_chunk(table.take(pa.array(idx)))
             self.row(
                 KIND_TELEMETRY,
                 int(bk[idx[0]]),
                 int(ts[idx].max()),
                 len(idx),
-                sink.getvalue().to_pybytes(),
+                chunk,
                 None,
                 part,
                 off,

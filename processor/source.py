@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from fleetfence.errors import ConfigError
-from processor.parse import SCHEMA_DDL, record_parser
+from processor.parse import record_parser
+from processor.rows import SCHEMA_DDL
 
 KAFKA_FORMAT = "kafka"
 

@@ -14,6 +14,7 @@ that receives no data still reports silent vehicles when the watermark moves on.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import pickle
 from collections.abc import Iterator
@@ -22,7 +23,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pandas as pd
-import pyarrow as pa
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -30,43 +30,46 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
+from processor.columns import StateTable, empty_states
 from processor.domain import EngineConfig, RawFix
-from processor.engine import (
-    Catalog,
-    Fixes,
-    MasterState,
-    StateTable,
-    empty_states,
-    process_bucket,
-    silent_after_s,
+from processor.engine import process_bucket, silent_after_s
+from processor.master import Catalog, MasterState
+from processor.rows import (
+    KIND_INVALID,
+    KIND_MASTER,
+    KIND_TELEMETRY,
+    OUT_ALERT,
+    OUT_COLUMNS,
+    OUT_DLQ,
+    OUT_LIVE,
+    OUT_STATS,
+    decode_chunks,
+    pack_live,
 )
-from processor.kafka_sink import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS, pack_live
-from processor.parse import KIND_INVALID, KIND_MASTER, KIND_TELEMETRY
 
 logger = logging.getLogger(__name__)
-
-OUT_COLUMNS = ["kind", "key", "value", "seq", "error"]
 
 # Worker-process caches: decoded master data by digest, compiled geometry by (id, version).
 _MASTER_CACHE: dict[str, MasterState] = {}
 _CATALOGS: dict[EngineConfig, Catalog] = {}
 
 
-def decode_chunks(chunks: list[bytes]) -> Fixes:
-    """Arrow IPC chunks written by the source -> one batch of fixes."""
-    if not chunks:
-        return Fixes.empty()
-    tables = [pa.ipc.open_stream(c).read_all() for c in chunks]
-    t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    return Fixes(
-        t.column("vehicle_id").to_numpy(zero_copy_only=False).astype(object),
-        t.column("seq").to_numpy(),
-        t.column("ts_ms").to_numpy(),
-        t.column("lat").to_numpy(),
-        t.column("lon").to_numpy(),
-        t.column("speed_kmh").to_numpy(),
-        t.column("received_ms").to_numpy(),
-    )
+# Classes that moved since state was first written: a checkpoint's pickled state names them by their
+# old module, and must still load after an upgrade (tests/test_processor_domain.py holds it).
+_MOVED = {
+    ("processor.engine", "StateTable"): ("processor.columns", "StateTable"),
+    ("processor.engine", "MasterState"): ("processor.master", "MasterState"),
+}
+
+
+class _StateUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(*_MOVED.get((module, name), (module, name)))
+
+
+def load_state(blob: bytes) -> Any:
+    """Unpickle a state-store value, including one written before a class moved."""
+    return _StateUnpickler(io.BytesIO(blob)).load()
 
 
 def _digest(blob: bytes) -> str:
@@ -115,7 +118,7 @@ class GeofenceProcessor(StatefulProcessor):
         cached = _MASTER_CACHE.get(digest)
         if cached is None:
             blob = self._get(self.master)
-            cached = pickle.loads(blob)
+            cached = load_state(blob)
             _MASTER_CACHE[digest] = cached
         return cached, digest, timer_ms
 
@@ -152,7 +155,7 @@ class GeofenceProcessor(StatefulProcessor):
             chunks = []
 
         if self.vehicles.exists():
-            states, held = pickle.loads(self._get(self.vehicles))
+            states, held = load_state(self._get(self.vehicles))
         else:
             states, held = empty_states(), {}
         fx = decode_chunks(chunks)

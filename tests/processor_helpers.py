@@ -20,9 +20,11 @@ from fleetfence.kafka import producer_config
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from fleetfence.testing import wait_for as wait_until_true
+from processor.columns import empty_states
 from processor.domain import EngineConfig
-from processor.engine import Catalog, MasterState, empty_states, process_bucket
+from processor.engine import process_bucket
 from processor.job import ProcessorSettings
+from processor.master import Catalog, MasterState
 
 T0 = 1_795_000_000_000
 LINE = [[13.0, 52.5], [13.1, 52.5]]

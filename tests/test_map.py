@@ -49,7 +49,8 @@ from fleetfence.contracts import alert_id, ms_to_iso, utc_now_ms
 from fleetfence.infra import free_port
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from processor.kafka_sink import AlertStreamWriter, pack_live, unpack_live
+from processor.kafka_sink import AlertStreamWriter
+from processor.rows import pack_live, unpack_live
 from vehicle_master.models import RouteProps
 
 # Waits on an HTTP server: a refused or failed request means "not yet".

@@ -7,15 +7,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetfence.contracts import AlertType
 from fleetfence.geo import LocalProjection
 from fleetfence.rules import RouteRules
+from processor.columns import StateTable, empty_states
 from processor.domain import EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
-from processor.engine import Catalog, MasterState, StateTable, empty_states, process_bucket
+from processor.engine import process_bucket
 from processor.geometry import compile_route
+from processor.master import Catalog, MasterState
 
 CFG = EngineConfig(hysteresis_m=15.0, return_min_fixes=2)
 RULES = RouteRules(
@@ -414,7 +417,7 @@ def test_engine_zone_and_silence() -> None:
 def test_live_states_pack_once_with_their_versions() -> None:
     import orjson
 
-    from processor.kafka_sink import pack_live, unpack_live
+    from processor.rows import pack_live, unpack_live
 
     live = [
         {"vehicle_id": "a", "seq": 3, "silent": False, "ts_ms": 5},
@@ -423,3 +426,33 @@ def test_live_states_pack_once_with_their_versions() -> None:
     got = unpack_live(pack_live(live))
     assert [(v, ver, ts) for v, ver, ts, _ in got] == [("a", 6, 5), ("b", 7, 9)]
     assert [orjson.loads(j) for *_, j in got] == live
+
+
+def test_state_written_before_the_engine_split_still_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint holds pickled StateTable/MasterState under their old module (processor.engine);
+    after the split into processor.columns and processor.master, an upgrade must still load it."""
+    import pickle
+
+    import processor.engine
+    from processor.stateful import load_state
+
+    m = master([[13.0, 52.0], [13.1, 52.0]])
+    states = StateTable()
+    states.add(["a"])
+    states.cols["last_seq"][0] = 7
+    with monkeypatch.context() as old:
+        for cls in (StateTable, MasterState):
+            old.setattr(cls, "__module__", "processor.engine")
+            old.setattr(processor.engine, cls.__name__, cls, raising=False)
+        blob = pickle.dumps((states, {}, m), protocol=5)
+    assert b"processor.engine" in blob
+    # Whatever the engine module happens to import, the old names resolve through the shim.
+    monkeypatch.delattr(processor.engine, "StateTable", raising=False)
+    monkeypatch.delattr(processor.engine, "MasterState", raising=False)
+    with pytest.raises(AttributeError):
+        pickle.loads(blob)
+    got_states, _, got_master = load_state(blob)
+    assert type(got_states) is StateTable
+    assert type(got_master) is MasterState
+    assert got_states.state("a").last_seq == 7
+    assert got_master.routes == m.routes

@@ -7,7 +7,9 @@ import orjson
 import redis
 
 from fleetfence.settings import Settings
-from processor.kafka_sink import LIVE_PER_CALL, AlertStreamWriter, pack_live, unpack_live
+from processor.kafka_sink import AlertStreamWriter
+from processor.live_store import LIVE_PER_CALL
+from processor.rows import pack_live, unpack_live
 
 
 def state(vid: str, seq: int, silent: bool = False) -> dict[str, object]:

@@ -13,7 +13,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from fleetfence.contracts import INVALID_ERRORS, Telemetry, bucket_of, canonical_fix
-from processor.parse import FIX_SCHEMA, KIND_INVALID, KIND_TELEMETRY, BucketRows, parse_telemetry_batch
+from processor.parse import BucketRows, parse_telemetry_batch
+from processor.rows import FIX_SCHEMA, KIND_INVALID, KIND_TELEMETRY
 from tests.strategies import json_values
 
 BUCKETS = 4

@@ -19,8 +19,10 @@ from shapely.geometry import Point, Polygon
 
 from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
+from processor.columns import empty_states
 from processor.domain import EngineConfig
-from processor.engine import Catalog, MasterState, empty_states, process_bucket
+from processor.engine import process_bucket
+from processor.master import Catalog, MasterState
 from simulator.publish import _rows
 from simulator.register import scenario_entities
 from simulator.scenario import Injections, Scenario, ScenarioConfig, TickBatch, simulated_rules

@@ -1,0 +1,180 @@
+"""The engine's columnar containers: a bucket's vehicle states (`StateTable`) and a batch of fixes
+(`Fixes`), both as numpy columns.
+
+Columnar so the engine's fast path is a handful of fancy-index assignments per batch and the blob
+that goes to the state store is a few numpy buffers, not thousands of Python objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from processor.domain import RawFix, VehicleState
+
+FIX_COLUMNS = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
+
+INT_COLS = (
+    "last_seq",
+    "last_ts_ms",
+    "last_received_ms",
+    "route_version",
+    "outside_fixes",
+    "outside_since_ms",
+    "inside_fixes",
+    "over_since_ms",
+)
+FLOAT_COLS = ("lat", "lon", "speed_kmh", "over_max_kmh")
+BOOL_COLS = ("off_route", "overspeed", "silent")
+
+
+class StateTable:
+    """The vehicle states of one bucket, column by column (numpy), with an id -> row index.
+
+    Columnar so the fast path is a handful of fancy-index assignments per batch and the blob that
+    goes to the state store is a few numpy buffers, not thousands of Python objects.
+    """
+
+    def __init__(self, ids: list[str] | None = None, cols: dict[str, np.ndarray] | None = None) -> None:
+        self.ids: list[str] = ids or []
+        n = len(self.ids)
+        if cols is None:
+            cols = {c: np.zeros(n, dtype=np.int64) for c in INT_COLS}
+            cols.update({c: np.zeros(n, dtype=np.float64) for c in FLOAT_COLS})
+            cols.update({c: np.zeros(n, dtype=bool) for c in BOOL_COLS})
+            cols["route_id"] = np.full(n, None, dtype=object)
+            cols["zones"] = np.full(n, None, dtype=object)
+        self.cols = cols
+        self.index = {v: i for i, v in enumerate(self.ids)}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"ids": self.ids, "cols": self.cols}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__init__(d["ids"], d["cols"])  # type: ignore[misc]
+
+    def add(self, vehicle_ids: list[str]) -> None:
+        new = [v for v in vehicle_ids if v not in self.index]
+        if not new:
+            return
+        k = len(new)
+        base = len(self.ids)
+        self.ids.extend(new)
+        for v_i, v in enumerate(new):
+            self.index[v] = base + v_i
+        for c, arr in self.cols.items():
+            ext = np.full(k, None, dtype=object) if arr.dtype == object else np.zeros(k, dtype=arr.dtype)
+            self.cols[c] = np.concatenate([arr, ext])
+        self.cols["last_seq"][base:] = -1
+        self.cols["outside_since_ms"][base:] = -1
+        self.cols["over_since_ms"][base:] = -1
+
+    def get(self, i: int) -> VehicleState:
+        c = self.cols
+        return VehicleState(
+            self.ids[i],
+            int(c["last_seq"][i]),
+            int(c["last_ts_ms"][i]),
+            int(c["last_received_ms"][i]),
+            float(c["lat"][i]),
+            float(c["lon"][i]),
+            float(c["speed_kmh"][i]),
+            c["route_id"][i],
+            int(c["route_version"][i]),
+            bool(c["off_route"][i]),
+            int(c["outside_fixes"][i]),
+            int(c["outside_since_ms"][i]),
+            int(c["inside_fixes"][i]),
+            bool(c["overspeed"][i]),
+            int(c["over_since_ms"][i]),
+            float(c["over_max_kmh"][i]),
+            bool(c["silent"][i]),
+            dict(c["zones"][i] or {}),
+        )
+
+    def put(self, i: int, s: VehicleState) -> None:
+        c = self.cols
+        for f in INT_COLS + FLOAT_COLS + BOOL_COLS:
+            c[f][i] = getattr(s, f)
+        c["route_id"][i] = s.route_id
+        c["zones"][i] = dict(s.zones) if s.zones else None
+
+    def state(self, vehicle_id: str) -> VehicleState:
+        return self.get(self.index[vehicle_id])
+
+    def states(self) -> list[VehicleState]:
+        return [self.get(i) for i in range(len(self))]
+
+
+def empty_states() -> StateTable:
+    return StateTable()
+
+
+def states_from_objects(states: Iterable[VehicleState]) -> StateTable:
+    states = list(states)
+    t = StateTable()
+    t.add([s.vehicle_id for s in states])
+    for s in states:
+        t.put(t.index[s.vehicle_id], s)
+    return t
+
+
+@dataclass
+class Fixes:
+    """A batch of fixes as numpy columns (what the Spark operator hands over)."""
+
+    vehicle_id: np.ndarray  # object
+    seq: np.ndarray
+    ts_ms: np.ndarray
+    lat: np.ndarray
+    lon: np.ndarray
+    speed_kmh: np.ndarray
+    received_ms: np.ndarray
+
+    @staticmethod
+    def from_frame(df: pd.DataFrame) -> Fixes:
+        return Fixes(
+            df["vehicle_id"].to_numpy(dtype=object),
+            df["seq"].to_numpy(dtype=np.int64),
+            df["ts_ms"].to_numpy(dtype=np.int64),
+            df["lat"].to_numpy(dtype=np.float64),
+            df["lon"].to_numpy(dtype=np.float64),
+            df["speed_kmh"].to_numpy(dtype=np.float64),
+            df["received_ms"].to_numpy(dtype=np.int64),
+        )
+
+    @staticmethod
+    def empty() -> Fixes:
+        i, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        return Fixes(np.zeros(0, dtype=object), i, i, f, f, f, i)
+
+    def take(self, idx: np.ndarray) -> Fixes:
+        return Fixes(
+            self.vehicle_id[idx],
+            self.seq[idx],
+            self.ts_ms[idx],
+            self.lat[idx],
+            self.lon[idx],
+            self.speed_kmh[idx],
+            self.received_ms[idx],
+        )
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def raw(self, i: int) -> RawFix:
+        return RawFix(
+            int(self.seq[i]),
+            int(self.ts_ms[i]),
+            float(self.lat[i]),
+            float(self.lon[i]),
+            float(self.speed_kmh[i]),
+            int(self.received_ms[i]),
+        )

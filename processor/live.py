@@ -1,0 +1,87 @@
+"""The live read model (docs/contracts.md, Redis `live:{vehicle_id}`) of the vehicles a batch
+touched: position, status, route progress and distance from the route. Pure, no I/O; the sink
+writes what this returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import shapely
+
+from processor.columns import StateTable
+from processor.master import Catalog, MasterState, compiled_route
+
+
+def live_rows(
+    states: StateTable, rows: np.ndarray, master: MasterState, catalog: Catalog
+) -> list[dict[str, Any]]:
+    """The live read model (docs/contracts.md) for the vehicles a batch touched."""
+    if not len(rows):
+        return []
+    c = states.cols
+    routes = c["route_id"][rows]
+    lon, lat = c["lon"][rows], c["lat"][rows]
+    progress = np.zeros(len(rows))
+    ratio = np.zeros(len(rows))
+    dist = np.full(len(rows), np.nan)
+    codes, uniq = pd.factorize(routes, use_na_sentinel=True)
+    compiled = [compiled_route(master, catalog, rid) for rid in uniq.tolist()]
+    ok = np.array([cr is not None for cr in compiled] + [False], dtype=bool)[codes]
+    if ok.any():
+        # One vectorized call over every vehicle, each against its own route's metric projection.
+        crs = [cr for cr in compiled if cr is not None]
+        pos = np.cumsum([cr is not None for cr in compiled]) - 1
+        ri = pos[codes[ok]]
+        lon0 = np.array([cr.projection.lon0 for cr in crs])[ri]
+        lat0 = np.array([cr.projection.lat0 for cr in crs])[ri]
+        kx = np.array([cr.projection.kx for cr in crs])[ri]
+        ky = np.array([cr.projection.ky for cr in crs])[ri]
+        lines = np.array([cr.line_m for cr in crs], dtype=object)[ri]
+        length = np.array([cr.length_m for cr in crs])[ri]
+        pts = shapely.points((lon[ok] - lon0) * kx, (lat[ok] - lat0) * ky)
+        p = shapely.line_locate_point(lines, pts)
+        progress[ok], dist[ok] = p, shapely.distance(lines, pts)
+        ratio[ok] = np.where(length > 0, p / np.maximum(length, 1e-9), 0.0)
+    cols = [
+        c[f][rows].tolist()
+        for f in (
+            "last_seq",
+            "last_ts_ms",
+            "lat",
+            "lon",
+            "speed_kmh",
+            "off_route",
+            "overspeed",
+            "silent",
+            "route_version",
+        )
+    ]
+    zones = c["zones"][rows].tolist()
+    rl = routes.tolist()
+    prog, rat, dis = np.round(progress, 1).tolist(), np.round(ratio, 4).tolist(), np.round(dist, 1).tolist()
+    out = []
+    for k, row in enumerate(rows.tolist()):
+        rid = rl[k]
+        out.append(
+            {
+                "vehicle_id": states.ids[row],
+                "seq": cols[0][k],
+                "ts_ms": cols[1][k],
+                "lat": cols[2][k],
+                "lon": cols[3][k],
+                "speed_kmh": cols[4][k],
+                "status": "unassigned" if rid is None else ("off_route" if cols[5][k] else "on_route"),
+                "overspeed": cols[6][k],
+                "silent": cols[7][k],
+                "route_id": rid,
+                "route_version": cols[8][k],
+                "progress_m": prog[k],
+                "progress_ratio": rat[k],
+                "distance_m": None if dis[k] != dis[k] else dis[k],
+                "zones": sorted(zones[k]) if zones[k] else [],
+            }
+        )
+    return out

@@ -1,0 +1,96 @@
+"""Master data as the processor sees it: routes, zones, assignments and vehicles as of a batch,
+and their compiled geometry. Pure, no I/O.
+
+`MasterState` is folded from `fleet.master` change events (newest version wins, deletes leave a
+tombstone) and kept in Spark's state store; `Catalog` compiles each (id, version) once per worker,
+which is safe because a version never changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetfence.rules import RouteRules
+from processor.domain import EngineConfig
+from processor.geometry import CompiledRoute, CompiledZone, ZoneIndex, compile_route, compile_zone
+
+
+@dataclass
+class MasterState:
+    """Routes, zones and assignments as of the current batch, with their versions.
+
+    Deleted entities keep a tombstone (`data=None`) so a re-sent older version is still ignored.
+    """
+
+    routes: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
+    zones: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
+    assignments: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
+    vehicles: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
+
+    def apply(self, event: dict[str, Any]) -> bool:
+        """Apply one `fleet.master` change event; False when it is stale or unknown."""
+        table = {
+            "route": self.routes,
+            "zone": self.zones,
+            "assignment": self.assignments,
+            "vehicle": self.vehicles,
+        }.get(event.get("entity", ""))
+        if table is None:
+            return False
+        key, version = str(event["id"]), int(event["version"])
+        current = table.get(key)
+        if current is not None and current[0] >= version:
+            return False
+        table[key] = (version, None if event.get("op") == "delete" else event.get("data"))
+        return True
+
+    def zone_key(self) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted((z, v) for z, (v, d) in self.zones.items() if d is not None))
+
+
+class Catalog:
+    """Compiled geometry cached by (id, version): immutable, so caching keeps replays deterministic."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self._routes: dict[tuple[str, int], CompiledRoute] = {}
+        self._zone_index: tuple[tuple[tuple[str, int], ...], ZoneIndex] | None = None
+        self._zones: dict[tuple[str, int], CompiledZone] = {}
+
+    def route(self, route_id: str, version: int, data: dict[str, Any]) -> CompiledRoute:
+        key = (route_id, version)
+        r = self._routes.get(key)
+        if r is None:
+            r = compile_route(route_id, version, data, self.cfg.hysteresis_m)
+            self._routes[key] = r
+        return r
+
+    def zone_index(self, master: MasterState) -> ZoneIndex:
+        key = master.zone_key()
+        if self._zone_index is None or self._zone_index[0] != key:
+            zones = []
+            for zid, (v, data) in master.zones.items():
+                if data is None:
+                    continue
+                z = self._zones.get((zid, v))
+                if z is None:
+                    z = compile_zone(zid, v, data, self.cfg.hysteresis_m)
+                    self._zones[(zid, v)] = z
+                zones.append(z)
+            self._zone_index = (key, ZoneIndex.build(zones))
+        return self._zone_index[1]
+
+
+def compiled_route(master: MasterState, catalog: Catalog, route_id: str | None) -> CompiledRoute | None:
+    if route_id is None:
+        return None
+    entry = master.routes.get(route_id)
+    if entry is None or entry[1] is None:
+        return None
+    return catalog.route(route_id, entry[0], entry[1])
+
+
+def rules_for(master: MasterState, catalog: Catalog, route_id: str | None) -> RouteRules | None:
+    cr = compiled_route(master, catalog, route_id)
+    return cr.rules if cr else None
