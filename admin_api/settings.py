@@ -6,7 +6,6 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from fleetfence.settings import Settings
 from vehicle_master.settings import MasterSettings
 
 # The repo's `npm ci --prefix web` target; images and installs elsewhere set FLEETFENCE_API_WEB_VENDOR_DIR.
@@ -57,10 +56,3 @@ class ApiSettings(MasterSettings):
         if v and (not v.startswith(("https://", "http://")) or not placeholders):
             raise ValueError(f"must be an http(s) URL with {{z}}, {{x}} and {{y}}, got {v[:80]!r}")
         return v
-
-
-def api_settings(base: Settings, **overrides: object) -> ApiSettings:
-    """ApiSettings from already-built base settings (tests build those from fixtures)."""
-    values = {name: getattr(base, name) for name in Settings.model_fields}
-    values.update(overrides)
-    return ApiSettings.model_validate(values)

@@ -72,8 +72,9 @@ def contender_spark(
     checkpoint: str,
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
 ) -> dict[str, Any]:
-    from processor.job import ProcessorSettings, start_query
+    from processor.job import start_query
     from processor.service import telemetry_events
+    from processor.settings import ProcessorSettings
     from processor.spark import build_session
 
     ps = ProcessorSettings(
@@ -258,7 +259,8 @@ def run_contender(args: argparse.Namespace, s: Settings, name: str) -> dict[str,
 
 def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: float) -> dict[str, Any]:
     """Drive the Spark job live at `rate` events/s; measure alert commit time - fix ingest time."""
-    from processor.job import ProcessorSettings, start_query
+    from processor.job import start_query
+    from processor.settings import ProcessorSettings
     from processor.spark import build_session
 
     prefix = s.topic_prefix + "lat."

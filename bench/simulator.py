@@ -26,7 +26,7 @@ from fleetfence.contracts import utc_now_ms  # noqa: E402
 from fleetfence.settings import Settings  # noqa: E402
 from simulator.publish import SimulationOptions, run_simulation  # noqa: E402
 from simulator.scenario import ScenarioConfig  # noqa: E402
-from simulator.settings import simulator_settings  # noqa: E402
+from simulator.settings import SimulatorSettings  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
         )
         infra.up(base)
         try:
-            s = simulator_settings(base)
+            s = SimulatorSettings.from_base(base)
             table = Table(title="simulator throughput")
             for col in ("mode", "vehicles", "messages", "seconds", "msg/s", "errors"):
                 table.add_column(col, justify="right")

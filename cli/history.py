@@ -21,7 +21,7 @@ app.add_typer(archive_app, name="archive")
 def _historysettings_from_env() -> Any:
     from history.settings import HistorySettings
 
-    return HistorySettings.from_settings(settings_from_env())
+    return HistorySettings.from_base(settings_from_env())
 
 
 @archive_app.command("run")
@@ -58,7 +58,7 @@ def archive_retention(
     from history.archive import apply_retention
 
     hs = _historysettings_from_env()
-    deleted = apply_retention(hs.archive_root, days or hs.retention_days)
+    deleted = apply_retention(hs.archive_root, days or hs.history_retention_days)
     console.print(f"deleted {len(deleted)} date partitions")
 
 
@@ -87,7 +87,7 @@ def restate_cmd(
     from fleetfence.contracts import ms_to_iso, parse_ts_ms
     from fleetfence.errors import ConfigError
     from history.restate import RestateRequest, run_restatement
-    from processor.job import ProcessorSettings
+    from processor.settings import ProcessorSettings
     from processor.spark import build_session
 
     hs = _historysettings_from_env()
@@ -117,7 +117,7 @@ def restate_cmd(
 
     # A session that already runs in this process (a notebook, a test) is used and left running.
     started = SparkSession.getActiveSession() is None
-    master = hs.spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    master = hs.history_spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
     spark = build_session(app_name="fleetfence-restate", master=master)
     try:
         with console.status("restating over the archive (Spark batch)..."):

@@ -147,8 +147,8 @@ def gateway_cmd() -> None:
 @friendly_errors
 def processor_cmd() -> None:
     """Run the PySpark geofencing job (FLEETFENCE_PROCESSOR_* settings) until Ctrl-C/SIGTERM."""
-    from processor.job import ProcessorSettings
     from processor.service import run_processor
+    from processor.settings import ProcessorSettings
 
     s = ProcessorSettings()
     configure_logging(s.log_level, s.log_json)

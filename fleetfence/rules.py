@@ -1,4 +1,7 @@
-"""A route's rules: the one definition of their fields and defaults.
+"""The geofencing rules: the one definition of their fields and defaults.
+
+`RouteRules` are per route (master data); `ProcessorRules` are processor-wide
+(`FLEETFENCE_PROCESSOR_*`), and the simulator's ground truth must assume the same ones.
 
 The admin API validates them (`vehicle_master.models.RouteProps` takes its defaults from here), the
 processor applies them (`processor.geometry.compile_route` reads master data through
@@ -43,3 +46,23 @@ class RouteRules:
             overspeed_min_s=float(data.get("overspeed_min_s", cls.overspeed_min_s)),
             silent_after_s=float(data.get("silent_after_s", cls.silent_after_s)),
         )
+
+
+@dataclass(frozen=True)
+class ProcessorRules:
+    """Processor-wide rules, the defaults of `FLEETFENCE_PROCESSOR_*`: the processor's settings and
+    its engine take them from here, and so does the simulator's ground truth, which must predict
+    exactly what the processor will decide.
+
+    hysteresis_m: the spatial band that stops GPS jitter from making alerts flap (a vehicle is back
+    on route only inside the corridor narrowed by it; leaves a zone only outside the zone grown by
+    it); return_min_fixes: fixes back inside before ROUTE_RETURN; overspeed_hysteresis_kmh: below
+    the limit by this much to end an overspeed; lateness_ms: the event-time bound of waiting for a
+    missing fix; default_silent_after_s: silence threshold of a vehicle without a route.
+    """
+
+    hysteresis_m: float = 15.0
+    return_min_fixes: int = 2
+    overspeed_hysteresis_kmh: float = 5.0
+    lateness_ms: int = 10_000
+    default_silent_after_s: float = 120.0

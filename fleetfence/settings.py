@@ -1,5 +1,10 @@
 """Settings, read only through pydantic-settings (environment variables `FLEETFENCE_*`).
 
+One convention for every component: a `settings.py` in its package with a subclass of `Settings`
+whose own fields carry the component's name (`gateway_*`, `processor_*`, `alerts_*`, `api_*`,
+`master_*`, `simulator_*`, `history_*`), so each is the environment variable `FLEETFENCE_<FIELD>`;
+`Settings.from_base` derives one from already-built shared settings.
+
 The embedded defaults bind every service to 127.0.0.1 on ports that do not collide with the
 standard ones (a machine may run shared Kafka/MQTT/Redis on 9092/1883/6379). Setting
 `FLEETFENCE_KAFKA_BOOTSTRAP`, `FLEETFENCE_MQTT_URL` or `FLEETFENCE_REDIS_URL` switches that
@@ -9,6 +14,7 @@ service to an external endpoint: `infra up` then starts nothing for it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 from urllib.parse import urlparse
 
 from pydantic import Field, computed_field
@@ -73,6 +79,18 @@ class Settings(BaseSettings):
     startup_timeout_s: float = Field(default=30.0, gt=0)
     log_level: str = Field(default="INFO")
     log_json: bool = Field(default=False, description="Log JSON lines instead of key=value lines.")
+
+    @classmethod
+    def from_base(cls, base: Settings, **overrides: object) -> Self:
+        """A component's settings on top of already-built shared settings: the shared fields from
+        `base`, the component's own (`FLEETFENCE_<COMPONENT>_*`) from the environment, then
+        `overrides`. The one way to derive them: the CLI passes the environment's shared settings,
+        tests pass their fixtures' (a private broker, a unique topic prefix)."""
+        own = cls()
+        values = {k: getattr(own, k) for k in cls.model_fields if k not in Settings.model_fields}
+        values.update({k: getattr(base, k) for k in Settings.model_fields})
+        values.update(overrides)
+        return cls.model_validate(values)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -306,7 +306,7 @@ def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence
 
     t = hs.topics
     topics = {t.telemetry: TELEMETRY, t.alerts: ALERTS, t.master: MASTER}
-    buckets, root, max_rows = hs.buckets, hs.archive_root, hs.max_rows_per_file
+    buckets, root, max_rows = hs.history_buckets, hs.archive_root, hs.history_max_rows_per_file
     # Spark's Kafka connector, committed records only: the alerts topic is written in transactions
     # by the processor, so an aborted batch's alerts never reach the archive. The compacted master
     # topic is a source of its own (holes in its offsets are not data loss).
@@ -315,7 +315,7 @@ def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence
         spark,
         hs.bootstrap_servers,
         [t.telemetry, t.alerts],
-        max_offsets_per_trigger=hs.max_events_per_batch,
+        max_offsets_per_trigger=hs.history_max_events_per_batch,
     ).selectExpr(*cols)
     master = kafka_stream(spark, hs.bootstrap_servers, [t.master], compacted=True).selectExpr(*cols)
     src = events.unionByName(master)
@@ -325,7 +325,7 @@ def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence
     # re-delivery is caught when it is read within `dedup_window_s` of the original.
     deduped = (
         parsed.withColumn("seen", F.current_timestamp())
-        .withWatermark("seen", f"{int(hs.dedup_window_s * 1000)} milliseconds")
+        .withWatermark("seen", f"{int(hs.history_dedup_window_s * 1000)} milliseconds")
         .dropDuplicatesWithinWatermark(["key"])
         .drop("seen")
     )
@@ -357,8 +357,8 @@ def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence
         .option("checkpointLocation", hs.checkpoint_location)
         .foreachBatch(write_batch)
     )
-    if hs.trigger_ms > 0:
-        writer = writer.trigger(processingTime=f"{hs.trigger_ms} milliseconds")
+    if hs.history_trigger_ms > 0:
+        writer = writer.trigger(processingTime=f"{hs.history_trigger_ms} milliseconds")
     q = writer.start()
     logger.info("archive started query=%s root=%s checkpoint=%s", q.id, root, hs.checkpoint_location)
     return q
@@ -372,9 +372,9 @@ def run_archive(hs: HistorySettings, stop: threading.Event | None = None) -> Non
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    if hs.metrics_port:
-        start_http_server(hs.metrics_port, addr=hs.host)
-    master = hs.spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    if hs.history_metrics_port:
+        start_http_server(hs.history_metrics_port, addr=hs.host)
+    master = hs.history_spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
     spark = build_session(app_name="fleetfence-archive", master=master)
     q = start_archive(spark, hs)
     try:

@@ -120,11 +120,11 @@ def run(
 ) -> None:
     """Validate the range, run the report, print it (table or JSON), optionally chart/GeoJSON it."""
     rng = report_range(start, end, vehicle_id)
-    hs = HistorySettings.from_settings(base)
+    hs = HistorySettings.from_base(base)
     root = archive or hs.archive_root
     err = Console(stderr=True)
     with err.status(f"computing {name} over {root}…"):
-        df = run_report(name, root, rng, hs.buckets, resolution=resolution)
+        df = run_report(name, root, rng, hs.history_buckets, resolution=resolution)
     out = Console()
     if as_json:
         out.file.write(orjson.dumps(records(df)).decode() + "\n")

@@ -1,8 +1,8 @@
 """`python -m processor`: the processor service (same as `fleetfence processor`)."""
 
 from fleetfence.logs import configure_logging
-from processor.job import ProcessorSettings
 from processor.service import run_processor
+from processor.settings import ProcessorSettings
 
 if __name__ == "__main__":
     settings = ProcessorSettings()

@@ -129,3 +129,18 @@ class HadoopCheckpointFiles:
     def has_entries(self, folder: str) -> bool:
         d = self._path(folder)
         return bool(self._fs.exists(d)) and len(self._fs.listStatus(d)) > 0
+
+
+SINK_ID_FILE = "fleetfence-sink-id"
+
+
+def sink_id_for(files: CheckpointFiles) -> str:
+    """A stable id per checkpoint: a reset checkpoint gets a new id, so its batches are not skipped
+    against the markers of the old one. Kept in the checkpoint itself, through the same FileSystem
+    as Spark's logs: a driver restarted elsewhere must find the same id, or it could commit its last
+    micro-batch to Kafka a second time (docs/exactly-once.md)."""
+    files.create(SINK_ID_FILE, uuid.uuid4().hex[:16])
+    text = files.read(SINK_ID_FILE)
+    if not text or not text.strip():
+        raise ConfigError(f"the checkpoint {files.location} has an empty {SINK_ID_FILE}")
+    return text.strip()

@@ -22,18 +22,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetfence.contracts import AlertType, alert_id, ms_to_iso
-from fleetfence.rules import RouteRules
+from fleetfence.rules import ProcessorRules, RouteRules
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Processor-wide rules (route-specific ones live in RouteRules)."""
+    """Processor-wide rules (route-specific ones live in RouteRules); defaults from ProcessorRules."""
 
-    hysteresis_m: float = 15.0
-    return_min_fixes: int = 2
-    overspeed_hysteresis_kmh: float = 5.0
-    default_silent_after_s: float = 120.0
-    allowed_lateness_ms: int = 10_000
+    hysteresis_m: float = ProcessorRules.hysteresis_m
+    return_min_fixes: int = ProcessorRules.return_min_fixes
+    overspeed_hysteresis_kmh: float = ProcessorRules.overspeed_hysteresis_kmh
+    default_silent_after_s: float = ProcessorRules.default_silent_after_s
+    allowed_lateness_ms: int = ProcessorRules.lateness_ms
     max_pending_per_vehicle: int = 1000
 
 

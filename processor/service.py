@@ -18,7 +18,8 @@ import orjson
 from prometheus_client import Counter, Gauge, start_http_server
 
 from fleetfence.errors import FleetFenceError
-from processor.job import ProcessorSettings, start_query
+from processor.job import start_query
+from processor.settings import ProcessorSettings
 from processor.spark import build_session
 
 logger = logging.getLogger(__name__)

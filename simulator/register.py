@@ -120,7 +120,7 @@ def register_direct(
     progress: Callable[[int], None] | None = None,
 ) -> RegistrationReport:
     from vehicle_master.relay import OutboxRelay
-    from vehicle_master.settings import master_settings
+    from vehicle_master.settings import MasterSettings
     from vehicle_master.store import MasterKeys, VehicleMaster
 
     t0 = time.monotonic()
@@ -139,7 +139,7 @@ def register_direct(
         vm.close()
     if changed:
         # Whoever holds the relay lease (ours, or the admin API's) acks only after Kafka has it.
-        relay = OutboxRelay(master_settings(settings)).start() if run_relay else None
+        relay = OutboxRelay(MasterSettings.from_base(settings)).start() if run_relay else None
         r = redis.Redis.from_url(settings.redis_dsn)
         acked_key = MasterKeys(settings.redis_prefix).relay_acked
         deadline = time.monotonic() + timeout_s

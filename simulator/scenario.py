@@ -33,7 +33,7 @@ import shapely
 
 from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
-from fleetfence.rules import RouteRules
+from fleetfence.rules import ProcessorRules, RouteRules
 from simulator.geo import FloatArray, IntArray, clip_radius
 from simulator.routes import DEFAULT_BBOX, EDGE_MARGIN_M, CityMap, build_city, excursion_safe, place_zones
 from simulator.truth import TruthAlert, vehicle_id
@@ -56,16 +56,6 @@ def simulated_rules(**overrides: Any) -> RouteRules:
     corridor at 50 km/h, the rest at `RouteRules`' own defaults unless overridden."""
     rules = RouteRules(SIMULATED_CORRIDOR_WIDTH_M, SIMULATED_SPEED_LIMIT_KMH)
     return replace(rules, **overrides) if overrides else rules
-
-
-@dataclass(frozen=True)
-class ProcessorAssumptions:
-    """Processor-wide rules the truth assumes (FLEETFENCE_PROCESSOR_* of the processor)."""
-
-    hysteresis_m: float = 15.0
-    return_min_fixes: int = 2
-    overspeed_hysteresis_kmh: float = 5.0
-    lateness_ms: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -95,7 +85,7 @@ class ScenarioConfig:
     bbox: tuple[float, float, float, float] = DEFAULT_BBOX
     routes_geojson: Any | None = None
     rules: RouteRules = field(default_factory=simulated_rules)
-    assume: ProcessorAssumptions = field(default_factory=ProcessorAssumptions)
+    assume: ProcessorRules = field(default_factory=ProcessorRules)
     inject: Injections = field(default_factory=Injections)
     start_ms: int = 1_795_000_000_000
     vehicle_prefix: str = "sim-"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from fleetfence.rules import ProcessorRules
 from fleetfence.settings import Settings
-from simulator.scenario import ProcessorAssumptions
 
 
 class SimulatorSettings(Settings):
@@ -21,22 +21,16 @@ class SimulatorSettings(Settings):
     simulator_mqtt_inflight: int = Field(
         default=1000, ge=1, le=65535, description="MQTT QoS 1 in-flight window."
     )
-    processor_lateness_s: float = Field(default=10.0, ge=0)
-    processor_hysteresis_m: float = Field(default=15.0, ge=0)
-    processor_return_min_fixes: int = Field(default=2, ge=1)
-    processor_overspeed_hysteresis_kmh: float = Field(default=5.0, ge=0)
+    # The processor's own variables (FLEETFENCE_PROCESSOR_*): the truth must assume what it applies.
+    processor_lateness_s: float = Field(default=ProcessorRules.lateness_ms / 1000, ge=0)
+    processor_hysteresis_m: float = Field(default=ProcessorRules.hysteresis_m, ge=0)
+    processor_return_min_fixes: int = Field(default=ProcessorRules.return_min_fixes, ge=1)
+    processor_overspeed_hysteresis_kmh: float = Field(default=ProcessorRules.overspeed_hysteresis_kmh, ge=0)
 
-    def assumptions(self) -> ProcessorAssumptions:
-        return ProcessorAssumptions(
+    def assumptions(self) -> ProcessorRules:
+        return ProcessorRules(
             hysteresis_m=self.processor_hysteresis_m,
             return_min_fixes=self.processor_return_min_fixes,
             overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
             lateness_ms=int(self.processor_lateness_s * 1000),
         )
-
-
-def simulator_settings(base: Settings, **overrides: object) -> SimulatorSettings:
-    """SimulatorSettings from already-built settings (tests build those from fixtures)."""
-    values = {name: getattr(base, name) for name in Settings.model_fields}
-    values.update(overrides)
-    return SimulatorSettings.model_validate(values)

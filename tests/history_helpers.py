@@ -141,13 +141,13 @@ def _record(spark: Any, infra_settings: Settings, base: Path) -> Recording:
     alerts = committed_alerts(settings)
     accepted = sum(m.get("accepted", 0) for m in markers(settings))
 
-    hs = HistorySettings.from_settings(
+    hs = HistorySettings.from_base(
         settings,
-        archive_path=str(base / "archive"),
-        checkpoint=str(base / "checkpoints" / "archive"),
-        buckets=4,
-        max_events_per_batch=150,
-        trigger_ms=100,
+        history_archive_path=str(base / "archive"),
+        history_checkpoint=str(base / "checkpoints" / "archive"),
+        history_buckets=4,
+        history_max_events_per_batch=150,
+        history_trigger_ms=100,
     )
     root = Path(hs.archive_root)
     a = start_archive(spark, hs, query_name=f"archive-{settings.topic_prefix}")

@@ -23,7 +23,7 @@ from fleetfence.testing import wait_for as wait_until_true
 from processor.columns import empty_states
 from processor.domain import EngineConfig
 from processor.engine import process_bucket
-from processor.job import ProcessorSettings
+from processor.settings import ProcessorSettings
 from processor.master import Catalog, MasterState
 
 T0 = 1_795_000_000_000

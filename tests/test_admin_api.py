@@ -27,7 +27,7 @@ from admin_api.security import (
     names_key,
     revoke_api_key,
 )
-from admin_api.settings import ApiSettings, api_settings
+from admin_api.settings import ApiSettings
 from fleetfence.contracts import alert_id
 from fleetfence.infra import free_port
 from fleetfence.settings import Settings
@@ -51,7 +51,7 @@ class Api:
 
 @pytest.fixture
 def api_conf(settings: Settings) -> ApiSettings:
-    return api_settings(
+    return ApiSettings.from_base(
         settings,
         redis_prefix=f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:",
         api_run_relay=False,

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from admin_api.app import create_app
 from admin_api.schemas import ROUTE_EXAMPLE
-from admin_api.settings import ApiSettings, api_settings
+from admin_api.settings import ApiSettings
 from fleetfence.settings import Settings
 
 pytestmark = pytest.mark.services
@@ -56,7 +56,7 @@ def cli(settings: Settings, tmp_path: Path) -> Iterator[Cli]:
     the caller's FLEETFENCE_* (which could name shared services)."""
     prefix = f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:"
     # Revocation is checked right after `revoke`: no verified-key cache to wait out.
-    conf = api_settings(settings, redis_prefix=prefix, api_run_relay=False, api_key_cache_s=0)
+    conf = ApiSettings.from_base(settings, redis_prefix=prefix, api_run_relay=False, api_key_cache_s=0)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETFENCE_")}
     env |= {"FLEETFENCE_REDIS_URL": conf.redis_dsn, "FLEETFENCE_REDIS_PREFIX": prefix, "COLUMNS": "200"}
     r = redis.Redis.from_url(conf.redis_dsn)

@@ -338,16 +338,16 @@ def test_baseline_agrees_on_random_tracks(tmp_path: Path) -> None:
 def api(archive: Path, infra_settings: Any) -> Iterator[tuple[TestClient, dict[str, str]]]:
     from admin_api.app import create_app
     from admin_api.security import Role, create_api_key
-    from admin_api.settings import api_settings
+    from admin_api.settings import ApiSettings
 
-    conf = api_settings(
+    conf = ApiSettings.from_base(
         infra_settings, redis_prefix=f"rep{uuid.uuid4().hex[:8]}:", api_run_relay=False, api_key_cache_s=0
     )
     r = redis.Redis.from_url(conf.redis_dsn)
     viewer = create_api_key(r, conf.redis_prefix, "viewer", Role.VIEWER)
     app = create_app(conf)
-    app.state.history_settings = HistorySettings.from_settings(
-        conf, archive_path=str(archive), buckets=BUCKETS
+    app.state.history_settings = HistorySettings.from_base(
+        conf, history_archive_path=str(archive), history_buckets=BUCKETS
     )
     with TestClient(app) as client:
         yield client, {"X-API-Key": viewer}

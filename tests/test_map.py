@@ -40,7 +40,7 @@ from admin_api.app import create_app
 from admin_api.routers.web import NPM_HINT, STATIC_DIR, content_security_policy, missing_vendor_files
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
 from admin_api.security import Role, create_api_key, digest, revoke_api_key, stream_token_key
-from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings, api_settings
+from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics
 from alerts.model import parse_alert
@@ -340,7 +340,7 @@ def test_page_is_self_contained_and_served_at_root_and_map(server: Server) -> No
 def test_missing_vendor_dir_is_a_clear_503_and_a_startup_warning(
     settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    conf = api_settings(settings, api_run_relay=False, api_web_vendor_dir=tmp_path / "node_modules")
+    conf = ApiSettings.from_base(settings, api_run_relay=False, api_web_vendor_dir=tmp_path / "node_modules")
     with caplog.at_level(logging.WARNING, logger="admin_api.routers.web"):
         app = create_app(conf)
     assert any(NPM_HINT in r.getMessage() for r in caplog.records)
@@ -357,7 +357,7 @@ def test_missing_vendor_dir_is_a_clear_503_and_a_startup_warning(
 
 def test_tile_url_setting(settings: Settings) -> None:
     osm = "https://tile.openstreetmap.org/{z}/{x}/{y}.png"
-    conf = api_settings(settings, api_run_relay=False, api_map_tile_url=osm)
+    conf = ApiSettings.from_base(settings, api_run_relay=False, api_map_tile_url=osm)
     with TestClient(create_app(conf)) as c:
         cfg = c.get("/map/config.json").json()
         assert cfg["tile_url"] == osm

@@ -20,7 +20,7 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from simulator.publish import SimulationOptions, run_simulation
 from simulator.scenario import Injections, Scenario, ScenarioConfig, simulated_rules
-from simulator.settings import SimulatorSettings, simulator_settings
+from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from tests.processor_helpers import read_all, wait_for
 from vehicle_master.store import VehicleMaster
@@ -33,7 +33,7 @@ FAULTS = Injections(
 
 
 def sim_settings(settings: Settings) -> SimulatorSettings:
-    return simulator_settings(settings, redis_prefix=f"{settings.topic_prefix}ff:")
+    return SimulatorSettings.from_base(settings, redis_prefix=f"{settings.topic_prefix}ff:")
 
 
 def config(prefix: str, **kw: Any) -> ScenarioConfig:

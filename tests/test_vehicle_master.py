@@ -33,7 +33,7 @@ from vehicle_master.errors import (
 from vehicle_master.geometry import validate_line_string, validate_zone_geometry
 from vehicle_master.models import AssignmentData, RouteData, VehicleData, ZoneData
 from vehicle_master.relay import OutboxRelay
-from vehicle_master.settings import MasterSettings, master_settings
+from vehicle_master.settings import MasterSettings
 from vehicle_master.store import VehicleMaster, parse_entity
 
 pytestmark = pytest.mark.services
@@ -130,7 +130,7 @@ def test_model_rules_reject_bad_numbers_and_windows() -> None:
 
 @pytest.fixture
 def msettings(settings: Settings) -> MasterSettings:
-    return master_settings(
+    return MasterSettings.from_base(
         settings, redis_prefix=f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:", relay_block_ms=100
     )
 

@@ -14,7 +14,7 @@ from fleetfence.contracts import alert_id
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
 from simulator.commands import verify
-from simulator.settings import simulator_settings
+from simulator.settings import SimulatorSettings
 from simulator.truth import RunHeader, TruthAlert, TruthWriter
 from simulator.verify import ObservedAlert, compare, in_scope, read_alerts
 
@@ -126,7 +126,7 @@ def test_verify_reads_only_committed_alerts_and_gates(settings: Settings, tmp_pa
     w = TruthWriter(path)
     w.write(truth)
     w.close(RunHeader("sim-", 2, 0, 10_000, 1000, 1, False, {}))
-    s = simulator_settings(settings)
+    s = SimulatorSettings.from_base(settings)
     assert (
         verify(
             settings=s,

@@ -12,10 +12,11 @@ import pytest
 from fleetfence.contracts import utc_now_ms
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from processor.job import ProcessorSettings, start_query
+from processor.job import start_query
+from processor.settings import ProcessorSettings
 from simulator.publish import SimulationOptions, run_simulation
 from simulator.scenario import Injections, ScenarioConfig, simulated_rules
-from simulator.settings import simulator_settings
+from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts
 from tests.processor_helpers import wait_for
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.services]
 def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     redis_prefix = f"{settings.topic_prefix}ff:"
-    sim = simulator_settings(settings, redis_prefix=redis_prefix)
+    sim = SimulatorSettings.from_base(settings, redis_prefix=redis_prefix)
     cfg = ScenarioConfig(
         vehicles=12,
         duration_s=240,

@@ -19,10 +19,3 @@ class MasterSettings(Settings):
     relay_block_ms: int = Field(
         default=1_000, ge=10, le=60_000, description="How long an idle relay waits on the outbox stream."
     )
-
-
-def master_settings(base: Settings, **overrides: object) -> MasterSettings:
-    """MasterSettings from already-built base settings (tests build those from fixtures)."""
-    values = {name: getattr(base, name) for name in Settings.model_fields}
-    values.update(overrides)
-    return MasterSettings.model_validate(values)

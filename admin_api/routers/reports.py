@@ -147,7 +147,7 @@ def _history(request: Request) -> HistorySettings:
     """History settings derived once from the app's settings (plus FLEETFENCE_HISTORY_*)."""
     hs: HistorySettings | None = getattr(request.app.state, "history_settings", None)
     if hs is None:
-        hs = HistorySettings.from_settings(request.app.state.settings)
+        hs = HistorySettings.from_base(request.app.state.settings)
         request.app.state.history_settings = hs
     return hs
 
@@ -165,7 +165,7 @@ def _run(
     request: Request, name: str, rng: ReportRange, resolution: int = DEFAULT_H3_RESOLUTION
 ) -> pd.DataFrame:
     hs = _history(request)
-    return run_report(name, hs.archive_root, rng, hs.buckets, resolution=resolution)
+    return run_report(name, hs.archive_root, rng, hs.history_buckets, resolution=resolution)
 
 
 def _envelope(name: str, rng: ReportRange, df: pd.DataFrame, **extra: Any) -> Response:

@@ -1,0 +1,51 @@
+"""The processor's settings (`FLEETFENCE_PROCESSOR_*`) on top of the shared ones."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fleetfence.rules import ProcessorRules
+from fleetfence.settings import Settings
+from processor.domain import EngineConfig
+
+
+class ProcessorSettings(Settings):
+    """`FLEETFENCE_PROCESSOR_*` knobs on top of the shared settings."""
+
+    processor_checkpoint: str | None = Field(
+        default=None,
+        description="Checkpoint location (any Hadoop path); default <state_dir>/checkpoints/processor",
+    )
+    processor_buckets: int = Field(default=16, ge=1, le=4096, description="State buckets (vehicle groups).")
+    # A micro-batch has ~1 s of fixed cost here (docs/architecture.md), so the cap decides how fast a
+    # backlog drains: 44k events/s at 100k, ~60k at 200k, ~113k at 400k (docs/benchmarks.md). Live
+    # batches hold what arrived during the previous one and stay far below it.
+    processor_max_events_per_batch: int = Field(default=400_000, ge=0, description="0 = no cap.")
+    processor_trigger_ms: int = Field(default=200, ge=0)
+    processor_lateness_s: float = Field(
+        default=ProcessorRules.lateness_ms / 1000, ge=0, description="Allowed event-time lateness."
+    )
+    processor_hysteresis_m: float = Field(default=ProcessorRules.hysteresis_m, ge=0)
+    processor_return_min_fixes: int = Field(default=ProcessorRules.return_min_fixes, ge=1)
+    processor_overspeed_hysteresis_kmh: float = Field(default=ProcessorRules.overspeed_hysteresis_kmh, ge=0)
+    processor_silent_after_s: float = Field(
+        default=ProcessorRules.default_silent_after_s, gt=0, description="Default when a route has none."
+    )
+    processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
+    processor_shuffle_partitions: int | None = Field(default=None, ge=1)
+    processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
+    processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
+    processor_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus port, 0 = off.")
+
+    @property
+    def checkpoint(self) -> str:
+        return self.processor_checkpoint or str((self.state_dir / "checkpoints" / "processor").resolve())
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            hysteresis_m=self.processor_hysteresis_m,
+            return_min_fixes=self.processor_return_min_fixes,
+            overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
+            default_silent_after_s=self.processor_silent_after_s,
+            allowed_lateness_ms=int(self.processor_lateness_s * 1000),
+        )

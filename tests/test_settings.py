@@ -1,0 +1,56 @@
+"""The one settings convention: a component's settings derive from shared ones with `from_base`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetfence.settings import Settings
+from gateway.settings import GatewaySettings
+from history.settings import HistorySettings
+
+
+def test_from_base_takes_shared_fields_from_base_own_from_env_then_overrides(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLEETFENCE_TOPIC_PREFIX", "from-env.")
+    monkeypatch.setenv("FLEETFENCE_HISTORY_BUCKETS", "7")
+    monkeypatch.setenv("FLEETFENCE_HISTORY_RETENTION_DAYS", "30")
+    base = Settings(topic_prefix="fixture.", state_dir=tmp_path)
+    hs = HistorySettings.from_base(base, history_retention_days=5)
+    assert hs.topic_prefix == "fixture."  # shared: from base, not from the environment
+    assert hs.state_dir == tmp_path
+    assert hs.history_buckets == 7  # own: from the environment
+    assert hs.history_retention_days == 5  # overrides win
+    assert hs.archive_root == str((tmp_path / "archive").resolve())
+
+
+def test_every_component_field_is_named_for_its_component() -> None:
+    """One prefix scheme: FLEETFENCE_<FIELD>, where a component's own field starts with its name."""
+    from admin_api.settings import ApiSettings
+    from alerts.config import AlertsSettings
+    from processor.settings import ProcessorSettings
+    from simulator.settings import SimulatorSettings
+    from vehicle_master.settings import MasterSettings
+
+    prefixes: dict[type[Settings], tuple[str, ...]] = {
+        ApiSettings: ("api_", "relay_"),  # the API runs the vehicle master's outbox relay
+        AlertsSettings: ("alerts_",),
+        GatewaySettings: ("gateway_",),
+        HistorySettings: ("history_",),
+        MasterSettings: ("relay_",),
+        ProcessorSettings: ("processor_",),
+        SimulatorSettings: ("simulator_", "processor_"),  # the truth assumes the processor's rules
+    }
+    for cls, allowed in prefixes.items():
+        own = [f for f in cls.model_fields if f not in Settings.model_fields]
+        assert own, cls
+        assert [f for f in own if not f.startswith(allowed)] == [], cls
+        assert cls.model_config.get("env_prefix") == "FLEETFENCE_", cls
+
+
+def test_bad_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETFENCE_HISTORY_BUCKETS", "0")
+    with pytest.raises(ValueError, match="history_buckets"):
+        HistorySettings.from_base(Settings())
