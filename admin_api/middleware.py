@@ -9,6 +9,8 @@ import orjson
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from admin_api.errors import BodyTooLargeError
+
 REQUESTS = Counter("fleetfence_api_requests_total", "Admin API requests", ["method", "route", "status"])
 LATENCY = Histogram(
     "fleetfence_api_request_duration_seconds",
@@ -16,10 +18,6 @@ LATENCY = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
-
-
-class BodyTooLargeError(Exception):
-    pass
 
 
 class BodyLimitMiddleware:

@@ -18,8 +18,8 @@ from enum import StrEnum
 import redis
 import redis.asyncio as aioredis
 
+from admin_api.errors import ApiKeyError
 from fleetfence.contracts import VEHICLE_ID_RE, utc_now_ms
-from fleetfence.errors import FleetFenceError
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +29,6 @@ KEY_PREFIX = "ffk_"
 class Role(StrEnum):
     VIEWER = "viewer"
     ADMIN = "admin"
-
-
-class ApiKeyError(FleetFenceError):
-    """An API key could not be created or revoked."""
 
 
 def digest(key: str) -> str:

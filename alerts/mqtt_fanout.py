@@ -16,15 +16,12 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from alerts.config import MqttConfig
+from alerts.errors import MqttPublishError
 from alerts.model import Alert
 from alerts.runner import Context, Outcome
-from fleetfence.errors import FleetFenceError, ServiceUnavailableError
+from fleetfence.errors import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
-
-
-class MqttPublishError(FleetFenceError):
-    """The broker did not acknowledge a publish in time (the runner retries the alert)."""
 
 
 class MqttFanoutSink:

@@ -42,10 +42,11 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from alerts.errors import StopRequestedError
 from alerts.metrics import ReceiverMetrics
 from alerts.model import INVALID_ALERT, Alert, AlertFilter, parse_alert
 from fleetfence.contracts import utc_now_ms
-from fleetfence.errors import ContractError, FleetFenceError, KafkaDeliveryError
+from fleetfence.errors import ContractError, KafkaDeliveryError, LifecycleError
 from fleetfence.kafka import consumer_config
 
 logger = logging.getLogger(__name__)
@@ -58,10 +59,6 @@ class Outcome(Enum):
     DELIVERED = "delivered"
     DUPLICATE = "duplicate"
     DEAD_LETTERED = "dead_lettered"
-
-
-class StopRequestedError(FleetFenceError):
-    """The runner is stopping while a sink waits (e.g. in a retry back-off): nothing was recorded."""
 
 
 class Dedup(Protocol):
@@ -235,7 +232,7 @@ class ReceiverRunner:
 
     def start(self) -> ReceiverRunner:
         if self._thread is not None:
-            raise RuntimeError(f"receiver {self.name} already started")
+            raise LifecycleError(f"receiver {self.name} already started")
         self._thread = threading.Thread(target=self._main, name=f"alerts-{self.name}", daemon=True)
         self._thread.start()
         return self

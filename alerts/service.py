@@ -22,6 +22,7 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertsSettings, HistoryConfig, MqttConfig, ReceiversFile, WebhookConfig
+from alerts.errors import ReceiverCrashedError
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
 from alerts.model import AlertFilter
@@ -29,7 +30,7 @@ from alerts.mqtt_fanout import MqttFanoutSink
 from alerts.runner import DeadLetters, MemoryDedup, ReceiverRunner, RedisDedup, RunnerOptions, Sink
 from alerts.tail import TailSink
 from alerts.webhook import WebhookSink
-from fleetfence.errors import FleetFenceError, ServiceUnavailableError
+from fleetfence.errors import ServiceUnavailableError
 from fleetfence.kafka import producer_config
 
 logger = logging.getLogger(__name__)
@@ -142,10 +143,6 @@ class AlertService:
     def wait_assigned(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         return all(r.wait_assigned(max(0.0, deadline - time.monotonic())) for r in self.runners.values())
-
-
-class ReceiverCrashedError(FleetFenceError):
-    """A receiver thread died; the process exits non-zero so a supervisor restarts it."""
 
 
 @contextmanager

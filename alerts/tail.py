@@ -14,8 +14,9 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
+from alerts.errors import StopRequestedError
 from alerts.model import TYPE_STYLES, Alert, summary
-from alerts.runner import Context, Outcome, StopRequestedError
+from alerts.runner import Context, Outcome
 
 
 def render(alert: Alert) -> Text:

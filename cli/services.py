@@ -71,7 +71,8 @@ def apikey_create(
     """Create an API key and print it once (only its hash is stored)."""
     import redis
 
-    from admin_api.security import ApiKeyError, Role, create_api_key
+    from admin_api.errors import ApiKeyError
+    from admin_api.security import Role, create_api_key
 
     s = settings_from_env()
     if role not in {r.value for r in Role}:

@@ -41,3 +41,12 @@ class ContractError(FleetFenceError):
 
 class KafkaDeliveryError(FleetFenceError):
     """Kafka refused or failed to deliver a record, or a transaction could not commit."""
+
+
+class LifecycleError(FleetFenceError, RuntimeError):
+    """An object was used out of its life cycle (started twice): a bug in the caller."""
+
+
+class WaitTimeoutError(FleetFenceError, AssertionError):
+    """A condition did not become true before its deadline (`fleetfence.testing.wait_for`; an
+    AssertionError, so a test fails on it rather than erroring)."""

@@ -14,16 +14,11 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from fleetfence.errors import FleetFenceError
+from fleetfence.errors import WaitTimeoutError
 from fleetfence.kafka import consumer_config
 from fleetfence.settings import Settings
 
 T = TypeVar("T")
-
-
-class WaitTimeoutError(FleetFenceError, AssertionError):
-    """A condition did not become true before its deadline (an AssertionError, so a test fails
-    on it rather than erroring)."""
 
 
 def wait_for(

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from prometheus_client import Counter, start_http_server
 from pyarrow import fs as pafs
 
-from fleetfence.errors import FleetFenceError
+from history.errors import ArchiveError
 from history.schema import (
     ALERTS,
     MASTER,
@@ -74,10 +74,6 @@ SORT_COLUMNS = {
     ALERTS: [("alert_id", "ascending")],
     MASTER: [("kafka_offset", "ascending")],
 }
-
-
-class ArchiveError(FleetFenceError):
-    """The archive query failed or the archive is not in the expected layout."""
 
 
 def filesystem(uri: str) -> tuple[Any, str]:

@@ -42,8 +42,8 @@ import shapely
 from shapely.geometry import shape
 
 from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
-from fleetfence.errors import FleetFenceError
 from fleetfence.geo import EARTH_RADIUS_M
+from history.errors import ReportError
 from history.schema import MASTER, MASTER_SCHEMA, TELEMETRY, TELEMETRY_SCHEMA, bucket_of
 
 logger = logging.getLogger(__name__)
@@ -86,10 +86,6 @@ SPEEDING_COLUMNS = [
     "max_kmh",
 ]
 HEATMAP_COLUMNS = ["h3_cell", "off_route_fixes"]
-
-
-class ReportError(FleetFenceError):
-    """A report request is invalid (bad range, bad vehicle id, unknown report)."""
 
 
 @dataclass(frozen=True)

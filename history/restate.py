@@ -28,8 +28,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from fleetfence.errors import FleetFenceError
 from history.archive import filesystem
+from history.errors import RestateError
 from history.schema import ALERTS, MASTER, SCHEMAS, TELEMETRY, date_of_ms, to_table, write_geoparquet
 from processor.columns import Fixes, empty_states
 from processor.domain import EngineConfig, RawFix
@@ -56,10 +56,6 @@ COMPARED = [
     "lon",
     "details",
 ]
-
-
-class RestateError(FleetFenceError):
-    """The restatement request cannot be served (bad window, unknown route version, bad GeoJSON)."""
 
 
 @dataclass

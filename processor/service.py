@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from prometheus_client import Counter, Gauge, start_http_server
 
-from fleetfence.errors import FleetFenceError
+from processor.errors import ProcessorError
 from processor.job import start_query
 from processor.settings import ProcessorSettings
 from processor.spark import build_session
@@ -31,10 +31,6 @@ INPUT_RATE = Gauge(
     "fleetfence_processor_input_rows_per_s", "Telemetry records per second in the last micro-batch"
 )
 STATE_ROWS = Gauge("fleetfence_processor_state_rows", "Rows in the state store (buckets x variables)")
-
-
-class ProcessorError(FleetFenceError):
-    """The streaming query failed."""
 
 
 def _observe(progress: dict[str, Any], telemetry_topic: str) -> None:

@@ -20,16 +20,12 @@ from types import TracebackType
 import pyspark
 
 from fleetfence import infra
-from fleetfence.errors import FleetFenceError
+from processor.errors import StandaloneError
 
 logger = logging.getLogger(__name__)
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
-
-
-class StandaloneError(FleetFenceError):
-    """A standalone master or worker did not come up."""
 
 
 def _wait_log(path: Path, needle: str, timeout_s: float, what: str, proc: subprocess.Popen[bytes]) -> None:

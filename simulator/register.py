@@ -21,18 +21,15 @@ from typing import Any
 import redis
 from confluent_kafka import TopicPartition
 
-from fleetfence.errors import FleetFenceError, InfraError
+from fleetfence.errors import InfraError
 from fleetfence.settings import Settings
+from simulator.errors import RegistrationError
 from simulator.scenario import Scenario
 from vehicle_master.models import AssignmentData, EntityData, RouteData, VehicleData, ZoneData
 
 logger = logging.getLogger(__name__)
 
 IMPORT_CHUNK = 5000  # features per /import request: well under the API's 5 MiB body limit
-
-
-class RegistrationError(FleetFenceError):
-    """The vehicle master or the admin API refused the scenario's entities."""
 
 
 @dataclass

@@ -22,9 +22,10 @@ import orjson
 import pytest
 
 from fleetfence import infra
+from fleetfence.errors import WaitTimeoutError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from fleetfence.testing import WaitTimeoutError, wait_for
+from fleetfence.testing import wait_for
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import (

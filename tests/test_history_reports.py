@@ -34,7 +34,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from history.reports import ReportError, SedonaReports, report_range
+from history.errors import ReportError
+from history.reports import SedonaReports, report_range
 from history.reports_baseline import BaselineReports
 from history.settings import HistorySettings
 from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned

@@ -25,7 +25,7 @@ import redis
 from confluent_kafka import KafkaError, Message, Producer
 from prometheus_client import Counter
 
-from fleetfence.errors import KafkaDeliveryError
+from fleetfence.errors import KafkaDeliveryError, LifecycleError
 from fleetfence.kafka import producer_config
 from vehicle_master.settings import MasterSettings
 from vehicle_master.store import MasterKeys
@@ -147,7 +147,7 @@ class OutboxRelay:
     def start(self) -> OutboxRelay:
         """Run in a background thread (the API process and end-to-end tests use this)."""
         if self._thread is not None:
-            raise RuntimeError("relay already started")
+            raise LifecycleError("relay already started")
         self._stop.clear()
         self._thread = threading.Thread(target=self.run_forever, name="outbox-relay", daemon=True)
         self._thread.start()

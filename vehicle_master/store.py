@@ -39,6 +39,7 @@ from fleetfence.settings import Settings
 from vehicle_master.errors import (
     AlreadyExistsError,
     InUseError,
+    MasterError,
     MasterValidationError,
     NotFoundError,
     UnknownReferenceError,
@@ -224,7 +225,7 @@ def interpret(entity: MasterEntity, eid: str, raw: list[Any], deleting: bool) ->
         raise UnknownReferenceError(f"{what}: the assigned route does not exist", ("route_id",))
     if code == "in_use":
         raise InUseError(f"{what} is still referenced by an assignment; delete the assignment first")
-    raise RuntimeError(f"unexpected reply from the write script: {raw!r}")  # a bug, not bad input
+    raise MasterError(f"unexpected reply from the write script: {raw!r}")  # a bug, not bad input
 
 
 def prepare(data: EntityData) -> tuple[MasterEntity, str, str, tuple[str, str]]:

@@ -17,9 +17,9 @@ from admin_api.deps import Viewer
 from admin_api.responses import GeoJsonResponse, OrjsonResponse
 from admin_api.schemas import INVALID, UNAUTHORIZED
 from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
+from history.errors import ReportError
 from history.reports import (
     DEFAULT_H3_RESOLUTION,
-    ReportError,
     ReportRange,
     heatmap_geojson,
     records,

@@ -1,0 +1,17 @@
+"""Errors of the streaming processor.
+
+Each derives from `FleetFenceError` (fleetfence.errors), the one root, so a CLI or a service loop
+tells an explained failure from a bug the same way for every package.
+"""
+
+from __future__ import annotations
+
+from fleetfence.errors import FleetFenceError
+
+
+class ProcessorError(FleetFenceError):
+    """The streaming query failed."""
+
+
+class StandaloneError(ProcessorError):
+    """A standalone master or worker did not come up."""
