@@ -7,14 +7,10 @@ and one runner thread per receiver. Tests, the demo and `fleetfence alerts run` 
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 from typing import TextIO
 
 import redis
@@ -32,6 +28,7 @@ from alerts.tail import TailSink
 from alerts.webhook import WebhookSink
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.kafka import producer_config
+from fleetfence.service import run_until_stopped, stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -145,20 +142,6 @@ class AlertService:
         return all(r.wait_assigned(max(0.0, deadline - time.monotonic())) for r in self.runners.values())
 
 
-@contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        logger.info("signal received, stopping signal=%s", signal.Signals(signum).name)
-        stop.set()
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
 def run_forever(settings: AlertsSettings, config: ReceiversFile) -> None:
     """`fleetfence alerts run`: run until SIGINT/SIGTERM; raise if a receiver crashes."""
     if settings.alerts_metrics_port is not None:
@@ -166,16 +149,20 @@ def run_forever(settings: AlertsSettings, config: ReceiversFile) -> None:
 
         start_http_server(settings.alerts_metrics_port, addr=settings.host)
         logger.info("metrics endpoint port=%s", settings.alerts_metrics_port)
-    stop = threading.Event()
     service = AlertService(settings, config)
-    with _stop_on_signals(stop):
+
+    def healthy(stop: threading.Event) -> bool:
+        stop.wait(0.5)
+        failed = service.failed()
+        if failed:
+            name, exc = next(iter(failed.items()))
+            raise ReceiverCrashedError(f"receiver {name!r} crashed: {exc}")
+        return False
+
+    with stop_on_signals() as stop:
         service.start()
         try:
-            while not stop.wait(0.5):
-                failed = service.failed()
-                if failed:
-                    name, exc = next(iter(failed.items()))
-                    raise ReceiverCrashedError(f"receiver {name!r} crashed: {exc}")
+            run_until_stopped(lambda: healthy(stop), stop)
         finally:
             service.stop()
             for name, snap in service.snapshots().items():
@@ -212,13 +199,15 @@ def tail(
         metrics=ReceiverMetrics("tail", CollectorRegistry()),
         dead_letters=None,
     )
-    stop = threading.Event()
-    with _stop_on_signals(stop):
+
+    def ended(stop: threading.Event) -> bool:
+        stop.wait(0.2)
+        return sink.done.is_set() or not runner.running
+
+    with stop_on_signals() as stop:
         runner.start()
         try:
-            while not stop.wait(0.2):
-                if sink.done.is_set() or not runner.running:
-                    break
+            run_until_stopped(lambda: ended(stop), stop)
         finally:
             runner.stop()
     if runner.error is not None:

@@ -44,20 +44,16 @@ def api(
 @friendly_errors
 def master_relay() -> None:
     """Publish the vehicle master's outbox to fleet.master until SIGTERM/SIGINT."""
-    import signal
-    import threading
-
+    from fleetfence.service import stop_on_signals
     from vehicle_master.relay import OutboxRelay
     from vehicle_master.settings import MasterSettings
 
     s = MasterSettings()
     configure_logging(s.log_level, s.log_json)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_a: stop.set())
     relay = OutboxRelay(s)
     try:
-        relay.run_forever(stop)
+        with stop_on_signals() as stop:
+            relay.run_forever(stop)
     finally:
         relay.stop()
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-from types import FrameType
+import threading
 
 from fleetfence.errors import FleetFenceError
 from fleetfence.logs import configure_logging
+from fleetfence.service import run_until_stopped, stop_on_signals
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 
@@ -16,19 +16,20 @@ logger = logging.getLogger(__name__)
 
 
 def run(settings: GatewaySettings) -> bool:
-    """Run until a signal; True when every in-flight message was confirmed and acknowledged."""
+    """Run until a signal, then drain; True when every in-flight message was confirmed and
+    acknowledged."""
     gw = Gateway(settings)
 
-    def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        logger.info("signal received signal=%s: draining", signal.Signals(signum).name)
-        gw.request_stop()
+    def exited() -> bool:
+        gw.wait(0.5)
+        return not gw.running
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    gw.start()
-    while not gw.wait(0.5):
-        if gw._thread is None or not gw._thread.is_alive():
-            break
+    with stop_on_signals() as stop:
+        gw.start()
+        if not run_until_stopped(exited, stop):
+            logger.info("draining")
+            gw.request_stop()
+            run_until_stopped(exited, threading.Event())
     return gw.wait(0)
 
 

@@ -143,6 +143,11 @@ class Gateway:
             self.metrics_port,
         )
 
+    @property
+    def running(self) -> bool:
+        """The I/O thread is alive (started and not yet exited)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def request_stop(self) -> None:
         """Ask the I/O thread to drain and exit (safe from a signal handler)."""
         self._stop.set()

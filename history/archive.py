@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ import pyarrow.parquet as pq
 from prometheus_client import Counter, start_http_server
 from pyarrow import fs as pafs
 
+from fleetfence.service import run_until_stopped, stop_on_signals
 from history.errors import ArchiveError
 from history.schema import (
     ALERTS,
@@ -362,21 +362,20 @@ def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence
 
 def run_archive(hs: HistorySettings, stop: threading.Event | None = None) -> None:
     """`fleetfence archive run`: the query until SIGTERM/SIGINT (the current batch completes)."""
+    with stop_on_signals(stop) as event:
+        _run_archive(hs, event)
+
+
+def _run_archive(hs: HistorySettings, stop: threading.Event) -> None:
     from processor.spark import build_session
 
-    stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
     if hs.history_metrics_port:
         start_http_server(hs.history_metrics_port, addr=hs.host)
     master = hs.history_spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
     spark = build_session(app_name="fleetfence-archive", master=master)
     q = start_archive(spark, hs)
     try:
-        while not stop.is_set():
-            if q.awaitTermination(0.5):
-                break
+        run_until_stopped(lambda: bool(q.awaitTermination(0.5)), stop)
         exc = q.exception()
         if exc is not None:
             raise ArchiveError(f"archive query failed: {exc}")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 from typing import Any
 
 import orjson
 from prometheus_client import Counter, Gauge, start_http_server
 
+from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import ProcessorError
 from processor.job import start_query
 from processor.settings import ProcessorSettings
@@ -53,10 +53,11 @@ def _observe(progress: dict[str, Any], telemetry_topic: str) -> None:
 
 def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> None:
     """Start Spark and the query; block until `stop` is set, a signal arrives, or the query fails."""
-    stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+    with stop_on_signals(stop) as event:
+        _run(s, event)
+
+
+def _run(s: ProcessorSettings, stop: threading.Event) -> None:
     if s.processor_metrics_port:
         start_http_server(s.processor_metrics_port, addr=s.host)
     # Under spark-submit (its scripts export SPARK_ENV_LOADED) keep the master it configured.
@@ -66,23 +67,26 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
     )
     q = start_query(spark, s)
     last_batch = -1
+
+    def step() -> bool:
+        nonlocal last_batch
+        done = bool(q.awaitTermination(0.5))
+        latest = q.lastProgress
+        if latest and latest["batchId"] > last_batch:
+            # Usually one new batch; the whole recent list (up to 100 reports) only when more
+            # than one completed since the last look, or after a restart.
+            new = (
+                [latest]
+                if latest["batchId"] == last_batch + 1
+                else unseen_progress(q.recentProgress, last_batch)
+            )
+            for p in new:
+                last_batch = p["batchId"]
+                _observe(p, s.topics.telemetry)
+        return done
+
     try:
-        while not stop.is_set():
-            done = q.awaitTermination(0.5)
-            latest = q.lastProgress
-            if latest and latest["batchId"] > last_batch:
-                # Usually one new batch; the whole recent list (up to 100 reports) only when more
-                # than one completed since the last look, or after a restart.
-                new = (
-                    [latest]
-                    if latest["batchId"] == last_batch + 1
-                    else unseen_progress(q.recentProgress, last_batch)
-                )
-                for p in new:
-                    last_batch = p["batchId"]
-                    _observe(p, s.topics.telemetry)
-            if done:
-                break
+        run_until_stopped(step, stop)
         exc = q.exception()
         if exc is not None:
             raise ProcessorError(f"streaming query failed: {exc}")
