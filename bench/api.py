@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from admin_api.security import Role, create_api_key  # noqa: E402
 from bench.common import write_section  # noqa: E402
-from fleetfence.infra import free_port  # noqa: E402
+from fleetfence.probes import free_port  # noqa: E402
 from vehicle_master.models import RouteData, VehicleData  # noqa: E402
 from vehicle_master.store import VehicleMaster  # noqa: E402
 

@@ -47,7 +47,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fleetfence import infra
+from embedded import infra
+from fleetfence import probes
 from fleetfence.kafka import ensure_topics, topic_specs
 from gateway.settings import GatewaySettings
 from gateway.testing import gateway_env, scrape
@@ -273,7 +274,7 @@ def run_gateway(
     mports: list[int] = []
     try:
         for gs in replica_settings:
-            mport = infra.free_port()
+            mport = probes.free_port()
             env = gateway_env(gs, metrics_port=mport)
             env["FLEETFENCE_GATEWAY_ACK_IN_ORDER"] = str(in_order).lower()
             env["FLEETFENCE_LOG_LEVEL"] = "WARNING"

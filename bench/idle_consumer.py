@@ -39,7 +39,7 @@ from alerts.runner import MemoryDedup, Outcome, ReceiverRunner, RunnerOptions
 from alerts.tail import TailSink
 from bench.common import write_section
 from bench.cpu import broker_pid, pid_cpu_s
-from fleetfence import infra
+from embedded import infra
 from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings

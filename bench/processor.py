@@ -35,7 +35,7 @@ from rich.table import Table
 
 from bench import workload as wl
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
-from fleetfence import infra
+from embedded import infra
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/scaleout.py --vehicles 10000 --fixes 40 [--record]
 
 One private broker is pre-loaded once with the workload (4 telemetry partitions >= workers); for
-each worker count a fresh standalone master + workers (`processor.standalone`, started from the
+each worker count a fresh standalone master + workers (`embedded.spark_cluster`, started from the
 pyspark install, 1 core each) runs the processor from an empty checkpoint over the whole topic, in
 a child process, exactly as `bench/processor.py` runs its Spark contender. Reported: sustained
 events/s per configuration, the speed-up over one worker, and the alert counts (which must agree).
@@ -32,10 +32,10 @@ from rich.table import Table
 from bench import workload as wl
 from bench.common import write_section
 from bench.processor import PARTITIONS, produce_all, run_contender
-from fleetfence import infra
+from embedded import infra
+from embedded.spark_cluster import StandaloneCluster
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from processor.standalone import StandaloneCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
@@ -133,7 +133,7 @@ def record(rows: list[dict[str, Any]], args: argparse.Namespace, n: int, load: f
         f"`.venv/bin/python bench/scaleout.py {' '.join(sys.argv[1:])}`: {n:,} events, "
         f"{args.vehicles:,} vehicles, {PARTITIONS} telemetry partitions, a local Spark standalone master "
         f"with 1 then 2 workers of {args.cores_per_worker} core each (started from the pyspark install by "
-        "`processor.standalone`), the "
+        "`embedded.spark_cluster`), the "
         f"processor submitted by `spark://` URL from an empty checkpoint each time; load average {load:.1f} "
         "at the end. The driver, the broker and Redis share the same "
         f"{os.cpu_count()} cores, so the ratio is how much of the job is parallel executor work on this box, "

@@ -21,7 +21,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fleetfence import infra  # noqa: E402
+from embedded import infra  # noqa: E402
 from fleetfence.contracts import utc_now_ms  # noqa: E402
 from fleetfence.settings import Settings  # noqa: E402
 from simulator.publish import SimulationOptions, run_simulation  # noqa: E402

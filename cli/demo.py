@@ -36,7 +36,8 @@ from rich.console import Console
 
 from cli.common import app, friendly_errors, settings_from_env
 from cli.infra import print_status
-from fleetfence import infra
+from embedded import infra
+from fleetfence import probes
 from fleetfence.errors import FleetFenceError, ServiceUnavailableError
 from fleetfence.logs import configure_logging
 from fleetfence.settings import Settings
@@ -195,7 +196,7 @@ def run_demo(
         state = run_dir / "state"
         shutil.rmtree(state, ignore_errors=True)
         settings = settings.model_copy(update={"state_dir": state})
-    api_port = api_port or (infra.free_port() if not infra.port_free(settings.host, 8000) else 8000)
+    api_port = api_port or (probes.free_port() if not probes.port_free(settings.host, 8000) else 8000)
     api_url = f"http://{settings.host}:{api_port}"
     truth = run_dir / f"truth-{int(time.time())}.jsonl"
     with ExitStack() as stack:

@@ -1,4 +1,4 @@
-"""`fleetfence infra`: the embedded Apache Kafka, Mosquitto and Redis (fleetfence.infra)."""
+"""`fleetfence infra`: the embedded Apache Kafka, Mosquitto and Redis (embedded.infra)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.common import app, console, friendly_errors, settings_from_env
-from fleetfence import infra
+from embedded import infra
 
 infra_app = typer.Typer(
     help="Embedded infrastructure: Apache Kafka (KRaft), Mosquitto, Redis.", no_args_is_help=True

@@ -23,6 +23,10 @@ class MissingBinaryError(InfraError):
     """A server binary (mosquitto, redis-server, java, mvn) is not installed."""
 
 
+class StandaloneError(InfraError):
+    """A local Spark standalone master or worker (`embedded.spark_cluster`) did not come up."""
+
+
 class ServiceUnavailableError(InfraError):
     """A service did not answer a protocol round trip before its deadline."""
 

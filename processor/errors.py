@@ -12,6 +12,3 @@ from fleetfence.errors import FleetFenceError
 class ProcessorError(FleetFenceError):
     """The streaming query failed."""
 
-
-class StandaloneError(ProcessorError):
-    """A standalone master or worker did not come up."""

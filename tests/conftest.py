@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
-from fleetfence import infra
+from embedded import infra
 from fleetfence.settings import Settings
 
 # CI must not go red for a reason outside the code under test: under CI the examples are derived

@@ -23,8 +23,8 @@ from fleetfence.testing import wait_for as wait_until_true
 from processor.columns import empty_states
 from processor.domain import EngineConfig
 from processor.engine import process_bucket
-from processor.settings import ProcessorSettings
 from processor.master import Catalog, MasterState
+from processor.settings import ProcessorSettings
 
 T0 = 1_795_000_000_000
 LINE = [[13.0, 52.5], [13.1, 52.5]]

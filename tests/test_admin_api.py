@@ -29,7 +29,7 @@ from admin_api.security import (
 )
 from admin_api.settings import ApiSettings
 from fleetfence.contracts import alert_id
-from fleetfence.infra import free_port
+from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 
 pytestmark = pytest.mark.services

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 
 from admin_api.schemas import ROUTE_EXAMPLE
 from admin_api.security import Role, create_api_key
-from fleetfence.infra import free_port
 from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
+from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 

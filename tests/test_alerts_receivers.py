@@ -37,7 +37,7 @@ from alerts.model import parse_alert
 from alerts.runner import Context, Outcome, SourceRecord
 from alerts.service import AlertService, group_id
 from alerts.webhook import verify_signature
-from fleetfence import infra
+from fleetfence import probes
 from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
 from fleetfence.readmodels import ReadKeys
@@ -602,7 +602,7 @@ def test_sigkilled_receiver_restarts_without_repeating_a_side_effect(
         f'[[receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{target.url}"\nsecret_env = "HOOK_SECRET"\n'
         "max_attempts = 20\nbackoff_initial_ms = 20\nbackoff_max_ms = 100\ntimeout_s = 2\n"
     )
-    metrics_port = infra.free_port()
+    metrics_port = probes.free_port()
     # Commits only every 10 minutes: the restart replays everything, so only de-duplication by
     # alert_id stands between the replay and a second POST.
     env = _env(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.common import write_section
-from fleetfence import infra
+from embedded import infra
 
 
 def test_write_section_replaces_its_own_section_and_keeps_the_others(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetfence import infra
+from fleetfence import probes
 
 pytestmark = [pytest.mark.spark, pytest.mark.services, pytest.mark.slow]
 
@@ -25,9 +25,9 @@ def test_demo_pipeline_is_exact(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "FLEETFENCE_STATE_DIR": str(tmp_path / "state"),
-        "FLEETFENCE_KAFKA_PORT": str(infra.free_port()),
-        "FLEETFENCE_MQTT_PORT": str(infra.free_port()),
-        "FLEETFENCE_REDIS_PORT": str(infra.free_port()),
+        "FLEETFENCE_KAFKA_PORT": str(probes.free_port()),
+        "FLEETFENCE_MQTT_PORT": str(probes.free_port()),
+        "FLEETFENCE_REDIS_PORT": str(probes.free_port()),
         "FLEETFENCE_GATEWAY_METRICS_PORT": "0",
         "COLUMNS": "200",
     }

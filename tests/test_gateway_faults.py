@@ -21,7 +21,8 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetfence import infra
+from embedded import infra
+from fleetfence import probes
 from fleetfence.errors import WaitTimeoutError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
@@ -78,7 +79,7 @@ class GatewayProcess:
     """`python -m gateway` with its /metrics port, stderr kept for the failure message."""
 
     def __init__(self, gs: GatewaySettings, log: Path) -> None:
-        self.port = infra.free_port()
+        self.port = probes.free_port()
         self.log = log
         with log.open("ab") as f:
             self.proc = subprocess.Popen(
@@ -200,7 +201,7 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
     host, port = settings.mqtt_host_port
     own = Settings(
         state_dir=tmp_path / "own-broker",
-        kafka_port=infra.free_port(),
+        kafka_port=probes.free_port(),
         kafka_bootstrap=None,
         mqtt_url=f"mqtt://{host}:{port}",
         redis_url=settings.redis_dsn,

@@ -12,7 +12,8 @@ import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from fleetfence import infra
+from embedded import infra, processes
+from fleetfence import probes
 from fleetfence.errors import InfraError
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
@@ -114,13 +115,13 @@ def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None
         pids = {st.name: st.pid for st in infra.status(s)}
         # What each pid file records: the binary and, for the JVM, its config file (every JVM is
         # `java`, so the command line tells ours from any other on a recycled pid).
-        recorded = {name: infra._read_pid(s, name) for name in infra.SERVICES}
+        recorded = {name: processes.read_pid(s, name) for name in infra.SERVICES}
         kafka_rec = recorded["kafka"]
         assert kafka_rec is not None
         assert Path(kafka_rec[1]).name == "java"
         assert kafka_rec[2] == str((s.kafka_dir / "server.properties").resolve())
-        assert infra._alive(*kafka_rec)
-        assert not infra._alive(kafka_rec[0], kafka_rec[1], "/elsewhere/server.properties")
+        assert processes.alive(*kafka_rec)
+        assert not processes.alive(kafka_rec[0], kafka_rec[1], "/elsewhere/server.properties")
         r = redis.Redis.from_url(s.redis_dsn)
         r.set("kept", "yes")
         r.close()
@@ -132,7 +133,7 @@ def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None
             rec = recorded[name]
             assert rec is not None
             assert pid == rec[0]
-            assert not infra._alive(pid, rec[1]), f"{name} still running"  # no such binary at that pid
+            assert not processes.alive(pid, rec[1]), f"{name} still running"  # no such binary at that pid
         assert all(st.pid is None and not st.healthy for st in infra.status(s))
         infra.up(s)
         r = redis.Redis.from_url(s.redis_dsn)
@@ -151,9 +152,9 @@ def test_port_taken_gives_clear_error(tmp_path: object, infra_settings: Settings
 
     s = Settings(
         state_dir=Path(str(tmp_path)),
-        kafka_port=infra.free_port(),
+        kafka_port=probes.free_port(),
         mqtt_port=infra_settings.mqtt_port,
-        redis_port=infra.free_port(),
+        redis_port=probes.free_port(),
         kafka_bootstrap=None,
         mqtt_url=None,
         redis_url=None,

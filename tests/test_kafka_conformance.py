@@ -40,7 +40,8 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from fleetfence import infra
+from embedded import infra, processes
+from fleetfence import probes
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -138,9 +139,9 @@ def produce_acknowledged(bootstrap: str, topic: str, n: int, tag: str) -> set[tu
 
 
 def kafka_pid(s: Settings) -> tuple[int, str, str]:
-    rec = infra._read_pid(s, "kafka")
+    rec = processes.read_pid(s, "kafka")
     assert rec is not None, "no pid file of the private broker"
-    assert infra._alive(*rec), "the private broker is not running"
+    assert processes.alive(*rec), "the private broker is not running"
     return rec
 
 
@@ -186,10 +187,10 @@ def test_acknowledged_records_survive_sigkill_and_sigterm_of_the_broker(own_kafk
     sent = produce_acknowledged(bs, f"{s.topic_prefix}durable", 20_000, "kill")
     pid, exe, marker = kafka_pid(s)
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: infra._exited(pid), 30, "the broker to die")  # its port free again
-    infra._reap(pid)
-    assert not infra._alive(pid, exe, marker)
-    assert infra.port_free(s.host, s.kafka_port)
+    wait_for(lambda: processes.exited(pid), 30, "the broker to die")  # its port free again
+    processes.reap(pid)
+    assert not processes.alive(pid, exe, marker)
+    assert probes.port_free(s.host, s.kafka_port)
     infra.up(s, create_topics=False)
     assert kafka_pid(s)[0] != pid
     assert_all_there(bs, f"{s.topic_prefix}durable", 4, sent)
@@ -222,7 +223,7 @@ def test_acknowledged_records_survive_sigkill_and_sigterm_of_the_broker(own_kafk
     new_pid = kafka_pid(s)[0]
     assert new_pid != pid2
     assert f" {new_pid} " in out.stdout  # the status table shows the new process
-    assert not infra._alive(pid2, "java")
+    assert not processes.alive(pid2, "java")
     assert_all_there(bs, f"{s.topic_prefix}durable", 4, sent)
     assert_all_there(bs, f"{s.topic_prefix}durable2", 4, sent2)
 

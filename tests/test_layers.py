@@ -1,9 +1,11 @@
 """The house's layers, enforced: imports run one way (README "Packages", docs/architecture.md).
 
     cli                      the composition on top: commands, the demo; nothing imports it
+    embedded                 launchers of the embedded infrastructure and a local Spark cluster
     gateway, processor, vehicle_master, alerts, admin_api, simulator, history   the components
-    fleetfence               the ground: contracts, settings, errors, Kafka/MQTT helpers, jars,
-                             the embedded infrastructure, testing helpers; imports no component
+    fleetfence               the ground: contracts, rules, geo, settings, errors, Kafka helpers,
+                             health probes, jars, the service loop, testing helpers; imports no
+                             component
 
 Every import counts, the ones inside functions too (that is where a lazy import hides an upward
 dependency). Tests and benchmarks share helpers through `fleetfence.testing` and
@@ -18,8 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GROUND = "fleetfence"
 COMPONENTS = ("gateway", "processor", "vehicle_master", "alerts", "admin_api", "simulator", "history")
+LAUNCHERS = "embedded"
 TOP = "cli"
-FIRST_PARTY = (GROUND, TOP, "tests", "bench", *COMPONENTS)
+FIRST_PARTY = (GROUND, LAUNCHERS, TOP, "tests", "bench", *COMPONENTS)
 
 
 def imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
@@ -58,8 +61,13 @@ def test_the_ground_imports_no_component_and_not_the_cli() -> None:
     assert violations(py_files(GROUND), (GROUND,)) == []
 
 
-def test_components_never_import_the_cli() -> None:
+def test_components_never_import_the_cli_or_the_launchers() -> None:
     assert violations(py_files(*COMPONENTS), (GROUND, *COMPONENTS)) == []
+
+
+def test_the_launchers_never_import_the_cli() -> None:
+    assert py_files(LAUNCHERS), "no launcher package found"
+    assert violations(py_files(LAUNCHERS), (GROUND, *COMPONENTS, LAUNCHERS)) == []
 
 
 def test_tests_and_benchmarks_import_no_test_module() -> None:
@@ -67,7 +75,8 @@ def test_tests_and_benchmarks_import_no_test_module() -> None:
         f"{f.relative_to(ROOT)}:{ln} imports {mod}"
         for f in py_files("tests", "bench")
         for ln, mod in imports(f)
-        if mod.startswith("tests.test_") or (f.parts[-2] == "bench" and mod.startswith("tests"))
+        if (mod.startswith("tests.") and mod.rsplit(".", 1)[-1].startswith("test_"))
+        or ("bench" in f.relative_to(ROOT).parts[:1] and mod.startswith("tests"))
     ]
     assert bad == []
 

@@ -46,7 +46,7 @@ from alerts.metrics import ReceiverMetrics
 from alerts.model import parse_alert
 from alerts.runner import Context, Outcome, SourceRecord
 from fleetfence.contracts import alert_id, ms_to_iso, utc_now_ms
-from fleetfence.infra import free_port
+from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from processor.kafka_sink import AlertStreamWriter

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from embedded.spark_cluster import StandaloneCluster
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from processor.standalone import StandaloneCluster
 from tests.processor_helpers import (
     committed_alerts,
     expected_alerts,

@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 
 from fleetfence.errors import ConfigError
-from processor.checkpoint_files import CheckpointFiles, HadoopCheckpointFiles, LocalCheckpointFiles
-from processor.checkpoint_files import SINK_ID_FILE, sink_id_for
+from processor.checkpoint_files import (
+    SINK_ID_FILE,
+    CheckpointFiles,
+    HadoopCheckpointFiles,
+    LocalCheckpointFiles,
+    sink_id_for,
+)
 from processor.layout import LAYOUT_FILE, balanced_keys, checkpoint_layout, shuffle_partition, spark_hash_int
 
 VALUES = [*range(-50, 300), 2**31 - 1, -(2**31), 123_456_789, -987_654_321]

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetfence import infra
+from embedded import infra
+from fleetfence import probes
 from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -240,11 +241,11 @@ def doc_env(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     env.pop("VIRTUAL_ENV", None)
     env.update(
         {
-            "FLEETFENCE_KAFKA_PORT": str(infra.free_port()),
-            "FLEETFENCE_MQTT_PORT": str(infra.free_port()),
-            "FLEETFENCE_REDIS_PORT": str(infra.free_port()),
-            "FLEETFENCE_API_PORT": str(infra.free_port()),
-            "FLEETFENCE_GATEWAY_METRICS_PORT": str(infra.free_port()),
+            "FLEETFENCE_KAFKA_PORT": str(probes.free_port()),
+            "FLEETFENCE_MQTT_PORT": str(probes.free_port()),
+            "FLEETFENCE_REDIS_PORT": str(probes.free_port()),
+            "FLEETFENCE_API_PORT": str(probes.free_port()),
+            "FLEETFENCE_GATEWAY_METRICS_PORT": str(probes.free_port()),
             "FLEETFENCE_STARTUP_TIMEOUT_S": "60",  # a busy shared machine; the document keeps defaults
             "NO_COLOR": "1",
             "COLUMNS": "200",

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from admin_api.deps import Redis
 from admin_api.responses import OrjsonResponse
 from admin_api.schemas import Health, Readiness
-from fleetfence.infra import kafka_ping
+from fleetfence.probes import kafka_ping
 
 router = APIRouter(tags=["system"])
 

@@ -19,8 +19,8 @@ from types import TracebackType
 
 import pyspark
 
-from fleetfence import infra
-from processor.errors import StandaloneError
+from fleetfence.errors import StandaloneError
+from fleetfence.probes import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class StandaloneCluster:
         self.cores_per_worker = cores_per_worker
         self.memory_per_worker = memory_per_worker
         self.timeout_s = startup_timeout_s
-        self.port = infra.free_port()
+        self.port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self.master: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -113,7 +113,7 @@ class StandaloneCluster:
                 "--port",
                 str(self.port),
                 "--webui-port",
-                str(infra.free_port()),
+                str(free_port()),
             ],
             log,
         )
@@ -128,7 +128,7 @@ class StandaloneCluster:
                     "--memory",
                     self.memory_per_worker,
                     "--webui-port",
-                    str(infra.free_port()),
+                    str(free_port()),
                     "--host",
                     "127.0.0.1",
                     "--work-dir",

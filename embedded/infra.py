@@ -1,0 +1,207 @@
+"""The embedded infrastructure: Apache Kafka (a single KRaft node), Mosquitto and Redis.
+
+Each service is a real server process bound to loopback, with its data under one state folder,
+started only when no external endpoint is configured for it. Kafka runs from the official jars on
+Maven Central (`fleetfence.jars`), broker and controller in one JVM: the same broker a production
+installation runs, so an acknowledged record is in the broker's log (the OS page cache) before the
+producer hears about it and survives a SIGKILL of the broker process. `up` waits for a real protocol
+round trip (Kafka metadata, MQTT publish/receive, Redis PING), records pid files, and creates the
+topics; `down` stops exactly the processes whose pid files it wrote, after checking that the pid
+still belongs to the binary it started (pids get recycled).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embedded.kafka_node import start_kafka
+from embedded.processes import alive, check_port, read_pid, spawn, stop_one, system_binary
+from fleetfence.errors import InfraError
+from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.probes import free_port, kafka_ping, mqtt_ping, redis_ping, wait_until
+from fleetfence.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SERVICES = ("kafka", "mqtt", "redis")
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    address: str
+    managed: bool  # started by us (embedded) rather than external
+    pid: int | None
+    healthy: bool
+    detail: str
+
+
+def private_fields(state_dir: Path) -> dict[str, Any]:
+    """Settings fields for an embedded broker, Mosquitto and Redis of one's own, on free ports with
+    their data under `state_dir`: tests and benchmarks never touch the machine's shared instances on
+    the standard ports, nor any external endpoint from the environment."""
+    return {
+        "state_dir": state_dir,
+        "kafka_port": free_port(),
+        "mqtt_port": free_port(),
+        "redis_port": free_port(),
+        "kafka_bootstrap": None,
+        "mqtt_url": None,
+        "redis_url": None,
+    }
+
+
+def start_mqtt(settings: Settings) -> subprocess.Popen[bytes] | None:
+    running = read_pid(settings, "mqtt")
+    if running and alive(*running):
+        return None
+    check_port(settings, "mqtt", settings.mqtt_port)
+    binary = system_binary("mosquitto", "mosquitto")
+    d = settings.mqtt_dir.resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    conf = d / "mosquitto.conf"
+    # Persistent sessions keep QoS 1 messages for an offline gateway: no queue limit by count,
+    # a generous one by bytes, so a restarting gateway loses nothing.
+    conf.write_text(
+        "\n".join(
+            [
+                f"listener {settings.mqtt_port} {settings.host}",
+                "allow_anonymous true",
+                "persistence true",
+                f"persistence_location {d}/",
+                "autosave_interval 5",
+                "max_queued_messages 0",
+                "max_queued_bytes 0",
+                "max_inflight_messages 0",
+                "set_tcp_nodelay true",
+                "log_dest stdout",
+                "log_type error",
+                "log_type warning",
+                "log_type notice",
+                "",
+            ]
+        )
+    )
+    return spawn(settings, "mqtt", [str(binary), "-c", str(conf)], d / "mosquitto.log")
+
+
+def start_redis(settings: Settings) -> subprocess.Popen[bytes] | None:
+    running = read_pid(settings, "redis")
+    if running and alive(*running):
+        return None
+    check_port(settings, "redis", settings.redis_port)
+    binary = system_binary("redis-server", "redis-server")
+    d = settings.redis_dir.resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(binary),
+        "--bind",
+        settings.host,
+        "--port",
+        str(settings.redis_port),
+        "--dir",
+        str(d),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "60 1",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
+    ]
+    return spawn(settings, "redis", argv, d / "redis.log")
+
+
+def up(settings: Settings, *, create_topics: bool = True) -> list[ServiceStatus]:
+    """Start every service without an external endpoint, wait for each, create the topics."""
+    procs: dict[str, subprocess.Popen[bytes] | None] = {}
+    try:
+        if not settings.kafka_external:
+            procs["kafka"] = start_kafka(settings)
+        if not settings.mqtt_external:
+            procs["mqtt"] = start_mqtt(settings)
+        if not settings.redis_external:
+            procs["redis"] = start_redis(settings)
+        host, port = settings.mqtt_host_port
+        wait_until(
+            lambda: kafka_ping(settings.bootstrap_servers),
+            settings.startup_timeout_s,
+            "Kafka broker",
+            procs.get("kafka"),
+            settings.kafka_dir / "broker.log",
+        )
+        wait_until(
+            lambda: mqtt_ping(host, port),
+            settings.startup_timeout_s,
+            "Mosquitto",
+            procs.get("mqtt"),
+            settings.mqtt_dir / "mosquitto.log",
+        )
+        wait_until(
+            lambda: redis_ping(settings.redis_dsn),
+            settings.startup_timeout_s,
+            "Redis",
+            procs.get("redis"),
+            settings.redis_dir / "redis.log",
+        )
+        if create_topics:
+            ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    except BaseException:
+        # Leave nothing half-started behind.
+        for name, proc in procs.items():
+            if proc is not None:
+                stop_one(settings, name)
+        raise
+    return status(settings)
+
+
+def restart(settings: Settings, name: str) -> list[ServiceStatus]:
+    """Stop one embedded service (SIGTERM, as `down` does) and start it again with its data."""
+    if name not in SERVICES:
+        raise InfraError(f"unknown service {name!r}; one of: {', '.join(SERVICES)}")
+    external = {
+        "kafka": settings.kafka_external,
+        "mqtt": settings.mqtt_external,
+        "redis": settings.redis_external,
+    }
+    if external[name]:
+        raise InfraError(f"{name} is an external endpoint here: restart it where it runs")
+    stop_one(settings, name)
+    return up(settings, create_topics=False)
+
+
+def down(settings: Settings) -> list[str]:
+    """Stop exactly the processes `up` started; returns the names stopped."""
+    return [name for name in SERVICES if stop_one(settings, name)]
+
+
+def status(settings: Settings) -> list[ServiceStatus]:
+    host, port = settings.mqtt_host_port
+    checks: list[tuple[str, str, bool, Callable[[], str]]] = [
+        (
+            "kafka",
+            settings.bootstrap_servers,
+            settings.kafka_external,
+            lambda: kafka_ping(settings.bootstrap_servers),
+        ),
+        ("mqtt", f"mqtt://{host}:{port}", settings.mqtt_external, lambda: mqtt_ping(host, port)),
+        ("redis", settings.redis_dsn, settings.redis_external, lambda: redis_ping(settings.redis_dsn)),
+    ]
+    out = []
+    for name, addr, external, check in checks:
+        rec = read_pid(settings, name)
+        pid = rec[0] if rec and alive(*rec) else None
+        try:
+            detail, healthy = check(), True
+        except Exception as exc:  # report, don't raise: status must show every service
+            detail, healthy = f"unreachable: {exc}", False
+        out.append(ServiceStatus(name, addr, not external, pid, healthy, detail))
+    return out

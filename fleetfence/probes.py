@@ -1,0 +1,110 @@
+"""Health probes and ports: is a Kafka broker, an MQTT broker or a Redis server answering, and which
+local port is free.
+
+A probe is a real protocol round trip (Kafka metadata, an MQTT publish received back, a Redis PING),
+never "the port is open": a server that accepts connections but cannot serve is not ready. The
+admin API's `/readyz`, `fleetfence status` and the embedded-infrastructure launcher (`embedded`)
+all ask through these.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import redis
+from confluent_kafka.admin import AdminClient
+from paho.mqtt.enums import CallbackAPIVersion
+
+from fleetfence.errors import ServiceUnavailableError
+
+
+def kafka_ping(bootstrap: str, timeout_s: float = 2.0) -> str:
+    """A metadata round trip; returns a short description of the cluster."""
+    # log_level 0: a broker still starting refuses connections, which librdkafka would print to
+    # stderr on every attempt; the caller reports a probe that keeps failing.
+    md = AdminClient(
+        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0}
+    ).list_topics(timeout=timeout_s)
+    return f"{len(md.brokers)} broker(s), {len(md.topics)} topic(s)"
+
+
+def mqtt_ping(host: str, port: int, timeout_s: float = 2.0) -> str:
+    """Publish a message at QoS 1 to a private topic and receive it back."""
+    topic = f"fleetfence/health/{uuid.uuid4().hex}"
+    got = threading.Event()
+    subscribed = threading.Event()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.on_subscribe = lambda *_a: subscribed.set()
+    client.on_message = lambda _c, _u, _m: got.set()
+    try:
+        client.connect(host, port, keepalive=10)
+    except OSError as exc:
+        raise ServiceUnavailableError(f"MQTT {host}:{port} refused: {exc}") from exc
+    client.loop_start()
+    try:
+        client.subscribe(topic, qos=1)
+        if not subscribed.wait(timeout_s):
+            raise ServiceUnavailableError("MQTT subscribe not acknowledged")
+        client.publish(topic, b"ping", qos=1)
+        if not got.wait(timeout_s):
+            raise ServiceUnavailableError("MQTT round trip timed out")
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    return "publish/subscribe round trip ok"
+
+
+def redis_ping(dsn: str, timeout_s: float = 2.0) -> str:
+    r = redis.Redis.from_url(dsn, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        r.ping()
+        return f"redis {r.info('server')['redis_version']}"
+    finally:
+        r.close()
+
+
+def wait_until(
+    check: Callable[[], str],
+    timeout_s: float,
+    what: str,
+    proc: subprocess.Popen[bytes] | None,
+    log: Path | None,
+) -> str:
+    """Poll `check` until it succeeds or the deadline passes; fail fast if the process died."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise ServiceUnavailableError(
+                f"{what} exited with code {proc.returncode} during start-up:\n{tail}"
+            )
+        try:
+            return check()
+        except Exception as exc:  # any failure of the probe means "not ready yet"
+            last = exc
+            time.sleep(0.1)
+    raise ServiceUnavailableError(f"{what} did not answer within {timeout_s}s (last error: {last})")
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
