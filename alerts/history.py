@@ -13,7 +13,7 @@ import logging
 import redis
 
 from alerts.model import Alert, condition_change
-from alerts.runner import Context, Outcome
+from alerts.sink import Context, Outcome
 from fleetfence.readmodels import ReadKeys
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from alerts.config import MqttConfig
 from alerts.errors import MqttPublishError
 from alerts.model import Alert
-from alerts.runner import Context, Outcome
+from alerts.sink import Context, Outcome
 from fleetfence.errors import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)

@@ -25,27 +25,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
-import redis
 from confluent_kafka import (
     OFFSET_INVALID,
     Consumer,
     KafkaError,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
 
+from alerts.dead_letters import DeadLetters
+from alerts.dedup import Dedup
 from alerts.errors import StopRequestedError
 from alerts.metrics import ReceiverMetrics
 from alerts.model import INVALID_ALERT, Alert, AlertFilter, parse_alert
-from fleetfence.contracts import utc_now_ms
+from alerts.sink import Context, Outcome, Sink, SourceRecord
 from fleetfence.errors import ContractError, KafkaDeliveryError, LifecycleError
 from fleetfence.kafka import consumer_config
 
@@ -53,125 +51,6 @@ logger = logging.getLogger(__name__)
 
 LAG_INTERVAL_S = 2.0
 MAX_ERROR_BACKOFF_S = 5.0
-
-
-class Outcome(Enum):
-    DELIVERED = "delivered"
-    DUPLICATE = "duplicate"
-    DEAD_LETTERED = "dead_lettered"
-
-
-class Dedup(Protocol):
-    def seen(self, alert_id: str) -> bool: ...
-
-    def mark(self, alert_id: str) -> None: ...
-
-
-class RedisDedup:
-    """`{prefix}alerts:seen:{receiver}:{alert_id}` with an expiry: survives the receiver's crashes.
-
-    The expiry bounds memory; it must exceed the longest replay a receiver can make (a group
-    reset to the start of a 30-day topic would re-deliver alerts older than the expiry).
-    """
-
-    def __init__(self, client: redis.Redis, prefix: str, receiver: str, ttl_s: int) -> None:
-        self._r = client
-        self._base = f"{prefix}alerts:seen:{receiver}:"
-        self._ttl_s = ttl_s
-
-    def key(self, alert_id: str) -> str:
-        return self._base + alert_id
-
-    def seen(self, alert_id: str) -> bool:
-        return bool(self._r.exists(self._base + alert_id))
-
-    def mark(self, alert_id: str) -> None:
-        self._r.set(self._base + alert_id, utc_now_ms(), ex=self._ttl_s)
-
-
-class MemoryDedup:
-    """A bounded in-memory store for receivers without durable side effects (the terminal tail)."""
-
-    def __init__(self, capacity: int = 100_000) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
-        self._capacity = capacity
-
-    def seen(self, alert_id: str) -> bool:
-        return alert_id in self._ids
-
-    def mark(self, alert_id: str) -> None:
-        self._ids[alert_id] = None
-        if len(self._ids) > self._capacity:
-            self._ids.popitem(last=False)
-
-
-@dataclass(frozen=True)
-class SourceRecord:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-
-
-class DeadLetters:
-    """Writes to `fleet.alerts.dlq` and waits for the broker's acknowledgement before returning,
-    because the caller then records the alert as handled."""
-
-    def __init__(self, producer: Producer, topic: str, receiver: str) -> None:
-        self._p = producer
-        self._topic = topic
-        self._receiver = receiver
-
-    def send(
-        self, source: SourceRecord, value: bytes | None, reason: str, detail: str, **extra: str | int
-    ) -> None:
-        errors: list[KafkaError] = []
-
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                errors.append(err)
-
-        headers: dict[str, str] = {
-            "reason": reason,
-            "detail": detail[:1000],
-            "receiver": self._receiver,
-            "source_topic": source.topic,
-            "source_partition": str(source.partition),
-            "source_offset": str(source.offset),
-            "failed_ms": str(utc_now_ms()),
-        }
-        headers.update({k: str(v) for k, v in extra.items()})
-        self._p.produce(
-            self._topic, key=source.key, value=value, headers=list(headers.items()), on_delivery=on_delivery
-        )
-        if self._p.flush(15) != 0:
-            raise KafkaDeliveryError(f"dead letter for {source} not acknowledged within 15s")
-        if errors:
-            raise KafkaDeliveryError(f"dead letter for {source} failed: {errors[0]}")
-
-
-@dataclass
-class Context:
-    """What a sink may use while delivering one alert."""
-
-    source: SourceRecord
-    metrics: ReceiverMetrics
-    dead_letters: DeadLetters | None
-    stopping: threading.Event
-
-    def sleep(self, seconds: float) -> None:
-        """Back-off that a stop request interrupts."""
-        if self.stopping.wait(seconds):
-            raise StopRequestedError("receiver stopping during back-off")
-
-
-class Sink(Protocol):
-    #: True when the side effect itself refuses repeats, so the runner needs no dedup store.
-    idempotent: bool
-
-    def deliver(self, alert: Alert, ctx: Context) -> Outcome: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)

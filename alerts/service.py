@@ -18,12 +18,15 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertsSettings, HistoryConfig, MqttConfig, ReceiversFile, WebhookConfig
+from alerts.dead_letters import DeadLetters
+from alerts.dedup import MemoryDedup, RedisDedup
 from alerts.errors import ReceiverCrashedError
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
 from alerts.model import AlertFilter
 from alerts.mqtt_fanout import MqttFanoutSink
-from alerts.runner import DeadLetters, MemoryDedup, ReceiverRunner, RedisDedup, RunnerOptions, Sink
+from alerts.runner import ReceiverRunner, RunnerOptions
+from alerts.sink import Sink
 from alerts.tail import TailSink
 from alerts.webhook import WebhookSink
 from fleetfence.errors import ServiceUnavailableError

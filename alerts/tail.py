@@ -16,7 +16,7 @@ from rich.text import Text
 
 from alerts.errors import StopRequestedError
 from alerts.model import TYPE_STYLES, Alert, summary
-from alerts.runner import Context, Outcome
+from alerts.sink import Context, Outcome
 
 
 def render(alert: Alert) -> Text:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from alerts.config import WebhookConfig
 from alerts.model import Alert
-from alerts.runner import Context, Outcome
+from alerts.sink import Context, Outcome
 from fleetfence import __version__
 from fleetfence.errors import ConfigError
 

@@ -33,9 +33,11 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from alerts.dedup import MemoryDedup
 from alerts.metrics import ReceiverMetrics
 from alerts.model import Alert, AlertFilter
-from alerts.runner import MemoryDedup, Outcome, ReceiverRunner, RunnerOptions
+from alerts.runner import ReceiverRunner, RunnerOptions
+from alerts.sink import Outcome
 from alerts.tail import TailSink
 from bench.common import write_section
 from bench.cpu import broker_pid, pid_cpu_s

@@ -34,7 +34,7 @@ from alerts.config import AlertsSettings, parse_config
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
 from alerts.model import parse_alert
-from alerts.runner import Context, Outcome, SourceRecord
+from alerts.sink import Context, Outcome, SourceRecord
 from alerts.service import AlertService, group_id
 from alerts.webhook import verify_signature
 from fleetfence import probes

@@ -44,7 +44,7 @@ from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics
 from alerts.model import parse_alert
-from alerts.runner import Context, Outcome, SourceRecord
+from alerts.sink import Context, Outcome, SourceRecord
 from fleetfence.contracts import alert_id, ms_to_iso, utc_now_ms
 from fleetfence.probes import free_port
 from fleetfence.settings import Settings
