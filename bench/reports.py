@@ -44,11 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fleetfence.geo import LocalProjection  # noqa: E402
-from history.reports import (  # noqa: E402
-    REPORTS,
-    ReportRange,
-    SedonaReports,
-)
+from history.report_inputs import ReportRange  # noqa: E402
+from history.reports import REPORTS, SedonaReports  # noqa: E402
 from history.reports_baseline import BaselineReports  # noqa: E402
 from history.schema import TELEMETRY_SCHEMA, points_wkb  # noqa: E402
 from history.synthetic import write_master, write_telemetry_partitioned  # noqa: E402

@@ -37,7 +37,7 @@ def archive_run() -> None:
 @friendly_errors
 def archive_compact() -> None:
     """Merge the files of each partition older than the current UTC day into one."""
-    from history.archive import compact
+    from history.maintenance import compact
 
     hs = _historysettings_from_env()
     r = compact(hs.archive_root, hs.checkpoint_location)
@@ -55,7 +55,7 @@ def archive_retention(
     ] = None,
 ) -> None:
     """Delete telemetry and alert date partitions older than the retention (master data is kept)."""
-    from history.archive import apply_retention
+    from history.maintenance import apply_retention
 
     hs = _historysettings_from_env()
     deleted = apply_retention(hs.archive_root, days or hs.history_retention_days)

@@ -18,7 +18,9 @@ from rich.table import Table
 
 from fleetfence.contracts import ms_to_iso
 from fleetfence.settings import Settings
-from history.reports import heatmap_geojson, records, report_range, run_report, visits_geojson
+from history.report_formats import heatmap_geojson, records, visits_geojson
+from history.report_inputs import report_range
+from history.reports import run_report
 from history.settings import HistorySettings
 
 logger = logging.getLogger(__name__)

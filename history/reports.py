@@ -25,32 +25,31 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import warnings
-from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
 import h3
 import numpy as np
-import orjson
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
-import shapely
-from shapely.geometry import shape
 
-from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
+from fleetfence.contracts import VEHICLE_ID_RE
 from fleetfence.geo import EARTH_RADIUS_M
 from history.errors import ReportError
-from history.schema import MASTER, MASTER_SCHEMA, TELEMETRY, TELEMETRY_SCHEMA, bucket_of
+from history.report_inputs import (
+    DAY_MS,
+    NEVER_MS,
+    ReportRange,
+    master_tables,
+    read_master_events,
+    telemetry_files,
+)
+from history.schema import TELEMETRY_SCHEMA
 
 logger = logging.getLogger(__name__)
 
-DAY_MS = 86_400_000
-MAX_RANGE_DAYS = 366
-NEVER_MS = 2**62  # "no end": far beyond any epoch-ms timestamp, still safe in int64 arithmetic
 DEFAULT_H3_RESOLUTION = 9
 REPORTS = ("adherence", "zone_visits", "speeding", "heatmap")
 
@@ -86,183 +85,6 @@ SPEEDING_COLUMNS = [
     "max_kmh",
 ]
 HEATMAP_COLUMNS = ["h3_cell", "off_route_fixes"]
-
-
-@dataclass(frozen=True)
-class ReportRange:
-    """Half-open UTC interval [from_ms, to_ms) of fix times, with an optional vehicle filter."""
-
-    from_ms: int
-    to_ms: int
-    vehicle_id: str | None = None
-
-    def days(self) -> list[str]:
-        first = self.from_ms // DAY_MS
-        last = (self.to_ms - 1) // DAY_MS
-        return [(date(1970, 1, 1) + timedelta(days=d)).isoformat() for d in range(int(first), int(last) + 1)]
-
-
-def _parse_instant(value: str | date | datetime, *, end: bool) -> int:
-    """A date means the whole UTC day (its start, or for `end` the start of the next day)."""
-    if isinstance(value, datetime):
-        dt = value
-    elif isinstance(value, date):
-        dt = datetime(value.year, value.month, value.day, tzinfo=UTC) + (
-            timedelta(days=1) if end else timedelta()
-        )
-    else:
-        text = value.strip()
-        try:
-            if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
-                return _parse_instant(date.fromisoformat(text), end=end)
-            dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
-        except ValueError as exc:
-            raise ReportError(f"{value!r} is neither a date (YYYY-MM-DD) nor an ISO-8601 time") from exc
-    if dt.tzinfo is None:
-        raise ReportError(f"time {value!r} must carry a UTC offset (e.g. Z)")
-    return int(dt.astimezone(UTC).timestamp() * 1000)
-
-
-def report_range(
-    start: str | date | datetime, end: str | date | datetime, vehicle_id: str | None = None
-) -> ReportRange:
-    """Validate a requested range: dates are whole UTC days, `end` is inclusive for dates."""
-    from_ms = _parse_instant(start, end=False)
-    to_ms = _parse_instant(end, end=True)
-    if to_ms <= from_ms:
-        raise ReportError(f"empty range: {start} .. {end} (the end must be after the start)")
-    if to_ms - from_ms > MAX_RANGE_DAYS * DAY_MS:
-        raise ReportError(f"range longer than {MAX_RANGE_DAYS} days")
-    if vehicle_id is not None and not VEHICLE_ID_RE.match(vehicle_id):
-        raise ReportError(f"vehicle id {vehicle_id!r} is not allowed")
-    return ReportRange(from_ms, to_ms, vehicle_id)
-
-
-# --------------------------------------------------------------------------- archive inputs
-
-
-def telemetry_files(root: str | Path, rng: ReportRange, buckets: int) -> list[str]:
-    """Parquet files of the days in range (and of the vehicle's bucket): partition pruning by path."""
-    base = Path(root) / TELEMETRY
-    files: list[str] = []
-    only = None if rng.vehicle_id is None else f"bucket={bucket_of(rng.vehicle_id, buckets):02d}"
-    for day in rng.days():
-        day_dir = base / f"date={day}"
-        if not day_dir.is_dir():
-            continue
-        for bdir in sorted(day_dir.iterdir()):
-            if bdir.is_dir() and (only is None or bdir.name == only):
-                files.extend(str(p) for p in sorted(bdir.glob("*.parquet")))
-    return files
-
-
-@dataclass(frozen=True)
-class MasterTables:
-    """Master data as validity intervals [from_ms, to_ms) of each entity version.
-
-    routes: route_id, version, from_ms, to_ms, corridor_width_m, speed_limit_kmh, line_wkb
-    zones: zone_id, version, from_ms, to_ms, poly_wkb
-    assignments: vehicle_id, route_id, from_ms, to_ms
-    """
-
-    routes: pa.Table
-    zones: pa.Table
-    assignments: pa.Table
-
-
-def read_master_events(root: str | Path) -> pa.Table:
-    files = sorted((Path(root) / MASTER).glob("*.parquet"))
-    if not files:
-        return MASTER_SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(f, schema=MASTER_SCHEMA) for f in files])
-
-
-def _intervals(events: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], int, int]]:
-    """(version, data, from, to) of each live version of one entity: it holds until the next event."""
-    events = sorted(events, key=lambda e: e["version"])
-    out = []
-    for i, e in enumerate(events):
-        end = events[i + 1]["event_ts_ms"] if i + 1 < len(events) else NEVER_MS
-        if e["op"] != "delete" and e["data"] is not None and end > e["event_ts_ms"]:
-            out.append((int(e["version"]), orjson.loads(e["data"]), int(e["event_ts_ms"]), int(end)))
-    return out
-
-
-def master_tables(events: pa.Table) -> MasterTables:
-    """Decode master change events (deduplicated by entity, id, version) into validity intervals.
-
-    An assignment applies over its own [valid_from_ms, valid_to_ms) window intersected with the
-    time its version was current (a newer assignment replaces it, as in the live processor).
-    """
-    by_entity: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-    for e in events.to_pylist():
-        by_entity.setdefault((e["entity"], e["id"]), {})[int(e["version"])] = e
-    routes: list[dict[str, Any]] = []
-    zones: list[dict[str, Any]] = []
-    assignments: list[dict[str, Any]] = []
-    for (entity, eid), versions in sorted(by_entity.items()):
-        evs = sorted(versions.values(), key=lambda e: e["version"])
-        for version, data, lo, hi in _intervals(evs):
-            if entity == "route":
-                routes.append(
-                    {
-                        "route_id": eid,
-                        "version": version,
-                        "from_ms": lo,
-                        "to_ms": hi,
-                        "corridor_width_m": float(data["corridor_width_m"]),
-                        "speed_limit_kmh": float(data["speed_limit_kmh"]),
-                        "line_wkb": shapely.to_wkb(shape(data["geometry"])),
-                    }
-                )
-            elif entity == "zone":
-                zones.append(
-                    {
-                        "zone_id": eid,
-                        "version": version,
-                        "from_ms": lo,
-                        "to_ms": hi,
-                        "poly_wkb": shapely.to_wkb(shape(data["geometry"])),
-                    }
-                )
-            elif entity == "assignment" and data.get("route_id"):
-                a_lo = max(lo, int(data.get("valid_from_ms") or 0))
-                vt = data.get("valid_to_ms")
-                a_hi = min(hi, NEVER_MS if vt is None else int(vt))
-                if a_hi > a_lo:
-                    assignments.append(
-                        {"vehicle_id": eid, "route_id": str(data["route_id"]), "from_ms": a_lo, "to_ms": a_hi}
-                    )
-    return MasterTables(
-        pa.Table.from_pylist(routes, schema=ROUTES_SCHEMA),
-        pa.Table.from_pylist(zones, schema=ZONES_SCHEMA),
-        pa.Table.from_pylist(assignments, schema=ASSIGNMENTS_SCHEMA),
-    )
-
-
-ROUTES_SCHEMA = pa.schema(
-    [
-        ("route_id", pa.string()),
-        ("version", pa.int64()),
-        ("from_ms", pa.int64()),
-        ("to_ms", pa.int64()),
-        ("corridor_width_m", pa.float64()),
-        ("speed_limit_kmh", pa.float64()),
-        ("line_wkb", pa.binary()),
-    ]
-)
-ZONES_SCHEMA = pa.schema(
-    [
-        ("zone_id", pa.string()),
-        ("version", pa.int64()),
-        ("from_ms", pa.int64()),
-        ("to_ms", pa.int64()),
-        ("poly_wkb", pa.binary()),
-    ]
-)
-ASSIGNMENTS_SCHEMA = pa.schema(
-    [("vehicle_id", pa.string()), ("route_id", pa.string()), ("from_ms", pa.int64()), ("to_ms", pa.int64())]
-)
 
 
 # --------------------------------------------------------------------------- SQL
@@ -518,51 +340,6 @@ def h3_counts(lat: np.ndarray, lon: np.ndarray, resolution: int) -> pd.DataFrame
     return out.sort_values(
         ["off_route_fixes", "h3_cell"], ascending=[False, True], kind="stable"
     ).reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------- output formats
-
-
-def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """JSON-ready rows: NaN/NA -> None, numpy scalars -> Python, `*_ts_ms` get an ISO twin `*_ts`."""
-    rows: list[dict[str, Any]] = []
-    ts_cols = [c for c in df.columns if c.endswith("_ts_ms")]
-    for row in df.astype(object).where(df.notna(), None).to_dict(orient="records"):
-        clean = {str(k): (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
-        for c in ts_cols:
-            v = clean[c]
-            clean[c[: -len("_ms")]] = None if v is None else ms_to_iso(int(v))
-        rows.append(clean)
-    return rows
-
-
-def heatmap_geojson(df: pd.DataFrame, resolution: int) -> dict[str, Any]:
-    features = []
-    for row in records(df):
-        ring = [[lng, lat] for lat, lng in h3.cell_to_boundary(row["h3_cell"])]
-        ring.append(ring[0])
-        features.append(
-            {
-                "type": "Feature",
-                "id": row["h3_cell"],
-                "geometry": {"type": "Polygon", "coordinates": [ring]},
-                "properties": {**row, "resolution": resolution},
-            }
-        )
-    return {"type": "FeatureCollection", "features": features}
-
-
-def visits_geojson(df: pd.DataFrame) -> dict[str, Any]:
-    """One Point feature per visit, at the first fix inside the zone."""
-    features = [
-        {
-            "type": "Feature",
-            "geometry": {"type": "Point", "coordinates": [row["entry_lon"], row["entry_lat"]]},
-            "properties": row,
-        }
-        for row in records(df)
-    ]
-    return {"type": "FeatureCollection", "features": features}
 
 
 def run_report(

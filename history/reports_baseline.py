@@ -24,18 +24,8 @@ import shapely
 from shapely.geometry import mapping
 
 from fleetfence.geo import haversine_m
-from history.reports import (
-    DEFAULT_H3_RESOLUTION,
-    NEVER_MS,
-    ReportRange,
-    finish_adherence,
-    finish_speeding,
-    finish_visits,
-    h3_counts,
-    master_tables,
-    read_master_events,
-    telemetry_files,
-)
+from history.report_inputs import NEVER_MS, ReportRange, master_tables, read_master_events, telemetry_files
+from history.reports import DEFAULT_H3_RESOLUTION, finish_adherence, finish_speeding, finish_visits, h3_counts
 from processor.geometry import CompiledRoute, compile_route, corridor_tests
 
 DAY_MS = 86_400_000

@@ -28,9 +28,17 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from history.archive import filesystem
 from history.errors import RestateError
-from history.schema import ALERTS, MASTER, SCHEMAS, TELEMETRY, date_of_ms, to_table, write_geoparquet
+from history.schema import (
+    ALERTS,
+    MASTER,
+    SCHEMAS,
+    TELEMETRY,
+    date_of_ms,
+    filesystem,
+    to_table,
+    write_geoparquet,
+)
 from processor.columns import Fixes, empty_states
 from processor.domain import EngineConfig, RawFix
 from processor.engine import process_bucket

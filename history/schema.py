@@ -13,6 +13,7 @@ Every telemetry and alert file carries GeoParquet 1.1 metadata for its WKB Point
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import shapely
+from pyarrow import fs as pafs
 
 from fleetfence.contracts import bucket_of as _processor_bucket_of
 
@@ -175,3 +177,21 @@ def read_geo_metadata(path: str, filesystem: Any = None) -> dict[str, Any] | Non
     md = pq.read_metadata(path, filesystem=filesystem).metadata or {}
     raw = md.get(b"geo")
     return None if raw is None else dict(json.loads(raw))
+
+
+# The de-duplication key and the sort order of each table: the writer, compaction and the reports
+# judge "the same row" alike.
+KEY_COLUMNS = {TELEMETRY: ["vehicle_id", "seq"], ALERTS: ["alert_id"], MASTER: ["entity", "id", "version"]}
+SORT_COLUMNS = {
+    TELEMETRY: [("vehicle_id", "ascending"), ("seq", "ascending")],
+    ALERTS: [("alert_id", "ascending")],
+    MASTER: [("kafka_offset", "ascending")],
+}
+
+
+def filesystem(uri: str) -> tuple[Any, str]:
+    """(pyarrow FileSystem, path inside it) for a local folder or a URI (file://, s3://, hdfs://)."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, str(path)

@@ -22,7 +22,8 @@ from confluent_kafka import Consumer, TopicPartition
 from fleetfence.contracts import Telemetry
 from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from history.archive import last_committed_batch, start_archive
+from history.archive import start_archive
+from history.maintenance import last_committed_batch
 from history.schema import batch_of_file
 from history.settings import HistorySettings
 from processor.domain import EngineConfig

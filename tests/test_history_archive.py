@@ -17,7 +17,7 @@ import pytest
 import shapely
 
 from fleetfence.settings import Settings
-from history.archive import apply_retention, compact
+from history.maintenance import apply_retention, compact
 from history.schema import ALERT_SCHEMA, MASTER_SCHEMA, TELEMETRY_SCHEMA, bucket_of, date_of_ms
 from tests.history_helpers import Recording, get_recording
 

@@ -35,7 +35,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from history.errors import ReportError
-from history.reports import SedonaReports, report_range
+from history.report_inputs import report_range
+from history.reports import SedonaReports
 from history.reports_baseline import BaselineReports
 from history.settings import HistorySettings
 from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned

@@ -18,15 +18,9 @@ from admin_api.responses import GeoJsonResponse, OrjsonResponse
 from admin_api.schemas import INVALID, UNAUTHORIZED
 from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
 from history.errors import ReportError
-from history.reports import (
-    DEFAULT_H3_RESOLUTION,
-    ReportRange,
-    heatmap_geojson,
-    records,
-    report_range,
-    run_report,
-    visits_geojson,
-)
+from history.report_formats import heatmap_geojson, records, visits_geojson
+from history.report_inputs import ReportRange, report_range
+from history.reports import DEFAULT_H3_RESOLUTION, run_report
 from history.settings import HistorySettings
 
 logger = logging.getLogger(__name__)
