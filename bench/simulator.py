@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 from embedded import infra  # noqa: E402
 from fleetfence.contracts import utc_now_ms  # noqa: E402
 from fleetfence.settings import Settings  # noqa: E402
+from simulator.config import ScenarioConfig  # noqa: E402
 from simulator.publish import SimulationOptions, run_simulation  # noqa: E402
-from simulator.scenario import ScenarioConfig  # noqa: E402
 from simulator.settings import SimulatorSettings  # noqa: E402
 
 

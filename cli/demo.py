@@ -178,10 +178,12 @@ def run_demo(
     """Run the live demo; returns verify's exit code."""
     from alerts.config import AlertsSettings, parse_config
     from alerts.service import AlertService
+    from fleetfence.rules import RouteRules
     from gateway.service import Gateway
     from gateway.settings import GatewaySettings
-    from simulator.commands import simulate, verify
-    from simulator.scenario import Injections
+    from simulator.commands import simulate, start_ms_for, verify
+    from simulator.config import Injections, ScenarioConfig
+    from simulator.publish import SimulationOptions
     from simulator.settings import SimulatorSettings
 
     console = Console()
@@ -253,43 +255,22 @@ def run_demo(
         )
         console.print("[bold]live alerts[/] (Ctrl-C stops the demo):")
         with LiveAlerts(settings, console) as view:
-            simulate(
-                settings=SimulatorSettings(),
+            rules = RouteRules(
+                corridor_width_m=60.0, speed_limit_kmh=50.0, overspeed_min_s=5.0, silent_after_s=60.0
+            )
+            inject = Injections(deviation=0.4, overspeed=0.3, dwell=0.3, silent=0.15, late=0.0)
+            cfg = ScenarioConfig(
                 vehicles=vehicles,
                 duration_s=duration_s,
-                rate_hz=1.0,
                 seed=seed,
-                noise_m=3.0,
-                routes=0,
-                routes_geojson=None,
                 route_length_m=6000.0,
-                zones_per_route=2,
-                bbox=None,
-                corridor_width_m=60.0,
-                speed_limit_kmh=50.0,
-                deviation_min_fixes=3,
-                deviation_min_s=0.0,
-                overspeed_min_s=5.0,
-                silent_after_s=60.0,
-                injections=Injections(
-                    deviation=0.4,
-                    overspeed=0.3,
-                    dwell=0.3,
-                    silent=0.15,
-                    duplicate=0.01,
-                    out_of_order=0.01,
-                    late=0.0,
-                ),
-                direct=False,
-                realtime=True,
-                start_time=None,
-                truth_path=truth,
-                register=True,
-                api_url=None,
-                api_key=None,
+                rules=rules,
+                inject=inject,
+                start_ms=start_ms_for(None, True, duration_s, 1000),
                 vehicle_prefix=f"demo{int(time.time()) % 100000}-",
-                console=console,
             )
+            opts = SimulationOptions(realtime=True, truth_path=truth, register=True, start_now=True)
+            simulate(cfg, opts, settings=SimulatorSettings(), console=console)
             console.print(
                 "[dim]simulation done; waiting for the last alerts (silence needs the watermark)…[/]"
             )

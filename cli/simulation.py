@@ -85,37 +85,46 @@ def simulate_cmd(
     """Drive simulated vehicles with injected deviations, speeding, zone stops, silences and
     transport faults; publish them (MQTT or Kafka) and write the exact expected alerts."""
 
-    from simulator.commands import simulate
-    from simulator.scenario import Injections
+    from fleetfence.rules import RouteRules
+    from simulator.commands import read_routes_geojson, simulate, start_ms_for
+    from simulator.config import Injections, ScenarioConfig
+    from simulator.publish import SimulationOptions
+    from simulator.routes import DEFAULT_BBOX, parse_bbox
 
-    simulate(
+    duration_s, period_ms = duration, (round(1000 / rate) if rate > 0 else 1000)
+    cfg = ScenarioConfig(
         vehicles=vehicles,
-        duration_s=duration,
+        duration_s=duration_s,
         rate_hz=rate,
         seed=seed,
-        noise_m=noise,
+        noise_sigma_m=noise,
         routes=routes,
-        routes_geojson=Path(routes_geojson) if routes_geojson else None,
         route_length_m=route_length,
         zones_per_route=zones_per_route,
-        bbox=bbox,
-        corridor_width_m=corridor_width,
-        speed_limit_kmh=speed_limit,
-        deviation_min_fixes=deviation_min_fixes,
-        deviation_min_s=deviation_min_s,
-        overspeed_min_s=overspeed_min_s,
-        silent_after_s=silent_after,
-        injections=Injections(deviations, overspeeds, dwells, silences, duplicates, out_of_order, late),
+        bbox=parse_bbox(bbox) if bbox else DEFAULT_BBOX,
+        routes_geojson=read_routes_geojson(Path(routes_geojson)) if routes_geojson else None,
+        rules=RouteRules(
+            corridor_width_m=corridor_width,
+            speed_limit_kmh=speed_limit,
+            deviation_min_fixes=deviation_min_fixes,
+            deviation_min_s=deviation_min_s,
+            overspeed_min_s=overspeed_min_s,
+            silent_after_s=silent_after,
+        ),
+        inject=Injections(deviations, overspeeds, dwells, silences, duplicates, out_of_order, late),
+        start_ms=start_ms_for(start_time, realtime, duration_s, period_ms),
+        vehicle_prefix=vehicle_prefix,
+    )
+    opts = SimulationOptions(
         direct=direct,
         realtime=realtime,
-        start_time=start_time,
         truth_path=Path(truth),
         register=register,
         api_url=api_url,
         api_key=api_key,
-        vehicle_prefix=vehicle_prefix,
-        as_json=as_json,
+        start_now=realtime and start_time in (None, "now"),
     )
+    simulate(cfg, opts, as_json=as_json)
 
 
 @app.command("verify")

@@ -7,6 +7,7 @@ functions can be called (and tested) with plain arguments.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,8 @@ from rich.console import Console
 from fleetfence.contracts import parse_ts_ms, utc_now_ms
 from fleetfence.errors import ConfigError
 from fleetfence.logs import configure_logging
-from fleetfence.rules import RouteRules
+from simulator.config import ScenarioConfig
 from simulator.publish import SimulationOptions, SimulationReport, report_table, run_simulation
-from simulator.routes import DEFAULT_BBOX, parse_bbox
-from simulator.scenario import Injections, ScenarioConfig
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts, result_table
@@ -38,87 +37,43 @@ def start_ms_for(start_time: str | None, realtime: bool, duration_s: float, peri
     return start - start % period_ms
 
 
+def read_routes_geojson(path: Path) -> Any:
+    """The routes of a GeoJSON file (its LineStrings become the scenario's routes)."""
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read routes from {path}: {exc}") from exc
+
+
 def simulate(
+    cfg: ScenarioConfig,
+    opts: SimulationOptions,
     *,
     settings: SimulatorSettings | None = None,
-    vehicles: int,
-    duration_s: float,
-    rate_hz: float,
-    seed: int,
-    noise_m: float,
-    routes: int,
-    routes_geojson: Path | None,
-    route_length_m: float,
-    zones_per_route: int,
-    bbox: str | None,
-    corridor_width_m: float,
-    speed_limit_kmh: float,
-    deviation_min_fixes: int,
-    deviation_min_s: float,
-    overspeed_min_s: float,
-    silent_after_s: float,
-    injections: Injections,
-    direct: bool,
-    realtime: bool,
-    start_time: str | None,
-    truth_path: Path,
-    register: bool,
-    api_url: str | None,
-    api_key: str | None,
-    vehicle_prefix: str,
     as_json: bool = False,
     console: Console | None = None,
 ) -> SimulationReport:
+    """Run a scenario (publish its fixes, write its truth) and print the report.
+
+    The processor-wide rules the truth assumes and the API endpoint default come from the
+    settings (FLEETFENCE_PROCESSOR_*, FLEETFENCE_SIMULATOR_*): the truth must assume what the
+    processor it is compared with applies."""
     s = settings or SimulatorSettings()
     configure_logging(s.log_level, s.log_json)
-    period_ms = round(1000 / rate_hz) if rate_hz > 0 else 1000
-    geo: Any | None = None
-    if routes_geojson is not None:
-        try:
-            geo = orjson.loads(routes_geojson.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read routes from {routes_geojson}: {exc}") from exc
-    cfg = ScenarioConfig(
-        vehicles=vehicles,
-        duration_s=duration_s,
-        rate_hz=rate_hz,
-        seed=seed,
-        noise_sigma_m=noise_m,
-        routes=routes,
-        route_length_m=route_length_m,
-        zones_per_route=zones_per_route,
-        bbox=parse_bbox(bbox) if bbox else DEFAULT_BBOX,
-        routes_geojson=geo,
-        rules=RouteRules(
-            corridor_width_m=corridor_width_m,
-            speed_limit_kmh=speed_limit_kmh,
-            deviation_min_fixes=deviation_min_fixes,
-            deviation_min_s=deviation_min_s,
-            overspeed_min_s=overspeed_min_s,
-            silent_after_s=silent_after_s,
-        ),
-        assume=s.assumptions(),
-        inject=injections,
-        start_ms=start_ms_for(start_time, realtime, duration_s, period_ms),
-        vehicle_prefix=vehicle_prefix,
+    cfg = replace(cfg, assume=s.assumptions())
+    opts = replace(
+        opts,
+        api_url=opts.api_url or s.simulator_api_url,
+        api_key=opts.api_key or s.simulator_api_key,
+        show_progress=opts.show_progress and not as_json,
     )
     console = console or Console(stderr=True)
-    opts = SimulationOptions(
-        direct=direct,
-        realtime=realtime,
-        truth_path=truth_path,
-        register=register,
-        api_url=api_url or s.simulator_api_url,
-        api_key=api_key or s.simulator_api_key,
-        show_progress=not as_json,
-        start_now=realtime and start_time in (None, "now"),
-    )
     logger.info(
         "simulating vehicles=%s duration_s=%s start=%s mode=%s",
-        vehicles,
-        duration_s,
+        cfg.vehicles,
+        cfg.duration_s,
         datetime.fromtimestamp(cfg.start_ms / 1000, UTC).isoformat(),
-        "direct" if direct else "mqtt",
+        "direct" if opts.direct else "mqtt",
     )
     rep = run_simulation(s, cfg, opts, console)
     if as_json:

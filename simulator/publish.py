@@ -33,8 +33,9 @@ from rich.table import Table
 from fleetfence.contracts import telemetry_topic
 from fleetfence.errors import InfraError, KafkaDeliveryError
 from fleetfence.kafka import producer_config
+from simulator.config import ScenarioConfig
 from simulator.register import RegistrationReport, register_api, register_direct, scenario_entities
-from simulator.scenario import Scenario, ScenarioConfig, ScenarioStats, TickBatch
+from simulator.scenario import Scenario, ScenarioStats, TickBatch
 from simulator.settings import SimulatorSettings
 from simulator.truth import RunHeader, TruthAlert, TruthWriter
 

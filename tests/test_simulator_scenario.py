@@ -23,9 +23,10 @@ from processor.columns import empty_states
 from processor.domain import EngineConfig
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
+from simulator.config import Injections, ScenarioConfig, simulated_rules
 from simulator.publish import _rows
 from simulator.register import scenario_entities
-from simulator.scenario import Injections, Scenario, ScenarioConfig, TickBatch, simulated_rules
+from simulator.scenario import Scenario, TickBatch
 from simulator.truth import TruthAlert
 from simulator.verify import ObservedAlert, compare
 from vehicle_master.models import entity_id, entity_of, to_wire

@@ -18,8 +18,9 @@ from cli.app import app
 from fleetfence.contracts import Telemetry, utc_now_ms, validate_telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
+from simulator.config import Injections, ScenarioConfig, simulated_rules
 from simulator.publish import SimulationOptions, run_simulation
-from simulator.scenario import Injections, Scenario, ScenarioConfig, simulated_rules
+from simulator.scenario import Scenario
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from tests.processor_helpers import read_all, wait_for

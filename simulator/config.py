@@ -1,0 +1,115 @@
+"""A simulation's configuration: the fleet, its routes and their rules, the behaviour and transport
+faults injected, and the processor-wide rules the ground truth assumes.
+
+`ScenarioConfig.validate` refuses a configuration whose truth would be ambiguous (GPS noise that
+could cross the inner corridor band, a speed limit too low to cruise under with the hysteresis, a
+silence threshold the allowed lateness could hide): the simulator only promises exact truth where
+it can keep that promise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fleetfence.errors import ConfigError
+from fleetfence.rules import ProcessorRules, RouteRules
+from simulator.routes import DEFAULT_BBOX, EDGE_MARGIN_M
+
+SIMULATED_CORRIDOR_WIDTH_M = 100.0
+SIMULATED_SPEED_LIMIT_KMH = 50.0
+
+
+def simulated_rules(**overrides: Any) -> RouteRules:
+    """The rules registered on every simulated route (docs/contracts.md, fleet.master): a 100 m
+    corridor at 50 km/h, the rest at `RouteRules`' own defaults unless overridden."""
+    rules = RouteRules(SIMULATED_CORRIDOR_WIDTH_M, SIMULATED_SPEED_LIMIT_KMH)
+    return replace(rules, **overrides) if overrides else rules
+
+
+@dataclass(frozen=True)
+class Injections:
+    """Behaviour: fraction of vehicles with one episode each. Faults: probability per message."""
+
+    deviation: float = 0.1
+    overspeed: float = 0.1
+    dwell: float = 0.1
+    silent: float = 0.05
+    duplicate: float = 0.01
+    out_of_order: float = 0.01
+    late: float = 0.005
+
+
+@dataclass(frozen=True)
+class ScenarioConfig:
+    vehicles: int = 10
+    duration_s: float = 600.0
+    rate_hz: float = 1.0
+    seed: int = 1
+    noise_sigma_m: float = 3.0
+    noise_bound_sigmas: float = 3.0
+    routes: int = 0  # 0: one per 25 vehicles, 1..20
+    route_length_m: float = 8000.0
+    zones_per_route: int = 2
+    bbox: tuple[float, float, float, float] = DEFAULT_BBOX
+    routes_geojson: Any | None = None
+    rules: RouteRules = field(default_factory=simulated_rules)
+    assume: ProcessorRules = field(default_factory=ProcessorRules)
+    inject: Injections = field(default_factory=Injections)
+    start_ms: int = 1_795_000_000_000
+    vehicle_prefix: str = "sim-"
+    stops_per_hour: float = 6.0
+
+    @property
+    def period_ms(self) -> int:
+        return round(1000 / self.rate_hz)
+
+    @property
+    def n_ticks(self) -> int:
+        return int(self.duration_s * 1000 // self.period_ms)
+
+    @property
+    def noise_bound_m(self) -> float:
+        return self.noise_sigma_m * self.noise_bound_sigmas
+
+    @property
+    def n_routes(self) -> int:
+        return self.routes or min(20, max(1, math.ceil(self.vehicles / 25)))
+
+    @property
+    def late_ticks(self) -> int:
+        """A late fix arrives this many ticks after its time: 5 s beyond the allowed lateness."""
+        return math.ceil((self.assume.lateness_ms + 5000) / self.period_ms)
+
+    @property
+    def excursion_m(self) -> float:
+        return 3 * self.rules.corridor_width_m / 2 + 5 * self.noise_sigma_m
+
+    def validate(self) -> None:
+        half = self.rules.corridor_width_m / 2
+        inner = max(half - self.assume.hysteresis_m, half / 2)
+        if not 1 <= self.vehicles <= 1_000_000:
+            raise ConfigError("vehicles must be between 1 and 1,000,000")
+        if not 0.05 <= self.rate_hz <= 50:
+            raise ConfigError("rate must be between 0.05 and 50 Hz")
+        if self.n_ticks < 1:
+            raise ConfigError("duration is shorter than one fix period")
+        if self.noise_sigma_m < 0 or self.noise_bound_sigmas <= 0:
+            raise ConfigError("noise sigma must be >= 0 and its bound > 0 sigmas")
+        if self.noise_bound_m + EDGE_MARGIN_M > inner:
+            raise ConfigError(
+                f"noise bound {self.noise_bound_m:.1f} m does not fit in the inner corridor band "
+                f"({inner:.1f} m): the truth would be ambiguous; lower --noise or widen the corridor"
+            )
+        if self.rules.speed_limit_kmh - self.assume.overspeed_hysteresis_kmh < 15:
+            raise ConfigError("speed limit too low to cruise below it with the hysteresis")
+        late_ms = self.late_ticks * self.period_ms
+        if self.rules.silent_after_s * 1000 <= 2 * (self.assume.lateness_ms + late_ms):
+            raise ConfigError("silent_after_s must exceed twice (allowed lateness + late delay)")
+        for name in ("deviation", "overspeed", "dwell", "silent", "duplicate", "out_of_order", "late"):
+            p = getattr(self.inject, name)
+            if not 0.0 <= p <= 1.0:
+                raise ConfigError(f"injection {name} must be in [0, 1], got {p}")
+        if self.inject.duplicate + self.inject.out_of_order + self.inject.late > 1.0:
+            raise ConfigError("fault probabilities add up to more than 1")
