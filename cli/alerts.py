@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -44,7 +45,9 @@ def alerts_tail(
     from alerts.service import tail
 
     s = AlertsSettings()
-    configure_logging(s.log_level, s.log_json)
+    # The alerts are the output here: the receiver's own INFO lines (started, partitions assigned)
+    # would interleave with them, so only warnings unless FLEETFENCE_LOG_LEVEL asks for more.
+    configure_logging(s.log_level if "FLEETFENCE_LOG_LEVEL" in os.environ else "WARNING", s.log_json)
     flt = AlertFilter.of(alert_type or (), vehicle or (), route or ())
     if not as_json:
         console.print(f"[dim]tailing {s.topics.alerts} ({flt.describe()}), Ctrl-C to stop[/]")

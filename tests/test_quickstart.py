@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 import redis
 
-from embedded import infra
 from fleetfence import probes
 from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
@@ -296,7 +295,9 @@ def test_quickstart_runs_as_written(doc_env: tuple[Path, dict[str, str]], tmp_pa
         assert found, f"no bash block of docs/quickstart.md contains {snippet!r}"
         return found[-1]
 
-    assert "healthy" in output_of("fleetfence infra up")
+    up = output_of("fleetfence infra up")
+    assert "healthy" in up
+    assert "Connection refused" not in up, up  # the doc promises a clean table
     assert '"ready":true' in output_of("/readyz")
     on_route = output_of("--retry-all-errors")
     assert '"status":"on_route"' in on_route, on_route
@@ -304,6 +305,7 @@ def test_quickstart_runs_as_written(doc_env: tuple[Path, dict[str, str]], tmp_pa
     # The alert on screen: `fleetfence alerts tail` printed the deviation at the third fix outside.
     tail = output_of("fleetfence alerts tail")
     assert re.search(r"ROUTE_DEVIATION\s+truck-042 route=r-berlin-1 seq=6\b", tail), tail
+    assert "level=INFO" not in tail, tail  # only the alert, no receiver log lines around it
     # The live state and the history the document reads afterwards.
     after = output_of("/api/v1/alerts?vehicle_id=truck-042")
     assert '"status":"off_route"' in after, after
