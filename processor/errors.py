@@ -11,4 +11,3 @@ from fleetfence.errors import FleetFenceError
 
 class ProcessorError(FleetFenceError):
     """The streaming query failed."""
-

@@ -34,8 +34,8 @@ from alerts.config import AlertsSettings, parse_config
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
 from alerts.model import parse_alert
-from alerts.sink import Context, Outcome, SourceRecord
 from alerts.service import AlertService, group_id
+from alerts.sink import Context, Outcome, SourceRecord
 from alerts.webhook import verify_signature
 from fleetfence import probes
 from fleetfence.contracts import alert_id, ms_to_iso
