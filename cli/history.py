@@ -88,7 +88,7 @@ def restate_cmd(
     from fleetfence.errors import ConfigError
     from history.restate import RestateRequest, run_restatement
     from processor.settings import ProcessorSettings
-    from processor.spark import build_session
+    from processor.spark import build_session, service_master
 
     hs = _historysettings_from_env()
     pins: dict[str, int] = {}
@@ -117,7 +117,7 @@ def restate_cmd(
 
     # A session that already runs in this process (a notebook, a test) is used and left running.
     started = SparkSession.getActiveSession() is None
-    master = hs.history_spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    master = service_master(hs.history_spark_master)
     spark = build_session(app_name="fleetfence-restate", master=master)
     try:
         with console.status("restating over the archive (Spark batch)..."):

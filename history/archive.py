@@ -23,7 +23,6 @@ within seconds to minutes of it: `dedup_window_s` bounds that memory (and the st
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -349,11 +348,11 @@ def run_archive(hs: HistorySettings, stop: threading.Event | None = None) -> Non
 
 
 def _run_archive(hs: HistorySettings, stop: threading.Event) -> None:
-    from processor.spark import build_session
+    from processor.spark import build_session, service_master
 
     if hs.history_metrics_port:
         start_http_server(hs.history_metrics_port, addr=hs.host)
-    master = hs.history_spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    master = service_master(hs.history_spark_master)
     spark = build_session(app_name="fleetfence-archive", master=master)
     q = start_archive(spark, hs)
     try:

@@ -9,7 +9,6 @@ docs/exactly-once.md).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
@@ -20,7 +19,7 @@ from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import ProcessorError
 from processor.job import start_query
 from processor.settings import ProcessorSettings
-from processor.spark import build_session
+from processor.spark import build_session, service_master
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +59,7 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
 def _run(s: ProcessorSettings, stop: threading.Event) -> None:
     if s.processor_metrics_port:
         start_http_server(s.processor_metrics_port, addr=s.host)
-    # Under spark-submit (its scripts export SPARK_ENV_LOADED) keep the master it configured.
-    master = s.processor_spark_master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    master = service_master(s.processor_spark_master)
     spark = build_session(
         app_name="fleetfence-processor", master=master, shuffle_partitions=s.processor_shuffle_partitions
     )

@@ -17,6 +17,14 @@ from typing import Any
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
+def service_master(configured: str | None) -> str | None:
+    """The Spark master a service starts on: the configured one; under spark-submit (its scripts
+    export SPARK_ENV_LOADED) the one spark-submit was given (None keeps it); else local[*]."""
+    if configured:
+        return configured
+    return None if os.environ.get("SPARK_ENV_LOADED") else "local[*]"
+
+
 def build_session(
     app_name: str = "fleetfence",
     master: str | None = None,
