@@ -148,7 +148,6 @@ def count_alerts(s: Settings, topic: str) -> int:
 
 
 def read_alerts(s: Settings, topic: str) -> list[Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from fleetfence.testing import read_all
 
     return read_all(s, topic, PARTITIONS, timeout_s=30)

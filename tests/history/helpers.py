@@ -28,7 +28,7 @@ from history.schema import batch_of_file
 from history.settings import HistorySettings
 from processor.domain import EngineConfig
 from processor.job import start_query
-from tests.processor_helpers import (
+from tests.processor.helpers import (
     T0,
     committed_alerts,
     expected_alerts,

@@ -19,7 +19,7 @@ from simulator.publish import SimulationOptions, run_simulation
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts
-from tests.processor_helpers import wait_for
+from tests.processor.helpers import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.services]
 

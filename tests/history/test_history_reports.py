@@ -313,7 +313,7 @@ def test_baseline_agrees_on_random_tracks(tmp_path: Path) -> None:
     """Beyond the hand-made tracks: jittered random tracks crossing corridor and zone edges."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from rich.console import Console
 
     from bench.reports import DAY_MS, START_MS, generate

@@ -21,7 +21,7 @@ import yaml
 from prometheus_client import REGISTRY, CollectorRegistry
 from pydantic_settings import BaseSettings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DEPLOY = ROOT / "deploy"

@@ -33,7 +33,7 @@ from fleetfence.testing import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.services, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "quickstart.md"
 BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```\s*$", re.DOTALL | re.MULTILINE)
 BLOCK_TIMEOUT_S = 150.0  # the longest block waits for Spark's first micro-batch (curl retries 90 s)

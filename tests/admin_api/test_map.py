@@ -58,7 +58,7 @@ wait_http = partial(wait_for, ignore=(httpx.HTTPError, OSError))
 
 pytestmark = pytest.mark.services
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -13,7 +13,7 @@ import pytest
 from embedded.spark_cluster import StandaloneCluster
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from tests.processor_helpers import (
+from tests.processor.helpers import (
     committed_alerts,
     expected_alerts,
     master_events,

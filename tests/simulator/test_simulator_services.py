@@ -23,7 +23,7 @@ from simulator.publish import SimulationOptions, run_simulation
 from simulator.scenario import Scenario
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
-from tests.processor_helpers import read_all, wait_for
+from tests.processor.helpers import read_all, wait_for
 from vehicle_master.store import VehicleMaster
 
 pytestmark = pytest.mark.services

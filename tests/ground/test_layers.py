@@ -9,7 +9,7 @@
 
 Every import counts, the ones inside functions too (that is where a lazy import hides an upward
 dependency). Tests and benchmarks share helpers through `fleetfence.testing` and
-`tests/*_helpers.py`, never by importing a test module.
+`tests/<package>/helpers.py`, never by importing a test module.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GROUND = "fleetfence"
 COMPONENTS = ("gateway", "processor", "vehicle_master", "alerts", "admin_api", "simulator", "history")
 LAUNCHERS = "embedded"

@@ -23,8 +23,8 @@ from history.restate import (
 )
 from history.schema import bucket_of, date_of_ms, part_file_name, partition_dir, to_table, write_geoparquet
 from processor.domain import EngineConfig
-from tests.history_helpers import Recording, get_recording
-from tests.processor_helpers import LINE, T0, master_events, scenario
+from tests.history.helpers import Recording, get_recording
+from tests.processor.helpers import LINE, T0, master_events, scenario
 
 pytestmark = [pytest.mark.spark, pytest.mark.services]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fleetfence.errors import FleetFenceError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "fleetfence",
     "cli",

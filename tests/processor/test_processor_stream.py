@@ -17,7 +17,7 @@ from fleetfence.contracts import AlertType, Telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from processor.job import start_query
-from tests.processor_helpers import (
+from tests.processor.helpers import (
     T0,
     committed_alerts,
     expected_alerts,

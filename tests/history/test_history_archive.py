@@ -19,7 +19,7 @@ import shapely
 from fleetfence.settings import Settings
 from history.maintenance import apply_retention, compact
 from history.schema import ALERT_SCHEMA, MASTER_SCHEMA, TELEMETRY_SCHEMA, bucket_of, date_of_ms
-from tests.history_helpers import Recording, get_recording
+from tests.history.helpers import Recording, get_recording
 
 pytestmark = [pytest.mark.spark, pytest.mark.services]
 

@@ -16,7 +16,7 @@ from alerts.webhook import backoff_ms, sign, verify_signature
 from fleetfence.contracts import AlertType, alert_id
 from fleetfence.errors import ConfigError, ContractError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def alert_dict(
