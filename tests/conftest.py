@@ -20,6 +20,12 @@ from hypothesis import settings as hypothesis_settings
 from embedded import infra
 from fleetfence.settings import Settings
 
+# The components' helpers (and the fixtures' classes in them) assert too: pytest rewrites their
+# asserts like the tests' own, so a failure there shows the values. Registered before any is imported.
+pytest.register_assert_rewrite(
+    *(f"tests.{c}.helpers" for c in ("admin_api", "alerts", "gateway", "history", "processor"))
+)
+
 # CI must not go red for a reason outside the code under test: under CI the examples are derived
 # from each test's name (derandomize), so a run draws the same cases every time, and no time-based
 # health check can fail it on a loaded machine. Locally the default profile keeps exploring.

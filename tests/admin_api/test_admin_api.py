@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -30,45 +29,9 @@ from admin_api.security import (
 from admin_api.settings import ApiSettings
 from fleetfence.contracts import alert_id
 from fleetfence.probes import free_port
-from fleetfence.settings import Settings
+from tests.admin_api.helpers import Api
 
 pytestmark = pytest.mark.services
-
-
-class Api:
-    """A TestClient plus the three callers of the auth matrix."""
-
-    def __init__(
-        self, client: TestClient, settings: ApiSettings, r: redis.Redis, admin: str, viewer: str
-    ) -> None:
-        self.c = client
-        self.settings = settings
-        self.r = r
-        self.admin = {"X-API-Key": admin}
-        self.viewer = {"X-API-Key": viewer}
-        self.p = settings.redis_prefix
-
-
-@pytest.fixture
-def api_conf(settings: Settings) -> ApiSettings:
-    return ApiSettings.from_base(
-        settings,
-        redis_prefix=f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:",
-        api_run_relay=False,
-        api_key_cache_s=0,
-        api_max_body_bytes=64 * 1024,
-        api_cors_origins=["https://ops.example"],
-    )
-
-
-@pytest.fixture
-def api(api_conf: ApiSettings) -> Iterator[Api]:
-    r = redis.Redis.from_url(api_conf.redis_dsn)
-    admin = create_api_key(r, api_conf.redis_prefix, "admin", Role.ADMIN)
-    viewer = create_api_key(r, api_conf.redis_prefix, "viewer", Role.VIEWER)
-    with TestClient(create_app(api_conf)) as client:
-        yield Api(client, api_conf, r, admin, viewer)
-    r.close()
 
 
 def route_feature(rid: str = "r1", **props: Any) -> dict[str, Any]:

@@ -4,101 +4,33 @@ OpenAPI schema (as admin, viewer and anonymous) asserting no server error and th
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from functools import partial
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-import redis
 import schemathesis
 from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 
 from admin_api.schemas import ROUTE_EXAMPLE
-from admin_api.security import Role, create_api_key
-from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
-from fleetfence.probes import free_port
-from fleetfence.settings import Settings
-from fleetfence.testing import wait_for
-
-# Waits on an HTTP server: a refused or failed request means "not yet".
-wait_http = partial(wait_for, ignore=(httpx.HTTPError, OSError))
+from fleetfence.kafka import consumer_config
+from tests.admin_api.helpers import ApiServer
 
 pytestmark = pytest.mark.services
 
 
-class Server:
-    def __init__(self, base: str, conf: Settings, admin: str, viewer: str, r: redis.Redis) -> None:
-        self.base = base
-        self.conf = conf
-        self.admin = {"X-API-Key": admin}
-        self.viewer = {"X-API-Key": viewer}
-        self.r = r
-
-
-@pytest.fixture(scope="module")
-def server(infra_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    conf = infra_settings.model_copy(
-        update={
-            "topic_prefix": f"t{uuid.uuid4().hex[:10]}.",
-            "redis_prefix": f"{infra_settings.redis_prefix}{uuid.uuid4().hex[:8]}:",
-        }
-    )
-    ensure_topics(conf.bootstrap_servers, topic_specs(conf))
-    r = redis.Redis.from_url(conf.redis_dsn)
-    admin = create_api_key(r, conf.redis_prefix, "admin", Role.ADMIN)
-    viewer = create_api_key(r, conf.redis_prefix, "viewer", Role.VIEWER)
-    port = free_port()
-    env = {
-        **os.environ,
-        "FLEETFENCE_REDIS_URL": conf.redis_dsn,
-        "FLEETFENCE_KAFKA_BOOTSTRAP": conf.bootstrap_servers,
-        "FLEETFENCE_TOPIC_PREFIX": conf.topic_prefix,
-        "FLEETFENCE_REDIS_PREFIX": conf.redis_prefix,
-        "FLEETFENCE_API_PORT": str(port),
-        "FLEETFENCE_API_RUN_RELAY": "true",
-        "FLEETFENCE_API_SSE_HEARTBEAT_S": "0.5",
-        "FLEETFENCE_RELAY_BLOCK_MS": "100",
-    }
-    log = tmp_path_factory.mktemp("api") / "api.log"
-    exe = Path(sys.executable).with_name("fleetfence")
-    proc = subprocess.Popen([str(exe), "api"], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(
-            lambda: proc.poll() is None and httpx.get(f"{base}/healthz").status_code == 200, 30, "api up"
-        )
-        yield Server(base, conf, admin, viewer, r)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        r.close()
-    # uvicorn exits by re-raising SIGTERM once its graceful shutdown has completed.
-    assert proc.returncode in (0, -signal.SIGTERM), log.read_text()[-3000:]
-    assert "Application shutdown complete" in log.read_text()
-
-
-def test_write_reaches_fleet_master_through_the_in_process_relay(server: Server) -> None:
+def test_write_reaches_fleet_master_through_the_in_process_relay(api_server: ApiServer) -> None:
     feature = {**ROUTE_EXAMPLE, "id": "r-relay"}
-    res = httpx.post(f"{server.base}/api/v1/routes", json=feature, headers=server.admin)
+    res = httpx.post(f"{api_server.base}/api/v1/routes", json=feature, headers=api_server.admin)
     assert res.status_code == 201, res.text
-    c = Consumer(consumer_config(server.conf.bootstrap_servers, f"t-{uuid.uuid4().hex}"))
-    c.assign([TopicPartition(server.conf.topics.master, 0, 0)])
+    c = Consumer(consumer_config(api_server.conf.bootstrap_servers, f"t-{uuid.uuid4().hex}"))
+    c.assign([TopicPartition(api_server.conf.topics.master, 0, 0)])
     found: list[dict[str, Any]] = []
     deadline = time.monotonic() + 20
     try:
@@ -114,16 +46,16 @@ def test_write_reaches_fleet_master_through_the_in_process_relay(server: Server)
     assert found[0]["data"]["geometry"] == ROUTE_EXAMPLE["geometry"]
 
 
-def test_sse_stream_delivers_alerts_and_positions(server: Server) -> None:
-    p = server.conf.redis_prefix
-    assert httpx.get(f"{server.base}/api/v1/stream").status_code == 401
+def test_sse_stream_delivers_alerts_and_positions(api_server: ApiServer) -> None:
+    p = api_server.conf.redis_prefix
+    assert httpx.get(f"{api_server.base}/api/v1/stream").status_code == 401
     events: list[tuple[str, Any]] = []
     opened = threading.Event()
 
     def read() -> None:
         params = {"vehicle_id": "v1"}
         with httpx.stream(
-            "GET", f"{server.base}/api/v1/stream", params=params, headers=server.viewer, timeout=10
+            "GET", f"{api_server.base}/api/v1/stream", params=params, headers=api_server.viewer, timeout=10
         ) as resp:
             assert resp.status_code == 200
             assert resp.headers["content-type"].startswith("text/event-stream")
@@ -145,9 +77,9 @@ def test_sse_stream_delivers_alerts_and_positions(server: Server) -> None:
     positions = [{"vehicle_id": "v1", "seq": 5}, {"vehicle_id": "v2", "seq": 6}]
 
     def published() -> bool:  # the subscription is in place before the 200, so one round suffices
-        server.r.publish(f"{p}live:alerts", orjson.dumps(other))
-        server.r.publish(f"{p}live:alerts", orjson.dumps(alert))
-        server.r.publish(f"{p}live:positions", orjson.dumps(positions))
+        api_server.r.publish(f"{p}live:alerts", orjson.dumps(other))
+        api_server.r.publish(f"{p}live:alerts", orjson.dumps(alert))
+        api_server.r.publish(f"{p}live:positions", orjson.dumps(positions))
         return True
 
     published()
@@ -159,9 +91,9 @@ def test_sse_stream_delivers_alerts_and_positions(server: Server) -> None:
 # --------------------------------------------------------------------------- schemathesis
 
 
-def _operations(server: Server) -> list[Any]:
+def _operations(api_server: ApiServer) -> list[Any]:
     """Every operation but the endless SSE stream (its auth is in test_auth_matrix_every_route)."""
-    schema = schemathesis.openapi.from_url(f"{server.base}/openapi.json").exclude(path="/api/v1/stream")
+    schema = schemathesis.openapi.from_url(f"{api_server.base}/openapi.json").exclude(path="/api/v1/stream")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 27
     return operations
@@ -188,18 +120,18 @@ def _for_each_case(op: Any, max_examples: int, check: Callable[[Any], None]) -> 
     run()
 
 
-def test_schemathesis_no_server_errors(server: Server) -> None:
+def test_schemathesis_no_server_errors(api_server: ApiServer) -> None:
     """Every operation (but the endless SSE stream), property-based bodies/params/headers, as admin."""
     calls: Counter[int] = Counter()
     failures: list[str] = []
 
     def check(case: Any) -> None:
-        response = case.call(headers=server.admin, timeout=10)
+        response = case.call(headers=api_server.admin, timeout=10)
         calls[response.status_code] += 1
         if response.status_code >= 500:
             failures.append(f"{case.operation.label}: {response.status_code} {case.as_curl_command()}")
 
-    for op in _operations(server):
+    for op in _operations(api_server):
         _for_each_case(op, 12, check)
     assert failures == []
     assert sum(calls.values()) >= 200
@@ -210,7 +142,7 @@ def test_schemathesis_no_server_errors(server: Server) -> None:
 VIEWER_POSTS = {"/api/v1/stream/token"}
 
 
-def test_schemathesis_viewer_and_anonymous_callers(server: Server) -> None:
+def test_schemathesis_viewer_and_anonymous_callers(api_server: ApiServer) -> None:
     """The same generated requests with a viewer key and with no key: never a 5xx; without a key
     every /api/v1 operation is a 401 whatever the parameters; a viewer's write is a 403 (the role
     is checked before the body), a viewer's read is never refused."""
@@ -224,7 +156,7 @@ def test_schemathesis_viewer_and_anonymous_callers(server: Server) -> None:
         write = op.method.lower() in {"post", "put", "delete", "patch"} and op.path not in VIEWER_POSTS
         if case.headers:  # the schema's security scheme may make schemathesis send a key of its own
             case.headers = {k: v for k, v in case.headers.items() if k.lower() != "x-api-key"}
-        for who, headers in (("viewer", server.viewer), ("anonymous", {})):
+        for who, headers in (("viewer", api_server.viewer), ("anonymous", {})):
             code = case.call(headers=headers, timeout=10).status_code
             calls += 1
             expected = None
@@ -236,7 +168,7 @@ def test_schemathesis_viewer_and_anonymous_callers(server: Server) -> None:
             if code >= 500 or refused or (expected is not None and code != expected):
                 problems.append(f"{op.label} {who}: {code} {case.as_curl_command()}")
 
-    for op in _operations(server):
+    for op in _operations(api_server):
         _for_each_case(op, 3, check)
     assert problems == []
     assert calls >= 100

@@ -6,64 +6,16 @@ and Redis holds only SHA-256 digests."""
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
-import sys
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from admin_api.app import create_app
 from admin_api.schemas import ROUTE_EXAMPLE
-from admin_api.settings import ApiSettings
-from fleetfence.settings import Settings
+from tests.admin_api.helpers import Cli
 
 pytestmark = pytest.mark.services
-
-FLEETFENCE = Path(sys.executable).with_name("fleetfence")
-
-
-@dataclass
-class Cli:
-    conf: ApiSettings
-    env: dict[str, str]
-    cwd: Path
-    r: redis.Redis
-
-    def run(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run(
-            [str(FLEETFENCE), "apikey", *args],
-            check=False,  # the exit code is asserted below, with the output in the message
-            env=self.env,
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if ok:
-            assert res.returncode == 0, f"{args}: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
-        return res
-
-
-@pytest.fixture
-def cli(settings: Settings, tmp_path: Path) -> Iterator[Cli]:
-    """The CLI's environment: the private Redis and a prefix of this test's own, nothing else of
-    the caller's FLEETFENCE_* (which could name shared services)."""
-    prefix = f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:"
-    # Revocation is checked right after `revoke`: no verified-key cache to wait out.
-    conf = ApiSettings.from_base(settings, redis_prefix=prefix, api_run_relay=False, api_key_cache_s=0)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETFENCE_")}
-    env |= {"FLEETFENCE_REDIS_URL": conf.redis_dsn, "FLEETFENCE_REDIS_PREFIX": prefix, "COLUMNS": "200"}
-    r = redis.Redis.from_url(conf.redis_dsn)
-    try:
-        yield Cli(conf, env, tmp_path, r)
-    finally:
-        r.close()
 
 
 def created_key(res: subprocess.CompletedProcess[str]) -> str:

@@ -11,29 +11,18 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import signal
 import struct
-import subprocess
-import sys
 import threading
 import time
-import uuid
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
-import redis
 from fastapi.testclient import TestClient
-from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Request, Route, sync_playwright
-from prometheus_client import CollectorRegistry
+from playwright.sync_api import Browser, Route
 from pydantic import ValidationError
 
 from admin_api.app import create_app
@@ -41,144 +30,12 @@ from admin_api.routers.web import NPM_HINT, STATIC_DIR, content_security_policy,
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
 from admin_api.security import Role, create_api_key, digest, revoke_api_key, stream_token_key
 from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings
-from alerts.history import HistorySink
-from alerts.metrics import ReceiverMetrics
-from alerts.model import parse_alert
-from alerts.sink import Context, Outcome, SourceRecord
 from fleetfence.contracts import alert_id, ms_to_iso, utc_now_ms
-from fleetfence.probes import free_port
 from fleetfence.settings import Settings
-from fleetfence.testing import wait_for
-from processor.kafka_sink import AlertStreamWriter
-from processor.rows import pack_live, unpack_live
+from tests.admin_api.helpers import UI_TIMEOUT_MS, MapServer, Watched, running_api, wait_http
 from vehicle_master.models import RouteProps
 
-# Waits on an HTTP server: a refused or failed request means "not yet".
-wait_http = partial(wait_for, ignore=(httpx.HTTPError, OSError))
-
 pytestmark = pytest.mark.services
-
-REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-UI_TIMEOUT_MS = 10_000
-
-
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    d = Path(os.environ.get("FLEETFENCE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "map"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-# --------------------------------------------------------------------------- the real server
-
-
-class Server:
-    def __init__(self, base: str, conf: Settings, admin: str, viewer: str, r: redis.Redis) -> None:
-        self.base = base
-        self.conf = conf
-        self.p = conf.redis_prefix
-        self.admin_key = admin
-        self.viewer_key = viewer
-        self.admin = {"X-API-Key": admin}
-        self.viewer = {"X-API-Key": viewer}
-        self.r = r
-        self.live_writer = AlertStreamWriter(
-            {
-                "bootstrap": conf.bootstrap_servers,
-                "alertstopic": "unused",
-                "dlqtopic": "unused",
-                "markerstopic": "unused",
-                "sinkid": "map-test",
-                "redisurl": conf.redis_dsn,
-                "redisprefix": conf.redis_prefix,
-            }
-        )
-        self.history = HistorySink(redis.Redis.from_url(conf.redis_dsn), conf.redis_prefix)
-        self.ctx = Context(
-            SourceRecord("t", 0, 0, None),
-            ReceiverMetrics("map", CollectorRegistry()),
-            None,
-            threading.Event(),
-        )
-
-    def write_live(self, states: list[dict[str, Any]], written: int | None = None) -> None:
-        """Exactly the processor's path: pack per bucket, unpack in the sink, Lua write + publish
-        (the batch is published even when Redis keeps a newer state)."""
-        n = self.live_writer._write_live(unpack_live(pack_live(states)))
-        assert n == (len(states) if written is None else written)
-
-    def deliver_alert(self, alert: dict[str, Any]) -> None:
-        """Exactly the alert history receiver's path: one Lua script that stores and publishes."""
-        assert self.history.deliver(parse_alert(orjson.dumps(alert)), self.ctx) is Outcome.DELIVERED
-
-
-@contextmanager
-def running_api(conf: Settings, log_dir: Path, **env: str) -> Iterator[str]:
-    """`fleetfence api` as deployed, as a subprocess (without the relay: nothing here needs Kafka);
-    yields its base URL."""
-    port = free_port()
-    full_env = {
-        **os.environ,
-        "FLEETFENCE_REDIS_URL": conf.redis_dsn,
-        "FLEETFENCE_KAFKA_BOOTSTRAP": conf.bootstrap_servers,
-        "FLEETFENCE_REDIS_PREFIX": conf.redis_prefix,
-        "FLEETFENCE_API_PORT": str(port),
-        "FLEETFENCE_API_RUN_RELAY": "false",
-        "FLEETFENCE_API_SSE_HEARTBEAT_S": "1",
-        "FLEETFENCE_API_KEY_CACHE_S": "0",
-        "FLEETFENCE_API_MAP_TILE_URL": "",
-        "PYTHONPATH": str(REPO),  # this checkout's code, whatever the venv's install points at
-        **env,
-    }
-    log = log_dir / "api.log"
-    exe = Path(sys.executable).with_name("fleetfence")
-    proc = subprocess.Popen([str(exe), "api"], env=full_env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_http(
-                lambda: proc.poll() is None and httpx.get(f"{base}/healthz").status_code == 200, 30, "api up"
-            )
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{log.read_text()[-3000:]}") from None
-        yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    assert "map's front-end libraries are missing" not in log.read_text()
-
-
-@pytest.fixture(scope="module")
-def server(infra_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    conf = infra_settings.model_copy(
-        update={"redis_prefix": f"{infra_settings.redis_prefix}{uuid.uuid4().hex[:8]}:"}
-    )
-    r = redis.Redis.from_url(conf.redis_dsn)
-    admin = create_api_key(r, conf.redis_prefix, "admin", Role.ADMIN)
-    viewer = create_api_key(r, conf.redis_prefix, "viewer", Role.VIEWER)
-    try:
-        with running_api(conf, tmp_path_factory.mktemp("map-api")) as base:
-            srv = Server(base, conf, admin, viewer, r)
-            try:
-                yield srv
-            finally:
-                srv.history.close()
-    finally:
-        r.close()
 
 
 def route(rid: str, name: str, coords: list[list[float]], width_m: float = 120) -> dict[str, Any]:
@@ -232,15 +89,15 @@ def alert(vid: str, kind: str, seq: int, lat: float, lon: float) -> dict[str, An
 # --------------------------------------------------------------------------- the page, without a browser
 
 
-def test_stream_token_auth_matrix(server: Server) -> None:
+def test_stream_token_auth_matrix(map_server: MapServer) -> None:
     """EventSource cannot send X-API-Key: the page trades its key for a short-lived token that only
     the stream accepts; the key itself is never accepted in a URL."""
-    b = server.base
+    b = map_server.base
     token_url = f"{b}/api/v1/stream/token"
     assert httpx.post(token_url).status_code == 401
     assert httpx.post(token_url, headers={"X-API-Key": "ffk_bogus"}).status_code == 401
     issued = {}
-    for who, headers in (("viewer", server.viewer), ("admin", server.admin)):
+    for who, headers in (("viewer", map_server.viewer), ("admin", map_server.admin)):
         res = httpx.post(token_url, headers=headers)
         assert res.status_code == 200, res.text
         assert res.json()["role"] == who
@@ -248,17 +105,19 @@ def test_stream_token_auth_matrix(server: Server) -> None:
         issued[who] = res.json()["token"]
     token = issued["viewer"]
     # Stored hashed, with a TTL: a token leaked from a log dies on its own.
-    stored = [stream_token_key(server.p, digest(t)) for t in issued.values()]
-    assert all(0 < server.r.ttl(k) <= 60 for k in stored)
-    assert all(server.r.get(k) == digest(server.viewer_key).encode() for k in stored[:1])
-    raw = b"".join(server.r.dump(k) or b"" for k in server.r.scan_iter(f"{server.p}streamtoken:*"))
+    stored = [stream_token_key(map_server.p, digest(t)) for t in issued.values()]
+    assert all(0 < map_server.r.ttl(k) <= 60 for k in stored)
+    assert all(map_server.r.get(k) == digest(map_server.viewer_key).encode() for k in stored[:1])
+    raw = b"".join(
+        map_server.r.dump(k) or b"" for k in map_server.r.scan_iter(f"{map_server.p}streamtoken:*")
+    )
     assert token.encode() not in raw
-    assert server.viewer_key.encode() not in raw
+    assert map_server.viewer_key.encode() not in raw
 
     stream = f"{b}/api/v1/stream"
     assert httpx.get(stream, params={"token": "fft_not-issued"}).status_code == 401
-    assert httpx.get(stream, params={"api_key": server.viewer_key}).status_code == 401
-    assert httpx.get(stream, params={"token": server.viewer_key}).status_code == 401
+    assert httpx.get(stream, params={"api_key": map_server.viewer_key}).status_code == 401
+    assert httpx.get(stream, params={"token": map_server.viewer_key}).status_code == 401
     # Only the stream takes a token; every other route still wants the header.
     assert httpx.get(f"{b}/api/v1/routes", params={"token": token}).status_code == 401
     assert httpx.get(f"{b}/api/v1/live", params={"token": token}).status_code == 401
@@ -277,28 +136,28 @@ def test_stream_token_auth_matrix(server: Server) -> None:
     t.start()
     wait_http(lambda: bool(got), 10, "stream response")
     assert got == ["200"]
-    server.deliver_alert(alert("v-token", "OVERSPEED", 1, 52.5, 13.4))
+    map_server.deliver_alert(alert("v-token", "OVERSPEED", 1, 52.5, 13.4))
     t.join(10)
     assert got == ["200", "event: alert"]
 
     # Revoking the key kills its tokens at once, even before they expire.
-    key = create_api_key(server.r, server.p, "shortlived", Role.VIEWER)
+    key = create_api_key(map_server.r, map_server.p, "shortlived", Role.VIEWER)
     tok = httpx.post(token_url, headers={"X-API-Key": key}).json()["token"]
     with httpx.stream("GET", stream, params={"token": tok}, timeout=5) as resp:
         assert resp.status_code == 200
-    revoke_api_key(server.r, server.p, "shortlived")
+    revoke_api_key(map_server.r, map_server.p, "shortlived")
     assert httpx.get(stream, params={"token": tok}).status_code == 401
     # And an expired token (its Redis key gone, as EX makes it) is refused.
     with httpx.stream("GET", stream, params={"token": issued["admin"]}, timeout=5) as resp:
         assert resp.status_code == 200
-    for k in server.r.scan_iter(f"{server.p}streamtoken:*"):
-        server.r.delete(k)
+    for k in map_server.r.scan_iter(f"{map_server.p}streamtoken:*"):
+        map_server.r.delete(k)
     assert httpx.get(stream, params={"token": issued["admin"]}).status_code == 401
 
 
-def test_page_is_self_contained_and_served_at_root_and_map(server: Server) -> None:
+def test_page_is_self_contained_and_served_at_root_and_map(map_server: MapServer) -> None:
     for path in ("/", "/map"):
-        res = httpx.get(server.base + path)
+        res = httpx.get(map_server.base + path)
         assert res.status_code == 200
         assert res.headers["content-type"].startswith("text/html")
         csp = res.headers["content-security-policy"]
@@ -318,7 +177,7 @@ def test_page_is_self_contained_and_served_at_root_and_map(server: Server) -> No
         "/static/app/grid.js",
         "/static/app/app.css",
     ):
-        res = httpx.get(server.base + asset)
+        res = httpx.get(map_server.base + asset)
         assert res.status_code == 200, asset
         assert len(res.content) > 500, asset
     # The page's code is split into ES modules (#20): every one is served, as JavaScript (a module
@@ -326,13 +185,13 @@ def test_page_is_self_contained_and_served_at_root_and_map(server: Server) -> No
     modules = sorted(p.name for p in STATIC_DIR.glob("*.js"))
     assert "app.js" in modules
     for name in modules:
-        res = httpx.get(f"{server.base}/static/app/{name}")
+        res = httpx.get(f"{map_server.base}/static/app/{name}")
         assert res.status_code == 200, name
         assert "javascript" in res.headers["content-type"], name
-    assert httpx.get(server.base + "/static/vendor/leaflet/../package.json").status_code == 404
-    assert httpx.get(server.base + "/map/config.json").json()["tile_url"] is None
+    assert httpx.get(map_server.base + "/static/vendor/leaflet/../package.json").status_code == 404
+    assert httpx.get(map_server.base + "/map/config.json").json()["tile_url"] is None
     # The page is not an API operation: it stays out of the OpenAPI schema (and its fuzzing).
-    paths = httpx.get(server.base + "/openapi.json").json()["paths"]
+    paths = httpx.get(map_server.base + "/openapi.json").json()["paths"]
     assert "/map" not in paths
     assert "/" not in paths
 
@@ -375,97 +234,26 @@ def test_tile_url_setting(settings: Settings) -> None:
 # --------------------------------------------------------------------------- the page in Chromium
 
 
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    assert CHROMIUM.exists(), "Debian chromium is missing: apt-get install chromium (scripts/dev.sh does)"
-    b = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-    try:
-        yield b
-    finally:
-        b.close()
-
-
-class Watched:
-    """A page plus everything it requested and every console error it logged."""
-
-    def __init__(self, page: Page, base: str) -> None:
-        self.page = page
-        self.base = base
-        self.requests: list[str] = []
-        self.errors: list[str] = []
-        page.on("request", self._request)
-        page.on("console", self._console)
-        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
-
-    def _request(self, req: Request) -> None:
-        self.requests.append(req.url)
-
-    def _console(self, msg: ConsoleMessage) -> None:
-        if msg.type == "error":
-            self.errors.append(msg.text)
-
-    def external(self) -> list[str]:
-        return [u for u in self.requests if not u.startswith(("http://127.0.0.1:", "data:", "blob:"))]
-
-    def login(self, key: str) -> None:
-        page = self.page
-        page.goto(f"{self.base}/map")
-        page.get_by_role("textbox", name="Key").fill(key)
-        page.get_by_role("button", name="Connect").click()
-        page.wait_for_selector("body[data-loaded='true']", timeout=UI_TIMEOUT_MS)
-        page.wait_for_selector("body[data-stream='live']", timeout=UI_TIMEOUT_MS)
-
-    def marker_latlng(self, vid: str) -> tuple[float, float]:
-        ll = self.page.evaluate(
-            "vid => { const v = window.fleetfence.vehicles.get(vid); if (!v) return null;"
-            " const p = v.marker.getLatLng(); return [p.lat, p.lng]; }",
-            vid,
-        )
-        return (ll[0], ll[1]) if ll else (float("nan"), float("nan"))
-
-    def screen_point(self, lat: float, lon: float) -> tuple[float, float]:
-        box = self.page.locator("#map").bounding_box()
-        assert box is not None
-        pt = self.page.evaluate(
-            "([lat, lon]) => { const p = window.fleetfence.map.latLngToContainerPoint([lat, lon]);"
-            " return [p.x, p.y]; }",
-            [lat, lon],
-        )
-        return box["x"] + pt[0], box["y"] + pt[1]
-
-
-@pytest.fixture
-def watched(browser: Browser, server: Server) -> Iterator[Watched]:
-    context = browser.new_context(viewport={"width": 1366, "height": 850})
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    try:
-        yield Watched(page, server.base)
-    finally:
-        context.close()
-
-
 A_COORDS = [[13.400, 52.520], [13.410, 52.525], [13.425, 52.527]]
 B_COORDS = [[13.390, 52.510], [13.395, 52.500], [13.405, 52.495]]
 
 
 def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
-    server: Server, watched: Watched, artifacts: Path
+    map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
     for f in (route("r-map-a", "Alpha loop", A_COORDS), route("r-map-b", "Bravo run", B_COORDS, 60)):
-        assert httpx.post(f"{server.base}/api/v1/routes", json=f, headers=server.admin).status_code == 201
+        assert (
+            httpx.post(f"{map_server.base}/api/v1/routes", json=f, headers=map_server.admin).status_code
+            == 201
+        )
     zone = {**copy.deepcopy(ZONE_EXAMPLE), "id": "z-map-depot"}
-    assert httpx.post(f"{server.base}/api/v1/zones", json=zone, headers=server.admin).status_code == 201
-    server.write_live([live("v-map-1", 10, 52.5205, 13.4010)])
+    assert (
+        httpx.post(f"{map_server.base}/api/v1/zones", json=zone, headers=map_server.admin).status_code == 201
+    )
+    map_server.write_live([live("v-map-1", 10, 52.5205, 13.4010)])
     page = watched.page
 
-    watched.login(server.viewer_key)
+    watched.login(map_server.viewer_key)
     assert page.locator("body").get_attribute("data-role") == "viewer"
     assert not page.locator("#draw-route").is_visible()  # editing tools are for admins only
     assert page.locator("#routes li").all_inner_texts()[0].startswith("Alpha loop")
@@ -481,7 +269,7 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
     page.screenshot(path=str(artifacts / "01-viewer-loaded.png"))
 
     # The processor writes a newer state: the marker moves and turns "deviating".
-    server.write_live([live("v-map-1", 11, 52.5232, 13.4105, status="off_route", progress_ratio=0.5)])
+    map_server.write_live([live("v-map-1", 11, 52.5232, 13.4105, status="off_route", progress_ratio=0.5)])
     wait_http(lambda: watched.marker_latlng("v-map-1") == (52.5232, 13.4105), 5, "marker to move")
     page.wait_for_function(
         "() => document.querySelector(\".veh-dot[data-vehicle='v-map-1']\").dataset.status === 'deviating'"
@@ -498,7 +286,7 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
         live("v-map-4", 1, 52.5240, 13.4180, overspeed=True, speed_kmh=88.0),
         live("v-map-5", 1, 52.5210, 13.4190, status="unassigned", route_id=None),
     ]
-    server.write_live([stale, *others], written=4)
+    map_server.write_live([stale, *others], written=4)
     page.locator(".veh-dot[data-vehicle='v-map-5']").wait_for()  # the batch has been applied
     assert watched.marker_latlng("v-map-1") == (52.5232, 13.4105)
     statuses = page.evaluate(
@@ -524,7 +312,7 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
     # A deviation alert reaches the list within seconds, at the top.
     t0 = time.monotonic()
     dev = alert("v-map-1", "ROUTE_DEVIATION", 11, 52.5232, 13.4105)
-    server.deliver_alert(dev)
+    map_server.deliver_alert(dev)
     item = page.locator(f"#alerts li[data-alert-id='{dev['alert_id']}']")
     item.wait_for(timeout=5000)
     assert time.monotonic() - t0 < 5
@@ -562,15 +350,17 @@ def test_viewer_sees_routes_a_moving_vehicle_and_live_alerts(
     assert any("/api/v1/stream?token=" in u for u in watched.requests)
 
 
-def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watched, artifacts: Path) -> None:
+def test_admin_draws_a_route_that_the_api_returns(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
     vid = "v-map-admin"
     res = httpx.post(
-        f"{server.base}/api/v1/vehicles",
+        f"{map_server.base}/api/v1/vehicles",
         json={"vehicle_id": vid, "label": "Admin test"},
-        headers=server.admin,
+        headers=map_server.admin,
     )
     assert res.status_code == 201, res.text
-    server.write_live([live(vid, 1, 52.5150, 13.3950, status="unassigned", route_id=None)])
+    map_server.write_live([live(vid, 1, 52.5150, 13.3950, status="unassigned", route_id=None)])
     page = watched.page
     # The route rules' defaults reach the form from the API's OpenAPI schema (their one home is the
     # Python model): the served schema is altered here, so the form can only show them from there.
@@ -587,7 +377,7 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
         rt.fulfill(response=res, json=doc)
 
     page.route("**/openapi.json", patched_schema)
-    watched.login(server.admin_key)
+    watched.login(map_server.admin_key)
     assert page.locator("body").get_attribute("data-role") == "admin"
     page.evaluate("() => window.fleetfence.map.setView([52.515, 13.40], 14, {animate: false})")
 
@@ -617,14 +407,14 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     # The API's own validation message is shown, nothing is saved.
     page.locator("#editor-error").get_by_text("corridor_width_m").wait_for()
     assert "greater than 0" in page.locator("#editor-error").inner_text()
-    assert httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).status_code == 404
+    assert httpx.get(f"{map_server.base}/api/v1/routes/r-drawn", headers=map_server.viewer).status_code == 404
     page.get_by_label("Corridor width (m, full width)").fill("80")
     page.get_by_label("Speed limit (km/h)").fill("40")
     page.screenshot(path=str(artifacts / "05-admin-draw-form.png"))
     page.get_by_role("button", name="Save").click()
     page.get_by_text("Route r-drawn saved (version 1).").wait_for()
 
-    got = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer)
+    got = httpx.get(f"{map_server.base}/api/v1/routes/r-drawn", headers=map_server.viewer)
     assert got.status_code == 200
     feature = got.json()
     assert feature["properties"]["name"] == "Drawn in the browser"
@@ -645,13 +435,16 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.locator("#assign-route").select_option("r-drawn")
     page.get_by_role("button", name="Assign", exact=True).click()
     page.get_by_text(f"{vid} assigned to r-drawn").wait_for()
-    assignment = httpx.get(f"{server.base}/api/v1/assignments/{vid}", headers=server.viewer).json()
+    assignment = httpx.get(f"{map_server.base}/api/v1/assignments/{vid}", headers=map_server.viewer).json()
     assert assignment["route_id"] == "r-drawn"
 
     # Someone else changes the route meanwhile: the page's save is refused with a clear message.
     other = route("r-drawn", "Changed elsewhere", [[13.38, 52.51], [13.39, 52.52]], 50)
     assert (
-        httpx.put(f"{server.base}/api/v1/routes/r-drawn", json=other, headers=server.admin).status_code == 200
+        httpx.put(
+            f"{map_server.base}/api/v1/routes/r-drawn", json=other, headers=map_server.admin
+        ).status_code
+        == 200
     )
     page.locator("#routes li[data-route-id='r-drawn']").click()
     page.get_by_role("button", name="Edit route").click()
@@ -659,7 +452,7 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.get_by_role("button", name="Save").click()
     page.locator("#editor-error").get_by_text("someone else changed route r-drawn").wait_for()
     assert "now version 2" in page.locator("#editor-error").inner_text()
-    after = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).json()
+    after = httpx.get(f"{map_server.base}/api/v1/routes/r-drawn", headers=map_server.viewer).json()
     assert after["properties"]["name"] == "Changed elsewhere"  # the stale edit did not overwrite it
     page.screenshot(path=str(artifacts / "07-admin-conflict.png"))
 
@@ -671,7 +464,7 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.get_by_label("Corridor width (m, full width)").fill("90")
     page.get_by_role("button", name="Save").click()
     page.get_by_text("Route r-drawn saved (version 3).").wait_for()
-    edited = httpx.get(f"{server.base}/api/v1/routes/r-drawn", headers=server.viewer).json()
+    edited = httpx.get(f"{map_server.base}/api/v1/routes/r-drawn", headers=map_server.viewer).json()
     assert edited["properties"]["corridor_width_m"] == 90
     assert edited["geometry"] == other["geometry"]
 
@@ -687,7 +480,7 @@ def test_admin_draws_a_route_that_the_api_returns(server: Server, watched: Watch
     page.get_by_label("Kind").select_option("depot")
     page.get_by_role("button", name="Save").click()
     page.get_by_text("Zone z-drawn saved (version 1).").wait_for()
-    zone = httpx.get(f"{server.base}/api/v1/zones/z-drawn", headers=server.viewer).json()
+    zone = httpx.get(f"{map_server.base}/api/v1/zones/z-drawn", headers=map_server.viewer).json()
     assert zone["properties"]["kind"] == "depot"
     ring = zone["geometry"]["coordinates"][0]
     assert len(ring) == 4
@@ -720,7 +513,7 @@ def tiny_png() -> bytes:
 
 
 def test_configured_tile_server_is_used_and_allowed(
-    server: Server, browser: Browser, tmp_path: Path, artifacts: Path
+    map_server: MapServer, browser: Browser, tmp_path: Path, artifacts: Path
 ) -> None:
     """With FLEETFENCE_API_MAP_TILE_URL set, the page loads its tiles from there (and the CSP lets
     it), instead of drawing the grid. A local tile server stands in for OSM."""
@@ -744,14 +537,14 @@ def test_configured_tile_server_is_used_and_allowed(
     tile_base = f"http://127.0.0.1:{httpd.server_port}"
     try:
         with running_api(
-            server.conf, tmp_path, FLEETFENCE_API_MAP_TILE_URL=tile_base + "/{z}/{x}/{y}.png"
+            map_server.conf, tmp_path, FLEETFENCE_API_MAP_TILE_URL=tile_base + "/{z}/{x}/{y}.png"
         ) as base:
             context = browser.new_context(viewport={"width": 1024, "height": 700})
             try:
                 page = context.new_page()
                 page.set_default_timeout(UI_TIMEOUT_MS)
                 watched = Watched(page, base)
-                watched.login(server.viewer_key)
+                watched.login(map_server.viewer_key)
                 page.wait_for_selector("img.leaflet-tile-loaded")
                 assert page.locator("canvas.leaflet-tile").count() == 0  # no grid
                 assert "OpenStreetMap" in page.locator(".leaflet-control-attribution").inner_text()

@@ -16,9 +16,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,17 +34,16 @@ from alerts.metrics import ReceiverMetrics, Snapshot
 from alerts.model import parse_alert
 from alerts.service import AlertService, group_id
 from alerts.sink import Context, Outcome, SourceRecord
-from alerts.webhook import verify_signature
 from fleetfence import probes
 from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
 from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
+from tests.alerts.helpers import SECRET, WebhookTarget
 
 pytestmark = pytest.mark.services
 
-SECRET = "test-webhook-secret"
 T = TypeVar("T")
 
 
@@ -103,72 +100,6 @@ class AlertWriter:
         else:
             self.p.flush(15)  # the records reach the log, then the transaction is aborted
             self.p.abort_transaction(15)
-
-
-@dataclass
-class WebhookTarget:
-    """A real HTTP server that counts 2xx-accepted deliveries and all attempts per alert_id."""
-
-    respond: Callable[[str, int], int] = lambda _aid, _n: 200
-    accepted: Counter[str] = field(default_factory=Counter)
-    attempts: Counter[str] = field(default_factory=Counter)
-    bad_signatures: int = 0
-    idempotency_mismatch: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-    def start(self) -> WebhookTarget:
-        target = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                aid = orjson.loads(body)["alert_id"]
-                with target.lock:
-                    if not verify_signature(SECRET.encode(), body, self.headers["X-FleetFence-Signature"]):
-                        target.bad_signatures += 1
-                    if self.headers["Idempotency-Key"] != aid:
-                        target.idempotency_mismatch += 1
-                    target.attempts[aid] += 1
-                    status = target.respond(aid, target.attempts[aid])
-                    if 200 <= status < 300:
-                        target.accepted[aid] += 1
-                body_out = b"" if status == 204 else b"ok"
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body_out)))
-                self.end_headers()
-                self.wfile.write(body_out)
-
-            def log_message(self, *_a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-
-    def accepted_ids(self) -> set[str]:
-        with self.lock:
-            return set(self.accepted)
-
-
-@pytest.fixture
-def target() -> Iterator[WebhookTarget]:
-    t = WebhookTarget().start()
-    yield t
-    t.stop()
 
 
 class MqttCollector:

@@ -19,7 +19,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -151,26 +150,6 @@ def assert_all_there(bootstrap: str, topic: str, partitions: int, sent: set[tupl
     pairs = [(k, v) for _, k, v in records]
     assert len(pairs) == len(sent), f"{topic}: {len(pairs)} records, {len(sent)} acknowledged"
     assert set(pairs) == sent
-
-
-@pytest.fixture
-def own_kafka(tmp_path: Path, infra_settings: Settings) -> Iterator[Settings]:
-    """A private broker of this test's own (it gets killed), beside the session's MQTT and Redis."""
-    fields = infra.private_fields(tmp_path / "own")
-    s = Settings(
-        **{
-            **fields,
-            "mqtt_url": f"mqtt://{infra_settings.host}:{infra_settings.mqtt_port}",
-            "redis_url": infra_settings.redis_dsn,
-        },
-        startup_timeout_s=90,
-        topic_prefix=f"own{uuid.uuid4().hex[:6]}.",
-    )
-    try:
-        infra.up(s, create_topics=False)
-        yield s
-    finally:
-        infra.down(s)
 
 
 # --------------------------------------------------------------------------- durability

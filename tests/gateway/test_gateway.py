@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -20,47 +19,12 @@ from fleetfence.testing import wait_for
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import Publisher, TopicReader, fix, forget_session, telemetry_seqs
+from tests.gateway.helpers import gw_settings
 from tests.strategies import json_ints
 
 pytestmark = pytest.mark.services
 
 KNOWN_REASONS = {r.value for r in DlqReason} - {DlqReason.INTERNAL_ERROR.value}
-
-
-def gw_settings(settings: Settings, **over: Any) -> GatewaySettings:
-    base = GatewaySettings(**settings.model_dump(exclude={"topics"}))
-    tag = uuid.uuid4().hex[:8]
-    upd: dict[str, Any] = {
-        "gateway_client_id": f"gw-test-{tag}",
-        "gateway_share_group": f"g{tag}",
-        "gateway_metrics_port": 0,
-        "gateway_kafka_linger_ms": 2,
-    }
-    upd.update(over)
-    return base.model_copy(update=upd)
-
-
-@pytest.fixture
-def gs(settings: Settings) -> Iterator[GatewaySettings]:
-    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
-    s = gw_settings(settings)
-    yield s
-    forget_session(*s.mqtt_host_port, s.gateway_client_id)
-
-
-@pytest.fixture
-def gateway(gs: GatewaySettings) -> Iterator[Gateway]:
-    gw = Gateway(gs)
-    gw.start()
-    yield gw
-    gw.stop(drain_timeout_s=5)
-
-
-@pytest.fixture
-def publisher(gs: GatewaySettings) -> Iterator[Publisher]:
-    p = Publisher(*gs.mqtt_host_port)
-    yield p
-    p.close()
 
 
 def reconciled(gw: Gateway) -> bool:

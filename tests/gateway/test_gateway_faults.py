@@ -14,9 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -24,7 +22,6 @@ import pytest
 from embedded import infra
 from fleetfence import probes
 from fleetfence.errors import WaitTimeoutError
-from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.service import Gateway
@@ -39,20 +36,9 @@ from gateway.testing import (
     scrape,
     telemetry_seqs,
 )
+from tests.gateway.helpers import gw_settings
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-
-
-def gw_settings(settings: Settings, **over: Any) -> GatewaySettings:
-    tag = uuid.uuid4().hex[:8]
-    upd: dict[str, Any] = {
-        "gateway_client_id": f"gw-fault-{tag}",
-        "gateway_share_group": f"f{tag}",
-        "gateway_metrics_port": 0,
-        "gateway_kafka_linger_ms": 2,
-    }
-    upd.update(over)
-    return GatewaySettings(**settings.model_dump(exclude={"topics"})).model_copy(update=upd)
 
 
 class PacedPublisher(threading.Thread):
@@ -103,16 +89,6 @@ class GatewayProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-
-
-@pytest.fixture
-def fleet(settings: Settings, tmp_path: Path) -> Iterator[tuple[GatewaySettings, Publisher, str]]:
-    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
-    gs = gw_settings(settings)
-    pub = Publisher(*gs.mqtt_host_port, inflight=1000)
-    yield gs, pub, f"f{uuid.uuid4().hex[:6]}-"
-    pub.close()
-    forget_session(*gs.mqtt_host_port, gs.gateway_client_id)
 
 
 def test_sigkill_mid_stream_loses_nothing(

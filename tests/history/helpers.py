@@ -6,14 +6,18 @@ v4's duplicates), gateway-style re-deliveries of already sent fixes, junk record
 processor run until its alerts (including event-time silence) are committed, then the archive
 query stopped mid-way, a crash after a batch's files were written but before Spark committed it
 simulated, restarted from its checkpoint, more re-deliveries, until it has caught up.
+
+At the end: the small hand-made archive of the reports' tests (test_history_reports.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,10 @@ from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from history.archive import start_archive
 from history.maintenance import last_committed_batch
+from history.report_inputs import report_range
 from history.schema import batch_of_file
 from history.settings import HistorySettings
+from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned
 from processor.domain import EngineConfig
 from processor.job import start_query
 from tests.processor.helpers import (
@@ -63,9 +69,6 @@ class Recording:
     @property
     def root(self) -> Path:
         return Path(self.hs.archive_root)
-
-
-_CACHE: dict[str, Recording] = {}
 
 
 def _files_of_batch(root: Path, batch_id: int) -> dict[str, tuple[str, int]]:
@@ -106,13 +109,8 @@ def _caught_up(q: Any, s: Settings) -> bool:
     return all(int(end.get(t, {}).get(k, -1)) >= v for t, parts in hw.items() for k, v in parts.items())
 
 
-def get_recording(spark: Any, infra_settings: Settings, base: Path) -> Recording:
-    if "r" not in _CACHE:
-        _CACHE["r"] = _record(spark, infra_settings, base)
-    return _CACHE["r"]
-
-
-def _record(spark: Any, infra_settings: Settings, base: Path) -> Recording:
+def record(spark: Any, infra_settings: Settings, base: Path) -> Recording:
+    """The recording (once per session: the `rec` fixture in conftest.py)."""
     settings = infra_settings.model_copy(update={"topic_prefix": f"h{uuid.uuid4().hex[:10]}."})
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     ps = processor_settings(settings, base / "processor")
@@ -195,3 +193,94 @@ def _record(spark: Any, infra_settings: Settings, base: Path) -> Recording:
         a.stop()
     rec.replayed_after = _files_of_batch(root, committed)
     return rec
+
+
+# --------------------------------------------------------------------------- the reports' archive
+# A small hand-made archive whose every figure test_history_reports.py derives by hand (its
+# docstring describes the tracks).
+
+BUCKETS = 4
+R_M = 6_371_008.8
+KY = R_M * math.pi / 180.0  # metres per degree of latitude
+LAT0 = 52.50
+D0 = int(datetime(2026, 11, 19, tzinfo=UTC).timestamp() * 1000)
+D1 = int(datetime(2026, 11, 20, 8, tzinfo=UTC).timestamp() * 1000)  # day 1, 08:00
+D2 = int(datetime(2026, 11, 21, 8, tzinfo=UTC).timestamp() * 1000)  # day 2, 08:00
+V3_T0 = D1 + 3_600_000  # day 1, 09:00
+R1_V2_TS = V3_T0 + 15_000
+ZONE_BOX = (13.4135, 52.499, 13.4155, 52.501)
+
+
+def _fix(vid: str, seq: int, ts: int, lon: float, off_m: float, speed: float) -> dict[str, Any]:
+    return {
+        "vehicle_id": vid,
+        "seq": seq,
+        "ts_ms": ts,
+        "lon": lon,
+        "lat": LAT0 + off_m / KY,
+        "speed_kmh": speed,
+    }
+
+
+V1_DAY1_OFF = [0, 10, -10, 0, 70, 160, -170, 0, 0, 0, 0, 40]
+V1_DAY1_SPEED = [40, 45, 55, 60, 62, 48, 40, 40, 70, 71, 40, 40]
+FIXES = (
+    [
+        _fix("v1", i, D1 + 10_000 * i, 13.405 + 0.001 * i, o, s)
+        for i, (o, s) in enumerate(zip(V1_DAY1_OFF, V1_DAY1_SPEED, strict=True))
+    ]
+    + [_fix("v1", 100 + i, D2 + 10_000 * i, lon, 0, 40) for i, lon in enumerate([13.410, 13.414, 13.415])]
+    + [_fix("v2", i, D1 + 10_000 * i, lon, 0, 90) for i, lon in enumerate([13.410, 13.414, 13.415, 13.420])]
+    + [_fix("v3", i, V3_T0 + 10_000 * i, 13.425 + 0.001 * i, 150, 60) for i in range(4)]
+)
+
+
+def route(version: int, width: float, limit: float) -> dict[str, Any]:
+    return {
+        "route_id": "r1",
+        "name": "line",
+        "geometry": {"type": "LineString", "coordinates": [[13.40, LAT0], [13.44, LAT0]]},
+        "corridor_width_m": width,
+        "speed_limit_kmh": limit,
+    }
+
+
+def write_report_archive(root: Path) -> Path:
+    """The reports' archive (test_history_reports.py's docstring describes it) under `root`."""
+    x0, y0, x1, y1 = ZONE_BOX
+    zone = {"type": "Polygon", "coordinates": [[[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]]}
+    write_master(
+        root,
+        [
+            {"entity": "route", "id": "r1", "version": 1, "data": route(1, 100, 50), "event_ts_ms": D0},
+            {
+                "entity": "zone",
+                "id": "z1",
+                "version": 1,
+                "data": {"zone_id": "z1", "kind": "depot", "geometry": zone},
+                "event_ts_ms": D0,
+            },
+            {
+                "entity": "assignment",
+                "id": "v1",
+                "version": 1,
+                "event_ts_ms": D0,
+                "data": {"vehicle_id": "v1", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
+            },
+            {
+                "entity": "assignment",
+                "id": "v3",
+                "version": 1,
+                "event_ts_ms": D0,
+                "data": {"vehicle_id": "v3", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
+            },
+            {"entity": "route", "id": "r1", "version": 2, "data": route(2, 400, 80), "event_ts_ms": R1_V2_TS},
+        ],
+    )
+    cols = {k: [f[k] for f in FIXES] for k in FIXES[0]}
+    files = write_telemetry_partitioned(telemetry_table(cols), root, BUCKETS, "part-0.parquet")
+    assert files >= 3  # two days, several buckets: the reader has to combine partitions
+    return root
+
+
+FULL = report_range("2026-11-20", "2026-11-21")

@@ -8,7 +8,6 @@ import json
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -16,17 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import shapely
 
-from fleetfence.settings import Settings
 from history.maintenance import apply_retention, compact
 from history.schema import ALERT_SCHEMA, MASTER_SCHEMA, TELEMETRY_SCHEMA, bucket_of, date_of_ms
-from tests.history.helpers import Recording, get_recording
+from tests.history.helpers import Recording
 
 pytestmark = [pytest.mark.spark, pytest.mark.services]
-
-
-@pytest.fixture(scope="module")
-def rec(spark: Any, infra_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Recording:
-    return get_recording(spark, infra_settings, tmp_path_factory.mktemp("history"))
 
 
 def _read(root: Path, table: str, schema: pa.Schema) -> pa.Table:

@@ -2,7 +2,7 @@
 from how the tracks were constructed (which fixes were put off-route, in a zone, over the limit),
 then compared with SedonaDB's answer, with the Shapely/pandas baseline's, and with the admin API's.
 
-The archive (buckets=4, GeoParquet via history/schema.py):
+The archive (built by tests/history/helpers.py, buckets=4, GeoParquet via history/schema.py):
 - route r1: a straight line along lat 52.50 from lon 13.40 to 13.44. Version 1 (day 0): corridor
   100 m (50 m each side), limit 50 km/h. Version 2 (day 1, 09:00:15): corridor 400 m, limit 80.
 - zone z1: the lon/lat box 13.4135..13.4155 x 52.499..52.501.
@@ -19,9 +19,7 @@ The archive (buckets=4, GeoParquet via history/schema.py):
 from __future__ import annotations
 
 import math
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,50 +29,13 @@ import numpy as np
 import orjson
 import pandas as pd
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from history.errors import ReportError
 from history.report_inputs import report_range
 from history.reports import SedonaReports
 from history.reports_baseline import BaselineReports
-from history.settings import HistorySettings
-from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned
-
-BUCKETS = 4
-R_M = 6_371_008.8
-KY = R_M * math.pi / 180.0  # metres per degree of latitude
-LAT0 = 52.50
-D0 = int(datetime(2026, 11, 19, tzinfo=UTC).timestamp() * 1000)
-D1 = int(datetime(2026, 11, 20, 8, tzinfo=UTC).timestamp() * 1000)  # day 1, 08:00
-D2 = int(datetime(2026, 11, 21, 8, tzinfo=UTC).timestamp() * 1000)  # day 2, 08:00
-V3_T0 = D1 + 3_600_000  # day 1, 09:00
-R1_V2_TS = V3_T0 + 15_000
-ZONE_BOX = (13.4135, 52.499, 13.4155, 52.501)
-
-
-def _fix(vid: str, seq: int, ts: int, lon: float, off_m: float, speed: float) -> dict[str, Any]:
-    return {
-        "vehicle_id": vid,
-        "seq": seq,
-        "ts_ms": ts,
-        "lon": lon,
-        "lat": LAT0 + off_m / KY,
-        "speed_kmh": speed,
-    }
-
-
-V1_DAY1_OFF = [0, 10, -10, 0, 70, 160, -170, 0, 0, 0, 0, 40]
-V1_DAY1_SPEED = [40, 45, 55, 60, 62, 48, 40, 40, 70, 71, 40, 40]
-FIXES = (
-    [
-        _fix("v1", i, D1 + 10_000 * i, 13.405 + 0.001 * i, o, s)
-        for i, (o, s) in enumerate(zip(V1_DAY1_OFF, V1_DAY1_SPEED, strict=True))
-    ]
-    + [_fix("v1", 100 + i, D2 + 10_000 * i, lon, 0, 40) for i, lon in enumerate([13.410, 13.414, 13.415])]
-    + [_fix("v2", i, D1 + 10_000 * i, lon, 0, 90) for i, lon in enumerate([13.410, 13.414, 13.415, 13.420])]
-    + [_fix("v3", i, V3_T0 + 10_000 * i, 13.425 + 0.001 * i, 150, 60) for i in range(4)]
-)
+from tests.history.helpers import BUCKETS, D1, D2, FIXES, R_M, V3_T0, ZONE_BOX
 
 
 def haversine(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -90,68 +51,6 @@ def fixes_of(vid: str, day_ms: int | None = None) -> list[dict[str, Any]]:
         for f in FIXES
         if f["vehicle_id"] == vid and (day_ms is None or f["ts_ms"] // 86_400_000 == day_ms // 86_400_000)
     ]
-
-
-def route(version: int, width: float, limit: float) -> dict[str, Any]:
-    return {
-        "route_id": "r1",
-        "name": "line",
-        "geometry": {"type": "LineString", "coordinates": [[13.40, LAT0], [13.44, LAT0]]},
-        "corridor_width_m": width,
-        "speed_limit_kmh": limit,
-    }
-
-
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("archive")
-    x0, y0, x1, y1 = ZONE_BOX
-    zone = {"type": "Polygon", "coordinates": [[[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]]}
-    write_master(
-        root,
-        [
-            {"entity": "route", "id": "r1", "version": 1, "data": route(1, 100, 50), "event_ts_ms": D0},
-            {
-                "entity": "zone",
-                "id": "z1",
-                "version": 1,
-                "data": {"zone_id": "z1", "kind": "depot", "geometry": zone},
-                "event_ts_ms": D0,
-            },
-            {
-                "entity": "assignment",
-                "id": "v1",
-                "version": 1,
-                "event_ts_ms": D0,
-                "data": {"vehicle_id": "v1", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
-            },
-            {
-                "entity": "assignment",
-                "id": "v3",
-                "version": 1,
-                "event_ts_ms": D0,
-                "data": {"vehicle_id": "v3", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
-            },
-            {"entity": "route", "id": "r1", "version": 2, "data": route(2, 400, 80), "event_ts_ms": R1_V2_TS},
-        ],
-    )
-    cols = {k: [f[k] for f in FIXES] for k in FIXES[0]}
-    files = write_telemetry_partitioned(telemetry_table(cols), root, BUCKETS, "part-0.parquet")
-    assert files >= 3  # two days, several buckets: the reader has to combine partitions
-    return root
-
-
-FULL = report_range("2026-11-20", "2026-11-21")
-
-
-@pytest.fixture(scope="module")
-def sedona(archive: Path) -> SedonaReports:
-    return SedonaReports(archive, FULL, BUCKETS)
-
-
-@pytest.fixture(scope="module")
-def baseline(archive: Path) -> BaselineReports:
-    return BaselineReports(archive, FULL, BUCKETS)
 
 
 # --------------------------------------------------------------------------- expectations
@@ -334,26 +233,6 @@ def test_baseline_agrees_on_random_tracks(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- admin API
-
-
-@pytest.fixture(scope="module")
-def api(archive: Path, infra_settings: Any) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    from admin_api.app import create_app
-    from admin_api.security import Role, create_api_key
-    from admin_api.settings import ApiSettings
-
-    conf = ApiSettings.from_base(
-        infra_settings, redis_prefix=f"rep{uuid.uuid4().hex[:8]}:", api_run_relay=False, api_key_cache_s=0
-    )
-    r = redis.Redis.from_url(conf.redis_dsn)
-    viewer = create_api_key(r, conf.redis_prefix, "viewer", Role.VIEWER)
-    app = create_app(conf)
-    app.state.history_settings = HistorySettings.from_base(
-        conf, history_archive_path=str(archive), history_buckets=BUCKETS
-    )
-    with TestClient(app) as client:
-        yield client, {"X-API-Key": viewer}
-    r.close()
 
 
 Q = {"from": "2026-11-20", "to": "2026-11-21"}

@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 import shapely
 
-from fleetfence.settings import Settings
 from history.restate import (
     RestateError,
     RestateRequest,
@@ -23,17 +22,12 @@ from history.restate import (
 )
 from history.schema import bucket_of, date_of_ms, part_file_name, partition_dir, to_table, write_geoparquet
 from processor.domain import EngineConfig
-from tests.history.helpers import Recording, get_recording
+from tests.history.helpers import Recording
 from tests.processor.helpers import LINE, T0, master_events, scenario
 
 pytestmark = [pytest.mark.spark, pytest.mark.services]
 
 WINDOW = (T0, T0 + 600_000)
-
-
-@pytest.fixture(scope="module")
-def rec(spark: Any, infra_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Recording:
-    return get_recording(spark, infra_settings, tmp_path_factory.mktemp("history"))
 
 
 def _restate(spark: Any, rec: Recording, out: Path, **kw: Any) -> RestateResult:

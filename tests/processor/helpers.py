@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,15 @@ from fleetfence.kafka import producer_config
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from fleetfence.testing import wait_for as wait_until_true
+from processor.checkpoint_files import CheckpointFiles
 from processor.columns import empty_states
 from processor.domain import EngineConfig
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
 from processor.settings import ProcessorSettings
+
+# A checkpoint's files at a location (the `checkpoint_files` fixture: local, or through Hadoop).
+Files = Callable[[str], CheckpointFiles]
 
 T0 = 1_795_000_000_000
 LINE = [[13.0, 52.5], [13.1, 52.5]]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,12 +11,12 @@ import pytest
 from fleetfence.errors import ConfigError
 from processor.checkpoint_files import (
     SINK_ID_FILE,
-    CheckpointFiles,
     HadoopCheckpointFiles,
     LocalCheckpointFiles,
     sink_id_for,
 )
 from processor.layout import LAYOUT_FILE, balanced_keys, checkpoint_layout, shuffle_partition, spark_hash_int
+from tests.processor.helpers import Files
 
 VALUES = [*range(-50, 300), 2**31 - 1, -(2**31), 123_456_789, -987_654_321]
 
@@ -64,24 +63,10 @@ def test_identity_keys_are_what_made_four_buckets_run_one_plus_three() -> None:
     assert sorted(Counter(shuffle_partition(b, 2) for b in range(4)).values()) == [1, 3]
 
 
-Files = Callable[[str], CheckpointFiles]
-
-
-@pytest.fixture(params=["local", "hadoop"])
-def files(request: pytest.FixtureRequest) -> Files:
-    """Both implementations of the checkpoint files: on a local folder, and through the Hadoop
-    FileSystem of the shared SparkSession (what the job uses, for any checkpoint URI)."""
-    if request.param == "local":
-        return LocalCheckpointFiles
-    request.applymarker(pytest.mark.spark)
-    spark = request.getfixturevalue("spark")
-    return lambda location: HadoopCheckpointFiles(spark, location)
-
-
 def test_checkpoint_records_the_layout_and_refuses_a_changed_bucket_count(
-    tmp_path: Path, files: Files
+    tmp_path: Path, checkpoint_files: Files
 ) -> None:
-    cp = files(str(tmp_path / "cp"))
+    cp = checkpoint_files(str(tmp_path / "cp"))
     first = checkpoint_layout(cp, 4, 2)
     assert first == balanced_keys(4, 2)
     saved = json.loads((tmp_path / "cp" / LAYOUT_FILE).read_text())
@@ -93,19 +78,19 @@ def test_checkpoint_records_the_layout_and_refuses_a_changed_bucket_count(
         checkpoint_layout(cp, 16, 2)
 
 
-def test_checkpoint_from_before_layouts_keeps_bucket_numbers(tmp_path: Path, files: Files) -> None:
+def test_checkpoint_from_before_layouts_keeps_bucket_numbers(tmp_path: Path, checkpoint_files: Files) -> None:
     cp = tmp_path / "old"
     (cp / "offsets").mkdir(parents=True)
     (cp / "offsets" / "0").write_text("v1")
-    assert checkpoint_layout(files(str(cp)), 4, 2) == [0, 1, 2, 3]
-    assert checkpoint_layout(files(f"file:{cp}"), 4, 2) == [0, 1, 2, 3]
-    assert checkpoint_layout(files(f"file://{cp}"), 4, 2) == [0, 1, 2, 3]
+    assert checkpoint_layout(checkpoint_files(str(cp)), 4, 2) == [0, 1, 2, 3]
+    assert checkpoint_layout(checkpoint_files(f"file:{cp}"), 4, 2) == [0, 1, 2, 3]
+    assert checkpoint_layout(checkpoint_files(f"file://{cp}"), 4, 2) == [0, 1, 2, 3]
 
 
 def test_files_are_created_once_and_both_implementations_see_the_same_folder(
-    tmp_path: Path, files: Files
+    tmp_path: Path, checkpoint_files: Files
 ) -> None:
-    cp = files(f"file://{tmp_path / 'new' / 'cp'}")  # the folder does not exist yet
+    cp = checkpoint_files(f"file://{tmp_path / 'new' / 'cp'}")  # the folder does not exist yet
     assert cp.read("id") is None
     assert not cp.has_entries("offsets")
     assert cp.create("id", "first")
@@ -120,13 +105,13 @@ def test_files_are_created_once_and_both_implementations_see_the_same_folder(
     assert LocalCheckpointFiles(str(tmp_path / "new" / "cp")).read("id") == "first"
 
 
-def test_sink_id_is_kept_in_the_checkpoint(tmp_path: Path, files: Files) -> None:
-    cp = files(str(tmp_path / "cp"))
+def test_sink_id_is_kept_in_the_checkpoint(tmp_path: Path, checkpoint_files: Files) -> None:
+    cp = checkpoint_files(str(tmp_path / "cp"))
     sid = sink_id_for(cp)
     assert len(sid) == 16
-    assert sink_id_for(files(str(tmp_path / "cp"))) == sid, "a restarted driver gets the same id"
+    assert sink_id_for(checkpoint_files(str(tmp_path / "cp"))) == sid, "a restarted driver gets the same id"
     assert (tmp_path / "cp" / SINK_ID_FILE).read_text() == sid
-    assert sink_id_for(files(str(tmp_path / "other"))) != sid, "a new checkpoint gets a new id"
+    assert sink_id_for(checkpoint_files(str(tmp_path / "other"))) != sid, "a new checkpoint gets a new id"
 
 
 @pytest.mark.spark

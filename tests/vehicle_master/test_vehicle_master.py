@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,20 +125,6 @@ def test_model_rules_reject_bad_numbers_and_windows() -> None:
 
 
 # --------------------------------------------------------------------------- store
-
-
-@pytest.fixture
-def msettings(settings: Settings) -> MasterSettings:
-    return MasterSettings.from_base(
-        settings, redis_prefix=f"{settings.redis_prefix}{uuid.uuid4().hex[:8]}:", relay_block_ms=100
-    )
-
-
-@pytest.fixture
-def vm(msettings: MasterSettings) -> Iterator[VehicleMaster]:
-    store = VehicleMaster.from_settings(msettings)
-    yield store
-    store.close()
 
 
 def outbox_events(vm: VehicleMaster) -> list[dict[str, Any]]:

@@ -1,0 +1,51 @@
+"""The gateway's fixtures: its settings on the test's topics, a running gateway, an MQTT
+publisher, and a fleet for the fault tests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.settings import Settings
+from gateway.service import Gateway
+from gateway.settings import GatewaySettings
+from gateway.testing import Publisher, forget_session
+from tests.gateway.helpers import gw_settings
+
+
+@pytest.fixture
+def gs(settings: Settings) -> Iterator[GatewaySettings]:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = gw_settings(settings)
+    yield s
+    forget_session(*s.mqtt_host_port, s.gateway_client_id)
+
+
+@pytest.fixture
+def gateway(gs: GatewaySettings) -> Iterator[Gateway]:
+    gw = Gateway(gs)
+    gw.start()
+    yield gw
+    gw.stop(drain_timeout_s=5)
+
+
+@pytest.fixture
+def publisher(gs: GatewaySettings) -> Iterator[Publisher]:
+    p = Publisher(*gs.mqtt_host_port)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def fleet(settings: Settings) -> Iterator[tuple[GatewaySettings, Publisher, str]]:
+    """The gateway's settings (not started: the tests run it), a publisher with room for a
+    fleet's in-flight messages, and a vehicle-id prefix of the test's own."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    gs = gw_settings(settings)
+    pub = Publisher(*gs.mqtt_host_port, inflight=1000)
+    yield gs, pub, f"f{uuid.uuid4().hex[:6]}-"
+    pub.close()
+    forget_session(*gs.mqtt_host_port, gs.gateway_client_id)
