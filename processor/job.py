@@ -26,6 +26,12 @@ def register_sink(spark: Any) -> None:
     spark.dataSource.register(AlertSinkDataSource)
 
 
+def checkpoint_sink_id(spark: Any, s: ProcessorSettings) -> str:
+    """The sink id of this checkpoint (created with the checkpoint, the same for every restart):
+    the key of its commit markers."""
+    return sink_id_for(HadoopCheckpointFiles(spark, s.checkpoint))
+
+
 def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
     """Build and start the streaming query; returns the StreamingQuery."""
     from processor.kafka_sink import SINK_NAME

@@ -1,7 +1,9 @@
 """`fleetfence processor`: run the streaming job until SIGTERM/SIGINT, with metrics and logs.
 
 The Spark query does the work; this loop only watches it: it exports the query's progress as
-Prometheus metrics, logs one structured line per micro-batch, and stops the query gracefully on a
+Prometheus metrics, counts and logs every committed micro-batch from its commit marker
+(`processor.markers`: one structured line per batch, the marker's exact counts joined with the
+batch's duration and watermark), and stops the query gracefully on a
 signal (the current micro-batch finishes and commits; a SIGKILL is also safe, see
 docs/exactly-once.md).
 """
@@ -17,7 +19,8 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import ProcessorError
-from processor.job import start_query
+from processor.job import checkpoint_sink_id, start_query
+from processor.markers import BatchLedger, MarkerReader
 from processor.settings import ProcessorSettings
 from processor.spark import build_session, service_master
 
@@ -41,13 +44,6 @@ def _observe(progress: dict[str, Any], telemetry_topic: str) -> None:
     INPUT_RATE.set(events * 1000.0 / duration_ms if duration_ms else 0.0)
     ops = progress.get("stateOperators") or [{}]
     STATE_ROWS.set(ops[0].get("numRowsTotal", 0))
-    logger.info(
-        "batch done batch_id=%s input_rows=%s duration_ms=%s rows_per_s=%.0f",
-        progress.get("batchId"),
-        progress.get("numInputRows"),
-        progress.get("durationMs", {}).get("triggerExecution"),
-        progress.get("processedRowsPerSecond", 0.0) or 0.0,
-    )
 
 
 def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> None:
@@ -63,6 +59,9 @@ def _run(s: ProcessorSettings, stop: threading.Event) -> None:
     spark = build_session(
         app_name="fleetfence-processor", master=master, shuffle_partitions=s.processor_shuffle_partitions
     )
+    # Open the marker tail before the query starts: every batch this run commits is counted.
+    ledger = BatchLedger(checkpoint_sink_id(spark, s))
+    reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
     q = start_query(spark, s)
     last_batch = -1
 
@@ -81,6 +80,10 @@ def _run(s: ProcessorSettings, stop: threading.Event) -> None:
             for p in new:
                 last_batch = p["batchId"]
                 _observe(p, s.topics.telemetry)
+                ledger.progress(p)
+        for m in reader.poll():
+            ledger.marker(m)
+        ledger.flush()
         return done
 
     try:
@@ -92,6 +95,11 @@ def _run(s: ProcessorSettings, stop: threading.Event) -> None:
         if q.isActive:
             logger.info("stopping processor query=%s", q.id)
             q.stop()
+        # The last batch committed before the stop: count and log it too.
+        for m in reader.poll(1.0):
+            ledger.marker(m)
+        ledger.flush(now=float("inf"))
+        reader.close()
         spark.stop()
 
 

@@ -1,0 +1,159 @@
+"""Exact batch accounting: the processor's counters and its per-batch log lines come from the commit
+markers, so metrics = markers = records (issue #21)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.probes import free_port
+from fleetfence.settings import Settings
+from processor.markers import BatchLedger
+from tests.processor.helpers import (
+    markers,
+    master_events,
+    processor_settings,
+    produce,
+    produce_master,
+    produce_telemetry,
+    scenario,
+    spawn_processor,
+    wait_for,
+)
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_the_ledger_counts_each_marker_once_and_joins_it_with_its_progress() -> None:
+    ledger = BatchLedger("s1")
+    before = counter("fleetfence_processor_records_total", outcome="accepted")
+    batches_before = counter("fleetfence_processor_committed_batches_total")
+    m = {"sink_id": "s1", "batch_id": 7, "received": 5, "accepted": 4, "duplicates": 1, "invalid": 2}
+    assert ledger.marker(m, now=0.0)
+    assert not ledger.marker({**m, "sink_id": "other"}, now=0.0)  # another checkpoint's sink
+    assert ledger.flush(now=1.0) == []  # waits for the batch's progress report
+    ledger.progress({"batchId": 7, "durationMs": {"triggerExecution": 120}, "eventTime": {"watermark": "W"}})
+    (line,) = ledger.flush(now=2.0)
+    assert line["batch_id"] == 7
+    assert (line["accepted"], line["duplicates"], line["invalid"]) == (4, 1, 2)
+    assert (line["duration_ms"], line["watermark"]) == (120, "W")
+    assert ledger.flush(now=3.0) == []  # logged once
+    assert counter("fleetfence_processor_records_total", outcome="accepted") == before + 4
+    assert counter("fleetfence_processor_committed_batches_total") == batches_before + 1
+    # A marker whose progress never comes is still logged, without duration.
+    ledger.marker({**m, "batch_id": 8}, now=10.0)
+    assert ledger.flush(now=20.0) == []
+    (late,) = ledger.flush(now=41.0)
+    assert (late["batch_id"], late["duration_ms"]) == (8, None)
+
+
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Sample:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+@pytest.mark.spark
+@pytest.mark.services
+def test_metrics_equal_markers_equal_records_over_many_small_batches(
+    settings: Settings, tmp_path: Path
+) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    port = free_port()
+    ps = processor_settings(settings, tmp_path, processor_metrics_port=port)
+    fixes = scenario(60)  # 6 vehicles at 1 Hz, one with duplicates in its own stream
+    produce_master(settings, master_events())
+    log = tmp_path / "processor.log"
+    proc = spawn_processor(ps, log)
+    try:
+        # A live-like stream: ten rounds of 6 s of fixes, each followed by re-deliveries of three of
+        # its fixes and one record that is not telemetry; every round is read before the next, so
+        # the run has many small batches and no fix is older than the watermark when it is read.
+        records_in = 0
+        for r in range(10):
+            part = [f for f in fixes if 6 * r <= f.seq < 6 * r + 6]
+            produce_telemetry(settings, part + part[:3])
+            produce(settings, settings.topics.telemetry, [(b"junk", b"not json %d" % r)])
+            records_in += len(part) + 3 + 1
+
+            def read_so_far(n: int = records_in) -> bool:
+                ms = markers(settings)
+                return sum(int(m.get("received", 0)) + int(m.get("invalid", 0)) for m in ms) >= n
+
+            wait_for(read_so_far, 120, f"round {r} to be committed")
+
+        def consistent() -> tuple[list[dict[str, object]], Sample] | None:
+            """Markers and metrics read at one moment that agree on the batch count and account
+            for every record (a batch committing in between makes the next try)."""
+            ms = markers(settings)
+            got = sum(int(str(m.get("received", 0))) + int(str(m.get("invalid", 0))) for m in ms)
+            if got != records_in:
+                return None
+            m = scrape(port)
+            if m.get(("fleetfence_processor_committed_batches_total", ()), 0) != len(ms):
+                return None
+            return (ms, m) if markers(settings) == ms else None
+
+        agreed = wait_for(consistent, 240, "markers and metrics to account for every record")
+        assert agreed is not None
+        ms, m = agreed
+        assert len(ms) >= 10, "the test wants many small batches"
+        sums = {
+            k: sum(int(str(x.get(k, 0))) for x in ms)
+            for k in ("received", "accepted", "duplicates", "invalid")
+        }
+        held = int(str(ms[-1].get("held", 0)))
+        assert sums["invalid"] == 10
+        assert sums["received"] + sums["invalid"] == records_in
+        assert sums["received"] == sums["accepted"] + sums["duplicates"] + held
+        assert sums["duplicates"] >= 30  # the re-deliveries, and v4's own
+        for key, outcome in (
+            ("received", "received"),
+            ("accepted", "accepted"),
+            ("duplicates", "duplicate"),
+            ("invalid", "invalid"),
+        ):
+            assert m[("fleetfence_processor_records_total", (("outcome", outcome),))] == sums[key], key
+        assert m[("fleetfence_processor_held_fixes", ())] == held
+        want = {int(str(x["batch_id"])) for x in ms}
+
+        def logged_batches() -> set[int] | None:
+            text = log.read_text(errors="replace")
+            got = {
+                int(ln.split("batch_id=")[1].split()[0])
+                for ln in text.splitlines()
+                if "batch committed" in ln
+            }
+            return got if want <= got else None
+
+        got = wait_for(logged_batches, 60, "one log line per committed batch")
+        assert got is not None
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if "batch committed" in ln]
+        assert len(lines) == len(got), "a batch logged twice"
+        assert got <= {int(str(x["batch_id"])) for x in markers(settings)}  # nothing logged uncommitted
+        assert all("duration_ms=" in ln and "watermark=" in ln for ln in lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
