@@ -165,8 +165,8 @@ def _chunk(
         # Off-route excursions: ~4 per vehicle, 10..60 fixes, 80..400 m sideways.
         off = np.zeros(fixes)
         for _ in range(4):
-            s = int(rng.integers(0, fixes - 60))
-            off[s : s + int(rng.integers(10, 60))] = rng.uniform(80, 400)
+            start = int(rng.integers(0, fixes - 60))
+            off[start : start + int(rng.integers(10, 60))] = rng.uniform(80, 400)
         ang = rng.uniform(0, 2 * math.pi)
         x = x + off * math.cos(ang) + rng.normal(0, 5, fixes)
         y = y + off * math.sin(ang) + rng.normal(0, 5, fixes)

@@ -16,9 +16,9 @@ from pydantic import BaseModel
 
 from admin_api import schemas
 from admin_api.app import create_app
+from admin_api.errors import ApiKeyError
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
 from admin_api.security import (
-    ApiKeyError,
     Role,
     create_api_key,
     digest,
@@ -301,7 +301,7 @@ def _call(api: Api, method: str, path: str, headers: dict[str, str], query: str 
         with api.c.stream("GET", url, headers=headers) as res:
             if res.status_code == 200:
                 assert res.headers["content-type"].startswith("text/event-stream")
-            return res.status_code
+            return int(res.status_code)  # TestClient's responses are untyped without httpx2
     body: Any = None
     if method in {"post", "put"}:
         body = {
@@ -316,7 +316,7 @@ def _call(api: Api, method: str, path: str, headers: dict[str, str], query: str 
             "/api/v1/import": {"type": "FeatureCollection", "features": []},
             "/api/v1/stream/token": None,
         }[path]
-    return api.c.request(method.upper(), url, json=body, headers=headers).status_code
+    return int(api.c.request(method.upper(), url, json=body, headers=headers).status_code)
 
 
 def _reports_need_a_range(path: str) -> bool:
@@ -373,7 +373,9 @@ def test_revoked_key_is_refused(api: Api) -> None:
     revoke_api_key(api.r, api.p, "viewer")
     assert api.c.get("/api/v1/routes", headers=api.viewer).status_code == 401
     assert api.r.keys(f"{api.p}apikey:*") != []  # the admin key is still there, stored hashed
-    assert all(api.admin["X-API-Key"].encode() not in api.r.dump(k) for k in api.r.keys(f"{api.p}apikey*"))
+    assert all(
+        api.admin["X-API-Key"].encode() not in (api.r.dump(k) or b"") for k in api.r.keys(f"{api.p}apikey*")
+    )
 
 
 def test_corrupt_stored_role_is_refused_with_a_warning(api: Api, caplog: pytest.LogCaptureFixture) -> None:
@@ -400,7 +402,8 @@ def test_create_api_key_writes_name_and_key_in_one_atomic_command(api: Api) -> N
     monitor_client = redis.Redis.from_url(api.settings.redis_dsn, socket_timeout=10)
     marker = f"end-{uuid.uuid4().hex}"
     try:
-        with monitor_client.monitor() as m:
+        # redis leaves Redis.monitor() unannotated.
+        with monitor_client.monitor() as m:  # type: ignore[no-untyped-call]
             key = create_api_key(api.r, api.p, "ops", Role.VIEWER)
             with pytest.raises(ApiKeyError, match="already exists"):
                 create_api_key(api.r, api.p, "ops", Role.ADMIN)
@@ -669,7 +672,9 @@ def test_health_ready_metrics_and_openapi_examples(api: Api) -> None:
     for model in vars(schemas).values():
         if isinstance(model, type) and issubclass(model, BaseModel) and model.__module__ == schemas.__name__:
             extra = model.model_config.get("json_schema_extra")
-            for example in extra.get("examples", []) if isinstance(extra, dict) else []:
+            examples = extra.get("examples", []) if isinstance(extra, dict) else []
+            assert isinstance(examples, list), model
+            for example in examples:
                 model.model_validate(example)
     # Liveness vs readiness is part of the contract.
     healthz, readyz = schema["paths"]["/healthz"]["get"], schema["paths"]["/readyz"]["get"]

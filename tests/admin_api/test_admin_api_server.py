@@ -17,6 +17,7 @@ import pytest
 import schemathesis
 from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
+from schemathesis.core.result import Err
 
 from admin_api.schemas import ROUTE_EXAMPLE
 from fleetfence.kafka import consumer_config
@@ -94,7 +95,11 @@ def test_sse_stream_delivers_alerts_and_positions(api_server: ApiServer) -> None
 def _operations(api_server: ApiServer) -> list[Any]:
     """Every operation but the endless SSE stream (its auth is in test_auth_matrix_every_route)."""
     schema = schemathesis.openapi.from_url(f"{api_server.base}/openapi.json").exclude(path="/api/v1/stream")
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = []
+    for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            raise result.err()
+        operations.append(result.ok())
     assert len(operations) >= 27
     return operations
 

@@ -18,6 +18,11 @@ from tests.admin_api.helpers import Cli
 pytestmark = pytest.mark.services
 
 
+def text(x: bytes | str) -> str:
+    """A Redis reply as text (this client returns bytes; redis' stubs allow either)."""
+    return x.decode() if isinstance(x, bytes) else x
+
+
 def created_key(res: subprocess.CompletedProcess[str]) -> str:
     """`create` prints the key alone on stdout (the notice goes to stderr)."""
     lines = res.stdout.strip().splitlines()
@@ -46,7 +51,7 @@ def test_apikey_create_list_revoke_through_the_real_cli(cli: Cli) -> None:
     # Redis holds each key only as its SHA-256 digest: the names index points at the digest, and no
     # stored value under the prefix contains a plain key.
     p = cli.conf.redis_prefix
-    names = {k.decode(): v.decode() for k, v in cli.r.hgetall(f"{p}apikeys:names").items()}
+    names = {text(k): text(v) for k, v in cli.r.hgetall(f"{p}apikeys:names").items()}
     assert names == {"ops-admin": sha256(admin), "dashboard": sha256(viewer)}
     assert cli.r.hget(f"{p}apikey:{sha256(admin)}", "role") == b"admin"
     assert cli.r.hget(f"{p}apikey:{sha256(viewer)}", "role") == b"viewer"

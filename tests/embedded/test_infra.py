@@ -11,6 +11,7 @@ import paho.mqtt.client as mqtt
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
+from paho.mqtt.enums import CallbackAPIVersion
 
 from embedded import infra, processes
 from fleetfence import probes
@@ -69,7 +70,7 @@ def test_kafka_produce_consume_round_trip(settings: Settings) -> None:
 def test_mosquitto_pub_and_redis_cli_connect(infra_settings: Settings) -> None:
     host, port = infra_settings.mqtt_host_port
     received = threading.Event()
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     subscribed = threading.Event()
     client.on_subscribe = lambda *_a: subscribed.set()
     client.on_message = lambda _c, _u, m: received.set() if m.payload == b"hello" else None

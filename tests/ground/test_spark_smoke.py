@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import pandas as pd
 import pytest
 
 pytestmark = pytest.mark.spark
+
+# Spark reads the UDF's kind from its type hints at run time, where a Series takes no parameter.
+if TYPE_CHECKING:
+    FloatSeries = pd.Series[float]
+else:
+    FloatSeries = pd.Series
 
 
 def test_tiny_batch_job_runs_python_udf(spark: object) -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.functions import pandas_udf
 
     assert isinstance(spark, SparkSession)
     df = spark.range(0, 1000).withColumn("bucket", F.col("id") % 7)
 
-    @F.pandas_udf("double")  # type: ignore[call-overload]
-    def twice(s):  # type: ignore[no-untyped-def]
+    def double(s: FloatSeries) -> FloatSeries:
         return s * 2.0
+
+    # The stubs lack the documented form that takes the UDF's kind from its type hints.
+    twice = pandas_udf(double, "double")  # type: ignore[call-overload]
 
     rows = df.groupBy("bucket").agg(F.sum(twice(F.col("id"))).alias("s")).orderBy("bucket").collect()
     expected = {b: float(sum(2 * i for i in range(1000) if i % 7 == b)) for b in range(7)}

@@ -264,8 +264,13 @@ def test_api_zone_visits_geojson(api: tuple[TestClient, dict[str, str]]) -> None
     client, key = api
     plain = client.get("/api/v1/reports/zone-visits", params=Q, headers=key).json()["items"]
     assert [(v["vehicle_id"], v["entry_ts_ms"], v["exit_ts_ms"], v["dwell_s"]) for v in plain] == [
-        (r.vehicle_id, r.entry_ts_ms, None if pd.isna(r.exit_ts_ms) else r.exit_ts_ms, r.dwell_s)
-        for r in expected_visits().itertuples()
+        (
+            r["vehicle_id"],
+            r["entry_ts_ms"],
+            None if pd.isna(r["exit_ts_ms"]) else r["exit_ts_ms"],
+            r["dwell_s"],
+        )
+        for r in expected_visits().to_dict("records")
     ]
     for url, params in (
         ("/api/v1/reports/zone-visits", {**Q, "format": "geojson"}),

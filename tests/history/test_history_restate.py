@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import shapely
 
+from history.errors import RestateError
 from history.restate import (
-    RestateError,
     RestateRequest,
     RestateResult,
     load_master_events,

@@ -6,9 +6,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import orjson
@@ -27,6 +26,8 @@ from processor.domain import EngineConfig
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
 from processor.settings import ProcessorSettings
+
+T = TypeVar("T")
 
 # A checkpoint's files at a location (the `checkpoint_files` fixture: local, or through Hadoop).
 Files = Callable[[str], CheckpointFiles]
@@ -196,5 +197,10 @@ def spawn_processor(
     )
 
 
-# Each check of these tests reads topics to their end: poll every 0.25 s, not the default 0.05 s.
-wait_for = partial(wait_until_true, interval_s=0.25)
+def wait_for(
+    check: Callable[[], T | Literal[False] | None], timeout_s: float, what: str, *, interval_s: float = 0.25
+) -> T:
+    """fleetfence.testing.wait_for, polling every 0.25 s (each check of these tests reads topics to
+    their end), typed as what it returns: the check's first truthy value, so never None or False
+    (`lambda: (a := read()) and len(a) >= n and a` gives the list)."""
+    return cast(T, wait_until_true(check, timeout_s, what, interval_s=interval_s))

@@ -193,9 +193,11 @@ def test_grouped_corridor_tests_equal_one_shapely_call_per_fix() -> None:
     mask = rng.random(n) < 0.5
     inside, inner = corridor_tests(with_gap, ridx, lon, lat, inner_mask=mask)
     for i in range(n):
-        r = with_gap[ridx[i]] if ridx[i] >= 0 else None
-        want_in = True if r is None else bool(shapely.contains_xy(r.corridor, lon[i], lat[i]))
-        want_inner = True if r is None or not mask[i] else bool(shapely.contains_xy(r.inner, lon[i], lat[i]))
+        route = with_gap[ridx[i]] if ridx[i] >= 0 else None
+        want_in = True if route is None else bool(shapely.contains_xy(route.corridor, lon[i], lat[i]))
+        want_inner = (
+            True if route is None or not mask[i] else bool(shapely.contains_xy(route.inner, lon[i], lat[i]))
+        )
         assert (inside[i], inner[i]) == (want_in, want_inner), i
     assert 0.05 < inside[ridx >= 0].mean() < 0.95  # both answers occur, so the order is checked
 
@@ -324,8 +326,9 @@ def run_engine(
 ) -> tuple[list[str], StateTable, int]:
     m = m or master()
     cat = Catalog(CFG)
-    states, held = empty_states(), {}
-    alerts = []
+    states = empty_states()
+    held: dict[str, list[RawFix]] = {}
+    alerts: list[str] = []
     wm = 0
     fast = 0
     for b in batches:
@@ -379,7 +382,8 @@ def test_engine_replay_is_idempotent() -> None:
     draws = [("a", 1, 200.0 if 5 < k < 12 else 0.0, 30.0, False) for k in range(30)]
     batches = build_batches(draws, 3)
     m, cat = master([[13.0, 52.005], [13.1, 52.005]]), Catalog(CFG)
-    states, held = empty_states(), {}
+    states = empty_states()
+    held: dict[str, list[RawFix]] = {}
     first = []
     for b in batches:
         r = process_bucket(states, held, m, b, 0, CFG, cat)
@@ -396,7 +400,7 @@ def test_engine_replay_is_idempotent() -> None:
 
 def test_engine_zone_and_silence() -> None:
     proj = LocalProjection(13.025, 52.0)
-    rows = []
+    rows: list[list[Any]] = []
     for s in range(10):
         x = -1500.0 + s * 250.0  # crosses the zone between 13.02 and 13.03
         lon, lat = proj.inverse(np.array([x]), np.array([0.0]))

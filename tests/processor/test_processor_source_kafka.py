@@ -21,6 +21,7 @@ from fleetfence.contracts import Telemetry, bucket_of
 from fleetfence.kafka import TopicSpec, ensure_topics, producer_config
 from fleetfence.settings import Settings
 from processor import parse
+from processor.rows import KIND_MASTER, KIND_TELEMETRY
 from processor.source import processor_input
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -94,7 +95,7 @@ def test_connector_gives_every_committed_record_once(spark: Any, settings: Setti
     for kind, key, payload in zip(
         kinds, rows.column("bucket").to_pylist(), rows.column("payload").to_pylist(), strict=True
     ):
-        if kind == parse.KIND_TELEMETRY:
+        if kind == KIND_TELEMETRY:
             chunk = pa.ipc.open_stream(payload).read_all()
             vids = set(chunk.column("vehicle_id").to_pylist())
             assert {KEYS[bucket_of(v, BUCKETS)] for v in vids} == {key}, "a chunk holds one bucket"
@@ -112,7 +113,7 @@ def test_connector_gives_every_committed_record_once(spark: Any, settings: Setti
         for k, key, p in zip(
             kinds, rows.column("bucket").to_pylist(), rows.column("payload").to_pylist(), strict=True
         )
-        if k == parse.KIND_MASTER
+        if k == KIND_MASTER
     ]
     assert sorted(m for m in master if m[1] == "route") == [(k, "route") for k in KEYS]
     assert [m for m in master if m[1] == "assignment"] == [(KEYS[bucket_of("v3", BUCKETS)], "assignment")]

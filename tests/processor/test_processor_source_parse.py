@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fleetfence.contracts import INVALID_ERRORS, Telemetry, bucket_of, canonical_fix
+from fleetfence.contracts import INVALID_ERRORS, Telemetry, bucket_of, canonical_fix, decode_plain_fix
 from processor.parse import BucketRows, parse_telemetry_batch
 from processor.rows import FIX_SCHEMA, KIND_INVALID, KIND_TELEMETRY
 from tests.strategies import json_values
@@ -103,7 +103,7 @@ def test_fast_path_takes_the_common_fix(monkeypatch: pytest.MonkeyPatch) -> None
     import processor.parse as ks
 
     calls: list[bytes] = []
-    real = ks.decode_plain_fix
+    real = decode_plain_fix  # what processor.parse calls, patched there below
 
     def spy(v: bytes) -> Any:
         calls.append(v)

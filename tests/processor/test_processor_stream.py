@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import redis
 from fleetfence.contracts import AlertType, Telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import read_all
 from processor.job import start_query
 from tests.processor.helpers import (
     T0,
@@ -27,7 +29,6 @@ from tests.processor.helpers import (
     produce,
     produce_master,
     produce_telemetry,
-    read_all,
     scenario,
     spawn_processor,
     wait_for,
@@ -81,11 +82,11 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
 
         def reconciled() -> bool:
             ms = markers(settings)
-            received = sum(m.get("received", 0) for m in ms)
-            invalid = sum(m.get("invalid", 0) for m in ms)
-            accepted = sum(m.get("accepted", 0) for m in ms)
-            dups = sum(m.get("duplicates", 0) for m in ms)
-            held = ms[-1].get("held", 0) if ms else 0
+            received: int = sum(m.get("received", 0) for m in ms)
+            invalid: int = sum(m.get("invalid", 0) for m in ms)
+            accepted: int = sum(m.get("accepted", 0) for m in ms)
+            dups: int = sum(m.get("duplicates", 0) for m in ms)
+            held: int = ms[-1].get("held", 0) if ms else 0
             return received + invalid == len(fixes) + len(bad) and received == accepted + dups + held
 
         wait_for(reconciled, 60, "the batch counters to reconcile")
@@ -119,6 +120,11 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
         q.stop()
 
 
+def committed_batches(s: Settings, n: int) -> Callable[[], bool]:
+    """A check that at least `n` batches have committed (bound now, not when the loop moves on)."""
+    return lambda: len(markers(s)) >= n
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
@@ -136,7 +142,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
             produce_telemetry(settings, chunk)
             if i in (1, 3, 5):
                 # Kill once the job is mid-stream: some batches committed, more in flight.
-                wait_for(lambda k=kills: len(markers(settings)) >= k + 1, 180, "a committed batch")
+                wait_for(committed_batches(settings, kills + 1), 180, "a committed batch")
                 wait_for(lambda: rng.random() < 0.5, 5, "a random moment", interval_s=0.1)
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)

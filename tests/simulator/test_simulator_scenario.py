@@ -20,7 +20,7 @@ from shapely.geometry import Point, Polygon
 from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
 from processor.columns import empty_states
-from processor.domain import EngineConfig
+from processor.domain import EngineConfig, RawFix
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
 from simulator.config import Injections, ScenarioConfig, simulated_rules
@@ -81,7 +81,8 @@ def engine_alerts(sc: Scenario, batches: list[TickBatch], ticks_per_batch: int) 
         overspeed_hysteresis_kmh=sc.cfg.assume.overspeed_hysteresis_kmh,
         allowed_lateness_ms=sc.cfg.assume.lateness_ms,
     )
-    master, catalog, states, held = master_of(sc), Catalog(cfg), empty_states(), {}
+    master, catalog, states = master_of(sc), Catalog(cfg), empty_states()
+    held: dict[str, list[RawFix]] = {}
     vids = sc.vehicle_ids()
     out: list[ObservedAlert] = []
     max_ts = -1

@@ -18,12 +18,13 @@ from cli.app import app
 from fleetfence.contracts import Telemetry, utc_now_ms, validate_telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import read_all
 from simulator.config import Injections, ScenarioConfig, simulated_rules
 from simulator.publish import SimulationOptions, run_simulation
 from simulator.scenario import Scenario
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
-from tests.processor.helpers import read_all, wait_for
+from tests.processor.helpers import wait_for
 from vehicle_master.store import VehicleMaster
 
 pytestmark = pytest.mark.services
@@ -108,7 +109,7 @@ def test_mqtt_publishes_every_fix_at_qos1_in_the_contract_form(settings: Setting
     def on_message(_c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
         if msg.topic.startswith(f"fleet/{prefix}"):
             with lock:
-                got.append((msg.topic, msg.payload, msg.qos))
+                got.append((msg.topic, bytes(msg.payload), msg.qos))
 
     host, port = s.mqtt_host_port
     sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"sub-{prefix}", protocol=mqtt.MQTTv5)
