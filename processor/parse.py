@@ -34,7 +34,15 @@ from fleetfence.contracts import (
     decode_plain_fix,
     received_ms_of,
 )
-from processor.rows import ARROW_SCHEMA, FIX_SCHEMA, KIND_INVALID, KIND_MASTER, KIND_TELEMETRY, encode_chunk
+from processor.rows import (
+    ARROW_SCHEMA,
+    FIX_SCHEMA,
+    KIND_CLOCK,
+    KIND_INVALID,
+    KIND_MASTER,
+    KIND_TELEMETRY,
+    encode_chunk,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +63,7 @@ class BucketRows:
         self._fix_batches: list[pa.RecordBatch] = []
         self._fix_buckets: list[np.ndarray] = []
         self.n_fixes = 0
+        self.max_ts_ms: int | None = None  # the newest fix of the task: its clock row
         self._bucket_cache: dict[str, int] = {}
 
     def row(
@@ -103,16 +112,17 @@ class BucketRows:
             return
         table = pa.Table.from_batches(self._fix_batches, FIX_SCHEMA).combine_chunks()
         bk = np.concatenate(self._fix_buckets)
+        newest = int(table.column("ts_ms").to_numpy().max())
+        self.max_ts_ms = newest if self.max_ts_ms is None else max(self.max_ts_ms, newest)
         order = np.argsort(bk, kind="stable")
         sorted_bk = bk[order]
         cuts = np.flatnonzero(np.diff(sorted_bk)) + 1
-        ts = table.column("ts_ms").to_numpy()
         for idx in np.split(order, cuts):
             chunk = encode_chunk(table.take(pa.array(idx)))
             self.row(
                 KIND_TELEMETRY,
                 int(bk[idx[0]]),
-                int(ts[idx].max()),
+                None,  # data rows carry no event time: the clock row does (rows.KIND_CLOCK)
                 len(idx),
                 chunk,
                 None,
@@ -261,6 +271,8 @@ def parse_kafka_records(
                 yield rows.batch()
     if last is not None:
         rows.flush_fixes(*last)
+        if rows.max_ts_ms is not None:
+            rows.row(KIND_CLOCK, 0, rows.max_ts_ms, 0, None, None, *last, None)
     if len(rows):
         yield rows.batch()
 

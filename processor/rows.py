@@ -38,6 +38,7 @@ ARROW_SCHEMA = pa.schema(
         ("error", pa.string()),
     ]
 )
+# `ts` is null on every row but KIND_CLOCK (see there).
 # `bucket` is the Spark state key of the row's vehicle bucket (`processor.layout`), not the bucket
 # number itself, so that the buckets spread evenly over the stateful tasks.
 # One row of the stream carries a whole chunk of one bucket's fixes, as an Arrow IPC stream with
@@ -58,6 +59,13 @@ FIX_SCHEMA = pa.schema(
 KIND_TELEMETRY = "T"
 KIND_MASTER = "M"
 KIND_INVALID = "E"
+# The event-time clock: one row per read task whose `ts` is the newest fix the task read. It is the
+# only row with a `ts`: Spark drops input rows whose event time is behind the watermark, silently
+# and before the stateful operator sees them, and a chunk's newest fix can be behind it whenever its
+# partition was read later than the others (a backlog, a slow partition) or its vehicle uploads
+# stored fixes. Data rows carry a null `ts`, which the watermark's filter never drops and its
+# maximum ignores; the clock rows move the watermark, and dropping one of them loses nothing.
+KIND_CLOCK = "C"
 
 
 def encode_chunk(table: pa.Table) -> bytes:

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Producer
 
@@ -21,7 +22,7 @@ from fleetfence.contracts import Telemetry, bucket_of
 from fleetfence.kafka import TopicSpec, ensure_topics, producer_config
 from fleetfence.settings import Settings
 from processor import parse
-from processor.rows import KIND_MASTER, KIND_TELEMETRY
+from processor.rows import KIND_CLOCK, KIND_MASTER, KIND_TELEMETRY
 from processor.source import processor_input
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -135,7 +136,16 @@ def test_chunks_are_cut_and_keep_order_across_batches(monkeypatch: pytest.Monkey
     parts = iter([batch.slice(0, 25), batch.slice(25)])
     out = list(parse.parse_kafka_records(parts, topic="tele", master=False, buckets=1, keys=[0]))
     table = pa.Table.from_batches(out)
-    chunks = [pa.ipc.open_stream(p).read_all() for p in table.column("payload").to_pylist()]
+    kinds = table.column("kind").to_pylist()
+    data = table.filter(pc.equal(table.column("kind"), KIND_TELEMETRY))
+    chunks = [pa.ipc.open_stream(p).read_all() for p in data.column("payload").to_pylist()]
     assert len(chunks) >= 3, "several chunks were cut"
     assert [s for c in chunks for s in c.column("seq").to_pylist()] == list(range(40))
-    assert table.column("kafka_offset").to_pylist()[-1] == 139
+    assert data.column("kafka_offset").to_pylist()[-1] == 139
+    # Only the task's one clock row carries an event time (the newest fix): Spark's watermark
+    # filter drops rows by it, so no data row may have one.
+    assert kinds.count(KIND_CLOCK) == 1
+    assert data.column("ts").null_count == len(data)
+    newest = max(t for c in chunks for t in c.column("ts_ms").to_pylist())
+    (clock_ts,) = [t for k, t in zip(kinds, table.column("ts").to_pylist(), strict=True) if k == KIND_CLOCK]
+    assert int(clock_ts.timestamp() * 1000) == newest
