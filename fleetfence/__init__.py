@@ -3,7 +3,7 @@ the Kafka client helpers, the JVM jar cache, the embedded infrastructure and the
 benchmarks share.
 
 Every component (gateway, processor, vehicle_master, alerts, admin_api, simulator, history) depends
-on this package, and it imports none of them (tests/test_layers.py holds it to that); the command
+on this package, and it imports none of them (tests/ground/test_layers.py holds it to that); the command
 line that composes them is the `cli` package on top.
 """
 

@@ -243,7 +243,7 @@ def validate_telemetry(topic: str, payload: bytes, now_ms: int) -> Telemetry:
 # well-formed fix with `ts` in epoch ms) is decoded and range-checked in C by msgspec and re-encoded
 # by it. Anything the fast path does not accept goes through `validate_telemetry`, which decides and
 # names the reason; so the fast path only ever *accepts*, never rejects, and a property test holds
-# it to the validator's result (tests/test_gateway_core.py).
+# it to the validator's result (tests/gateway/test_gateway_core.py).
 
 _Lat = Annotated[float, msgspec.Meta(ge=-90.0, le=90.0)]
 _Lon = Annotated[float, msgspec.Meta(ge=-180.0, le=180.0)]

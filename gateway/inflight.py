@@ -4,7 +4,7 @@ Every received message becomes a `Pending` entry in receive order. Kafka confirm
 order (partitions complete independently); `confirm` returns the entries whose PUBACK may be sent
 now. With `in_order` (the default) that is the longest confirmed prefix, because MQTT 5 section 4.6
 asks a receiver to send PUBACKs in the order the PUBLISHes arrived; without it, each entry as soon
-as Kafka has it (Mosquitto accepts that too, see tests/test_gateway.py).
+as Kafka has it (Mosquitto accepts that too, see tests/gateway/test_gateway.py).
 """
 
 from __future__ import annotations

@@ -422,7 +422,7 @@ class Gateway:
     def _loop(self) -> None:
         client = self._client
         # Our own bound, not only the broker's: Mosquitto 2.0.11 was measured sending past the
-        # Receive Maximum once PUBACKs flowed (tests/test_gateway_faults.py). At the cap we stop
+        # Receive Maximum once PUBACKs flowed (tests/gateway/test_gateway_faults.py). At the cap we stop
         # reading the socket, so TCP flow control pushes back and the rest waits in Mosquitto.
         read_cap = self._rm
         draining = False

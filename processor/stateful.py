@@ -55,7 +55,7 @@ _CATALOGS: dict[EngineConfig, Catalog] = {}
 
 
 # Classes that moved since state was first written: a checkpoint's pickled state names them by their
-# old module, and must still load after an upgrade (tests/test_processor_domain.py holds it).
+# old module, and must still load after an upgrade (tests/processor/test_processor_domain.py holds it).
 _MOVED = {
     ("processor.engine", "StateTable"): ("processor.columns", "StateTable"),
     ("processor.engine", "MasterState"): ("processor.master", "MasterState"),

@@ -1,6 +1,6 @@
 // The page's shared state: one object that every panel reads and writes, so the modules see the
 // map, routes, vehicles and alerts without importing each other. Exposed as window.fleetfence for
-// the console and the browser tests (tests/test_map.py reads .map and .vehicles).
+// the console and the browser tests (tests/admin_api/test_map.py reads .map and .vehicles).
 
 export const state = {
   map: null,
