@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -22,14 +22,15 @@ T = TypeVar("T")
 
 
 def wait_for(
-    check: Callable[[], T],
+    check: Callable[[], T | Literal[False] | None],
     timeout_s: float,
     what: str,
     *,
     interval_s: float = 0.05,
     ignore: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Call `check` until it returns something truthy and return that; at the deadline raise
+    """Call `check` until it returns something truthy and return that (typed without the None or
+    False a check returns for "not yet"); at the deadline raise
     WaitTimeoutError naming `what` and the last value. Exceptions of the `ignore` types count as
     "not yet" (a server still starting), any other propagates at once."""
     deadline = time.monotonic() + timeout_s

@@ -411,7 +411,6 @@ backoff_max_ms = 80
             return x if x.consumed == 9 and x.reconciles else None
 
         snap = wait_for(all_handled, 30, "all nine alerts handled")
-        assert snap is not None  # wait_for returns the first truthy value
     finally:
         service.stop()
     assert target.accepted == Counter({flaky["alert_id"]: 1, **{a["alert_id"]: 1 for a in fine}})
@@ -584,7 +583,6 @@ def test_sigkilled_receiver_restarts_without_repeating_a_side_effect(
             return t if sample(t, "fleetfence_alert_receiver_consumed_total") == 60 == done else None
 
         text = wait_for(consumed_all, 30, "the restarted receiver to have consumed all 60 committed alerts")
-        assert text is not None  # wait_for returns the first truthy value
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import orjson
@@ -203,4 +203,4 @@ def wait_for(
     """fleetfence.testing.wait_for, polling every 0.25 s (each check of these tests reads topics to
     their end), typed as what it returns: the check's first truthy value, so never None or False
     (`lambda: (a := read()) and len(a) >= n and a` gives the list)."""
-    return cast(T, wait_until_true(check, timeout_s, what, interval_s=interval_s))
+    return wait_until_true(check, timeout_s, what, interval_s=interval_s)

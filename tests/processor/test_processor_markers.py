@@ -112,7 +112,6 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
             return (ms, m) if markers(settings) == ms else None
 
         agreed = wait_for(consistent, 240, "markers and metrics to account for every record")
-        assert agreed is not None
         ms, m = agreed
         assert len(ms) >= 10, "the test wants many small batches"
         sums = {
@@ -144,7 +143,6 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
             return got if want <= got else None
 
         got = wait_for(logged_batches, 60, "one log line per committed batch")
-        assert got is not None
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if "batch committed" in ln]
         assert len(lines) == len(got), "a batch logged twice"
         assert got <= {int(str(x["batch_id"])) for x in markers(settings)}  # nothing logged uncommitted
@@ -187,7 +185,6 @@ def test_no_fix_vanishes_behind_the_watermark_when_a_backlog_is_read_in_small_ba
             return ms if got == records_in else None
 
         ms = wait_for(accounted, 240, "the markers to account for every record")
-        assert ms is not None
         assert len(ms) >= 9
         sums = {k: sum(int(str(m.get(k, 0))) for m in ms) for k in ("received", "accepted", "duplicates")}
         assert sums["received"] == sums["accepted"] + sums["duplicates"] + int(str(ms[-1].get("held", 0)))
