@@ -68,6 +68,10 @@ class Alert:
     subject: str = ""  # the zone id for zone alerts
     received_ms: int = 0
     details: tuple[tuple[str, Any], ...] = ()
+    # Raised late: its triggering fix's event time was already behind the watermark (a fix a vehicle
+    # stored and forwarded, or one that waited in the reorder buffer). The batch engine sets it; the
+    # id does not depend on it.
+    late: bool = False
 
     @property
     def alert_id(self) -> str:
@@ -90,6 +94,8 @@ class Alert:
         }
         if self.subject:
             d["zone_id"] = self.subject
+        if self.late:
+            d["late"] = True
         return d
 
 

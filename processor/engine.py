@@ -20,7 +20,7 @@ The same function serves the Spark streaming job, the tests and batch restatemen
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -259,6 +259,8 @@ def process_bucket(
                 frozenset(zones_outer.get(i, ())),
             )
             s, out = step(s, f, cr.rules if cr else None, cfg)
+            if out and f.ts_ms < watermark_ms:
+                out = [replace(a, late=True) for a in out]
             alerts.extend(out)
         states.put(row, s)
         touched[row] = True

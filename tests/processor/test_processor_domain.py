@@ -418,6 +418,30 @@ def test_engine_zone_and_silence() -> None:
     assert r3.alerts == []
 
 
+def test_alerts_of_fixes_behind_the_watermark_are_flagged_late() -> None:
+    """A vehicle back from a dead zone uploads its stored fixes: they are applied in seq order and
+    their alerts carry `late`, with the same ids as if they had come on time; a silence alert,
+    raised by the watermark itself, never does."""
+    proj = LocalProjection(13.025, 52.0)
+    rows: list[list[Any]] = []
+    for s in range(10):
+        lon, lat = proj.inverse(np.array([-1500.0 + s * 250.0]), np.array([0.0]))
+        rows.append(["a", s, T0 + s * 1000, float(lat[0]), float(lon[0]), 30.0, 0])
+    df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"])
+    m = master([[13.0, 52.0], [13.1, 52.0]])
+    on_time = process_bucket(empty_states(), {}, m, df, 0, CFG, Catalog(CFG))
+    late = process_bucket(empty_states(), {}, m, df, T0 + 600_000, CFG, Catalog(CFG))
+    assert [a.type for a in late.alerts[:2]] == [AlertType.ZONE_ENTER, AlertType.ZONE_EXIT]
+    assert [a.alert_id for a in late.alerts[:2]] == [a.alert_id for a in on_time.alerts]
+    assert [a.late for a in on_time.alerts] == [False, False]
+    assert all(a.late for a in late.alerts if a.type is not AlertType.VEHICLE_SILENT)
+    assert all(a.to_dict()["late"] is True for a in late.alerts[:2])
+    assert "late" not in on_time.alerts[0].to_dict()
+    silent = [a for a in late.alerts if a.type is AlertType.VEHICLE_SILENT]
+    assert len(silent) == 1  # the upload is ten minutes old: silent again, once
+    assert not silent[0].late
+
+
 def test_live_states_pack_once_with_their_versions() -> None:
     import orjson
 
