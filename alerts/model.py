@@ -181,6 +181,8 @@ def condition_change(alert: Alert) -> ConditionChange:
         return ConditionChange(closes=(AlertType.ROUTE_DEVIATION.value, *closes))
     if t in (AlertType.OVERSPEED, AlertType.VEHICLE_SILENT):
         return ConditionChange(opens=t.value, closes=tuple(closes))
+    if t is AlertType.VEHICLE_RESUMED:
+        return ConditionChange(closes=tuple(closes))
     zone_field = f"ZONE:{alert.zone_id}"
     if t is AlertType.ZONE_ENTER:
         return ConditionChange(opens=zone_field, closes=tuple(closes))
@@ -194,6 +196,7 @@ TYPE_STYLES: dict[AlertType, str] = {
     AlertType.ZONE_ENTER: "cyan",
     AlertType.ZONE_EXIT: "blue",
     AlertType.VEHICLE_SILENT: "magenta",
+    AlertType.VEHICLE_RESUMED: "green",
 }
 
 

@@ -51,6 +51,7 @@ ALERT_STYLE = {
     "ZONE_ENTER": "cyan",
     "ZONE_EXIT": "blue",
     "VEHICLE_SILENT": "yellow",
+    "VEHICLE_RESUMED": "green",
 }
 
 

@@ -86,6 +86,7 @@ class AlertType(StrEnum):
     ZONE_ENTER = "ZONE_ENTER"
     ZONE_EXIT = "ZONE_EXIT"
     VEHICLE_SILENT = "VEHICLE_SILENT"
+    VEHICLE_RESUMED = "VEHICLE_RESUMED"
 
 
 def telemetry_topic(vehicle_id: str) -> str:

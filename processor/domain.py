@@ -14,6 +14,8 @@ Semantics, all in event time:
 - ZONE_ENTER when a fix is inside a zone polygon; ZONE_EXIT (with the dwell time) when a fix is
   outside the zone grown by the hysteresis band.
 - VEHICLE_SILENT when the watermark passes the last fix's time plus `silent_after_s`; once per silence.
+- VEHICLE_RESUMED at the first fix after a silence, with the length of the gap in event time (a
+  tracker back from a dead zone uploads what it stored: its stretch is then applied in order).
 """
 
 from __future__ import annotations
@@ -153,6 +155,23 @@ def step(
         s.off_route, s.outside_fixes, s.outside_since_ms, s.inside_fixes = False, 0, -1, 0
         s.overspeed, s.over_since_ms, s.over_max_kmh = False, -1, 0.0
     s.route_id, s.route_version = fix.route_id, fix.route_version
+    if s.silent:
+        gap_s = round((fix.ts_ms - state.last_ts_ms) / 1000.0, 3)
+        alerts.append(
+            Alert(
+                AlertType.VEHICLE_RESUMED,
+                s.vehicle_id,
+                fix.seq,
+                fix.ts_ms,
+                fix.lat,
+                fix.lon,
+                fix.route_id,
+                fix.route_version,
+                "",
+                fix.received_ms,
+                (("gap_s", gap_s), ("last_seq", state.last_seq)),
+            )
+        )
     s.silent = False
 
     if rules is not None and fix.route_id is not None:

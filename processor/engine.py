@@ -212,7 +212,8 @@ def process_bucket(
     cur_route = c["route_id"][rows_u]
     fix_route = np.array([route_list[i].route_id if i >= 0 else None for i in r_first.tolist()], dtype=object)
     known = c["last_seq"][rows_u] >= 0
-    calm = ~c["off_route"][rows_u] & ~c["overspeed"][rows_u]
+    # A silent vehicle's next fix raises VEHICLE_RESUMED: domain.step's work.
+    calm = ~c["off_route"][rows_u] & ~c["overspeed"][rows_u] & ~c["silent"][rows_u]
     no_zones = np.array([not z for z in c["zones"][rows_u].tolist()], dtype=bool)
     fast = known & (bad_count == 0) & same_route_batch & (cur_route == fix_route) & calm & no_zones
     if force_slow:

@@ -16,4 +16,5 @@ export const ALERT_LABEL = {
   ZONE_ENTER: "Zone entered",
   ZONE_EXIT: "Zone left",
   VEHICLE_SILENT: "Vehicle silent",
+  VEHICLE_RESUMED: "Vehicle back",
 };

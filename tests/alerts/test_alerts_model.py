@@ -100,6 +100,7 @@ def test_open_conditions_follow_the_contract() -> None:
     assert change("ROUTE_RETURN") == (None, ("ROUTE_DEVIATION", "VEHICLE_SILENT"))
     assert change("OVERSPEED") == ("OVERSPEED", ("VEHICLE_SILENT",))
     assert change("VEHICLE_SILENT") == ("VEHICLE_SILENT", ())
+    assert change("VEHICLE_RESUMED", details={"gap_s": 600.0}) == (None, ("VEHICLE_SILENT",))
     assert change("ZONE_ENTER", zone_id="depot-1") == ("ZONE:depot-1", ("VEHICLE_SILENT",))
     assert change("ZONE_EXIT", details={"zone_id": "depot-1", "dwell_s": 30}) == (
         None,

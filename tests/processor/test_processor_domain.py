@@ -442,6 +442,42 @@ def test_alerts_of_fixes_behind_the_watermark_are_flagged_late() -> None:
     assert not silent[0].late
 
 
+def test_a_silent_vehicle_that_comes_back_raises_resumed_with_the_gap() -> None:
+    proj = LocalProjection(13.025, 52.0)
+
+    def frame(seqs: range, t0: int) -> pd.DataFrame:
+        rows = []
+        for s in seqs:
+            lon, lat = proj.inverse(np.array([-1500.0 + s * 10.0]), np.array([0.0]))
+            rows.append(["a", s, t0 + s * 1000, float(lat[0]), float(lon[0]), 30.0, 0])
+        return pd.DataFrame(
+            rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
+        )
+
+    m, cat = master([[13.0, 52.0], [13.1, 52.0]], with_zone=False), Catalog(CFG)
+    r = process_bucket(empty_states(), {}, m, frame(range(5), T0), T0 + 5000, CFG, cat)
+    assert r.alerts == []
+    # Dark for ten minutes: silent once, however often the watermark moves on.
+    dark = []
+    for wm in (T0 + 300_000, T0 + 450_000, T0 + 600_000):
+        r = process_bucket(r.states, r.held, m, frame(range(0), T0), wm, CFG, cat)
+        dark += r.alerts
+    assert [a.type for a in dark] == [AlertType.VEHICLE_SILENT]
+    assert r.states.state("a").silent
+    # Back: the stored fixes (seq 5..9, five seconds after the last one) and then live ones.
+    back = process_bucket(r.states, r.held, m, frame(range(5, 605), T0), T0 + 600_000, CFG, cat)
+    resumed = [a for a in back.alerts if a.type is AlertType.VEHICLE_RESUMED]
+    assert len(resumed) == 1
+    assert (resumed[0].seq, dict(resumed[0].details)["gap_s"], dict(resumed[0].details)["last_seq"]) == (
+        5,
+        1.0,
+        4,
+    )
+    assert resumed[0].late
+    assert not back.states.state("a").silent
+    assert [a.type for a in back.alerts] == [AlertType.VEHICLE_RESUMED]  # no second silence
+
+
 def test_live_states_pack_once_with_their_versions() -> None:
     import orjson
 
