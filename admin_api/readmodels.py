@@ -5,6 +5,7 @@ The processor and the alert history receiver write them; the API only reads them
 
 from __future__ import annotations
 
+import orjson
 import redis.asyncio as aioredis
 
 from fleetfence.readmodels import ReadKeys
@@ -38,3 +39,12 @@ class LiveReader:
         if not reply:
             return None, []
         return reply[0], list(reply[1:])
+
+
+async def last_fix_ms(r: aioredis.Redis, keys: ReadKeys, vehicle_id: str) -> int | None:
+    """Event time of the newest fix the processor applied for the vehicle (None: none yet)."""
+    raw = await r.get(keys.live(vehicle_id))
+    if not raw:
+        return None
+    ts = orjson.loads(raw).get("ts_ms")
+    return int(ts) if isinstance(ts, int) else None

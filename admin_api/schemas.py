@@ -230,7 +230,12 @@ class AssignmentIn(BaseModel):
     )
     vehicle_id: EntityId | None = Field(default=None, description="Required on POST.")
     route_id: EntityId
-    valid_from: AwareDatetime | None = Field(default=None, description="Default: now.")
+    valid_from: AwareDatetime | None = Field(
+        default=None,
+        description="Default: now. A fix is on the route when its event time is in [valid_from, valid_to): "
+        "fixes before valid_from stay unassigned (counted, no route alerts), so back-filled or replayed "
+        "telemetry needs an earlier valid_from.",
+    )
     valid_to: AwareDatetime | None = Field(default=None, description="Open-ended when null.")
     version: int | None = Field(default=None, description="Ignored on input; use If-Match.")
     updated: str | None = None
@@ -244,6 +249,11 @@ class AssignmentOut(AssignmentData):
     valid_to: str | None
     version: int
     updated: str
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="On a write only: what the assignment will not cover, e.g. telemetry the vehicle "
+        "already sent before `valid_from` (those fixes stay unassigned: no route alerts for them).",
+    )
 
 
 class AssignmentPage(BaseModel):

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query, Response
+import orjson
+import redis.asyncio as aioredis
+from fastapi import APIRouter, Body, Path, Query, Request, Response
 
-from admin_api.deps import Admin, IfMatch, Master, Viewer, etag, parse_if_match
+from admin_api.deps import Admin, IfMatch, Master, Redis, Viewer, etag, parse_if_match
+from admin_api.readmodels import last_fix_ms
 from admin_api.responses import OrjsonResponse
 from admin_api.schemas import (
     INVALID,
@@ -33,7 +36,8 @@ from admin_api.schemas import (
     ZoneFeatureIn,
     problem_doc,
 )
-from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity, utc_now_ms
+from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity, ms_to_iso, utc_now_ms
+from fleetfence.readmodels import ReadKeys
 from vehicle_master.errors import MasterValidationError, NotFoundError
 from vehicle_master.geojson import ImportProblem, feature_data, parse_feature_collection, render
 from vehicle_master.models import AssignmentData, EntityData, RouteData, VehicleData, ZoneKind
@@ -294,6 +298,23 @@ def _assignment(body: AssignmentIn, eid: str | None) -> EntityData:
     return _doc(MasterEntity.ASSIGNMENT, raw, eid)
 
 
+async def _with_warnings(resp: Response, data: EntityData, r: aioredis.Redis, request: Request) -> Response:
+    """The written assignment, with a warning when the vehicle's telemetry so far precedes it."""
+    if not isinstance(data, AssignmentData):
+        return resp
+    keys: ReadKeys = request.app.state.read_keys
+    last = await last_fix_ms(r, keys, data.vehicle_id)
+    if last is None or last >= data.valid_from_ms:
+        return resp
+    body = orjson.loads(bytes(resp.body))
+    body["warnings"] = [
+        f"{data.vehicle_id} already sent telemetry up to {ms_to_iso(last)}, before valid_from "
+        f"{ms_to_iso(data.valid_from_ms)}: those fixes stay unassigned (no route alerts); set an "
+        "earlier valid_from to cover them"
+    ]
+    return OrjsonResponse(body, status_code=resp.status_code, headers=dict(resp.headers))
+
+
 @router.get("/assignments", response_model=AssignmentPage, responses=READ_ERRORS, tags=["assignments"])
 async def list_assignments(
     _: Viewer,
@@ -317,9 +338,14 @@ async def list_assignments(
     responses=WRITE_ERRORS,
     tags=["assignments"],
 )
-async def create_assignment(_: Admin, master: Master, body: AssignmentIn) -> Response:
-    """Assign a vehicle to a route (409 if it has one: PUT replaces). 422 for an unknown vehicle or route."""
-    return await _create(master, _assignment(body, None), "assignments")
+async def create_assignment(
+    _: Admin, master: Master, r: Redis, request: Request, body: AssignmentIn
+) -> Response:
+    """Assign a vehicle to a route (409 if it has one: PUT replaces). 422 for an unknown vehicle or route.
+
+    `warnings` names telemetry the vehicle already sent before `valid_from`: it stays unassigned."""
+    data = _assignment(body, None)
+    return await _with_warnings(await _create(master, data, "assignments"), data, r, request)
 
 
 @router.get(
@@ -333,10 +359,18 @@ async def get_assignment(_: Viewer, master: Master, vehicle_id: EntityPath) -> R
     "/assignments/{vehicle_id}", response_model=AssignmentOut, responses=WRITE_ERRORS, tags=["assignments"]
 )
 async def put_assignment(
-    _: Admin, master: Master, vehicle_id: EntityPath, body: AssignmentIn, if_match: IfMatch = None
+    _: Admin,
+    master: Master,
+    r: Redis,
+    request: Request,
+    vehicle_id: EntityPath,
+    body: AssignmentIn,
+    if_match: IfMatch = None,
 ) -> Response:
-    """Assign or re-assign the vehicle; the new assignment replaces the old one."""
-    return await _put(master, _assignment(body, vehicle_id), if_match)
+    """Assign or re-assign the vehicle; the new assignment replaces the old one (`warnings` as on
+    POST)."""
+    data = _assignment(body, vehicle_id)
+    return await _with_warnings(await _put(master, data, if_match), data, r, request)
 
 
 @router.delete("/assignments/{vehicle_id}", status_code=204, responses=WRITE_ERRORS, tags=["assignments"])

@@ -544,6 +544,32 @@ def write_live(api: Api, vid: str, seq: int, ts_ms: int, status: str) -> dict[st
     return state
 
 
+def test_an_assignment_after_telemetry_already_received_answers_with_a_warning(api: Api) -> None:
+    """Fixes before valid_from stay unassigned; an assignment that leaves the vehicle's telemetry
+    so far uncovered says so instead of keeping silent (issue #21)."""
+    seed(api)
+    v = {"vehicle_id": "v7", "label": "Truck 7"}
+    assert api.c.post("/api/v1/vehicles", json=v, headers=api.admin).status_code == 201
+    last_fix = 1_795_320_000_000  # 2026-11-22T04:00:00Z
+    write_live(api, "v7", 40, last_fix, "unassigned")
+    after = {"vehicle_id": "v7", "route_id": "r1", "valid_from": "2026-11-22T06:00:00Z"}
+    res = api.c.post("/api/v1/assignments", json=after, headers=api.admin)
+    assert res.status_code == 201
+    (warning,) = res.json()["warnings"]
+    assert "v7 already sent telemetry up to 2026-11-22T04:00:00" in warning
+    assert "valid_from 2026-11-22T06:00:00" in warning
+    assert res.headers["ETag"]
+    # Covering it: no warning; nor for a vehicle that has sent nothing yet (v1).
+    before = {"route_id": "r1", "valid_from": "2026-11-22T03:00:00Z"}
+    res = api.c.put("/api/v1/assignments/v7", json=before, headers=api.admin)
+    assert res.status_code == 200
+    assert res.json().get("warnings", []) == []
+    res = api.c.put("/api/v1/assignments/v1", json={"route_id": "r1"}, headers=api.admin)
+    assert res.json().get("warnings", []) == []
+    # A GET never carries the write's warnings.
+    assert "warnings" not in api.c.get("/api/v1/assignments/v7", headers=api.viewer).json()
+
+
 def test_live_state_with_open_alerts_and_status_filter(api: Api) -> None:
     t0 = 1_795_320_000_000
     write_live(api, "v1", 10, t0, "off_route")
