@@ -45,6 +45,8 @@ class BucketResult:
     dropped_duplicates: int = 0
     fast_vehicles: int = 0
     slow_vehicles: int = 0
+    # Accepted fixes with no assignment valid at their event time (no route alerts for them).
+    unassigned: int = 0
 
 
 def _group_bounds(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +280,10 @@ def process_bucket(
             touched[row] = True
 
     live = live_rows(states, np.flatnonzero(touched), master, catalog)
-    return BucketResult(states, new_held, alerts, live, n, dropped, int(fast.sum()), int((~fast).sum()))
+    unassigned = int((route_idx < 0).sum()) if n else 0
+    return BucketResult(
+        states, new_held, alerts, live, n, dropped, int(fast.sum()), int((~fast).sum()), unassigned
+    )
 
 
 def silent_after_s(

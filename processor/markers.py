@@ -40,6 +40,10 @@ RECORDS = Counter(
 )
 ALERTS = Counter("fleetfence_processor_alerts_total", "Alerts committed to fleet.alerts")
 MASTER_EVENTS = Counter("fleetfence_processor_master_events_total", "Master-data events applied")
+UNASSIGNED = Counter(
+    "fleetfence_processor_unassigned_fixes_total",
+    "Accepted fixes with no assignment valid at their event time (no route alerts for them)",
+)
 HELD = Gauge("fleetfence_processor_held_fixes", "Fixes held in reorder buffers after the last batch")
 
 # Marker field -> `outcome` label. `received` (valid telemetry rows) = accepted + duplicates + the
@@ -67,6 +71,7 @@ class BatchLedger:
             RECORDS.labels(outcome).inc(int(m.get(key, 0)))
         ALERTS.inc(int(m.get("alerts", 0)))
         MASTER_EVENTS.inc(int(m.get("master_events", 0)))
+        UNASSIGNED.inc(int(m.get("unassigned", 0)))
         HELD.set(int(m.get("held", 0)))
         COMMITTED_BATCHES.inc()
         self._markers[int(m["batch_id"])] = (time.monotonic() if now is None else now, m)
@@ -96,7 +101,7 @@ class BatchLedger:
             line = {
                 "batch_id": b,
                 **{k: int(m.get(k, 0)) for k in ("received", "accepted", "duplicates", "invalid")},
-                **{k: int(m.get(k, 0)) for k in ("held", "alerts", "master_events")},
+                **{k: int(m.get(k, 0)) for k in ("unassigned", "held", "alerts", "master_events")},
                 "duration_ms": p and p["duration_ms"],
                 "watermark": p and p["watermark"],
             }

@@ -162,6 +162,7 @@ class GeofenceProcessor(StatefulProcessor):
         stats["received"] = len(fx)
         res = process_bucket(states, held, master, fx, wm, self.cfg, self.catalog)
         stats["accepted"], stats["duplicates"] = res.accepted, res.dropped_duplicates
+        stats["unassigned"] = res.unassigned
         stats["held"] = sum(len(v) for v in res.held.values())
         self.vehicles.update((pickle.dumps((res.states, res.held), protocol=5),))
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,9 +90,13 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
         records_in = 0
         for r in range(10):
             part = [f for f in fixes if 6 * r <= f.seq < 6 * r + 6]
-            produce_telemetry(settings, part + part[:3])
+            # A vehicle nobody assigned: its fixes are accepted and counted as unassigned.
+            stray = [
+                replace(part[0], vehicle_id="u1", seq=2 * r + i, ts_ms=part[0].ts_ms + i) for i in (0, 1)
+            ]
+            produce_telemetry(settings, part + part[:3] + stray)
             produce(settings, settings.topics.telemetry, [(b"junk", b"not json %d" % r)])
-            records_in += len(part) + 3 + 1
+            records_in += len(part) + 3 + len(stray) + 1
 
             def read_so_far(n: int = records_in) -> bool:
                 ms = markers(settings)
@@ -131,6 +136,9 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
         ):
             assert m[("fleetfence_processor_records_total", (("outcome", outcome),))] == sums[key], key
         assert m[("fleetfence_processor_held_fixes", ())] == held
+        unassigned = sum(int(str(x.get("unassigned", 0))) for x in ms)
+        assert unassigned == 20
+        assert m[("fleetfence_processor_unassigned_fixes_total", ())] == unassigned
         want = {int(str(x["batch_id"])) for x in ms}
 
         def logged_batches() -> set[int] | None:
