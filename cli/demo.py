@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from embedded import infra
 from fleetfence import probes
 from fleetfence.errors import FleetFenceError, ServiceUnavailableError
 from fleetfence.logs import configure_logging
+from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -71,17 +71,6 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> subpro
         proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     logger.info("demo started service=%s pid=%s log=%s", name, proc.pid, log)
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def _wait(
@@ -216,7 +205,7 @@ def run_demo(
             run_dir / "api.log",
         )
         procs.append(api)
-        stack.callback(_stop, api)
+        stack.callback(stop_process_group, api)
         processor = _spawn(
             "processor",
             [sys.executable, "-m", "processor"],
@@ -224,7 +213,7 @@ def run_demo(
             run_dir / "processor.log",
         )
         procs.append(processor)
-        stack.callback(_stop, processor)
+        stack.callback(stop_process_group, processor)
         gw = Gateway(GatewaySettings())
         gw.start()
         stack.callback(gw.stop)

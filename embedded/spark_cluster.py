@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pyspark
 
 from fleetfence.errors import StandaloneError
 from fleetfence.probes import free_port
+from fleetfence.service import stop_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +37,6 @@ def _wait_log(path: Path, needle: str, timeout_s: float, what: str, proc: subpro
             raise StandaloneError(f"{what} exited with {proc.returncode}; see {path}")
         time.sleep(0.2)
     raise StandaloneError(f"{what} not ready within {timeout_s:.0f} s; see {path}")
-
-
-def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is not None:
-        return
-    os.killpg(p.pid, signal.SIGTERM)
-    try:
-        p.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
 
 
 class StandaloneCluster:
@@ -147,9 +136,9 @@ class StandaloneCluster:
 
     def stop(self) -> None:
         for w in self.workers:
-            _stop(w)
+            stop_process_group(w)
         if self.master is not None:
-            _stop(self.master)
+            stop_process_group(self.master)
 
     def __enter__(self) -> StandaloneCluster:
         try:

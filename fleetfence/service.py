@@ -11,7 +11,9 @@ a bound so a stop is seen within it, without a busy loop.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,3 +55,18 @@ def run_until_stopped(step: Callable[[], bool], stop: threading.Event) -> bool:
         if step():
             return True
     return False
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Stop a service started in its own session (`start_new_session=True`) the way its run loop
+    expects: SIGTERM to the whole group (the service and its children, e.g. Spark's JVM), a wait
+    for it to finish its work, and SIGKILL only when it overruns `timeout_s`."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("process group ignored SIGTERM, killing pid=%s", proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

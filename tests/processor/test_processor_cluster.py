@@ -3,15 +3,13 @@ pyspark installation, the job submitted by `spark://` URL, the alerts checked ex
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from embedded.spark_cluster import StandaloneCluster
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from tests.processor.helpers import (
     committed_alerts,
@@ -26,16 +24,6 @@ from tests.processor.helpers import (
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.services, pytest.mark.slow]
-
-
-def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
 
 
 def test_processor_on_standalone_master_and_two_workers(settings: Settings, tmp_path: Path) -> None:
@@ -57,4 +45,4 @@ def test_processor_on_standalone_master_and_two_workers(settings: Settings, tmp_
             # It really ran on the cluster: each worker launched an executor for the application.
             assert c.executors_launched() == [True, True]
         finally:
-            _stop(proc)
+            stop_process_group(proc)

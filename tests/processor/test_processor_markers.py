@@ -3,9 +3,6 @@ markers, so metrics = markers = records (issue #21)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.probes import free_port
+from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from processor.markers import BatchLedger
 from tests.processor.helpers import (
@@ -156,13 +154,7 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
         assert got <= {int(str(x["batch_id"])) for x in markers(settings)}  # nothing logged uncommitted
         assert all("duration_ms=" in ln and "watermark=" in ln for ln in lines)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_process_group(proc)
 
 
 @pytest.mark.spark
@@ -198,10 +190,4 @@ def test_no_fix_vanishes_behind_the_watermark_when_a_backlog_is_read_in_small_ba
         assert sums["received"] == sums["accepted"] + sums["duplicates"] + int(str(ms[-1].get("held", 0)))
         assert sums["duplicates"] >= 25
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_process_group(proc)

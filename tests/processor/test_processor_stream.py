@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import redis
 
 from fleetfence.contracts import AlertType, Telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from processor.job import start_query
@@ -158,10 +158,4 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
         assert set(ids) == set(expected)
         assert kills == 3
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_process_group(proc)
