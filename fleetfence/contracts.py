@@ -52,6 +52,8 @@ class DlqReason(StrEnum):
     # The processor's own verdict on a record of fleet.telemetry that is not canonical telemetry
     # (written there by a producer other than the gateway).
     NOT_CANONICAL = "not_canonical"
+    # The processor's: a fix further behind the watermark than FLEETFENCE_PROCESSOR_LATE_BOUND_S.
+    LATE = "late"
 
 
 MAX_DLQ_VALUE_BYTES = 512 * 1024

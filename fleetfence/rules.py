@@ -58,11 +58,15 @@ class ProcessorRules:
     on route only inside the corridor narrowed by it; leaves a zone only outside the zone grown by
     it); return_min_fixes: fixes back inside before ROUTE_RETURN; overspeed_hysteresis_kmh: below
     the limit by this much to end an overspeed; lateness_ms: the event-time bound of waiting for a
-    missing fix; default_silent_after_s: silence threshold of a vehicle without a route.
+    missing fix; late_bound_ms: how far behind the watermark a fix may arrive and still be applied
+    (a tracker stores its fixes through hours without coverage and uploads them later), beyond it
+    the fix is dead-lettered with reason `late`; default_silent_after_s: silence threshold of a
+    vehicle without a route.
     """
 
     hysteresis_m: float = 15.0
     return_min_fixes: int = 2
     overspeed_hysteresis_kmh: float = 5.0
     lateness_ms: int = 10_000
+    late_bound_ms: int = 6 * 3600 * 1000
     default_silent_after_s: float = 120.0

@@ -36,6 +36,7 @@ class EngineConfig:
     overspeed_hysteresis_kmh: float = ProcessorRules.overspeed_hysteresis_kmh
     default_silent_after_s: float = ProcessorRules.default_silent_after_s
     allowed_lateness_ms: int = ProcessorRules.lateness_ms
+    late_bound_ms: int = ProcessorRules.late_bound_ms
     max_pending_per_vehicle: int = 1000
 
 

@@ -20,7 +20,7 @@ The same function serves the Spark streaming job, the tests and batch restatemen
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ class BucketResult:
     slow_vehicles: int = 0
     # Accepted fixes with no assignment valid at their event time (no route alerts for them).
     unassigned: int = 0
+    # Fixes further behind the watermark than `late_bound_ms`: not applied, dead-lettered `late`.
+    late: Fixes = field(default_factory=Fixes.empty)
 
 
 def _group_bounds(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,8 +142,16 @@ def process_bucket(
     catalog: Catalog,
     force_slow: bool = False,
 ) -> BucketResult:
-    """Advance one bucket by one micro-batch of fixes. `states` is updated in place and returned."""
+    """Advance one bucket by one micro-batch of fixes. `states` is updated in place and returned.
+
+    A fix is applied however late it arrives (a tracker stores and forwards), up to
+    `cfg.late_bound_ms` behind the watermark; one further behind comes back in `late`."""
     fx = Fixes.from_frame(fixes) if isinstance(fixes, pd.DataFrame) else fixes
+    late = Fixes.empty()
+    if watermark_ms > 0 and len(fx):
+        too_late = fx.ts_ms < watermark_ms - cfg.late_bound_ms
+        if too_late.any():
+            late, fx = fx.take(np.flatnonzero(too_late)), fx.take(np.flatnonzero(~too_late))
     ready, new_held, dropped = _order(states, held, fx, watermark_ms, cfg)
     n = len(ready)
     vid, seq, ts, lat, lon, speed, recv = (
@@ -282,7 +292,7 @@ def process_bucket(
     live = live_rows(states, np.flatnonzero(touched), master, catalog)
     unassigned = int((route_idx < 0).sum()) if n else 0
     return BucketResult(
-        states, new_held, alerts, live, n, dropped, int(fast.sum()), int((~fast).sum()), unassigned
+        states, new_held, alerts, live, n, dropped, int(fast.sum()), int((~fast).sum()), unassigned, late
     )
 
 

@@ -24,7 +24,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from fleetfence.contracts import DlqReason, dead_letter
 from fleetfence.readmodels import ReadKeys
 from processor.live_store import write_live
-from processor.rows import OUT_ALERT, OUT_DLQ, OUT_LIVE, OUT_STATS, OUTPUT_DDL, unpack_live
+from processor.rows import OUT_ALERT, OUT_DLQ, OUT_LATE, OUT_LIVE, OUT_STATS, OUTPUT_DDL, unpack_live
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ SINK_NAME = "fleetfence_alerts"
 @dataclass
 class AlertCommitMessage(WriterCommitMessage):
     alerts: list[tuple[str, bytes]] = field(default_factory=list)
-    dlq: list[tuple[str, bytes, str]] = field(default_factory=list)
+    # (key, value, reason, detail, origin): records on fleet.telemetry.dlq
+    dlq: list[tuple[str, bytes, str, str, str]] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     live_written: int = 0
 
@@ -122,15 +123,17 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         live: list[tuple[str, int, int, bytes]] = []
         for batch in iterator:
             cols = batch.to_pydict()
-            for kind, key, value, error in zip(
-                cols["kind"], cols["key"], cols["value"], cols["error"], strict=True
+            for kind, key, value, seq, error in zip(
+                cols["kind"], cols["key"], cols["value"], cols["seq"], cols["error"], strict=True
             ):
                 if kind == OUT_ALERT:
                     msg.alerts.append((key, value))
                 elif kind == OUT_LIVE:
                     live.extend(unpack_live(value))
-                elif kind == OUT_DLQ:
-                    msg.dlq.append((key, value, error or "invalid"))
+                elif kind == OUT_DLQ:  # key: topic:partition:offset of the record
+                    msg.dlq.append((key, value, DlqReason.NOT_CANONICAL, error or "invalid", key))
+                elif kind == OUT_LATE:  # key: the vehicle; the value is the fix as decoded
+                    msg.dlq.append((key, value, DlqReason.LATE, error or "late", f"{key}:{seq}"))
                 elif kind == OUT_STATS:
                     for k, v in orjson.loads(value).items():
                         msg.stats[k] = msg.stats.get(k, 0) + int(v)
@@ -161,22 +164,22 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                 for k, v in m.stats.items():
                     stats[k] = stats.get(k, 0) + v
         stats["alerts"] = len(alerts)
-        stats["dead_lettered"] = stats.get("invalid", 0)
+        stats["dead_lettered"] = stats.get("invalid", 0) + stats.get("late", 0)
         p = st.producer
         try:
             p.begin_transaction()
             for vid, value in alerts:
                 p.produce(self.alerts_topic, key=vid.encode(), value=value)
             now_ms = int(time.time() * 1000)
-            for src, original, detail in dlq:
+            for dlq_key, original, reason, detail, origin in dlq:
                 value, headers = dead_letter(
                     original,
-                    reason=DlqReason.NOT_CANONICAL,
+                    reason=reason,
                     detail=detail,
-                    origin=("source", src.encode()),
+                    origin=("source", origin.encode()),
                     received_ms=now_ms,
                 )
-                p.produce(self.dlq_topic, key=src.encode(), value=value, headers=headers)
+                p.produce(self.dlq_topic, key=dlq_key.encode(), value=value, headers=headers)
             marker = {
                 "sink_id": self.sink_id,
                 "batch_id": batchId,

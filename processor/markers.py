@@ -46,9 +46,15 @@ UNASSIGNED = Counter(
 )
 HELD = Gauge("fleetfence_processor_held_fixes", "Fixes held in reorder buffers after the last batch")
 
-# Marker field -> `outcome` label. `received` (valid telemetry rows) = accepted + duplicates + the
-# change in `held`; records in `fleet.telemetry` = received + invalid.
-OUTCOMES = {"received": "received", "accepted": "accepted", "duplicates": "duplicate", "invalid": "invalid"}
+# Marker field -> `outcome` label. `received` (valid telemetry rows) = accepted + duplicates + late
+# + the change in `held`; records in `fleet.telemetry` = received + invalid.
+OUTCOMES = {
+    "received": "received",
+    "accepted": "accepted",
+    "duplicates": "duplicate",
+    "late": "late",
+    "invalid": "invalid",
+}
 # A marker whose progress report does not come within this long is logged without it.
 JOIN_TIMEOUT_S = 30.0
 
@@ -100,7 +106,7 @@ class BatchLedger:
             self._progress.pop(b, None)
             line = {
                 "batch_id": b,
-                **{k: int(m.get(k, 0)) for k in ("received", "accepted", "duplicates", "invalid")},
+                **{k: int(m.get(k, 0)) for k in ("received", "accepted", "duplicates", "late", "invalid")},
                 **{k: int(m.get(k, 0)) for k in ("unassigned", "held", "alerts", "master_events")},
                 "duration_ms": p and p["duration_ms"],
                 "watermark": p and p["watermark"],

@@ -100,6 +100,7 @@ OUT_COLUMNS = ["kind", "key", "value", "seq", "error"]
 OUT_ALERT = "alert"
 OUT_LIVE = "live"
 OUT_DLQ = "dlq"
+OUT_LATE = "late"  # a fix beyond the lateness bound: dead-lettered with reason `late`
 OUT_STATS = "stats"
 
 LIVE_SCHEMA = pa.schema(
@@ -130,3 +131,23 @@ def unpack_live(blob: bytes) -> list[tuple[str, int, int, bytes]]:
     """(vehicle_id, version, ts_ms, state JSON) for each state packed by `pack_live`."""
     t = pa.ipc.open_stream(blob).read_all()
     return list(zip(*(t.column(c).to_pylist() for c in LIVE_SCHEMA.names), strict=True))
+
+
+def late_rows(late: Fixes, watermark_ms: int, bound_ms: int) -> list[tuple[str, str, bytes, int, str]]:
+    """OUT_LATE rows for fixes beyond the lateness bound: keyed by vehicle, the fix as decoded (the
+    chunk does not carry the record's bytes), the detail saying how late it was."""
+    out = []
+    for i in range(len(late)):
+        fix = {
+            "vehicle_id": str(late.vehicle_id[i]),
+            "seq": int(late.seq[i]),
+            "ts_ms": int(late.ts_ms[i]),
+            "lat": float(late.lat[i]),
+            "lon": float(late.lon[i]),
+            "speed_kmh": float(late.speed_kmh[i]),
+            "received_ms": int(late.received_ms[i]),
+        }
+        behind_s = (watermark_ms - int(late.ts_ms[i])) / 1000
+        detail = f"{behind_s:.0f} s behind the watermark, beyond the bound of {bound_ms / 1000:.0f} s"
+        out.append((OUT_LATE, str(late.vehicle_id[i]), orjson.dumps(fix), int(late.seq[i]), detail))
+    return out

@@ -25,6 +25,12 @@ class ProcessorSettings(Settings):
     processor_lateness_s: float = Field(
         default=ProcessorRules.lateness_ms / 1000, ge=0, description="Allowed event-time lateness."
     )
+    processor_late_bound_s: float = Field(
+        default=ProcessorRules.late_bound_ms / 1000,
+        gt=0,
+        description="How far behind the watermark a fix may arrive and still be applied (stored and "
+        "forwarded by a tracker out of coverage); beyond it: a dead letter with reason `late`.",
+    )
     processor_hysteresis_m: float = Field(default=ProcessorRules.hysteresis_m, ge=0)
     processor_return_min_fixes: int = Field(default=ProcessorRules.return_min_fixes, ge=1)
     processor_overspeed_hysteresis_kmh: float = Field(default=ProcessorRules.overspeed_hysteresis_kmh, ge=0)
@@ -48,4 +54,5 @@ class ProcessorSettings(Settings):
             overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
             default_silent_after_s=self.processor_silent_after_s,
             allowed_lateness_ms=int(self.processor_lateness_s * 1000),
+            late_bound_ms=int(self.processor_late_bound_s * 1000),
         )

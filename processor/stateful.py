@@ -44,6 +44,7 @@ from processor.rows import (
     OUT_LIVE,
     OUT_STATS,
     decode_chunks,
+    late_rows,
     pack_live,
 )
 
@@ -163,6 +164,8 @@ class GeofenceProcessor(StatefulProcessor):
         res = process_bucket(states, held, master, fx, wm, self.cfg, self.catalog)
         stats["accepted"], stats["duplicates"] = res.accepted, res.dropped_duplicates
         stats["unassigned"] = res.unassigned
+        stats["late"] = len(res.late)
+        out.extend(late_rows(res.late, wm, self.cfg.late_bound_ms))
         stats["held"] = sum(len(v) for v in res.held.values())
         self.vehicles.update((pickle.dumps((res.states, res.held), protocol=5),))
 

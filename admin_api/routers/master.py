@@ -312,7 +312,9 @@ async def _with_warnings(resp: Response, data: EntityData, r: aioredis.Redis, re
         f"{ms_to_iso(data.valid_from_ms)}: those fixes stay unassigned (no route alerts); set an "
         "earlier valid_from to cover them"
     ]
-    return OrjsonResponse(body, status_code=resp.status_code, headers=dict(resp.headers))
+    # Only the headers the handler set: the others (content-length) describe the old body.
+    kept = {k: v for k, v in resp.headers.items() if k.lower() in ("etag", "location")}
+    return OrjsonResponse(body, status_code=resp.status_code, headers=kept)
 
 
 @router.get("/assignments", response_model=AssignmentPage, responses=READ_ERRORS, tags=["assignments"])

@@ -555,6 +555,7 @@ def test_an_assignment_after_telemetry_already_received_answers_with_a_warning(a
     after = {"vehicle_id": "v7", "route_id": "r1", "valid_from": "2026-11-22T06:00:00Z"}
     res = api.c.post("/api/v1/assignments", json=after, headers=api.admin)
     assert res.status_code == 201
+    assert int(res.headers["content-length"]) == len(res.content)  # the length of the new body
     (warning,) = res.json()["warnings"]
     assert "v7 already sent telemetry up to 2026-11-22T04:00:00" in warning
     assert "valid_from 2026-11-22T06:00:00" in warning

@@ -442,6 +442,26 @@ def test_alerts_of_fixes_behind_the_watermark_are_flagged_late() -> None:
     assert not silent[0].late
 
 
+def test_fixes_beyond_the_lateness_bound_are_set_aside_not_applied() -> None:
+    proj = LocalProjection(13.025, 52.0)
+    rows = []
+    for s in range(4):
+        lon, lat = proj.inverse(np.array([-1500.0 + s * 10.0]), np.array([0.0]))
+        rows.append(["a", s, T0 + s * 1000, float(lat[0]), float(lon[0]), 30.0, 0])
+    cols = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
+    df = pd.DataFrame(rows, columns=cols)
+    cfg = EngineConfig(late_bound_ms=60_000)
+    m = master([[13.0, 52.0], [13.1, 52.0]], with_zone=False)
+    # Watermark 61.5 s after T0: seq 0 and 1 are more than 60 s behind it, 2 and 3 are not.
+    r = process_bucket(empty_states(), {}, m, df, T0 + 61_500, cfg, Catalog(cfg))
+    assert r.late.seq.tolist() == [0, 1]
+    assert r.accepted == 2
+    assert r.states.state("a").last_seq == 3
+    # Without a watermark yet nothing is late, and within the default bound (hours) neither.
+    assert len(process_bucket(empty_states(), {}, m, df, 0, cfg, Catalog(cfg)).late) == 0
+    assert len(process_bucket(empty_states(), {}, m, df, T0 + 61_500, CFG, Catalog(CFG)).late) == 0
+
+
 def test_a_silent_vehicle_that_comes_back_raises_resumed_with_the_gap() -> None:
     proj = LocalProjection(13.025, 52.0)
 

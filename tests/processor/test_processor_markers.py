@@ -15,6 +15,7 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.probes import free_port
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
+from fleetfence.testing import read_all
 from processor.markers import BatchLedger
 from tests.processor.helpers import (
     markers,
@@ -101,6 +102,10 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
                 return sum(int(m.get("received", 0)) + int(m.get("invalid", 0)) for m in ms) >= n
 
             wait_for(read_so_far, 120, f"round {r} to be committed")
+        # A fix seven hours old: beyond the lateness bound (6 h), dead-lettered `late`.
+        too_late = replace(fixes[0], vehicle_id="u2", seq=0, ts_ms=fixes[0].ts_ms - 7 * 3600 * 1000)
+        produce_telemetry(settings, [too_late])
+        records_in += 1
 
         def consistent() -> tuple[list[dict[str, object]], Sample] | None:
             """Markers and metrics read at one moment that agree on the batch count and account
@@ -119,17 +124,19 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
         assert len(ms) >= 10, "the test wants many small batches"
         sums = {
             k: sum(int(str(x.get(k, 0))) for x in ms)
-            for k in ("received", "accepted", "duplicates", "invalid")
+            for k in ("received", "accepted", "duplicates", "late", "invalid")
         }
         held = int(str(ms[-1].get("held", 0)))
         assert sums["invalid"] == 10
         assert sums["received"] + sums["invalid"] == records_in
-        assert sums["received"] == sums["accepted"] + sums["duplicates"] + held
+        assert sums["late"] == 1
+        assert sums["received"] == sums["accepted"] + sums["duplicates"] + sums["late"] + held
         assert sums["duplicates"] >= 30  # the re-deliveries, and v4's own
         for key, outcome in (
             ("received", "received"),
             ("accepted", "accepted"),
             ("duplicates", "duplicate"),
+            ("late", "late"),
             ("invalid", "invalid"),
         ):
             assert m[("fleetfence_processor_records_total", (("outcome", outcome),))] == sums[key], key
@@ -137,6 +144,12 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
         unassigned = sum(int(str(x.get("unassigned", 0))) for x in ms)
         assert unassigned == 20
         assert m[("fleetfence_processor_unassigned_fixes_total", ())] == unassigned
+        dead = [dict(d.headers() or []) for d in read_all(settings, settings.topics.telemetry_dlq, 1)]
+        late = [h for h in dead if h.get("reason") == b"late"]
+        assert len(late) == 1
+        assert late[0]["source"] == b"u2:0"
+        assert b"behind the watermark" in late[0]["detail"]
+        assert sum(1 for h in dead if h.get("reason") == b"not_canonical") == 10
         want = {int(str(x["batch_id"])) for x in ms}
 
         def logged_batches() -> set[int] | None:
