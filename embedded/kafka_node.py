@@ -91,11 +91,21 @@ def _java() -> Path:
     return java.resolve()
 
 
+def new_cluster_id() -> str:
+    """A random cluster id as Kafka writes them (a UUID in URL-safe base64, unpadded), never
+    starting with "-": the storage tool's argument parser would read such an id as an option and
+    refuse to format (it failed one start in 64; Kafka's own Uuid.randomUuid draws again too)."""
+    while True:
+        cid = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _format_kafka_storage(settings: Settings, java: Path, classpath: str, props: Path) -> None:
     """Format the log folder once (what `kafka-storage.sh format --standalone` does)."""
     if (settings.kafka_dir / "data" / "meta.properties").exists():
         return
-    cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     proc = subprocess.run(
         [
             str(java),

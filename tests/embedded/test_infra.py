@@ -208,3 +208,19 @@ def test_infra_jars_fetches_once_and_says_where() -> None:
     )
     assert bad.returncode == 2
     assert "unknown jar bundle 'hadoop'" in bad.stderr
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage tool reads an id starting with "-" as an option and refuses to format: one
+    broker start in 64 failed so. The id is drawn again instead."""
+    import uuid
+
+    from embedded import kafka_node
+
+    draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x10" + bytes(15))])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(draws))
+    cid = kafka_node.new_cluster_id()
+    assert cid == "EAAAAAAAAAAAAAAAAAAAAA"
+    assert len(cid) == 22
+    monkeypatch.undo()
+    assert not any(kafka_node.new_cluster_id().startswith("-") for _ in range(2000))
