@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Body, Path, Query, Request, Response
 
@@ -76,11 +75,16 @@ WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
 # --------------------------------------------------------------------------- shared plumbing
 
 
-def _one(rec: MasterRecord, status: int = 200, location: str | None = None) -> Response:
+def _one(
+    rec: MasterRecord, status: int = 200, location: str | None = None, warnings: list[str] | None = None
+) -> Response:
     headers = {"ETag": etag(rec.version)}
     if location:
         headers["Location"] = location
-    return OrjsonResponse(render(rec), status_code=status, headers=headers)
+    body = render(rec)
+    if warnings:
+        body["warnings"] = warnings
+    return OrjsonResponse(body, status_code=status, headers=headers)
 
 
 def _page(recs: list[MasterRecord], limit: int, geo: bool) -> Response:
@@ -93,18 +97,22 @@ def _page(recs: list[MasterRecord], limit: int, geo: bool) -> Response:
     return OrjsonResponse(body)
 
 
-async def _create(master: AsyncVehicleMaster, data: EntityData, path: str) -> Response:
+async def _create(
+    master: AsyncVehicleMaster, data: EntityData, path: str, warnings: list[str] | None = None
+) -> Response:
     res = await master.create(data)
-    return _one(await master.get(res.entity, res.id), 201, f"/api/v1/{path}/{res.id}")
+    return _one(await master.get(res.entity, res.id), 201, f"/api/v1/{path}/{res.id}", warnings)
 
 
-async def _put(master: AsyncVehicleMaster, data: EntityData, if_match: str | None) -> Response:
+async def _put(
+    master: AsyncVehicleMaster, data: EntityData, if_match: str | None, warnings: list[str] | None = None
+) -> Response:
     version, must_exist = parse_if_match(if_match)
     if must_exist:
         res = await master.update(data, if_version=version)
     else:
         res = await master.upsert(data)
-    return _one(await master.get(res.entity, res.id), 201 if res.created else 200)
+    return _one(await master.get(res.entity, res.id), 201 if res.created else 200, warnings=warnings)
 
 
 async def _delete(
@@ -298,23 +306,20 @@ def _assignment(body: AssignmentIn, eid: str | None) -> EntityData:
     return _doc(MasterEntity.ASSIGNMENT, raw, eid)
 
 
-async def _with_warnings(resp: Response, data: EntityData, r: aioredis.Redis, request: Request) -> Response:
-    """The written assignment, with a warning when the vehicle's telemetry so far precedes it."""
+async def _coverage_warnings(data: EntityData, r: aioredis.Redis, request: Request) -> list[str]:
+    """A warning when the vehicle's telemetry so far precedes the assignment: those fixes stay
+    unassigned (no route alerts for them)."""
     if not isinstance(data, AssignmentData):
-        return resp
+        return []
     keys: ReadKeys = request.app.state.read_keys
     last = await last_fix_ms(r, keys, data.vehicle_id)
     if last is None or last >= data.valid_from_ms:
-        return resp
-    body = orjson.loads(bytes(resp.body))
-    body["warnings"] = [
+        return []
+    return [
         f"{data.vehicle_id} already sent telemetry up to {ms_to_iso(last)}, before valid_from "
         f"{ms_to_iso(data.valid_from_ms)}: those fixes stay unassigned (no route alerts); set an "
         "earlier valid_from to cover them"
     ]
-    # Only the headers the handler set: the others (content-length) describe the old body.
-    kept = {k: v for k, v in resp.headers.items() if k.lower() in ("etag", "location")}
-    return OrjsonResponse(body, status_code=resp.status_code, headers=kept)
 
 
 @router.get("/assignments", response_model=AssignmentPage, responses=READ_ERRORS, tags=["assignments"])
@@ -347,7 +352,7 @@ async def create_assignment(
 
     `warnings` names telemetry the vehicle already sent before `valid_from`: it stays unassigned."""
     data = _assignment(body, None)
-    return await _with_warnings(await _create(master, data, "assignments"), data, r, request)
+    return await _create(master, data, "assignments", await _coverage_warnings(data, r, request))
 
 
 @router.get(
@@ -372,7 +377,7 @@ async def put_assignment(
     """Assign or re-assign the vehicle; the new assignment replaces the old one (`warnings` as on
     POST)."""
     data = _assignment(body, vehicle_id)
-    return await _with_warnings(await _put(master, data, if_match), data, r, request)
+    return await _put(master, data, if_match, await _coverage_warnings(data, r, request))
 
 
 @router.delete("/assignments/{vehicle_id}", status_code=204, responses=WRITE_ERRORS, tags=["assignments"])
