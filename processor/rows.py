@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from fleetfence.contracts import Telemetry
 from processor.columns import Fixes
 
 # --------------------------------------------------------------------------- input rows
@@ -134,20 +135,21 @@ def unpack_live(blob: bytes) -> list[tuple[str, int, int, bytes]]:
 
 
 def late_rows(late: Fixes, watermark_ms: int, bound_ms: int) -> list[tuple[str, str, bytes, int, str]]:
-    """OUT_LATE rows for fixes beyond the lateness bound: keyed by vehicle, the fix as decoded (the
-    chunk does not carry the record's bytes), the detail saying how late it was."""
+    """OUT_LATE rows for fixes beyond the lateness bound: keyed by vehicle, the fix in canonical
+    form as decoded (the chunk does not carry the record's bytes, nor heading and accuracy), the
+    detail saying how late it was."""
     out = []
     for i in range(len(late)):
-        fix = {
-            "vehicle_id": str(late.vehicle_id[i]),
-            "seq": int(late.seq[i]),
-            "ts_ms": int(late.ts_ms[i]),
-            "lat": float(late.lat[i]),
-            "lon": float(late.lon[i]),
-            "speed_kmh": float(late.speed_kmh[i]),
-            "received_ms": int(late.received_ms[i]),
-        }
-        behind_s = (watermark_ms - int(late.ts_ms[i])) / 1000
+        fix = Telemetry(
+            str(late.vehicle_id[i]),
+            int(late.seq[i]),
+            int(late.ts_ms[i]),
+            float(late.lat[i]),
+            float(late.lon[i]),
+            float(late.speed_kmh[i]),
+            received_ms=int(late.received_ms[i]),
+        )
+        behind_s = (watermark_ms - fix.ts_ms) / 1000
         detail = f"{behind_s:.0f} s behind the watermark, beyond the bound of {bound_ms / 1000:.0f} s"
-        out.append((OUT_LATE, str(late.vehicle_id[i]), orjson.dumps(fix), int(late.seq[i]), detail))
+        out.append((OUT_LATE, fix.vehicle_id, fix.to_json(), fix.seq, detail))
     return out
