@@ -111,6 +111,7 @@ LIVE_EXAMPLE: dict[str, Any] = {
     "progress_m": 1250.0,
     "progress_ratio": 0.42,
     "zones": [],
+    "unassigned_fixes": 0,
     "h3": "891f1d48947ffff",
     "updated_ms": 1_795_320_933_300,
     "open_alerts": [ALERT_EXAMPLE],
@@ -312,6 +313,12 @@ class LiveState(BaseModel):
     progress_m: float | None = None
     progress_ratio: float | None = None
     zones: list[str] = Field(default_factory=list)
+    unassigned_fixes: int = Field(
+        default=0,
+        ge=0,
+        description="Fixes of this vehicle with no assignment valid at their event time (no route alerts "
+        "for them): non-zero after back-filled or replayed telemetry older than the assignment's valid_from.",
+    )
     h3: str | None = None
     updated_ms: int
     open_alerts: list[Alert] = Field(default_factory=list, description="Only on the single-vehicle read.")

@@ -30,6 +30,9 @@ INT_COLS = (
 )
 FLOAT_COLS = ("lat", "lon", "speed_kmh", "over_max_kmh")
 BOOL_COLS = ("off_route", "overspeed", "silent")
+# Per-vehicle counters the engine keeps beside the state machine (not part of `VehicleState`):
+# `unassigned_fixes` counts fixes with no assignment valid at their event time (issue #21).
+COUNTER_COLS = ("unassigned_fixes",)
 
 
 class StateTable:
@@ -43,11 +46,15 @@ class StateTable:
         self.ids: list[str] = ids or []
         n = len(self.ids)
         if cols is None:
-            cols = {c: np.zeros(n, dtype=np.int64) for c in INT_COLS}
+            cols = {c: np.zeros(n, dtype=np.int64) for c in INT_COLS + COUNTER_COLS}
             cols.update({c: np.zeros(n, dtype=np.float64) for c in FLOAT_COLS})
             cols.update({c: np.zeros(n, dtype=bool) for c in BOOL_COLS})
             cols["route_id"] = np.full(n, None, dtype=object)
             cols["zones"] = np.full(n, None, dtype=object)
+        for c in COUNTER_COLS:
+            # A state written before the counter existed (an older checkpoint) starts it at zero.
+            if c not in cols:
+                cols[c] = np.zeros(n, dtype=np.int64)
         self.cols = cols
         self.index = {v: i for i, v in enumerate(self.ids)}
 

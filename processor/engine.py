@@ -194,6 +194,8 @@ def process_bucket(
     route_idx = ru[codes] if n else np.zeros(0, dtype=np.int64)
     if n:
         route_idx = np.where((ts >= lo_u[codes]) & (ts < hi_u[codes]), route_idx, -1)
+    if n and (route_idx < 0).any():
+        np.add.at(states.cols["unassigned_fixes"], rows_u[codes[route_idx < 0]], 1)
     in_corr, _ = corridor_tests(route_list, route_idx, lon, lat, inner_mask=np.zeros(n, dtype=bool))
     limits = np.array([cr.rules.speed_limit_kmh for cr in route_list] + [np.inf], dtype=np.float64)[route_idx]
 

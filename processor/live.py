@@ -57,6 +57,7 @@ def live_rows(
             "overspeed",
             "silent",
             "route_version",
+            "unassigned_fixes",
         )
     ]
     zones = c["zones"][rows].tolist()
@@ -82,6 +83,7 @@ def live_rows(
                 "progress_ratio": rat[k],
                 "distance_m": None if dis[k] != dis[k] else dis[k],
                 "zones": sorted(zones[k]) if zones[k] else [],
+                "unassigned_fixes": cols[9][k],
             }
         )
     return out

@@ -545,3 +545,57 @@ def test_state_written_before_the_engine_split_still_loads(monkeypatch: pytest.M
     assert type(got_master) is MasterState
     assert got_states.state("a").last_seq == 7
     assert got_master.routes == m.routes
+
+
+def test_unassigned_fixes_are_counted_per_vehicle_in_the_state_and_the_live_row() -> None:
+    """Fixes with no assignment valid at their event time raise no route alerts; each vehicle's
+    count of them is kept in its state and shown in its live state, so a back-filled assignment
+    whose `valid_from` is too late is visible per vehicle, not only as a fleet-wide counter."""
+    proj = LocalProjection(13.025, 52.0)
+    rows: list[list[Any]] = []
+    for v in ("a", "d"):  # d has no assignment at all
+        for s in range(6):
+            lon, lat = proj.inverse(np.array([-1500.0 + s * 10.0]), np.array([0.0]))
+            rows.append([v, s, T0 + s * 1000, float(lat[0]), float(lon[0]), 30.0, 0])
+    cols = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
+    df = pd.DataFrame(rows, columns=cols)
+    m = master([[13.0, 52.0], [13.1, 52.0]], with_zone=False)
+    # a's assignment is valid only from its fourth fix on: the three before it are unassigned.
+    m.apply(
+        {
+            "entity": "assignment",
+            "id": "a",
+            "version": 2,
+            "op": "upsert",
+            "data": {"vehicle_id": "a", "route_id": "r1", "valid_from_ms": T0 + 3000, "valid_to_ms": None},
+        }
+    )
+    states = empty_states()
+    r = process_bucket(states, {}, m, df.iloc[[0, 1, 6, 7]], 0, CFG, Catalog(CFG))
+    r = process_bucket(r.states, r.held, m, df.drop(index=[0, 1, 6, 7]), 0, CFG, Catalog(CFG))
+    assert r.unassigned == 1 + 4  # a's seq 2, d's seq 2..5 in the second batch
+    counts = dict(zip(r.states.ids, r.states.cols["unassigned_fixes"].tolist(), strict=True))
+    assert counts == {"a": 3, "d": 6}
+    live = {x["vehicle_id"]: x for x in r.live}
+    assert (live["a"]["unassigned_fixes"], live["a"]["status"]) == (3, "on_route")
+    assert (live["d"]["unassigned_fixes"], live["d"]["status"]) == (6, "unassigned")
+    # Replayed fixes are duplicates, not counted again.
+    again = process_bucket(r.states, r.held, m, df, 0, CFG, Catalog(CFG))
+    assert again.unassigned == 0
+    assert again.states.cols["unassigned_fixes"].tolist() == r.states.cols["unassigned_fixes"].tolist()
+
+
+def test_state_written_before_the_unassigned_counter_existed_loads_with_zero() -> None:
+    """A checkpoint's StateTable pickled without the `unassigned_fixes` column (an older
+    processor) loads with the counter at zero and keeps counting from there."""
+    states = StateTable()
+    states.add(["a", "b"])
+    states.cols["last_seq"][:] = [4, 9]
+    old = states.__getstate__()
+    del old["cols"]["unassigned_fixes"]
+    legacy = StateTable.__new__(StateTable)  # what unpickling an older blob does
+    legacy.__setstate__(old)
+    assert legacy.cols["unassigned_fixes"].tolist() == [0, 0]
+    assert legacy.state("b").last_seq == 9
+    legacy.add(["c"])
+    assert legacy.cols["unassigned_fixes"].tolist() == [0, 0, 0]
