@@ -144,9 +144,14 @@ class Fixes:
     lon: np.ndarray
     speed_kmh: np.ndarray
     received_ms: np.ndarray
+    # Each fix's record on the telemetry topic, when it came from there (None otherwise): only a
+    # fix dead-lettered as late needs it, to send its original bytes.
+    kafka_partition: np.ndarray | None = None
+    kafka_offset: np.ndarray | None = None
 
     @staticmethod
     def from_frame(df: pd.DataFrame) -> Fixes:
+        where = "kafka_partition" in df.columns and "kafka_offset" in df.columns
         return Fixes(
             df["vehicle_id"].to_numpy(dtype=object),
             df["seq"].to_numpy(dtype=np.int64),
@@ -155,6 +160,8 @@ class Fixes:
             df["lon"].to_numpy(dtype=np.float64),
             df["speed_kmh"].to_numpy(dtype=np.float64),
             df["received_ms"].to_numpy(dtype=np.int64),
+            df["kafka_partition"].to_numpy(dtype=np.int32) if where else None,
+            df["kafka_offset"].to_numpy(dtype=np.int64) if where else None,
         )
 
     @staticmethod
@@ -171,6 +178,8 @@ class Fixes:
             self.lon[idx],
             self.speed_kmh[idx],
             self.received_ms[idx],
+            None if self.kafka_partition is None else self.kafka_partition[idx],
+            None if self.kafka_offset is None else self.kafka_offset[idx],
         )
 
     def __len__(self) -> int:

@@ -72,6 +72,7 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
         .option("bootstrap", s.bootstrap_servers)
         .option("alertsTopic", t.alerts)
         .option("dlqTopic", t.telemetry_dlq)
+        .option("telemetryTopic", t.telemetry)
         .option("markersTopic", t.processor_commits)
         .option("sinkId", sink_id_for(files))
         .option("redisPrefix", s.redis_prefix)

@@ -106,12 +106,67 @@ def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float 
         c.close()
 
 
+def original_records(
+    bootstrap: str, topic: str, wanted: list[tuple[int, int]], timeout_s: float = 30.0
+) -> dict[tuple[int, int], bytes]:
+    """The values of the records at (partition, offset) on `topic`, read_committed; a record that
+    is gone (retention, compaction) is simply absent from the answer. Offsets close together are
+    read in one pass, others each from its own position."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    found: dict[tuple[int, int], bytes] = {}
+    if not wanted or not topic:
+        return found
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "fleetfence-late-originals",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        by_part: dict[int, list[int]] = {}
+        for p, o in sorted(set(wanted)):
+            by_part.setdefault(p, []).append(o)
+        for p, offs in by_part.items():
+            i = 0
+            while i < len(offs) and time.monotonic() < deadline:
+                # One pass from offs[i] over every wanted offset within READ_AHEAD of the previous.
+                j = i
+                while j + 1 < len(offs) and offs[j + 1] - offs[j] <= READ_AHEAD:
+                    j += 1
+                want, last = set(offs[i : j + 1]), offs[j]
+                c.assign([TopicPartition(topic, p, offs[i])])
+                done = False
+                while not done and time.monotonic() < deadline:
+                    for m in c.consume(min(1000, last - offs[i] + 1), 1.0):
+                        err = m.error()
+                        if err is not None:
+                            done = done or err.code() == KafkaError._PARTITION_EOF
+                            continue
+                        if m.offset() in want:
+                            found[(p, m.offset())] = bytes(m.value() or b"")
+                        done = done or m.offset() >= last
+                i = j + 1
+        return found
+    finally:
+        c.close()
+
+
+READ_AHEAD = 5_000  # wanted offsets this close are read in one pass instead of one seek each
+
+
 class AlertStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
         self.bootstrap = options["bootstrap"]
         self.alerts_topic = options["alertstopic"]
         self.dlq_topic = options["dlqtopic"]
         self.markers_topic = options["markerstopic"]
+        self.telemetry_topic = options.get("telemetrytopic", "")
         self.sink_id = options["sinkid"]
         self.redis_url = options.get("redisurl") or None
         self.redis_prefix = options.get("redisprefix", "ff:")
@@ -121,9 +176,10 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AlertCommitMessage:
         msg = AlertCommitMessage()
         live: list[tuple[str, int, int, bytes]] = []
+        late: list[tuple[str, str, bytes, str]] = []  # (partition:offset, vehicle, decoded fix, detail)
         for batch in iterator:
             cols = batch.to_pydict()
-            for kind, key, value, seq, error in zip(
+            for kind, key, value, _seq, error in zip(
                 cols["kind"], cols["key"], cols["value"], cols["seq"], cols["error"], strict=True
             ):
                 if kind == OUT_ALERT:
@@ -132,14 +188,43 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                     live.extend(unpack_live(value))
                 elif kind == OUT_DLQ:  # key: topic:partition:offset of the record
                     msg.dlq.append((key, value, DlqReason.NOT_CANONICAL, error or "invalid", key))
-                elif kind == OUT_LATE:  # key: the vehicle; the value is the fix as decoded
-                    msg.dlq.append((key, value, DlqReason.LATE, error or "late", f"{key}:{seq}"))
+                elif kind == OUT_LATE:  # key: partition:offset:vehicle (processor.rows.late_rows)
+                    part, off, vid = key.split(":", 2)
+                    late.append((f"{part}:{off}", vid, value, error or "late"))
                 elif kind == OUT_STATS:
                     for k, v in orjson.loads(value).items():
                         msg.stats[k] = msg.stats.get(k, 0) + int(v)
+        if late:
+            msg.dlq.extend(self._late_dead_letters(late))
         if live and self.redis_url:
             msg.live_written = self._write_live(live)
         return msg
+
+    def _late_dead_letters(
+        self, late: list[tuple[str, str, bytes, str]]
+    ) -> list[tuple[str, bytes, str, str, str]]:
+        """Dead letters for fixes beyond the lateness bound, with their records' original bytes read
+        back from the telemetry topic (rare: only such fixes pay for the read). A record no longer
+        there (retention) keeps the fix as the processor decoded it, and the detail says so."""
+        wanted = []
+        for where, *_ in late:
+            part, off = where.split(":")
+            if part and off:
+                wanted.append((int(part), int(off)))
+        found = original_records(self.bootstrap, self.telemetry_topic, wanted)
+        out: list[tuple[str, bytes, str, str, str]] = []
+        for where, vid, decoded, detail in late:
+            part, off = where.split(":")
+            original = found.get((int(part), int(off))) if part and off else None
+            note = (
+                ""
+                if original is not None
+                else "; the original record is no longer on the topic: the fix as decoded"
+            )
+            source = f"{self.telemetry_topic}:{where}" if part and off else vid
+            value = original if original is not None else decoded
+            out.append((vid, value, DlqReason.LATE, detail + note, source))
+        return out
 
     def _write_live(self, live: list[tuple[str, int, int, bytes]]) -> int:
         return write_live(self.redis_url or "", ReadKeys(self.redis_prefix), live)
@@ -210,7 +295,8 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
 
 class AlertSinkDataSource(DataSource):
     """`df.writeStream.format("fleetfence_alerts")`: options bootstrap, alertsTopic, dlqTopic,
-    markersTopic, sinkId, redisUrl, redisPrefix."""
+    telemetryTopic (where late fixes' original records are read back), markersTopic, sinkId,
+    redisUrl, redisPrefix."""
 
     @classmethod
     def name(cls) -> str:

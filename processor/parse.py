@@ -90,7 +90,7 @@ class BucketRows:
         c["error"].append(error)
 
     def fixes(self, cols: list[list[Any]]) -> None:
-        """Append decoded fixes, given as the seven FIX_SCHEMA columns, in Kafka order."""
+        """Append decoded fixes, given as the FIX_SCHEMA columns, in Kafka order."""
         vids = cols[0]
         if not vids:
             return
@@ -166,6 +166,8 @@ def parse_telemetry_batch(
                     [f.lon for f in fs],
                     [f.speed_kmh for f in fs],
                     [f.received_ms or 0 for f in fs],
+                    [part] * len(fs),
+                    offsets,
                 ]
             )
             return
@@ -178,6 +180,7 @@ def parse_telemetry_batch(
     lon: list[float] = []
     speed: list[float] = []
     recv: list[int] = []
+    where: list[int] = []
     for value, off in zip(values, offsets, strict=True):
         f: Any
         try:
@@ -211,7 +214,8 @@ def parse_telemetry_batch(
         lon.append(f.lon)
         speed.append(f.speed_kmh)
         recv.append(r)
-    rows.fixes([vid, seq, ts, lat, lon, speed, recv])
+        where.append(off)
+    rows.fixes([vid, seq, ts, lat, lon, speed, recv, [part] * len(vid), where])
 
 
 def parse_master(rows: BucketRows, value: bytes | None, topic: str, part: int, off: int) -> None:

@@ -54,6 +54,10 @@ FIX_SCHEMA = pa.schema(
         ("lon", pa.float64()),
         ("speed_kmh", pa.float64()),
         ("received_ms", pa.int64()),
+        # Where the fix's record is on the telemetry topic: a fix dead-lettered later (beyond the
+        # lateness bound) is sent with the record's original bytes, read back from there.
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
     ]
 )
 
@@ -91,6 +95,8 @@ def decode_chunks(chunks: list[bytes]) -> Fixes:
         t.column("lon").to_numpy(),
         t.column("speed_kmh").to_numpy(),
         t.column("received_ms").to_numpy(),
+        t.column("kafka_partition").to_numpy(),
+        t.column("kafka_offset").to_numpy(),
     )
 
 
@@ -101,7 +107,7 @@ OUT_COLUMNS = ["kind", "key", "value", "seq", "error"]
 OUT_ALERT = "alert"
 OUT_LIVE = "live"
 OUT_DLQ = "dlq"
-OUT_LATE = "late"  # a fix beyond the lateness bound: dead-lettered with reason `late`
+OUT_LATE = "late"  # a fix beyond the lateness bound: dead-lettered with reason `late` (see late_rows)
 OUT_STATS = "stats"
 
 LIVE_SCHEMA = pa.schema(
@@ -135,10 +141,13 @@ def unpack_live(blob: bytes) -> list[tuple[str, int, int, bytes]]:
 
 
 def late_rows(late: Fixes, watermark_ms: int, bound_ms: int) -> list[tuple[str, str, bytes, int, str]]:
-    """OUT_LATE rows for fixes beyond the lateness bound: keyed by vehicle, the fix in canonical
-    form as decoded (the chunk does not carry the record's bytes, nor heading and accuracy), the
-    detail saying how late it was."""
+    """OUT_LATE rows for fixes beyond the lateness bound. The key is `{partition}:{offset}:{vehicle_id}`
+    (the record's place on the telemetry topic, empty when unknown): the sink reads the record's
+    original bytes back from there (`processor.kafka_sink.original_records`). The value is the fix
+    in canonical form as decoded, sent only if the record is no longer on the topic (retention) or
+    its place is unknown; the detail says how late it was."""
     out = []
+    parts, offs = late.kafka_partition, late.kafka_offset
     for i in range(len(late)):
         fix = Telemetry(
             str(late.vehicle_id[i]),
@@ -151,5 +160,6 @@ def late_rows(late: Fixes, watermark_ms: int, bound_ms: int) -> list[tuple[str, 
         )
         behind_s = (watermark_ms - fix.ts_ms) / 1000
         detail = f"{behind_s:.0f} s behind the watermark, beyond the bound of {bound_ms / 1000:.0f} s"
-        out.append((OUT_LATE, fix.vehicle_id, fix.to_json(), fix.seq, detail))
+        where = f"{int(parts[i])}:{int(offs[i])}" if parts is not None and offs is not None else ":"
+        out.append((OUT_LATE, f"{where}:{fix.vehicle_id}", fix.to_json(), fix.seq, detail))
     return out

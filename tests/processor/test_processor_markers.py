@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetfence.contracts import AlertType
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.probes import free_port
 from fleetfence.service import stop_process_group
@@ -18,6 +19,8 @@ from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from processor.markers import BatchLedger
 from tests.processor.helpers import (
+    committed_alerts,
+    expected_alerts,
     markers,
     master_events,
     processor_settings,
@@ -28,6 +31,9 @@ from tests.processor.helpers import (
     spawn_processor,
     wait_for,
 )
+
+# v1's fixes from 15 up to 48 are stored by its tracker while out of coverage and uploaded late.
+DARK = (15, 48)
 
 
 def counter(name: str, **labels: str) -> float:
@@ -85,10 +91,16 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
     try:
         # A live-like stream: ten rounds of 6 s of fixes, each followed by re-deliveries of three of
         # its fixes and one record that is not telemetry; every round is read before the next, so
-        # the run has many small batches and no fix is older than the watermark when it is read.
+        # the run has many small batches. v1 is out of coverage from its fix 15 (its deviation, the
+        # depot and the return all happen there) and uploads its stored fixes 15-47 at round 8,
+        # when the watermark has passed most of them: store and forward.
         records_in = 0
+        stored = [f for f in fixes if f.vehicle_id == "v1" and DARK[0] <= f.seq < DARK[1]]
         for r in range(10):
-            part = [f for f in fixes if 6 * r <= f.seq < 6 * r + 6]
+            part = [f for f in fixes if 6 * r <= f.seq < 6 * r + 6 and f not in stored]
+            if r == 8:
+                produce_telemetry(settings, stored)
+                records_in += len(stored)
             # A vehicle nobody assigned: its fixes are accepted and counted as unassigned.
             stray = [
                 replace(part[0], vehicle_id="u1", seq=2 * r + i, ts_ms=part[0].ts_ms + i) for i in (0, 1)
@@ -102,6 +114,30 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
                 return sum(int(m.get("received", 0)) + int(m.get("invalid", 0)) for m in ms) >= n
 
             wait_for(read_so_far, 120, f"round {r} to be committed")
+        # The stored stretch got its alerts, flagged late, with the ids they would have had on time.
+        reference = [
+            a for a in expected_alerts(fixes, ps.engine_config()).values() if a["vehicle_id"] == "v1"
+        ]
+        assert {a["type"] for a in reference} >= {
+            AlertType.ROUTE_DEVIATION,
+            AlertType.ROUTE_RETURN,
+            AlertType.ZONE_ENTER,
+            AlertType.ZONE_EXIT,
+        }
+        assert all(DARK[0] <= a["seq"] < DARK[1] for a in reference), "the scenario's v1 moved"
+        v1 = wait_for(
+            lambda: (
+                (got := [a for a in committed_alerts(settings) if a["vehicle_id"] == "v1"])
+                and len(got) >= len(reference)
+                and got
+            ),
+            120,
+            "v1's alerts for its stored stretch",
+        )
+        assert sorted(a["alert_id"] for a in v1) == sorted(a["alert_id"] for a in reference)
+        # Raised after the watermark (fleet time 47 s - 10 s) had passed them: flagged late.
+        assert all(a.get("late") is True for a in v1 if a["seq"] < 37), v1
+        assert not [a for a in committed_alerts(settings) if a["type"] == AlertType.VEHICLE_SILENT]
         # A fix seven hours old: beyond the lateness bound (6 h), dead-lettered `late`.
         too_late = replace(fixes[0], vehicle_id="u2", seq=0, ts_ms=fixes[0].ts_ms - 7 * 3600 * 1000)
         produce_telemetry(settings, [too_late])
@@ -144,11 +180,24 @@ def test_metrics_equal_markers_equal_records_over_many_small_batches(
         unassigned = sum(int(str(x.get("unassigned", 0))) for x in ms)
         assert unassigned == 20
         assert m[("fleetfence_processor_unassigned_fixes_total", ())] == unassigned
-        dead = [dict(d.headers() or []) for d in read_all(settings, settings.topics.telemetry_dlq, 1)]
-        late = [h for h in dead if h.get("reason") == b"late"]
+        letters = read_all(settings, settings.topics.telemetry_dlq, 1)
+        dead = [dict(d.headers() or []) for d in letters]
+        late = [d for d in letters if dict(d.headers() or []).get("reason") == b"late"]
         assert len(late) == 1
-        assert late[0]["source"] == b"u2:0"
-        assert b"behind the watermark" in late[0]["detail"]
+        (original,) = [
+            m
+            for m in read_all(settings, settings.topics.telemetry, settings.telemetry_partitions)
+            if m.key() == b"u2"
+        ]
+        h = dict(late[0].headers() or [])
+        # The record's own bytes, and where it is, like every dead letter of the processor.
+        assert late[0].value() == original.value() == too_late.to_json()
+        assert (
+            h["source"] == f"{settings.topics.telemetry}:{original.partition()}:{original.offset()}".encode()
+        )
+        assert late[0].key() == b"u2"
+        assert b"behind the watermark" in h["detail"]
+        assert b"no longer" not in h["detail"]
         assert sum(1 for h in dead if h.get("reason") == b"not_canonical") == 10
         want = {int(str(x["batch_id"])) for x in ms}
 

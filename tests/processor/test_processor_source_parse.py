@@ -56,7 +56,11 @@ def parsed(values: list[bytes | None]) -> tuple[list[tuple[Any, ...]], list[int]
         assert t.schema.equals(FIX_SCHEMA)
         for r in zip(*(t.column(c).to_pylist() for c in FIX_SCHEMA.names), strict=True):
             assert bucket_of(r[0], BUCKETS) == bucket, "a fix in another vehicle's bucket chunk"
-            fixes.append(r)
+            *fix, part, offset = r
+            # Each fix knows its record (a late one is dead-lettered with the record's bytes).
+            assert part == 0
+            assert reference(values[offset]) == tuple(fix)
+            fixes.append(tuple(fix))
     return fixes, sorted(invalid)
 
 
