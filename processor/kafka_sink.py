@@ -106,8 +106,15 @@ def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float 
         c.close()
 
 
+READ_AHEAD = 5_000  # wanted offsets this close are read in one pass instead of one seek each
+
+
 def original_records(
-    bootstrap: str, topic: str, wanted: list[tuple[int, int]], timeout_s: float = 30.0
+    bootstrap: str,
+    topic: str,
+    wanted: list[tuple[int, int]],
+    timeout_s: float = 30.0,
+    read_ahead: int = READ_AHEAD,
 ) -> dict[tuple[int, int], bytes]:
     """The values of the records at (partition, offset) on `topic`, read_committed; a record that
     is gone (retention, compaction) is simply absent from the answer. Offsets close together are
@@ -135,9 +142,9 @@ def original_records(
         for p, offs in by_part.items():
             i = 0
             while i < len(offs) and time.monotonic() < deadline:
-                # One pass from offs[i] over every wanted offset within READ_AHEAD of the previous.
+                # One pass from offs[i] over every wanted offset within read_ahead of the previous.
                 j = i
-                while j + 1 < len(offs) and offs[j + 1] - offs[j] <= READ_AHEAD:
+                while j + 1 < len(offs) and offs[j + 1] - offs[j] <= read_ahead:
                     j += 1
                 want, last = set(offs[i : j + 1]), offs[j]
                 c.assign([TopicPartition(topic, p, offs[i])])
@@ -155,9 +162,6 @@ def original_records(
         return found
     finally:
         c.close()
-
-
-READ_AHEAD = 5_000  # wanted offsets this close are read in one pass instead of one seek each
 
 
 class AlertStreamWriter(DataSourceStreamArrowWriter):

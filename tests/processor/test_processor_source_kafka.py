@@ -21,7 +21,9 @@ from confluent_kafka import Producer
 from fleetfence.contracts import Telemetry, bucket_of
 from fleetfence.kafka import TopicSpec, ensure_topics, producer_config
 from fleetfence.settings import Settings
+from fleetfence.testing import read_all
 from processor import parse
+from processor.kafka_sink import original_records
 from processor.rows import KIND_CLOCK, KIND_MASTER, KIND_TELEMETRY
 from processor.source import processor_input
 
@@ -149,3 +151,19 @@ def test_chunks_are_cut_and_keep_order_across_batches(monkeypatch: pytest.Monkey
     newest = max(t for c in chunks for t in c.column("ts_ms").to_pylist())
     (clock_ts,) = [t for k, t in zip(kinds, table.column("ts").to_pylist(), strict=True) if k == KIND_CLOCK]
     assert int(clock_ts.timestamp() * 1000) == newest
+
+
+@pytest.mark.parametrize("read_ahead", [5_000, 1])
+def test_late_fixes_records_are_read_back_by_offset(settings: Settings, read_ahead: int) -> None:
+    """The sink's read-back of late fixes' original records (`kafka_sink.original_records`): exact
+    bytes for committed records, in one pass or seek by seek; nothing for an aborted record or an
+    offset that is not there (the dead letter then keeps the decoded fix)."""
+    topic = f"{settings.topic_prefix}originals-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings.bootstrap_servers, [TopicSpec(topic, 1)])
+    produce_with_holes(settings.bootstrap_servers, topic)
+    records = {(m.partition(), m.offset()): m.value() for m in read_all(settings, topic, 1)}
+    committed = sorted(records)
+    aborted = next(o for o in range(committed[0][1], committed[-1][1]) if (0, o) not in records)
+    wanted = [committed[0], committed[1], committed[-1], (0, aborted), (0, committed[-1][1] + 100)]
+    got = original_records(settings.bootstrap_servers, topic, wanted, timeout_s=20, read_ahead=read_ahead)
+    assert got == {k: records[k] for k in (committed[0], committed[1], committed[-1])}
