@@ -65,6 +65,12 @@ export async function api(path, { method = "GET", body, ifMatch } = {}) {
   return { data, etag };
 }
 
+/** What a write answered besides its success (e.g. an assignment's `warnings`): non-empty strings. */
+export function warningsOf(data) {
+  const w = data && data.warnings;
+  return Array.isArray(w) ? w.filter((x) => typeof x === "string" && x) : [];
+}
+
 /** Every page of a list endpoint (routes/zones/vehicles page by `after`, live/alerts by `offset`). */
 export async function listAll(path, field, max = 5000) {
   const out = [];

@@ -1,8 +1,9 @@
 // Vehicles: one marker per vehicle moved by its live state (merged by seq, so a late older state
 // never moves it back), the vehicle list, the selected vehicle's panel with route progress, and
-// assigning a vehicle to a route. Fed by stream.js; alerts.js selects a vehicle through here.
+// assigning a vehicle to a route (with the API's warnings about what the assignment leaves
+// uncovered). Fed by stream.js; alerts.js selects a vehicle through here.
 
-import { api, ApiError } from "./api.js";
+import { api, ApiError, warningsOf } from "./api.js";
 import { state } from "./state.js";
 import { $, activatable, ago, el, fmtKm, fmtTime, say } from "./dom.js";
 import { lineLengthM } from "./geo.js";
@@ -17,6 +18,19 @@ export function statusOf(s) {
   if (s.overspeed) return "speeding";
   if (s.status === "on_route") return "on_route";
   return "unassigned";
+}
+
+/** Fixes the processor received from the vehicle with no assignment valid at their event time (no
+ * route alerts for them); 0 when the state does not say (written by an older processor). */
+export function unassignedFixes(s) {
+  const n = s.unassigned_fixes;
+  return Number.isInteger(n) && n > 0 ? n : 0;
+}
+
+const UNASSIGNED_FIXES_HINT = "no assignment valid at their time (check the assignment's valid from)";
+
+function fixesText(n) {
+  return `${n} unassigned ${n === 1 ? "fix" : "fixes"}`;
 }
 
 function vehicleIcon(id, cls) {
@@ -81,13 +95,18 @@ export function renderVehicleList() {
   const ids = [...state.vehicles.keys()].sort();
   for (const id of ids) {
     const v = state.vehicles.get(id);
+    // A vehicle sending telemetry that no assignment covers stands out: its fixes get no route alerts.
+    const unassigned = v.state.status === "unassigned" ? unassignedFixes(v.state) : 0;
     const li = activatable(
       el(
         "li",
-        { "data-vehicle-id": id },
+        { "data-vehicle-id": id, "data-unassigned-fixes": unassigned || null },
         el("span", { class: `dot st-${v.cls}`, "aria-hidden": "true", text: STATUS_GLYPH[v.cls] }),
         el("strong", { text: id }),
         el("span", { class: "sub", text: ` ${STATUS_LABEL[v.cls]} · ${Math.round(v.state.speed_kmh)} km/h` }),
+        unassigned
+          ? el("span", { class: "badge warn", title: `${fixesText(unassigned)}: ${UNASSIGNED_FIXES_HINT}`, text: fixesText(unassigned) })
+          : null,
       ),
       () => selectVehicle(id, true),
     );
@@ -142,6 +161,8 @@ export function renderVehiclePanel(force = false) {
     ["Last fix", `${fmtTime(s.ts_ms)}, ${ago(s.ts_ms)}`],
     ["Zones", s.zones && s.zones.length ? s.zones.join(", ") : "none"],
   ];
+  const unassigned = unassignedFixes(s);
+  if (unassigned) rows.push(["Unassigned fixes", `${unassigned} — ${UNASSIGNED_FIXES_HINT}`]);
   const parts = [
     el("p", { class: "veh-head" }, el("span", { class: `dot st-${v.cls}`, "aria-hidden": "true", text: STATUS_GLYPH[v.cls] }), el("strong", { text: id })),
     el("dl", { class: "facts" }, ...rows.flatMap(([k, val]) => [el("dt", { text: k }), el("dd", { text: val })])),
@@ -181,7 +202,11 @@ async function assignVehicle(vehicleId, routeId) {
       method: "PUT",
       body: { route_id: routeId },
     });
-    say(`${vehicleId} assigned to ${data.route_id} (version ${data.version}).`, "ok");
+    const done = `${vehicleId} assigned to ${data.route_id} (version ${data.version}).`;
+    // Saved, but the API says what it will not cover (e.g. telemetry sent before valid_from).
+    const warnings = warningsOf(data);
+    if (warnings.length) say([done, ...warnings.map((w) => `Warning: ${w}`)].join("\n"), "warn");
+    else say(done, "ok");
   } catch (err) {
     say(`Could not assign ${vehicleId}: ${err.message}`, "error");
   }
