@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import struct
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import Browser, Route
+from playwright.sync_api import Browser, Route, expect
 from pydantic import ValidationError
 
 from admin_api.app import create_app
@@ -494,6 +495,137 @@ def test_admin_draws_a_route_that_the_api_returns(
     assert len(watched.errors) == 2, watched.errors
     assert "status of 422" in watched.errors[0]
     assert "status of 412" in watched.errors[1]
+    assert watched.external() == []
+
+
+def register(map_server: MapServer, *vids: str) -> None:
+    for vid in vids:
+        res = httpx.post(
+            f"{map_server.base}/api/v1/vehicles",
+            json={"vehicle_id": vid, "label": vid},
+            headers=map_server.admin,
+        )
+        assert res.status_code == 201, res.text
+
+
+UNASSIGNED_HINT = "no assignment valid at their time (check the assignment's valid from)"
+
+
+def test_unassigned_fixes_are_shown_in_the_list_and_the_panel(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """Issue #21: the processor counts a vehicle's fixes that had no assignment valid at their event
+    time (`unassigned_fixes` in its live state). The panel shows a non-zero count; an unassigned
+    vehicle with some stands out in the list. A zero count, or a state from an older processor
+    without the field, shows nothing."""
+    vid, none, older = "v-unas-12", "v-unas-none", "v-unas-older"
+    before = live(older, 1, 52.5190, 13.4030, status="unassigned", route_id=None)
+    assert "unassigned_fixes" not in before
+    map_server.write_live(
+        [
+            live(vid, 1, 52.5180, 13.4020, status="unassigned", route_id=None, unassigned_fixes=12),
+            live(none, 1, 52.5185, 13.4025, unassigned_fixes=0),
+            before,
+        ]
+    )
+    page = watched.page
+    watched.login(map_server.viewer_key)
+    row = page.locator(f"#vehicles li[data-vehicle-id='{vid}']")
+    expect(row.locator(".badge")).to_have_text("12 unassigned fixes", timeout=UI_TIMEOUT_MS)
+    assert row.get_attribute("data-unassigned-fixes") == "12"
+    for other in (none, older):
+        other_row = page.locator(f"#vehicles li[data-vehicle-id='{other}']")
+        expect(other_row).to_be_visible(timeout=UI_TIMEOUT_MS)
+        assert other_row.locator(".badge").count() == 0
+        assert other_row.get_attribute("data-unassigned-fixes") is None
+
+    row.click()
+    count = page.locator("#vehicle-panel dt:text-is('Unassigned fixes') + dd")
+    expect(count).to_have_text(f"12 — {UNASSIGNED_HINT}", timeout=UI_TIMEOUT_MS)
+    page.screenshot(path=str(artifacts / "10-unassigned-fixes.png"))
+
+    # More unassigned fixes arrive over the stream: the list and the open panel follow.
+    map_server.write_live(
+        [live(vid, 2, 52.5181, 13.4021, status="unassigned", route_id=None, unassigned_fixes=13)]
+    )
+    expect(row.locator(".badge")).to_have_text("13 unassigned fixes", timeout=UI_TIMEOUT_MS)
+    expect(count).to_have_text(f"13 — {UNASSIGNED_HINT}", timeout=UI_TIMEOUT_MS)
+    # Once assigned, the vehicle no longer stands out in the list; its panel still tells the count.
+    map_server.write_live([live(vid, 3, 52.5182, 13.4022, unassigned_fixes=13)])
+    expect(row.locator(".badge")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    expect(page.locator("#vehicle-panel")).to_contain_text("on route", timeout=UI_TIMEOUT_MS)
+    expect(count).to_have_text(f"13 — {UNASSIGNED_HINT}", timeout=UI_TIMEOUT_MS)
+
+    for other in (none, older):
+        page.locator(f"#vehicles li[data-vehicle-id='{other}']").click()
+        expect(page.locator("#vehicle-panel .veh-head")).to_have_text(
+            re.compile(other), timeout=UI_TIMEOUT_MS
+        )
+        expect(page.locator("#vehicle-panel .facts")).to_contain_text("Last fix", timeout=UI_TIMEOUT_MS)
+        assert page.locator("#vehicle-panel dt:text-is('Unassigned fixes')").count() == 0
+    assert watched.errors == []
+    assert watched.external() == []
+
+
+def test_assigning_shows_the_api_warning_about_older_fixes(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """Issue #21: an assignment whose valid_from (the map sends none: the API's default, now) is
+    later than the vehicle's newest fix answers with `warnings` (those fixes stay unassigned); the
+    map shows them with the success, as a warning. The API decides from the vehicle's live state
+    (its `ts_ms`), which the processor's writer sets here: two hours ago for one vehicle, a few
+    minutes ahead (a tracker whose clock runs ahead) for the other, which gets no warning."""
+    rid, stale, ahead = "r-map-warn", "v-warn-stale", "v-warn-ahead"
+    res = httpx.post(
+        f"{map_server.base}/api/v1/routes", json=route(rid, "Warning run", B_COORDS), headers=map_server.admin
+    )
+    assert res.status_code == 201, res.text
+    register(map_server, stale, ahead)
+    now = utc_now_ms()
+    stale_ts = now - 2 * 3600 * 1000
+    map_server.write_live(
+        [
+            live(stale, 4, 52.5050, 13.3940, status="unassigned", route_id=None, ts_ms=stale_ts),
+            live(ahead, 4, 52.5040, 13.3960, status="unassigned", route_id=None, ts_ms=now + 10 * 60 * 1000),
+        ]
+    )
+    page = watched.page
+    watched.login(map_server.admin_key)
+    message = page.locator("#message")
+
+    def assign(vid: str) -> dict[str, Any]:
+        page.locator(f"#vehicles li[data-vehicle-id='{vid}']").click()
+        expect(page.locator("#vehicle-panel .veh-head")).to_have_text(re.compile(vid), timeout=UI_TIMEOUT_MS)
+        page.locator("#assign-route").select_option(rid)
+        with page.expect_response(
+            lambda r: r.url.endswith(f"/api/v1/assignments/{vid}") and r.request.method == "PUT"
+        ) as answer:
+            page.get_by_role("button", name="Assign", exact=True).click()
+        assert answer.value.ok, answer.value.text()
+        body: dict[str, Any] = answer.value.json()
+        return body
+
+    body = assign(stale)
+    # The API's own warning, about the fix the processor wrote, reaches the page with the success.
+    assert len(body["warnings"]) == 1, body
+    assert f"up to {ms_to_iso(stale_ts)}" in body["warnings"][0]
+    expect(message).to_be_visible(timeout=UI_TIMEOUT_MS)
+    expect(message).to_have_class(re.compile(r"\bwarn\b"), timeout=UI_TIMEOUT_MS)
+    expect(message).to_have_text(
+        f"{stale} assigned to {rid} (version {body['version']}).\nWarning: {body['warnings'][0]}",
+        timeout=UI_TIMEOUT_MS,
+    )
+    page.screenshot(path=str(artifacts / "11-assignment-warning.png"))
+    got = httpx.get(f"{map_server.base}/api/v1/assignments/{stale}", headers=map_server.viewer).json()
+    assert got["route_id"] == rid  # saved all the same: the warning does not block
+
+    body = assign(ahead)
+    assert not body.get("warnings")  # the API leaves the field out when there is none
+    expect(message).to_have_text(
+        f"{ahead} assigned to {rid} (version {body['version']}).", timeout=UI_TIMEOUT_MS
+    )
+    expect(message).to_have_class(re.compile(r"\bok\b"), timeout=UI_TIMEOUT_MS)
+    assert watched.errors == []
     assert watched.external() == []
 
 
