@@ -15,6 +15,10 @@ class ConfigError(FleetFenceError):
     """Settings are inconsistent or point at something that does not exist."""
 
 
+class PortInUseError(ConfigError):
+    """An explicitly configured port (a service's metrics endpoint) is taken by another process."""
+
+
 class InfraError(FleetFenceError):
     """Embedded infrastructure could not be started, reached or stopped."""
 

@@ -1,10 +1,14 @@
 """Key names of the Redis read models (docs/contracts.md, "Redis read models"): one definition for
 the processor (live state), the alert history receiver (alerts, open conditions) that write them
-and the admin API that reads them. Every key is under FLEETFENCE_REDIS_PREFIX."""
+and the admin API that reads them, and for the service registry every long-running service writes
+and `fleetfence status` reads (`fleetfence.registry`). Every key is under FLEETFENCE_REDIS_PREFIX."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
 @dataclass(frozen=True)
@@ -48,3 +52,12 @@ class ReadKeys:
 
     def alerts_open(self, vehicle_id: str) -> str:
         return f"{self.prefix}alerts:open:{vehicle_id}"
+
+    def service(self, kind: str, instance: str) -> str:
+        """A running service's announcement (JSON, with a TTL its heartbeat refreshes)."""
+        return f"{self.prefix}services:{kind}:{instance}"
+
+    @property
+    def services_pattern(self) -> str:
+        """SCAN MATCH pattern of every service announcement (the prefix's glob characters escaped)."""
+        return _GLOB_SPECIAL.sub(r"\\\1", self.prefix) + "services:*"

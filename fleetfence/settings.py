@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     startup_timeout_s: float = Field(default=30.0, gt=0)
     log_level: str = Field(default="INFO")
     log_json: bool = Field(default=False, description="Log JSON lines instead of key=value lines.")
+    # The service registry (fleetfence.registry): how long an announcement outlives its last heartbeat.
+    registry_ttl_s: float = Field(
+        default=15.0,
+        ge=1.0,
+        description="TTL of a service's registry key; refreshed every third of it, so a killed service "
+        "disappears from `fleetfence status` this long after its last heartbeat.",
+    )
 
     @classmethod
     def from_base(cls, base: Settings, **overrides: object) -> Self:
