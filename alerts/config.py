@@ -23,6 +23,9 @@ from fleetfence.settings import Settings
 
 RECEIVER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 WEEK_S = 7 * 24 * 3600
+# The Prometheus endpoint of `alerts run`; when this default is busy (a second process on the host)
+# it serves on an ephemeral port and announces that one (fleetfence.metrics, fleetfence.registry).
+ALERTS_METRICS_PORT = 9466
 
 
 class AlertsSettings(Settings):
@@ -39,8 +42,12 @@ class AlertsSettings(Settings):
         default=None,
         description="Static group member id of this process (default: the host name); unique per process.",
     )
-    alerts_metrics_port: int | None = Field(
-        default=None, ge=0, le=65535, description="Port of the Prometheus endpoint of `alerts run`."
+    alerts_metrics_port: int = Field(
+        default=ALERTS_METRICS_PORT,
+        ge=0,
+        le=65535,
+        description="Port of the Prometheus endpoint of `alerts run`, 0 = off; the default, when busy, "
+        "falls back to an ephemeral port.",
     )
 
 

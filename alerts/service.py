@@ -11,13 +11,21 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import AbstractContextManager
 from typing import TextIO
 
 import redis
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from alerts.config import AlertsSettings, HistoryConfig, MqttConfig, ReceiversFile, WebhookConfig
+from alerts.config import (
+    ALERTS_METRICS_PORT,
+    AlertsSettings,
+    HistoryConfig,
+    MqttConfig,
+    ReceiversFile,
+    WebhookConfig,
+)
 from alerts.dead_letters import DeadLetters
 from alerts.dedup import MemoryDedup, RedisDedup
 from alerts.errors import ReceiverCrashedError
@@ -31,6 +39,7 @@ from alerts.tail import TailSink
 from alerts.webhook import WebhookSink
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.kafka import producer_config
+from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 
 logger = logging.getLogger(__name__)
@@ -147,11 +156,23 @@ class AlertService:
 
 def run_forever(settings: AlertsSettings, config: ReceiversFile) -> None:
     """`fleetfence alerts run`: run until SIGINT/SIGTERM; raise if a receiver crashes."""
-    if settings.alerts_metrics_port is not None:
-        from prometheus_client import start_http_server
+    with receivers_presence(settings):
+        _run_forever(settings, config)
 
-        start_http_server(settings.alerts_metrics_port, addr=settings.host)
-        logger.info("metrics endpoint port=%s", settings.alerts_metrics_port)
+
+def receivers_presence(settings: AlertsSettings) -> AbstractContextManager[Presence]:
+    """The process's metrics endpoint (every receiver's counters, label `receiver`) and its
+    announcement in the service registry, as its instance id (`FLEETFENCE_ALERTS_INSTANCE_ID`)."""
+    return presence(
+        settings,
+        "alerts",
+        settings.alerts_instance_id or socket.gethostname(),
+        metrics_port=settings.alerts_metrics_port,
+        default_port=ALERTS_METRICS_PORT,
+    )
+
+
+def _run_forever(settings: AlertsSettings, config: ReceiversFile) -> None:
     service = AlertService(settings, config)
 
     def healthy(stop: threading.Event) -> bool:

@@ -23,21 +23,35 @@ def api(
     workers: Annotated[int | None, typer.Option(help="Default: FLEETFENCE_API_WORKERS.")] = None,
 ) -> None:
     """Serve the admin API (with the outbox relay inside unless FLEETFENCE_API_RUN_RELAY=false)."""
+    import socket
+
     import uvicorn
 
     from admin_api.settings import ApiSettings
+    from fleetfence.metrics import http_url
+    from fleetfence.registry import announce
 
     s = ApiSettings()
     configure_logging(s.log_level, s.log_json)
-    uvicorn.run(
-        "admin_api.app:create_app",
-        factory=True,
-        host=host or s.api_host,
-        port=port or s.api_port,
-        workers=workers or s.api_workers,
-        log_config=None,
-        access_log=False,
-    )
+    host, port = host or s.api_host, port or s.api_port
+    # The launcher announces the API in the service registry (`fleetfence status`): one entry per
+    # listening address, whatever the number of uvicorn workers behind it.
+    with announce(
+        s,
+        "api",
+        f"{socket.gethostname()}:{port}",
+        metrics_url=http_url(host, port, "/metrics"),
+        health_url=http_url(host, port, "/healthz"),
+    ):
+        uvicorn.run(
+            "admin_api.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers or s.api_workers,
+            log_config=None,
+            access_log=False,
+        )
 
 
 @app.command("master-relay")

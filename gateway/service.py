@@ -27,15 +27,17 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
-from prometheus_client import start_http_server
 
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.kafka import producer_config
+from fleetfence.metrics import MetricsServer, serve_metrics
+from fleetfence.readmodels import ReadKeys
+from fleetfence.registry import Announcer, new_record
 from gateway.core import route
 from gateway.inflight import InFlight, Pending
 from gateway.metrics import GatewayCollector, GatewayStats, make_registry
 from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient
-from gateway.settings import GatewaySettings
+from gateway.settings import GATEWAY_METRICS_PORT, GatewaySettings
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,8 @@ class Gateway:
         # PUBACKs released by Kafka confirmations, written in one send() per loop turn instead of
         # one per message through paho's packet queue.
         self._ackbuf = bytearray()
-        self._metrics_server: Any = None
+        self._metrics_server: MetricsServer | None = None
+        self._announcer: Announcer | None = None
         self.metrics_port: int | None = None
         self._producer = self._new_producer()
         self._client = self._new_client()
@@ -123,16 +126,31 @@ class Gateway:
             raise ServiceUnavailableError(
                 f"no SUBACK for {self.settings.gateway_subscription} from {host}:{port}"
             )
-        if self.settings.gateway_metrics_port:
-            server, _thread = start_http_server(
+        try:
+            self._metrics_server = serve_metrics(
+                "gateway",
+                self.settings.host,
                 self.settings.gateway_metrics_port,
-                addr=self.settings.host,
+                default_port=GATEWAY_METRICS_PORT,
                 registry=make_registry(
                     GatewayCollector(self.stats, lambda: self.in_flight, lambda: self.connected)
                 ),
             )
-            self._metrics_server = server
-            self.metrics_port = int(server.server_port)
+        except BaseException:
+            self.stop(drain_timeout_s=1.0)
+            raise
+        self.metrics_port = self._metrics_server.port if self._metrics_server else None
+        # The service registry (fleetfence.registry): `fleetfence status` finds this replica by it.
+        self._announcer = Announcer(
+            self.settings.redis_dsn,
+            ReadKeys(self.settings.redis_prefix),
+            new_record(
+                "gateway",
+                self.client_id,
+                metrics_url=self._metrics_server.url if self._metrics_server else None,
+                ttl_s=self.settings.registry_ttl_s,
+            ),
+        ).start()
         logger.info(
             "gateway started client_id=%s subscription=%s receive_maximum=%s in_order_acks=%s "
             "metrics_port=%s",
@@ -158,9 +176,11 @@ class Gateway:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 return False
+        if self._announcer is not None:
+            self._announcer.stop()
+            self._announcer = None
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.close()
             self._metrics_server = None
         return self._drained
 

@@ -12,6 +12,10 @@ from pydantic import Field
 
 from fleetfence.settings import Settings
 
+# The replica's Prometheus endpoint; when this default is busy (a second replica on the host) it
+# serves on an ephemeral port and announces that one (fleetfence.metrics, fleetfence.registry).
+GATEWAY_METRICS_PORT = 9464
+
 
 class GatewaySettings(Settings):
     """Shared settings plus the gateway's own (see the README's configuration table)."""
@@ -33,7 +37,13 @@ class GatewaySettings(Settings):
         default=True,
         description="Send PUBACKs in receive order (MQTT 5 section 4.6); false acks as Kafka confirms.",
     )
-    gateway_metrics_port: int = Field(default=9464, ge=0, le=65535, description="0 disables /metrics.")
+    gateway_metrics_port: int = Field(
+        default=GATEWAY_METRICS_PORT,
+        ge=0,
+        le=65535,
+        description="Prometheus /metrics port, 0 disables it; the default, when busy, falls back to "
+        "an ephemeral port.",
+    )
     gateway_drain_timeout_s: float = Field(default=30.0, gt=0)
     gateway_kafka_linger_ms: int = Field(default=5, ge=0)
     gateway_kafka_message_timeout_ms: int = Field(

@@ -162,6 +162,10 @@ def gateway_env(
             "FLEETFENCE_STATE_DIR": str(settings.state_dir),
             "FLEETFENCE_KAFKA_BOOTSTRAP": settings.bootstrap_servers,
             "FLEETFENCE_MQTT_URL": f"mqtt://{host}:{port}",
+            # The replica announces itself in the service registry of the test's own Redis.
+            "FLEETFENCE_REDIS_URL": settings.redis_dsn,
+            "FLEETFENCE_REDIS_PREFIX": settings.redis_prefix,
+            "FLEETFENCE_REGISTRY_TTL_S": str(settings.registry_ttl_s),
             "FLEETFENCE_TOPIC_PREFIX": settings.topic_prefix,
             "FLEETFENCE_GATEWAY_CLIENT_ID": settings.gateway_client_id_effective,
             "FLEETFENCE_GATEWAY_SHARE_GROUP": settings.gateway_share_group,

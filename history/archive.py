@@ -23,18 +23,21 @@ within seconds to minutes of it: `dedup_window_s` bounds that memory (and the st
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from prometheus_client import Counter, start_http_server
+from prometheus_client import Counter
 from pyarrow import fs as pafs
 
+from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 from history.errors import ArchiveError
 from history.schema import (
@@ -51,7 +54,7 @@ from history.schema import (
     to_table,
     write_geoparquet,
 )
-from history.settings import HistorySettings
+from history.settings import HISTORY_METRICS_PORT, HistorySettings
 
 logger = logging.getLogger(__name__)
 
@@ -347,11 +350,26 @@ def run_archive(hs: HistorySettings, stop: threading.Event | None = None) -> Non
         _run_archive(hs, event)
 
 
+def archive_presence(hs: HistorySettings) -> AbstractContextManager[Presence]:
+    """The archive writer's metrics endpoint and its announcement in the service registry (one
+    writer per host: the host name is its instance id)."""
+    return presence(
+        hs,
+        "archive",
+        socket.gethostname(),
+        metrics_port=hs.history_metrics_port,
+        default_port=HISTORY_METRICS_PORT,
+    )
+
+
 def _run_archive(hs: HistorySettings, stop: threading.Event) -> None:
+    with archive_presence(hs):
+        _run_query(hs, stop)
+
+
+def _run_query(hs: HistorySettings, stop: threading.Event) -> None:
     from processor.spark import build_session, service_master
 
-    if hs.history_metrics_port:
-        start_http_server(hs.history_metrics_port, addr=hs.host)
     master = service_master(hs.history_spark_master)
     spark = build_session(app_name="fleetfence-archive", master=master)
     q = start_archive(spark, hs)

@@ -6,6 +6,10 @@ from pydantic import Field
 
 from fleetfence.settings import Settings
 
+# The archive writer's Prometheus endpoint; when this default is busy it serves on an ephemeral
+# port and announces that one (fleetfence.metrics, fleetfence.registry).
+HISTORY_METRICS_PORT = 9467
+
 
 class HistorySettings(Settings):
     """Archive location and policies on top of the shared settings (`FLEETFENCE_HISTORY_*`)."""
@@ -39,7 +43,11 @@ class HistorySettings(Settings):
     )
     history_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
     history_metrics_port: int = Field(
-        default=0, ge=0, le=65535, description="Prometheus port of `archive run`, 0 = off."
+        default=HISTORY_METRICS_PORT,
+        ge=0,
+        le=65535,
+        description="Prometheus port of `archive run`, 0 = off; the default, when busy, falls back to "
+        "an ephemeral port.",
     )
 
     @property

@@ -11,17 +11,20 @@ docs/exactly-once.md).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 
+from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import ProcessorError
 from processor.job import checkpoint_sink_id, start_query
 from processor.markers import BatchLedger, MarkerReader
-from processor.settings import ProcessorSettings
+from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark import build_session, service_master
 
 logger = logging.getLogger(__name__)
@@ -52,9 +55,24 @@ def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> 
         _run(s, event)
 
 
+def processor_presence(s: ProcessorSettings) -> AbstractContextManager[Presence]:
+    """The driver's metrics endpoint and its announcement in the service registry (one driver per
+    host: the host name is its instance id)."""
+    return presence(
+        s,
+        "processor",
+        socket.gethostname(),
+        metrics_port=s.processor_metrics_port,
+        default_port=PROCESSOR_METRICS_PORT,
+    )
+
+
 def _run(s: ProcessorSettings, stop: threading.Event) -> None:
-    if s.processor_metrics_port:
-        start_http_server(s.processor_metrics_port, addr=s.host)
+    with processor_presence(s):
+        _run_query(s, stop)
+
+
+def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
     master = service_master(s.processor_spark_master)
     spark = build_session(
         app_name="fleetfence-processor", master=master, shuffle_partitions=s.processor_shuffle_partitions

@@ -8,6 +8,10 @@ from fleetfence.rules import ProcessorRules
 from fleetfence.settings import Settings
 from processor.domain import EngineConfig
 
+# The driver's Prometheus endpoint; when this default is busy it serves on an ephemeral port and
+# announces that one (fleetfence.metrics, fleetfence.registry).
+PROCESSOR_METRICS_PORT = 9465
+
 
 class ProcessorSettings(Settings):
     """`FLEETFENCE_PROCESSOR_*` knobs on top of the shared settings."""
@@ -41,7 +45,12 @@ class ProcessorSettings(Settings):
     processor_shuffle_partitions: int | None = Field(default=None, ge=1)
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
     processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
-    processor_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus port, 0 = off.")
+    processor_metrics_port: int = Field(
+        default=PROCESSOR_METRICS_PORT,
+        ge=0,
+        le=65535,
+        description="Prometheus port, 0 = off; the default, when busy, falls back to an ephemeral port.",
+    )
 
     @property
     def checkpoint(self) -> str:
