@@ -1,6 +1,8 @@
 """The house's layers, enforced: imports run one way (README "Packages", docs/architecture.md).
 
     cli                      the composition on top: commands, the demo; nothing imports it
+    loadtest                 the load test (on top, beside the CLI that runs it): drives the whole
+                             pipeline; never imports the CLI
     embedded                 launchers of the embedded infrastructure and a local Spark cluster
     gateway, processor, vehicle_master, alerts, admin_api, simulator, history   the components
     fleetfence               the ground: contracts, rules, geo, settings, errors, Kafka helpers,
@@ -22,7 +24,8 @@ GROUND = "fleetfence"
 COMPONENTS = ("gateway", "processor", "vehicle_master", "alerts", "admin_api", "simulator", "history")
 LAUNCHERS = "embedded"
 TOP = "cli"
-FIRST_PARTY = (GROUND, LAUNCHERS, TOP, "tests", "bench", *COMPONENTS)
+LOADTEST = "loadtest"
+FIRST_PARTY = (GROUND, LAUNCHERS, TOP, LOADTEST, "tests", "bench", *COMPONENTS)
 
 
 def imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
@@ -68,6 +71,11 @@ def test_components_never_import_the_cli_or_the_launchers() -> None:
 def test_the_launchers_never_import_the_cli() -> None:
     assert py_files(LAUNCHERS), "no launcher package found"
     assert violations(py_files(LAUNCHERS), (GROUND, *COMPONENTS, LAUNCHERS)) == []
+
+
+def test_the_load_test_never_imports_the_cli() -> None:
+    assert py_files(LOADTEST), "no load test package found"
+    assert violations(py_files(LOADTEST), (GROUND, *COMPONENTS, LAUNCHERS, LOADTEST)) == []
 
 
 def test_tests_and_benchmarks_import_no_test_module() -> None:

@@ -1,0 +1,112 @@
+"""What a load test records: one `Sample` a second, one `StepResult` per rate step, one `LoadRun`.
+
+Plain dataclasses (JSON through `dataclasses.asdict`), so the driver, the report and a machine
+reading `report.json` share one shape. Rates are per second, latencies in milliseconds, memory in
+MiB, CPU in percent of one core (200 = both cores of a 2-core machine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ProcSample:
+    """One process (with all its descendants: a Spark driver's JVM and Python workers) at one moment."""
+
+    cpu_pct: float
+    rss_mib: float
+
+
+@dataclass
+class Sample:
+    """The pipeline at one moment of the run."""
+
+    t_s: float  # seconds since the run started
+    step: int  # index into LoadRun.steps
+    target_rate: float  # fixes/s the publisher aims at
+    publish_rate: float  # fixes/s acknowledged by the MQTT broker over the last interval
+    puback_p50_ms: float | None  # PUBACK latency over the last interval
+    puback_p99_ms: float | None
+    gateway_forwarded_rate: float  # records/s the gateway replicas wrote to Kafka
+    gateway_dead_lettered: int  # cumulative, all replicas
+    processor_rate: float  # telemetry records/s the processor's committed batches read
+    processor_lag: int  # records forwarded by the gateways and not yet read by a committed batch
+    receivers_lag: int  # alerts on fleet.alerts not yet committed by the receivers' group
+    alerts: int  # cumulative committed alerts of this run
+    procs: dict[str, ProcSample] = field(default_factory=dict)
+
+
+@dataclass
+class Latency:
+    """Event -> committed alert, in ms: from the fix's event time, and from its gateway receipt."""
+
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+
+@dataclass
+class Accuracy:
+    """Against the step's ground truth (simulator.verify): overall and per alert type."""
+
+    expected: int
+    observed: int
+    matched: int
+    duplicates: int
+    precision: float | None
+    recall: float | None
+    per_type: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Reconciliation:
+    """Counts end to end for a step: in = forwarded + dead-lettered at the gateway; forwarded =
+    read by the processor (received + invalid); and published = acknowledged by the broker."""
+
+    published: int
+    acked: int
+    gateway_received: int
+    gateway_forwarded: int
+    gateway_dead_lettered: int
+    processor_read: int
+    processor_accepted: int
+    processor_duplicates: int
+    processor_invalid: int
+    processor_late: int
+    reconciled: bool
+    detail: str = ""
+
+
+@dataclass
+class StepResult:
+    step: int
+    target_rate: float
+    vehicles: int
+    duration_s: float
+    achieved_rate: float  # acknowledged fixes / duration
+    sustained: bool  # no stage's lag grew over the whole step
+    lag_start: int
+    lag_end: int
+    latency_event: Latency
+    latency_receipt: Latency
+    accuracy: Accuracy
+    reconciliation: Reconciliation
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadRun:
+    mode: str  # "fixed", "ramp" or "soak"
+    started_at: str  # UTC ISO 8601
+    finished_at: str
+    machine: dict[str, Any]  # cores, memory, python, what ran where
+    options: dict[str, Any]  # the command line's options
+    steps: list[StepResult] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    highest_sustained_rate: float | None = None  # ramp: the best step that kept up
+    rss_growth: dict[str, float] = field(default_factory=dict)  # per process, after warm-up, fraction
+    verdicts: list[str] = field(default_factory=list)  # threshold failures (empty: passed)
