@@ -151,6 +151,10 @@ export function renderVehiclePanel(force = false) {
     return;
   }
   const s = v.state;
+  // A forced redraw (the vehicle's fresh state arriving just after a click on it) keeps the route
+  // an admin already picked for this vehicle, and the focus on that choice, instead of resetting both.
+  const prev = box.querySelector("#assign-route");
+  const refocus = prev !== null && prev === document.activeElement;
   const route = s.route_id ? state.routes.get(s.route_id) : null;
   const routeLen = route ? lineLengthM(route.feature.geometry.coordinates) : null;
   const ratio = s.route_id && typeof s.progress_ratio === "number" ? Math.min(1, Math.max(0, s.progress_ratio)) : null;
@@ -179,9 +183,11 @@ export function renderVehiclePanel(force = false) {
     parts.push(el("p", { class: "sub", text: `Open: ${v.openAlerts.map((a) => ALERT_LABEL[a.type] || a.type).join(", ")}` }));
   }
   if (state.role === "admin" && state.routes.size) {
-    const select = el("select", { id: "assign-route", name: "route_id" });
+    const picked = prev && prev.dataset.vehicleId === id && prev.dataset.picked ? prev.value : null;
+    const select = el("select", { id: "assign-route", name: "route_id", "data-vehicle-id": id, "data-picked": picked !== null ? "true" : null });
+    select.addEventListener("change", () => (select.dataset.picked = "true"));
     for (const rid of [...state.routes.keys()].sort()) {
-      select.append(el("option", { value: rid, text: rid, selected: rid === s.route_id }));
+      select.append(el("option", { value: rid, text: rid, selected: rid === (picked ?? s.route_id) }));
     }
     parts.push(
       el(
@@ -194,6 +200,7 @@ export function renderVehiclePanel(force = false) {
     );
   }
   box.replaceChildren(...parts);
+  if (refocus && $("assign-route")) $("assign-route").focus();
 }
 
 async function assignVehicle(vehicleId, routeId) {
