@@ -576,10 +576,10 @@ def test_assigning_shows_the_api_warning_about_older_fixes(
     (its `ts_ms`), which the processor's writer sets here: two hours ago for one vehicle, a few
     minutes ahead (a tracker whose clock runs ahead) for the other, which gets no warning."""
     rid, stale, ahead = "r-map-warn", "v-warn-stale", "v-warn-ahead"
-    res = httpx.post(
-        f"{map_server.base}/api/v1/routes", json=route(rid, "Warning run", B_COORDS), headers=map_server.admin
-    )
-    assert res.status_code == 201, res.text
+    # Two routes: the list offers "r-map-other" first, so a reset choice would show.
+    for f in (route(rid, "Warning run", B_COORDS), route("r-map-other", "Other run", A_COORDS)):
+        res = httpx.post(f"{map_server.base}/api/v1/routes", json=f, headers=map_server.admin)
+        assert res.status_code == 201, res.text
     register(map_server, stale, ahead)
     now = utc_now_ms()
     stale_ts = now - 2 * 3600 * 1000
@@ -594,9 +594,25 @@ def test_assigning_shows_the_api_warning_about_older_fixes(
     message = page.locator("#message")
 
     def assign(vid: str) -> dict[str, Any]:
-        page.locator(f"#vehicles li[data-vehicle-id='{vid}']").click()
+        # Selecting a vehicle draws its panel at once, then again when its fresh state arrives: that
+        # second drawing must keep the route already picked. The fresh state is held back until the
+        # pick is made, so the race goes the bad way every time.
+        held: list[Route] = []
+
+        def hold(rt: Route) -> None:  # a bound method is refused as a handler
+            held.append(rt)
+
+        live_url = f"**/api/v1/live/{vid}"
+        page.route(live_url, hold)
+        with page.expect_request(live_url):
+            page.locator(f"#vehicles li[data-vehicle-id='{vid}']").click()
         expect(page.locator("#vehicle-panel .veh-head")).to_have_text(re.compile(vid), timeout=UI_TIMEOUT_MS)
         page.locator("#assign-route").select_option(rid)
+        with page.expect_response(live_url):
+            held[0].continue_()
+        page.unroute(live_url)
+        page.wait_for_function("vid => window.fleetfence.vehicles.get(vid).openAlerts !== undefined", arg=vid)
+        assert page.locator("#assign-route").input_value() == rid
         with page.expect_response(
             lambda r: r.url.endswith(f"/api/v1/assignments/{vid}") and r.request.method == "PUT"
         ) as answer:
