@@ -9,6 +9,6 @@ class LoadtestError(FleetFenceError):
     """Base of the load test's own errors."""
 
 
-class ThresholdMissed(LoadtestError):
+class ThresholdMissedError(LoadtestError):
     """A threshold given on the command line (--max-p99-ms, --min-recall, --max-rss-growth) was
     missed: the run itself worked, the installation did not meet the bar."""

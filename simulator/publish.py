@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,6 +94,13 @@ class MqttSink:
         self._acked = 0
         self._cond = threading.Condition()
         self._connected = threading.Event()
+        # PUBACK latency: publish time by message id, and the latencies since the last
+        # `take_puback_ms`. Its own lock, never held while calling paho (paho calls on_publish
+        # holding its own message lock, which publish() takes too).
+        self._lat_lock = threading.Lock()
+        self._published_at: dict[int, float] = {}
+        self._early_ack: dict[int, float] = {}  # acknowledged before publish() had returned
+        self._puback_ms: list[float] = []
         try:
             self.client.connect(host, port, keepalive=30)
         except OSError as exc:
@@ -105,10 +113,23 @@ class MqttSink:
     def _on_connect(self, *_a: Any) -> None:
         self._connected.set()
 
-    def _on_publish(self, *_a: Any) -> None:
+    def _on_publish(self, _client: Any, _userdata: Any, mid: int, *_a: Any) -> None:
+        now = time.monotonic()
+        with self._lat_lock:
+            t = self._published_at.pop(mid, None)
+            if t is None:
+                self._early_ack[mid] = now
+            else:
+                self._puback_ms.append((now - t) * 1000.0)
         with self._cond:
             self._acked += 1
             self._cond.notify_all()
+
+    def take_puback_ms(self) -> list[float]:
+        """The PUBACK latencies (ms) measured since the last call (a load test samples them)."""
+        with self._lat_lock:
+            out, self._puback_ms = self._puback_ms, []
+        return out
 
     @property
     def acked(self) -> int:
@@ -129,7 +150,15 @@ class MqttSink:
                     "accuracy_m": acc,
                 }
             )
+            t = time.monotonic()
             info = self.client.publish(telemetry_topic(vid), payload, qos=1)
+            if info.rc == mqtt.MQTT_ERR_SUCCESS:
+                with self._lat_lock:
+                    acked_at = self._early_ack.pop(info.mid, None)
+                    if acked_at is None:
+                        self._published_at[info.mid] = t
+                    else:
+                        self._puback_ms.append((acked_at - t) * 1000.0)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 self.errors += 1
                 continue
@@ -221,6 +250,9 @@ class SimulationOptions:
     # Real time with event times "now": the first fix's time is taken when publishing starts
     # (after registration), so event time and wall clock agree.
     start_now: bool = False
+    # Called with the sink once it is connected, before the first fix: a load test samples its
+    # counters (sent, acked) and PUBACK latencies while the run goes on.
+    sink_observer: Callable[[Sink], None] | None = None
 
 
 @dataclass
@@ -303,6 +335,8 @@ def run_simulation(
                 inflight=settings.simulator_mqtt_inflight,
                 accuracy_m=accuracy,
             )
+        if opts.sink_observer is not None:
+            opts.sink_observer(sink)
         writer = TruthWriter(opts.truth_path)
         task = progress.add_task("publish", total=cfg.n_ticks, info="")
         pending: list[TruthAlert] = []

@@ -1,0 +1,210 @@
+"""The whole pipeline on this machine, every service in a process of its own: the embedded Kafka,
+Mosquitto and Redis, then the admin API, the Spark processor, N gateway replicas and the alert
+receivers (`fleetfence alerts run`), each started through the CLI exactly as an operator would.
+
+One home for "start everything and wait until it works", used by `fleetfence demo` and
+`fleetfence loadtest`. Separate processes, so a load test can measure each one's CPU and memory
+and a crash of one is seen (`check_alive`) instead of hanging the run. Each gets a free metrics
+port, so the caller can scrape every replica; logs go to `run_dir/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from embedded import infra
+from fleetfence import probes
+from fleetfence.errors import ServiceUnavailableError
+from fleetfence.metrics import http_get
+from fleetfence.service import stop_process_group
+from fleetfence.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+# The demo's receivers: the alert history (Redis, what the API and the map read) and the MQTT
+# fan-out (what a dispatcher's screen subscribes to).
+HISTORY_AND_MQTT = (
+    '[[receivers]]\nname = "history"\nkind = "history"\n\n[[receivers]]\nname = "mqtt"\nkind = "mqtt"\n'
+)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    gateway_replicas: int = 1
+    receivers_toml: str = HISTORY_AND_MQTT
+    spark_master: str = "local[2]"
+    processor_trigger_ms: int = 200
+    api_port: int | None = None  # None: 8000 if free, else any free port
+    # More FLEETFENCE_* variables for every service (e.g. a processor knob of a load test).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Service:
+    name: str  # "api", "processor", "gateway-1", ..., "receivers"
+    proc: subprocess.Popen[bytes]
+    metrics_url: str | None
+    log: Path
+
+
+def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
+    """The environment that gives a child process these settings (FLEETFENCE_*)."""
+    env = dict(os.environ)
+    for k, v in settings.model_dump(exclude={"topics"}).items():
+        if v is not None:
+            env[f"FLEETFENCE_{k.upper()}"] = str(v)
+    env.update({k: str(v) for k, v in extra.items()})
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    return env
+
+
+def committed_batches(settings: Settings) -> int:
+    """How many batches the processor has committed so far (records on its marker topic)."""
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "fleetfence-pipeline-probe"})
+    try:
+        lo, hi = c.get_watermark_offsets(
+            TopicPartition(settings.topics.processor_commits, 0), timeout=5, cached=False
+        )
+        return int(hi - lo)
+    finally:
+        c.close()
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return http_get(url, 2.0)[0] == 200
+    except (OSError, ValueError):
+        return False
+
+
+class Pipeline:
+    """`with Pipeline(settings, run_dir, spec) as p:` everything is up and answering; on exit
+    everything it started is stopped, in reverse order, whatever happened inside."""
+
+    def __init__(self, settings: Settings, run_dir: Path, spec: PipelineSpec | None = None) -> None:
+        self.settings = settings
+        self.run_dir = run_dir
+        self.spec = spec or PipelineSpec()
+        self.services: list[Service] = []
+        self._infra_started = False
+        port = self.spec.api_port
+        if port is None:
+            port = 8000 if probes.port_free(settings.host, 8000) else probes.free_port()
+        self.api_url = f"http://{settings.host}:{port}"
+        self._api_port = port
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Pipeline:
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        infra.up(self.settings)
+        self._infra_started = True
+        s, spec = self.settings, self.spec
+        py = [sys.executable, "-m", "cli"]
+        self._spawn("api", [*py, "api", "--port", str(self._api_port), "--host", s.host], {}, None)
+        port = probes.free_port()
+        self._spawn(
+            "processor",
+            [sys.executable, "-m", "processor"],
+            {
+                "FLEETFENCE_PROCESSOR_SPARK_MASTER": spec.spark_master,
+                "FLEETFENCE_PROCESSOR_TRIGGER_MS": str(spec.processor_trigger_ms),
+                "FLEETFENCE_PROCESSOR_METRICS_PORT": str(port),
+            },
+            port,
+        )
+        for i in range(1, spec.gateway_replicas + 1):
+            port = probes.free_port()
+            self._spawn(
+                f"gateway-{i}",
+                [*py, "gateway"],
+                {
+                    "FLEETFENCE_GATEWAY_CLIENT_ID": f"fleetfence-gw-{i}-{os.getpid()}",
+                    "FLEETFENCE_GATEWAY_METRICS_PORT": str(port),
+                },
+                port,
+            )
+        config = self.run_dir / "receivers.toml"
+        config.write_text(spec.receivers_toml)
+        port = probes.free_port()
+        self._spawn(
+            "receivers",
+            [*py, "alerts", "run", "--config", str(config)],
+            {"FLEETFENCE_ALERTS_METRICS_PORT": str(port)},
+            port,
+        )
+
+    def _spawn(self, name: str, argv: list[str], extra: dict[str, str], metrics_port: int | None) -> None:
+        log = self.run_dir / f"{name}.log"
+        env = settings_env(self.settings, **{**self.spec.env, **extra})
+        with log.open("ab") as f:
+            proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://{self.settings.host}:{metrics_port}/metrics" if metrics_port else None
+        self.services.append(Service(name, proc, url, log))
+        logger.info("pipeline started service=%s pid=%s log=%s", name, proc.pid, log)
+
+    def wait_ready(self, timeout_s: float = 240.0) -> None:
+        """Until the API answers, every metrics endpoint answers and the processor has committed
+        a batch (its first takes ~30 s: JVM, SparkSession, Python workers, state store)."""
+        before = committed_batches(self.settings)
+        self._wait(lambda: http_ok(f"{self.api_url}/healthz"), 60, "admin API")
+        for svc in self.services:
+            if svc.metrics_url:
+                url = svc.metrics_url
+                self._wait(lambda url=url: http_ok(url), timeout_s, f"{svc.name} metrics")  # type: ignore[misc]
+        self._wait(lambda: committed_batches(self.settings) > before, timeout_s, "processor's first batch")
+
+    def _wait(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if cond():
+                return
+            time.sleep(0.3)
+        raise ServiceUnavailableError(f"{what} not ready within {timeout_s:.0f}s (logs in {self.run_dir})")
+
+    def check_alive(self) -> None:
+        """Raise if a service exited: a run must not go on measuring a pipeline with a hole."""
+        for svc in self.services:
+            if svc.proc.poll() is not None:
+                raise ServiceUnavailableError(
+                    f"{svc.name} exited with code {svc.proc.returncode} (log: {svc.log})"
+                )
+
+    def stop(self) -> None:
+        for svc in reversed(self.services):
+            stop_process_group(svc.proc)
+        self.services.clear()
+        if self._infra_started:
+            infra.down(self.settings)
+            self._infra_started = False
+
+    # ------------------------------------------------------------------ what callers read
+
+    def pids(self) -> dict[str, int]:
+        return {svc.name: svc.proc.pid for svc in self.services}
+
+    def metrics_urls(self, prefix: str = "") -> dict[str, str]:
+        return {s.name: s.metrics_url for s in self.services if s.metrics_url and s.name.startswith(prefix)}

@@ -1,0 +1,143 @@
+"""What the load test reads from Kafka while it runs: the committed alerts and the processor's
+commit markers of this run (both from the topics' ends at the start, read_committed), and the
+receivers' consumer-group lag. Incremental and non-blocking: the sampler calls `poll()` once a
+second, so a long soak never re-reads a topic from its start.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+logger = logging.getLogger(__name__)
+
+
+def _consumer(bootstrap: str, group: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": False,
+        }
+    )
+
+
+def _partitions(c: Consumer, topic: str) -> list[int]:
+    md = c.list_topics(topic, timeout=10).topics.get(topic)
+    if md is None or md.error is not None or not md.partitions:
+        from loadtest.errors import LoadtestError
+
+        raise LoadtestError(f"topic {topic} does not exist")
+    return sorted(md.partitions)
+
+
+class TopicTap:
+    """Every committed record of `topic` produced after the tap was opened."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.topic = topic
+        self.c = _consumer(bootstrap, group)
+        parts = _partitions(self.c, topic)
+        starts = []
+        for p in parts:
+            _lo, hi = self.c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            starts.append(TopicPartition(topic, p, hi))
+        self.c.assign(starts)
+        # Per partition, the offset after the newest data record read (control records of
+        # transactions take offsets too, so the topic's end is not where the data ends).
+        self.data_end: dict[int, int] = {tp.partition: tp.offset for tp in starts}
+        self.start = dict(self.data_end)
+
+    def poll(self, max_records: int = 100_000) -> list[tuple[bytes, int]]:
+        """(value, record timestamp ms) of what arrived since the last call."""
+        out: list[tuple[bytes, int]] = []
+        while len(out) < max_records:
+            msgs = self.c.consume(10_000, 0.05)
+            if not msgs:
+                break
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        logger.warning("loadtest tap error topic=%s error=%s", self.topic, err)
+                    continue
+                _kind, ts = m.timestamp()
+                out.append((m.value() or b"", int(ts)))
+                self.data_end[m.partition()] = m.offset() + 1
+        return out
+
+    def close(self) -> None:
+        self.c.close()
+
+
+@dataclass
+class MarkerTotals:
+    """The processor's committed batches of this run, summed (docs/contracts.md, commit markers)."""
+
+    batches: int = 0
+    received: int = 0
+    invalid: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    late: int = 0
+    held: int = 0  # of the newest marker: fixes waiting for a missing seq
+    alerts: int = 0
+
+    @property
+    def read(self) -> int:
+        """Telemetry records the processor has read: every one is received or invalid."""
+        return self.received + self.invalid
+
+    def add(self, m: dict[str, Any]) -> None:
+        self.batches += 1
+        for k in ("received", "invalid", "accepted", "duplicates", "late", "alerts"):
+            setattr(self, k, getattr(self, k) + int(m.get(k, 0)))
+        self.held = int(m.get("held", 0))
+
+
+class MarkerTap:
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.tap = TopicTap(bootstrap, topic, group)
+        self.totals = MarkerTotals()
+
+    def poll(self) -> MarkerTotals:
+        for value, _ts in self.tap.poll():
+            if value:
+                self.totals.add(orjson.loads(value))
+        return self.totals
+
+    def close(self) -> None:
+        self.tap.close()
+
+
+class GroupLag:
+    """Data records of a topic not yet committed by each consumer group (the alert receivers),
+    measured against what a `TopicTap` of the same topic has read."""
+
+    def __init__(self, bootstrap: str, tap: TopicTap, groups: list[str]) -> None:
+        self.tap = tap
+        self.consumers = {g: _consumer(bootstrap, g) for g in groups}
+        self.parts = [TopicPartition(tap.topic, p) for p in sorted(tap.data_end)]
+
+    def lag(self) -> int:
+        """The largest lag over the groups (the slowest receiver)."""
+        worst = 0
+        for c in self.consumers.values():
+            total = 0
+            for tp in c.committed(self.parts, timeout=5):
+                p = tp.partition
+                # Not committed yet (a negative offset), or before this run: this run's start.
+                done = max(tp.offset, self.tap.start[p])
+                total += max(self.tap.data_end[p] - done, 0)
+            worst = max(worst, total)
+        return worst
+
+    def close(self) -> None:
+        for c in self.consumers.values():
+            c.close()
