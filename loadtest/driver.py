@@ -1,0 +1,459 @@
+"""The load test's run: steps of simulated vehicles published in real time over MQTT through the
+whole pipeline, sampled once a second, judged against each step's ground truth.
+
+Modes:
+- fixed: one step, `vehicles` at `rate_hz` for `duration_s`;
+- ramp: steps of `duration_s` each, the fleet growing by `ramp_factor`, until a step cannot be
+  sustained (the publisher falls short of the target rate, or the processor's lag grows over the
+  step by more than two seconds of input); the highest sustained rate is the answer;
+- soak: one long step (e.g. 30 min at half the ramp's answer); RSS growth per process after
+  warm-up is the answer.
+
+Each step is its own scenario (its own vehicle prefix, routes and ground truth), registered in the
+vehicle master before it starts; the previous step's vehicles simply stop (their silence falls
+after their truth's end, so it is out of scope). Accuracy is `simulator.verify` per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.live import Live
+
+from embedded.pipeline import Pipeline, PipelineSpec
+from fleetfence.metrics import scrape
+from fleetfence.rules import RouteRules
+from fleetfence.settings import Settings
+from loadtest.model import (
+    Accuracy,
+    Latency,
+    LoadRun,
+    ProcSample,
+    Reconciliation,
+    Sample,
+    StepResult,
+)
+from loadtest.procstat import ProcessSampler
+from loadtest.report import live_table, percentiles, rss_growth
+from loadtest.taps import GroupLag, MarkerTap, MarkerTotals, TopicTap
+from simulator.commands import start_ms_for
+from simulator.config import Injections, ScenarioConfig
+from simulator.publish import SimulationOptions, Sink, run_simulation
+from simulator.settings import SimulatorSettings
+from simulator.truth import read_truth
+from simulator.verify import ObservedAlert, compare, in_scope
+
+logger = logging.getLogger(__name__)
+
+SILENT = "VEHICLE_SILENT"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    mode: str = "fixed"  # fixed, ramp or soak
+    vehicles: int = 200  # fixed/soak: the fleet; ramp: the first step's
+    rate_hz: float = 1.0  # fixes per vehicle and second
+    duration_s: float = 60.0  # fixed/soak: the run; ramp: each step
+    ramp_factor: float = 1.5
+    max_steps: int = 8
+    gateway_replicas: int = 2
+    seed: int = 11
+    warmup_s: float = 60.0  # soak: RSS growth is measured from here
+    settle_s: float = 120.0  # after the last fix: until every stage has drained
+    max_p99_ms: float | None = None
+    min_recall: float | None = None
+    max_rss_growth: float | None = None
+    report_dir: Path | None = None
+
+
+@dataclass
+class _Counters:
+    """Cumulative figures at one moment (the sampler's previous reading, for rates)."""
+
+    t: float
+    acked: int
+    forwarded: float
+    read: int
+
+
+class LoadTest:
+    """One run on a running pipeline; `run()` returns the record (`LoadRun`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        opts: LoadOptions,
+        console: Console,
+        run_dir: Path,
+    ) -> None:
+        self.s = settings
+        self.sim = SimulatorSettings.from_base(settings)
+        self.pipeline = pipeline
+        self.opts = opts
+        self.console = console
+        self.run_dir = run_dir
+        self.run_id = uuid.uuid4().hex[:6]
+        t = settings.topics
+        self.alert_tap = TopicTap(settings.bootstrap_servers, t.alerts, f"fleetfence-loadtest-{self.run_id}")
+        self.marker_tap = MarkerTap(
+            settings.bootstrap_servers, t.processor_commits, f"fleetfence-loadtest-m-{self.run_id}"
+        )
+        groups = [f"{settings.topic_prefix}fleetfence.alerts.{n}" for n in ("history", "mqtt")]
+        self.group_lag = GroupLag(settings.bootstrap_servers, self.alert_tap, groups)
+        self.procs = ProcessSampler(pipeline.pids())
+        self.alerts: list[tuple[dict[str, Any], int]] = []  # (alert, record ts) of this run
+        self.samples: list[Sample] = []
+        self.sink: Sink | None = None
+        self.sent_before = 0  # fixes sent by earlier steps' sinks
+        self.acked_before = 0
+        self.t0 = time.monotonic()
+        self._prev: _Counters | None = None
+
+    # ------------------------------------------------------------------ sampling
+
+    def _gateways(self) -> tuple[float, float, float]:
+        """(received, forwarded, dead-lettered) summed over the gateway replicas."""
+        rec = fwd = dead = 0.0
+        for url in self.pipeline.metrics_urls("gateway").values():
+            m = scrape(url)
+            rec += m.total("fleetfence_gateway_received_total")
+            fwd += m.total("fleetfence_gateway_forwarded_total")
+            dead += m.total("fleetfence_gateway_dead_lettered_total")
+        return rec, fwd, dead
+
+    def _acked(self) -> int:
+        sink = self.sink
+        return self.acked_before + (sink.acked if sink is not None else 0)
+
+    def sample(self, step: int, target_rate: float) -> Sample:
+        self.pipeline.check_alive()
+        now = time.monotonic()
+        for value, ts in self.alert_tap.poll():
+            self.alerts.append((orjson.loads(value), ts))
+        totals = self.marker_tap.poll()
+        _rec, fwd, dead = self._gateways()
+        acked = self._acked()
+        puback: list[float] = []
+        take = getattr(self.sink, "take_puback_ms", None)
+        if take is not None:
+            puback = take()
+        prev = self._prev or _Counters(self.t0, 0, 0.0, 0)
+        dt = max(now - prev.t, 1e-6)
+        lat = percentiles(puback)
+        smp = Sample(
+            t_s=round(now - self.t0, 2),
+            step=step,
+            target_rate=target_rate,
+            publish_rate=(acked - prev.acked) / dt,
+            puback_p50_ms=lat.p50_ms,
+            puback_p99_ms=lat.p99_ms,
+            gateway_forwarded_rate=(fwd - prev.forwarded) / dt,
+            gateway_dead_lettered=int(dead),
+            processor_rate=(totals.read - prev.read) / dt,
+            processor_lag=max(int(fwd) - totals.read, 0),
+            receivers_lag=self.group_lag.lag(),
+            alerts=len(self.alerts),
+            procs={k: ProcSample(v.cpu_pct, v.rss_mib) for k, v in self.procs.sample().items()},
+        )
+        self._prev = _Counters(now, acked, fwd, totals.read)
+        self.samples.append(smp)
+        return smp
+
+    # ------------------------------------------------------------------ steps
+
+    def _scenario(self, step: int, vehicles: int) -> ScenarioConfig:
+        rules = RouteRules(
+            corridor_width_m=60.0, speed_limit_kmh=50.0, overspeed_min_s=5.0, silent_after_s=60.0
+        )
+        duration = self.opts.duration_s
+        period_ms = round(1000 / self.opts.rate_hz)
+        return ScenarioConfig(
+            vehicles=vehicles,
+            duration_s=duration,
+            rate_hz=self.opts.rate_hz,
+            seed=self.opts.seed + step,
+            route_length_m=6000.0,
+            rules=rules,
+            # The behaviours and transport faults of a fleet, at rates a load test can verify exactly.
+            inject=Injections(deviation=0.1, overspeed=0.1, dwell=0.1, silent=0.05, late=0.0),
+            start_ms=start_ms_for(None, True, duration, period_ms),
+            vehicle_prefix=f"lt{self.run_id}s{step}-",
+        )
+
+    def run_step(self, step: int, vehicles: int, live: Live) -> tuple[Path, float, float, int, int]:
+        """Publish one step in real time while sampling; (truth file, target rate, achieved rate,
+        processor lag at its start, at its end)."""
+        cfg = self._scenario(step, vehicles)
+        target = vehicles * self.opts.rate_hz
+        truth = self.run_dir / f"truth-step{step}.jsonl"
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def observe(sink: Sink) -> None:
+            self.sink = sink
+
+        def publish() -> None:
+            try:
+                opts = SimulationOptions(
+                    realtime=True,
+                    truth_path=truth,
+                    register=True,
+                    start_now=True,
+                    show_progress=False,
+                    sink_observer=observe,
+                )
+                run_simulation(self.sim, replace(cfg, assume=self.sim.assumptions()), opts, self.console)
+            except BaseException as exc:  # handed to the sampling thread, which raises it
+                failure.append(exc)
+            finally:
+                done.set()
+
+        lag_start = self.samples[-1].processor_lag if self.samples else 0
+        sent0 = self._acked()
+        thread = threading.Thread(target=publish, name=f"loadtest-step{step}", daemon=True)
+        thread.start()
+        t_start = None
+        while not done.wait(1.0):
+            smp = self.sample(step, target)
+            if self.sink is not None and t_start is None:
+                t_start = time.monotonic()
+            live.update(live_table(smp, step))
+        thread.join()
+        if failure:
+            raise failure[0]
+        elapsed = time.monotonic() - (t_start or self.t0)
+        sink = self.sink
+        if sink is not None:
+            self.acked_before += sink.acked
+            self.sent_before += sink.sent
+        self.sink = None
+        smp = self.sample(step, target)
+        live.update(live_table(smp, step))
+        achieved = (self._acked() - sent0) / max(elapsed, 1e-6)
+        return truth, target, achieved, lag_start, smp.processor_lag
+
+    def settle(self, live: Live) -> None:
+        """After the last fix: until the processor has read everything the gateways forwarded,
+        the receivers have caught up and alerts stop coming (silence needs the watermark to move),
+        or `settle_s` is over."""
+        deadline = time.monotonic() + self.opts.settle_s
+        quiet_since = time.monotonic()
+        n = len(self.alerts)
+        while time.monotonic() < deadline:
+            smp = self.sample(len(self.steps_done) - 1, 0.0)
+            live.update(live_table(smp, smp.step))
+            if len(self.alerts) != n:
+                n, quiet_since = len(self.alerts), time.monotonic()
+            drained = smp.processor_lag == 0 and smp.receivers_lag == 0
+            if drained and time.monotonic() - quiet_since > 10:
+                return
+            time.sleep(1.0)
+        logger.warning("loadtest settle timed out settle_s=%s", self.opts.settle_s)
+
+    # ------------------------------------------------------------------ judging
+
+    def _latency(self, alerts: list[tuple[dict[str, Any], int]], field_name: str | None) -> Latency:
+        vals = [
+            float(ts - (a["ts_ms"] if field_name is None else a.get(field_name) or 0))
+            for a, ts in alerts
+            if a["type"] != SILENT and (field_name is None or a.get(field_name))
+        ]
+        return percentiles(vals)
+
+    def judge_step(self, truth: Path) -> tuple[Accuracy, Latency, Latency]:
+        header, expected = read_truth(truth)
+        prefix = header.vehicle_prefix
+        mine = [(a, ts) for a, ts in self.alerts if str(a.get("vehicle_id", "")).startswith(prefix)]
+        observed = in_scope(
+            header,
+            [ObservedAlert.from_record(orjson.dumps(a), ts) for a, ts in mine],
+        )
+        res = compare(expected, observed, seq_tolerance=0)
+        o = res.overall
+        acc = Accuracy(
+            expected=o.expected,
+            observed=o.observed,
+            matched=o.matched,
+            duplicates=o.duplicates,
+            precision=o.precision,
+            recall=o.recall,
+            per_type={t: sc.to_dict() for t, sc in sorted(res.by_type.items())},
+        )
+        scoped = {a.alert_id for a in observed}
+        mine = [(a, ts) for a, ts in mine if a["alert_id"] in scoped]
+        return acc, self._latency(mine, None), self._latency(mine, "trigger_received_ms")
+
+    def reconcile(self) -> Reconciliation:
+        totals: MarkerTotals = self.marker_tap.poll()
+        rec, fwd, dead = self._gateways()
+        published, acked = self.sent_before, self.acked_before
+        checks = {
+            "every fix published was acknowledged by the broker": published == acked,
+            "the gateways received every acknowledged fix": int(rec) == acked,
+            "gateway in = forwarded + dead-lettered": int(rec) == int(fwd) + int(dead),
+            "the processor read every forwarded record": totals.read == int(fwd),
+            "processor received = accepted + duplicates + late + held": totals.received
+            == totals.accepted + totals.duplicates + totals.late + totals.held,
+        }
+        failed = [k for k, ok in checks.items() if not ok]
+        return Reconciliation(
+            published=published,
+            acked=acked,
+            gateway_received=int(rec),
+            gateway_forwarded=int(fwd),
+            gateway_dead_lettered=int(dead),
+            processor_read=totals.read,
+            processor_accepted=totals.accepted,
+            processor_duplicates=totals.duplicates,
+            processor_invalid=totals.invalid,
+            processor_late=totals.late,
+            reconciled=not failed,
+            detail="; ".join(f"not: {k}" for k in failed),
+        )
+
+    # ------------------------------------------------------------------ the run
+
+    steps_done: list[tuple[int, int, Path, float, float, int, int, float]]
+
+    def run(self) -> LoadRun:
+        o = self.opts
+        started = datetime.now(UTC)
+        self.steps_done = []
+        n_steps = o.max_steps if o.mode == "ramp" else 1
+        with Live(console=self.console, refresh_per_second=2, transient=False) as live:
+            for step in range(n_steps):
+                vehicles = max(1, round(o.vehicles * (o.ramp_factor**step)))
+                t_step = time.monotonic()
+                truth, target, achieved, lag0, lag1 = self.run_step(step, vehicles, live)
+                self.steps_done.append(
+                    (step, vehicles, truth, target, achieved, lag0, lag1, time.monotonic() - t_step)
+                )
+                if o.mode == "ramp" and not self._sustained(target, achieved, lag0, lag1):
+                    break
+            self.settle(live)
+        recon = self.reconcile()
+        steps: list[StepResult] = []
+        for step, vehicles, truth, target, achieved, lag0, lag1, secs in self.steps_done:
+            acc, lat_event, lat_receipt = self.judge_step(truth)
+            notes = []
+            if achieved < 0.95 * target:
+                notes.append(f"the publisher reached {achieved:,.0f} of {target:,.0f} fixes/s")
+            if lag1 > lag0 + 2 * target:
+                notes.append(f"the processor's lag grew from {lag0:,} to {lag1:,} records over the step")
+            steps.append(
+                StepResult(
+                    step=step,
+                    target_rate=target,
+                    vehicles=vehicles,
+                    duration_s=round(secs, 1),
+                    achieved_rate=round(achieved, 1),
+                    sustained=self._sustained(target, achieved, lag0, lag1),
+                    lag_start=lag0,
+                    lag_end=lag1,
+                    latency_event=lat_event,
+                    latency_receipt=lat_receipt,
+                    accuracy=acc,
+                    reconciliation=recon,
+                    notes=notes,
+                )
+            )
+        run = LoadRun(
+            mode=o.mode,
+            started_at=started.isoformat(),
+            finished_at=datetime.now(UTC).isoformat(),
+            machine={
+                "cores": os.cpu_count(),
+                "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                "python": platform.python_version(),
+                "processes": sorted(self.pipeline.pids()),
+                "gateway_replicas": o.gateway_replicas,
+            },
+            options={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
+            steps=steps,
+            samples=self.samples,
+        )
+        sustained = [st.target_rate for st in steps if st.sustained]
+        run.highest_sustained_rate = max(sustained) if sustained else None
+        run.rss_growth = rss_growth(self.samples, o.warmup_s)
+        run.verdicts = self.verdicts(run)
+        return run
+
+    @staticmethod
+    def _sustained(target: float, achieved: float, lag0: int, lag1: int) -> bool:
+        return achieved >= 0.95 * target and lag1 <= lag0 + 2 * target
+
+    def verdicts(self, run: LoadRun) -> list[str]:
+        """The thresholds given on the command line that this run missed (empty: passed)."""
+        o = self.opts
+        judged = [st for st in run.steps if st.sustained] or run.steps
+        out = []
+        if not run.steps[-1].reconciliation.reconciled:
+            out.append(f"counts do not reconcile: {run.steps[-1].reconciliation.detail}")
+        if o.max_p99_ms is not None:
+            worst = max((st.latency_event.p99_ms or 0.0) for st in judged)
+            if worst > o.max_p99_ms:
+                out.append(f"event->alert p99 {worst:,.0f} ms > {o.max_p99_ms:,.0f} ms")
+        if o.min_recall is not None:
+            low = min((st.accuracy.recall if st.accuracy.recall is not None else 1.0) for st in judged)
+            if low < o.min_recall:
+                out.append(f"recall {low:.4f} < {o.min_recall}")
+        if o.max_rss_growth is not None:
+            for name, g in sorted(run.rss_growth.items()):
+                if not math.isnan(g) and g > o.max_rss_growth:
+                    out.append(f"RSS of {name} grew {g:.1%} > {o.max_rss_growth:.0%} after warm-up")
+        return out
+
+    def close(self) -> None:
+        for c in (self.alert_tap, self.marker_tap, self.group_lag):
+            c.close()
+
+
+def run_loadtest(
+    settings: Settings,
+    opts: LoadOptions,
+    console: Console | None = None,
+    *,
+    report: Callable[[LoadRun, Path], Path] | None = None,
+) -> tuple[LoadRun, Path]:
+    """Start the embedded pipeline (fresh state), run the load test, stop everything; write the
+    report folder and return (the run, its folder)."""
+    from loadtest.report import write_report
+
+    console = console or Console()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = (opts.report_dir or settings.state_dir.resolve() / "loadtest" / f"{opts.mode}-{stamp}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
+        settings = settings.model_copy(update={"state_dir": out / "state"})
+    spec = PipelineSpec(gateway_replicas=opts.gateway_replicas)
+    pipeline = Pipeline(settings, out / "logs", spec)
+    try:
+        with console.status(
+            "starting the pipeline: Kafka, Mosquitto, Redis, API, processor, gateways, receivers…"
+        ):
+            pipeline.start()
+            pipeline.wait_ready()
+        lt = LoadTest(settings, pipeline, opts, console, out)
+        try:
+            run = lt.run()
+        finally:
+            lt.close()
+    finally:
+        with console.status("stopping everything the load test started…"):
+            pipeline.stop()
+    folder = (report or write_report)(run, out)
+    return run, folder
