@@ -1,9 +1,9 @@
 """`fleetfence demo`: the README's main command — the whole live pipeline on embedded servers.
 
     embedded broker + Mosquitto + Redis
-    -> admin API (with the outbox relay)      [subprocess]
-    -> processor: PySpark, local[2]           [subprocess]
-    -> gateway, alert receivers, live view    [this process]
+    -> admin API (with the outbox relay), processor (PySpark, local[2]), gateway, alert receivers
+       (history and MQTT fan-out): each a process of its own (embedded.pipeline)
+    -> live view of the committed alerts      [this process]
     -> simulator: a handful of vehicles driving in real time over MQTT, some deviating,
        speeding, dwelling in depots, going silent — with ground truth
     -> verify: precision, recall, duplicates and detection delay against the ground truth
@@ -17,29 +17,24 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
 import redis
 import typer
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError
 from rich.console import Console
 
 from cli.common import app, friendly_errors, settings_from_env
 from cli.infra import print_status
 from embedded import infra
-from fleetfence import probes
-from fleetfence.errors import FleetFenceError, ServiceUnavailableError
+from embedded.pipeline import Pipeline, PipelineSpec
+from fleetfence.errors import FleetFenceError
 from fleetfence.logs import configure_logging
-from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -53,58 +48,6 @@ ALERT_STYLE = {
     "VEHICLE_SILENT": "yellow",
     "VEHICLE_RESUMED": "green",
 }
-
-
-def _env(settings: Settings, **extra: Any) -> dict[str, str]:
-    env = dict(os.environ)
-    for k, v in settings.model_dump(exclude={"topics"}).items():
-        if v is not None:
-            env[f"FLEETFENCE_{k.upper()}"] = str(v)
-    env.update({k: str(v) for k, v in extra.items()})
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    return env
-
-
-def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as f:
-        proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    logger.info("demo started service=%s pid=%s log=%s", name, proc.pid, log)
-    return proc
-
-
-def _wait(
-    cond: Callable[[], bool], timeout_s: float, what: str, procs: list[subprocess.Popen[bytes]]
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for p in procs:
-            if p.poll() is not None:
-                raise ServiceUnavailableError(f"{what}: a demo service exited with code {p.returncode}")
-        if cond():
-            return
-        time.sleep(0.3)
-    raise ServiceUnavailableError(f"{what} not ready within {timeout_s:.0f}s")
-
-
-def _committed_batches(settings: Settings) -> int:
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "demo-probe"})
-    try:
-        lo, hi = c.get_watermark_offsets(
-            TopicPartition(settings.topics.processor_commits, 0), timeout=5, cached=False
-        )
-        return int(hi - lo)
-    finally:
-        c.close()
-
-
-def _http_ok(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class LiveAlerts:
@@ -166,11 +109,7 @@ def run_demo(
     api_port: int | None = None,
 ) -> int:
     """Run the live demo; returns verify's exit code."""
-    from alerts.config import AlertsSettings, parse_config
-    from alerts.service import AlertService
     from fleetfence.rules import RouteRules
-    from gateway.service import Gateway
-    from gateway.settings import GatewaySettings
     from simulator.commands import simulate, start_ms_for, verify
     from simulator.config import Injections, ScenarioConfig
     from simulator.publish import SimulationOptions
@@ -188,48 +127,17 @@ def run_demo(
         state = run_dir / "state"
         shutil.rmtree(state, ignore_errors=True)
         settings = settings.model_copy(update={"state_dir": state})
-    api_port = api_port or (probes.free_port() if not probes.port_free(settings.host, 8000) else 8000)
-    api_url = f"http://{settings.host}:{api_port}"
     truth = run_dir / f"truth-{int(time.time())}.jsonl"
+    spec = PipelineSpec(gateway_replicas=1, api_port=api_port)
     with ExitStack() as stack:
-        with console.status("starting the embedded broker, Mosquitto and Redis…"):
-            infra.up(settings)
-        stack.callback(infra.down, settings)
+        pipeline = Pipeline(settings, run_dir, spec)
+        stack.callback(pipeline.stop)
+        with console.status("starting the embedded broker, Mosquitto, Redis and the services…"):
+            pipeline.start()
         print_status(infra.status(settings))
-        env = _env(settings)
-        procs: list[subprocess.Popen[bytes]] = []
-        api = _spawn(
-            "api",
-            [sys.executable, "-m", "cli", "api", "--port", str(api_port), "--host", settings.host],
-            env,
-            run_dir / "api.log",
-        )
-        procs.append(api)
-        stack.callback(stop_process_group, api)
-        processor = _spawn(
-            "processor",
-            [sys.executable, "-m", "processor"],
-            _env(settings, FLEETFENCE_PROCESSOR_SPARK_MASTER="local[2]", FLEETFENCE_PROCESSOR_TRIGGER_MS=200),
-            run_dir / "processor.log",
-        )
-        procs.append(processor)
-        stack.callback(stop_process_group, processor)
-        gw = Gateway(GatewaySettings())
-        gw.start()
-        stack.callback(gw.stop)
-        receivers = AlertService(
-            AlertsSettings(),
-            parse_config(
-                '[[receivers]]\nname = "history"\nkind = "history"\n\n'
-                '[[receivers]]\nname = "mqtt"\nkind = "mqtt"\n',
-                "demo",
-            ),
-        ).start()
-        stack.callback(receivers.stop)
         with console.status("waiting for the admin API and the Spark processor (first batch ~30 s)…"):
-            _wait(lambda: _http_ok(f"{api_url}/healthz"), 60, "admin API", procs)
-            before = _committed_batches(settings)
-            _wait(lambda: _committed_batches(settings) > before, 240, "processor", procs)
+            pipeline.wait_ready()
+        api_url = pipeline.api_url
         # The map and the API need a key; a fresh admin key per demo run, printed once (stored hashed).
         from admin_api.security import Role, create_api_key
 
@@ -297,7 +205,6 @@ def demo(
     seed: Annotated[int, typer.Option(help="Scenario seed.")] = 7,
 ) -> None:
     """Run the live demo: embedded infra, gateway, processor, API, receivers, simulator, verify."""
-    import os
 
     s = settings_from_env()
     if "FLEETFENCE_LOG_LEVEL" not in os.environ:

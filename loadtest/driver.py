@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import platform
+import shutil
 import threading
 import time
 import uuid
@@ -115,6 +116,7 @@ class LoadTest:
         groups = [f"{settings.topic_prefix}fleetfence.alerts.{n}" for n in ("history", "mqtt")]
         self.group_lag = GroupLag(settings.bootstrap_servers, self.alert_tap, groups)
         self.procs = ProcessSampler(pipeline.pids())
+        self.procs.add_self("loadtest")  # the publisher and the sampler run here
         self.alerts: list[tuple[dict[str, Any], int]] = []  # (alert, record ts) of this run
         self.samples: list[Sample] = []
         self.sink: Sink | None = None
@@ -172,6 +174,16 @@ class LoadTest:
         self._prev = _Counters(now, acked, fwd, totals.read)
         self.samples.append(smp)
         return smp
+
+    def _view(self, smp: Sample, step: int) -> Any:
+        """The live view: the sample, with event->alert latency over the alerts so far."""
+        recent = self.alerts[-5000:]
+        return live_table(
+            smp,
+            step,
+            latency_event=self._latency(recent, None),
+            latency_receipt=self._latency(recent, "trigger_received_ms"),
+        )
 
     # ------------------------------------------------------------------ steps
 
@@ -231,7 +243,7 @@ class LoadTest:
             smp = self.sample(step, target)
             if self.sink is not None and t_start is None:
                 t_start = time.monotonic()
-            live.update(live_table(smp, step))
+            live.update(self._view(smp, step))
         thread.join()
         if failure:
             raise failure[0]
@@ -242,7 +254,7 @@ class LoadTest:
             self.sent_before += sink.sent
         self.sink = None
         smp = self.sample(step, target)
-        live.update(live_table(smp, step))
+        live.update(self._view(smp, step))
         achieved = (self._acked() - sent0) / max(elapsed, 1e-6)
         return truth, target, achieved, lag_start, smp.processor_lag
 
@@ -255,7 +267,7 @@ class LoadTest:
         n = len(self.alerts)
         while time.monotonic() < deadline:
             smp = self.sample(len(self.steps_done) - 1, 0.0)
-            live.update(live_table(smp, smp.step))
+            live.update(self._view(smp, smp.step))
             if len(self.alerts) != n:
                 n, quiet_since = len(self.alerts), time.monotonic()
             drained = smp.processor_lag == 0 and smp.receivers_lag == 0
@@ -438,7 +450,12 @@ def run_loadtest(
     out = (opts.report_dir or settings.state_dir.resolve() / "loadtest" / f"{opts.mode}-{stamp}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
-        settings = settings.model_copy(update={"state_dir": out / "state"})
+        # Fresh embedded servers every run (as the demo's): an earlier run's routes, zones and
+        # vehicles would raise alerts this run's ground truth does not know. Their data stays
+        # until the next run, outside the report folder.
+        state = settings.state_dir.resolve() / "loadtest" / "state"
+        shutil.rmtree(state, ignore_errors=True)
+        settings = settings.model_copy(update={"state_dir": state})
     spec = PipelineSpec(gateway_replicas=opts.gateway_replicas)
     pipeline = Pipeline(settings, out / "logs", spec)
     try:
