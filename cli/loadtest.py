@@ -21,8 +21,9 @@ def loadtest_cmd(
     ] = 200,
     rate_hz: Annotated[float, typer.Option(min=0.05, max=50, help="Fixes per second per vehicle.")] = 1.0,
     duration_s: Annotated[
-        float, typer.Option(min=10, help="Seconds of the run (ramp: of each step).")
-    ] = 60.0,
+        float,
+        typer.Option(min=10, help="Seconds of the run (ramp: of each step); 90 s lets deviations fit."),
+    ] = 90.0,
     ramp: Annotated[
         bool, typer.Option("--ramp", help="Grow the fleet step by step until a stage cannot keep up.")
     ] = False,

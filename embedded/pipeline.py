@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from embedded import infra
+from embedded.processes import read_pid
 from fleetfence import probes
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.metrics import http_get
@@ -204,7 +205,15 @@ class Pipeline:
     # ------------------------------------------------------------------ what callers read
 
     def pids(self) -> dict[str, int]:
-        return {svc.name: svc.proc.pid for svc in self.services}
+        """Every process of the pipeline by name: the services, then the embedded servers this
+        pipeline started (Kafka's JVM, Mosquitto, Redis; none when they are external)."""
+        out = {svc.name: svc.proc.pid for svc in self.services}
+        if self._infra_started:
+            for name in infra.SERVICES:
+                running = read_pid(self.settings, name)
+                if running is not None:
+                    out[name] = running[0]
+        return out
 
     def metrics_urls(self, prefix: str = "") -> dict[str, str]:
         return {s.name: s.metrics_url for s in self.services if s.metrics_url and s.name.startswith(prefix)}
