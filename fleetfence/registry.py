@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from http.client import HTTPException
 from typing import Any
 
 import orjson
@@ -125,9 +126,13 @@ class Announcer:
         self.beats = 0
         self.failures = 0
         self._value = record.to_json()
-        self._redis = redis.Redis.from_url(
-            redis_dsn, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-        )
+        self._redis: redis.Redis | None = None
+        try:
+            self._redis = redis.Redis.from_url(
+                redis_dsn, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+            )
+        except ValueError as exc:  # a malformed URL must not stop the service it would announce
+            logger.warning("service registry disabled: bad Redis URL key=%s error=%s", self.key, exc)
         self._reachable: bool | None = None
         self._duplicate_logged = False
         self._stop = threading.Event()
@@ -145,6 +150,8 @@ class Announcer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(REDIS_TIMEOUT_S * 3)
+        if self._redis is None:
+            return
         try:
             self._redis.eval(_DELETE_IF_OURS, 1, self.key, self._value)
         except redis.RedisError as exc:
@@ -169,8 +176,20 @@ class Announcer:
             self.beat()
             delay = self.interval_s
 
+    def _newer(self, old: Any) -> bool:
+        """Whether the record this beat replaced belongs to a process that started after this one:
+        a second live process with the same instance id. A predecessor's record (a replica
+        restarted within the TTL after a kill) started before, and is no misconfiguration."""
+        try:
+            return ServiceRecord.from_json(old).started_at > self.record.started_at
+        except (ValueError, KeyError, TypeError):
+            return True
+
     def beat(self) -> bool:
         """One heartbeat; False (logged, counted) when Redis did not take it."""
+        if self._redis is None:
+            self.failures += 1
+            return False
         try:
             old = self._redis.set(self.key, self._value, px=int(self.record.ttl_s * 1000), get=True)
         except redis.RedisError as exc:
@@ -189,7 +208,7 @@ class Announcer:
             logger.info("service announced key=%s metrics_url=%s", self.key, self.record.metrics_url)
         self._reachable = True
         self.beats += 1
-        if old is not None and old != self._value and not self._duplicate_logged:
+        if old is not None and old != self._value and not self._duplicate_logged and self._newer(old):
             self._duplicate_logged = True
             logger.warning(
                 "another process announces the same service instance: give each its own id key=%s other=%r",
@@ -328,6 +347,8 @@ def check(entry: Registered, timeout_s: float = 2.0) -> ServiceCheck:
             status, _ = http_get(rec.health_url, timeout_s)
         except OSError as exc:
             return ServiceCheck(entry, False, f"health: {_reason(exc)}", None)
+        except (HTTPException, ValueError) as exc:  # something else answers on that port, or a bad URL
+            return ServiceCheck(entry, False, f"health: not an HTTP answer: {exc!r}", None)
         details.append(f"health {status}")
     scraped: Scrape | None = None
     if rec.metrics_url is not None:
@@ -337,7 +358,7 @@ def check(entry: Registered, timeout_s: float = 2.0) -> ServiceCheck:
             scraped = parse_exposition(body)
         except OSError as exc:
             return ServiceCheck(entry, False, f"metrics: {_reason(exc)}", None)
-        except ValueError as exc:
+        except (HTTPException, ValueError) as exc:
             return ServiceCheck(entry, False, f"metrics: not a Prometheus exposition: {exc}", None)
         details.append(f"metrics {int((time.monotonic() - started) * 1000)} ms")
     return ServiceCheck(entry, True, ", ".join(details), scraped)

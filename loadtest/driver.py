@@ -35,6 +35,8 @@ import orjson
 from rich.console import Console
 from rich.live import Live
 
+from alerts.config import AlertsSettings
+from alerts.service import group_id
 from embedded.pipeline import Pipeline, PipelineSpec
 from fleetfence.metrics import scrape
 from fleetfence.rules import RouteRules
@@ -112,12 +114,22 @@ class LoadTest:
         self.run_dir = run_dir
         self.run_id = uuid.uuid4().hex[:6]
         t = settings.topics
+        alerts = AlertsSettings.from_base(settings)
         self.alert_tap = TopicTap(settings.bootstrap_servers, t.alerts, f"fleetfence-loadtest-{self.run_id}")
-        self.marker_tap = MarkerTap(
-            settings.bootstrap_servers, t.processor_commits, f"fleetfence-loadtest-m-{self.run_id}"
-        )
-        groups = [f"{settings.topic_prefix}fleetfence.alerts.{n}" for n in ("history", "mqtt")]
-        self.group_lag = GroupLag(settings.bootstrap_servers, self.alert_tap, groups)
+        try:
+            self.marker_tap = MarkerTap(
+                settings.bootstrap_servers, t.processor_commits, f"fleetfence-loadtest-m-{self.run_id}"
+            )
+            try:
+                # The receivers the pipeline runs (embedded.pipeline.HISTORY_AND_MQTT), by their groups.
+                groups = [group_id(alerts, n) for n in ("history", "mqtt")]
+                self.group_lag = GroupLag(settings.bootstrap_servers, self.alert_tap, groups)
+            except BaseException:
+                self.marker_tap.close()
+                raise
+        except BaseException:
+            self.alert_tap.close()
+            raise
         self.procs = ProcessSampler(pipeline.pids())
         self.procs.add_self("loadtest")  # the publisher and the sampler run here
         self.alerts: list[tuple[dict[str, Any], int]] = []  # (alert, record ts) of this run
@@ -223,6 +235,9 @@ class LoadTest:
         failure: list[BaseException] = []
 
         def observe(sink: Sink) -> None:
+            track = getattr(sink, "track_puback", None)
+            if track is not None:
+                track()  # only measured while someone drains it (take_puback_ms)
             self.sink = sink
 
         def publish() -> None:
@@ -257,14 +272,14 @@ class LoadTest:
         if failure:
             raise failure[0]
         elapsed = time.monotonic() - (t_start or self.t0)
+        smp = self.sample(step, target)  # the step's last PUBACKs, while its sink is still known
+        live.update(self._view(smp, step))
+        achieved = (self._acked() - sent0) / max(elapsed, 1e-6)
         sink = self.sink
         if sink is not None:
             self.acked_before += sink.acked
             self.sent_before += sink.sent
         self.sink = None
-        smp = self.sample(step, target)
-        live.update(self._view(smp, step))
-        achieved = (self._acked() - sent0) / max(elapsed, 1e-6)
         return truth, target, achieved, lag_start, smp.processor_lag
 
     def settle(self, live: Live) -> None:

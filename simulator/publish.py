@@ -98,6 +98,7 @@ class MqttSink:
         # `take_puback_ms`. Its own lock, never held while calling paho (paho calls on_publish
         # holding its own message lock, which publish() takes too).
         self._lat_lock = threading.Lock()
+        self._tracking = False  # off unless asked: nothing else drains the latencies
         self._published_at: dict[int, float] = {}
         self._early_ack: dict[int, float] = {}  # acknowledged before publish() had returned
         self._puback_ms: list[float] = []
@@ -114,16 +115,21 @@ class MqttSink:
         self._connected.set()
 
     def _on_publish(self, _client: Any, _userdata: Any, mid: int, *_a: Any) -> None:
-        now = time.monotonic()
-        with self._lat_lock:
-            t = self._published_at.pop(mid, None)
-            if t is None:
-                self._early_ack[mid] = now
-            else:
-                self._puback_ms.append((now - t) * 1000.0)
+        if self._tracking:
+            now = time.monotonic()
+            with self._lat_lock:
+                t = self._published_at.pop(mid, None)
+                if t is None:
+                    self._early_ack[mid] = now
+                elif now >= t:
+                    self._puback_ms.append((now - t) * 1000.0)
         with self._cond:
             self._acked += 1
             self._cond.notify_all()
+
+    def track_puback(self) -> None:
+        """Measure PUBACK latency from now on; the caller drains it with `take_puback_ms`."""
+        self._tracking = True
 
     def take_puback_ms(self) -> list[float]:
         """The PUBACK latencies (ms) measured since the last call (a load test samples them)."""
@@ -152,12 +158,12 @@ class MqttSink:
             )
             t = time.monotonic()
             info = self.client.publish(telemetry_topic(vid), payload, qos=1)
-            if info.rc == mqtt.MQTT_ERR_SUCCESS:
+            if self._tracking and info.mid:  # paho queues (and later acks) even without a connection
                 with self._lat_lock:
                     acked_at = self._early_ack.pop(info.mid, None)
                     if acked_at is None:
                         self._published_at[info.mid] = t
-                    else:
+                    elif acked_at >= t:
                         self._puback_ms.append((acked_at - t) * 1000.0)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 self.errors += 1

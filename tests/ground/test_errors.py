@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "fleetfence",
     "cli",
+    "embedded",
+    "loadtest",
     "gateway",
     "processor",
     "vehicle_master",

@@ -26,8 +26,15 @@ from fleetfence.testing import wait_for
 
 @pytest.fixture
 def rs(settings: Settings) -> Settings:
-    """The test's settings with a registry of its own (a unique Redis prefix) and a 1 s TTL."""
-    return settings.model_copy(update={"redis_prefix": f"{settings.topic_prefix}ff:", "registry_ttl_s": 1.0})
+    """The test's settings with a registry of its own (a unique Redis prefix) and a 10 s TTL: long
+    enough that no key expires under a test that does not wait for it, on a busy machine."""
+    return settings.model_copy(update={"redis_prefix": f"{settings.topic_prefix}ff:", "registry_ttl_s": 10.0})
+
+
+@pytest.fixture
+def short(rs: Settings) -> Settings:
+    """The same registry with a 1 s TTL, for the tests that watch keys refresh and expire."""
+    return rs.model_copy(update={"registry_ttl_s": 1.0})
 
 
 @pytest.fixture
@@ -44,7 +51,8 @@ def announcer(rs: Settings, instance: str = "one", metrics_url: str | None = Non
     return Announcer(rs.redis_dsn, ReadKeys(rs.redis_prefix), record)
 
 
-def test_announces_refreshes_and_deletes_its_key_on_stop(rs: Settings, r: redis.Redis) -> None:
+def test_announces_refreshes_and_deletes_its_key_on_stop(short: Settings, r: redis.Redis) -> None:
+    rs = short
     a = announcer(rs, metrics_url="http://127.0.0.1:1/metrics").start()
     key = ReadKeys(rs.redis_prefix).service("gateway", "one")
     assert key == f"{rs.redis_prefix}services:gateway:one"
@@ -77,13 +85,14 @@ def test_announces_refreshes_and_deletes_its_key_on_stop(rs: Settings, r: redis.
     assert registered(rs) == []
 
 
-def test_a_heartbeat_that_stops_expires_with_its_ttl(rs: Settings, r: redis.Redis) -> None:
+def test_a_heartbeat_that_stops_expires_with_its_ttl(short: Settings, r: redis.Redis) -> None:
     """One heartbeat and then none: what a SIGKILLed service leaves behind."""
+    rs = short
     a = announcer(rs)
     assert a.beat()
     assert [e.record.instance for e in registered(rs)] == ["one"]
     wait_for(lambda: registered(rs) == [], 5, "the key to expire")
-    a._redis.close()
+    a.stop()  # (its key is gone already: the stop deletes nothing)
 
 
 def test_a_stop_keeps_the_key_of_a_newer_process_with_the_same_instance(
@@ -92,19 +101,26 @@ def test_a_stop_keeps_the_key_of_a_newer_process_with_the_same_instance(
     old, new = announcer(rs), announcer(rs, pid=os.getpid() + 1)
     assert old.beat()
     with caplog.at_level(logging.WARNING, logger="fleetfence.registry"):
-        assert new.beat()  # a restarted replica took the instance over
-    assert "another process announces the same service instance" in caplog.text
+        assert new.beat()  # a replica restarted within the TTL takes its predecessor's key over
+    assert "another process announces the same service instance" not in caplog.text
     old.stop()
     [entry] = registered(rs)
     assert entry.record.pid == new.record.pid
+    # Two live processes with one instance id: the older one's next beat finds the newer's record.
+    twin = announcer(rs, pid=os.getpid() + 2)
+    assert twin.beat()
+    with caplog.at_level(logging.WARNING, logger="fleetfence.registry"):
+        assert new.beat()
+    assert "another process announces the same service instance" in caplog.text
+    twin.stop()
     new.stop()
     assert registered(rs) == []
 
 
 def test_an_unreachable_redis_is_logged_once_and_never_raises(
-    rs: Settings, caplog: pytest.LogCaptureFixture
+    short: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    dead = rs.model_copy(update={"redis_url": f"redis://127.0.0.1:{probes.free_port()}/0"})
+    dead = short.model_copy(update={"redis_url": f"redis://127.0.0.1:{probes.free_port()}/0"})
     with caplog.at_level(logging.WARNING, logger="fleetfence.registry"):
         a = announcer(dead).start()
         wait_for(lambda: a.failures >= 3, 10, "the heartbeat to keep trying")
