@@ -304,12 +304,23 @@ def _process_names(samples: Sequence[Sample]) -> list[str]:
     return sorted({n for s in samples for n in s.procs})
 
 
+def _smooth(values: list[float], window: int = 10) -> list[float]:
+    """A trailing mean over `window` samples: the processor reads in micro-batches, so its rate a
+    second swings between zero and several times the input; the mean shows whether it keeps up."""
+    out = []
+    for i in range(len(values)):
+        part = [v for v in values[max(0, i - window + 1) : i + 1] if not math.isnan(v)]
+        out.append(sum(part) / len(part) if part else math.nan)
+    return out
+
+
 def _draw_rate(ax: Axes, run: LoadRun) -> None:
     t = [s.t_s for s in run.samples]
     ax.plot(t, _series(run.samples, lambda s: s.target_rate), label="target", color="black", linestyle="--")
-    ax.plot(t, _series(run.samples, lambda s: s.publish_rate), label="published (acked)")
-    ax.plot(t, _series(run.samples, lambda s: s.gateway_forwarded_rate), label="gateway forwarded")
-    ax.plot(t, _series(run.samples, lambda s: s.processor_rate), label="processor read")
+    ax.plot(t, _smooth(_series(run.samples, lambda s: s.publish_rate)), label="published (acked), 10 s mean")
+    fwd = _smooth(_series(run.samples, lambda s: s.gateway_forwarded_rate))
+    ax.plot(t, fwd, label="gateway forwarded, 10 s mean")
+    ax.plot(t, _smooth(_series(run.samples, lambda s: s.processor_rate)), label="processor read, 10 s mean")
     _mark_steps(ax, run.samples)
     ax.set_ylabel("fixes/s")
 
