@@ -11,3 +11,8 @@ from fleetfence.errors import FleetFenceError
 
 class ProcessorError(FleetFenceError):
     """The streaming query failed."""
+
+
+class LateReadBackError(ProcessorError):
+    """The original record of a fix beyond the lateness bound is on the telemetry topic but could
+    not be read back in time: the sink's task fails and Spark retries it."""

@@ -1,12 +1,13 @@
 """Exactly-once Spark streaming sink for alerts, on the Python Data Source API.
 
-Executors (`write`) do not touch Kafka: they write the live read model to Redis (idempotent: a
-state only replaces an older one) and hand their alerts and dead letters back in the commit
-message. The driver (`commit`) then writes all of the micro-batch's alerts, its dead letters and a
-marker `{sink_id: batch_id}` in ONE Kafka transaction. Before writing, it looks up the last
-committed marker of this sink; a batch at or below it was already committed (Spark crashed after
-the Kafka commit but before its own commit log) and is skipped. The protocol and the failure cases
-it covers are in docs/exactly-once.md.
+Executors (`write`) produce nothing to Kafka: they write the live read model to Redis
+(idempotent: a state only replaces an older one) and hand their alerts and dead letters back in
+the commit message. (They read from it in one rare case: the original records of fixes beyond the
+lateness bound, `original_records`.) The driver (`commit`) then writes all of the micro-batch's
+alerts, its dead letters and a marker `{sink_id: batch_id}` in ONE Kafka transaction. Before
+writing, it looks up the last committed marker of this sink; a batch at or below it was already
+committed (Spark crashed after the Kafka commit but before its own commit log) and is skipped.
+The protocol and the failure cases it covers are in docs/exactly-once.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from fleetfence.contracts import DlqReason, dead_letter
 from fleetfence.readmodels import ReadKeys
+from processor.errors import LateReadBackError
 from processor.live_store import write_live
 from processor.rows import OUT_ALERT, OUT_DLQ, OUT_LATE, OUT_LIVE, OUT_STATS, OUTPUT_DDL, unpack_live
 
@@ -116,9 +118,11 @@ def original_records(
     timeout_s: float = 30.0,
     read_ahead: int = READ_AHEAD,
 ) -> dict[tuple[int, int], bytes]:
-    """The values of the records at (partition, offset) on `topic`, read_committed; a record that
-    is gone (retention, compaction) is simply absent from the answer. Offsets close together are
-    read in one pass, others each from its own position."""
+    """The values of the records at (partition, offset) on `topic`, read_committed. A record gone
+    by retention (below the partition's log start) is absent from the answer; one that should be
+    there and could not be read raises `LateReadBackError`, so Spark retries the task instead of
+    the dead letter quietly holding the decoded fix. Offsets close together are read in one pass,
+    others each from its own position."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     found: dict[tuple[int, int], bytes] = {}
@@ -159,6 +163,18 @@ def original_records(
                             found[(p, m.offset())] = bytes(m.value() or b"")
                         done = done or m.offset() >= last
                 i = j + 1
+        missing: dict[int, list[int]] = {}
+        for p, o in set(wanted):
+            if (p, o) not in found:
+                missing.setdefault(p, []).append(o)
+        for p, offs in missing.items():
+            lo, _hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            unread = sorted(o for o in offs if o >= lo)
+            if unread:
+                raise LateReadBackError(
+                    f"could not read back {len(unread)} record(s) of {topic} partition {p} "
+                    f"(first offset {unread[0]}, log start {lo}) within {timeout_s:.0f} s"
+                )
         return found
     finally:
         c.close()

@@ -57,8 +57,8 @@ def service_env(s: Settings, **extra: str) -> dict[str, str]:
         FLEETFENCE_REDIS_PREFIX=s.redis_prefix,
         FLEETFENCE_REGISTRY_TTL_S=str(s.registry_ttl_s),
         FLEETFENCE_STARTUP_TIMEOUT_S="60",
-        **extra,
     )
+    env.update(extra)  # the test's own, over the defaults above
     return env
 
 

@@ -16,13 +16,15 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from fleetfence.contracts import Telemetry, bucket_of
 from fleetfence.kafka import TopicSpec, ensure_topics, producer_config
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from processor import parse
+from processor.errors import LateReadBackError
 from processor.kafka_sink import original_records
 from processor.rows import KIND_CLOCK, KIND_MASTER, KIND_TELEMETRY
 from processor.source import processor_input
@@ -156,14 +158,27 @@ def test_chunks_are_cut_and_keep_order_across_batches(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("read_ahead", [5_000, 1])
 def test_late_fixes_records_are_read_back_by_offset(settings: Settings, read_ahead: int) -> None:
     """The sink's read-back of late fixes' original records (`kafka_sink.original_records`): exact
-    bytes for committed records, in one pass or seek by seek; nothing for an aborted record or an
-    offset that is not there (the dead letter then keeps the decoded fix)."""
+    bytes for committed records, in one pass or seek by seek; a record gone by retention (deleted
+    below the log start) is simply absent (the dead letter then keeps the decoded fix), but one
+    that should be there and cannot be read (an aborted record's offset, an offset past the end)
+    is an error, so the sink's task fails and is retried instead of quietly writing the decoded fix."""
     topic = f"{settings.topic_prefix}originals-{uuid.uuid4().hex[:8]}"
     ensure_topics(settings.bootstrap_servers, [TopicSpec(topic, 1)])
     produce_with_holes(settings.bootstrap_servers, topic)
     records = {(m.partition(), m.offset()): m.value() for m in read_all(settings, topic, 1)}
     committed = sorted(records)
     aborted = next(o for o in range(committed[0][1], committed[-1][1]) if (0, o) not in records)
-    wanted = [committed[0], committed[1], committed[-1], (0, aborted), (0, committed[-1][1] + 100)]
+    wanted = [committed[0], committed[1], committed[-1]]
     got = original_records(settings.bootstrap_servers, topic, wanted, timeout_s=20, read_ahead=read_ahead)
-    assert got == {k: records[k] for k in (committed[0], committed[1], committed[-1])}
+    assert got == {k: records[k] for k in wanted}
+    for bad in ((0, aborted), (0, committed[-1][1] + 100)):
+        with pytest.raises(LateReadBackError):
+            original_records(
+                settings.bootstrap_servers, topic, [*wanted, bad], timeout_s=5, read_ahead=read_ahead
+            )
+    # Retention: everything before the second record is deleted; the first is gone, not an error.
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    (fut,) = admin.delete_records([TopicPartition(topic, 0, committed[1][1])]).values()
+    fut.result(timeout=30)
+    got = original_records(settings.bootstrap_servers, topic, wanted, timeout_s=20, read_ahead=read_ahead)
+    assert got == {k: records[k] for k in wanted[1:]}
