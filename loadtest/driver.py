@@ -117,9 +117,7 @@ class LoadTest:
         alerts = AlertsSettings.from_base(settings)
         self.alert_tap = TopicTap(settings.bootstrap_servers, t.alerts, f"fleetfence-loadtest-{self.run_id}")
         try:
-            self.marker_tap = MarkerTap(
-                settings.bootstrap_servers, t.processor_commits, f"fleetfence-loadtest-m-{self.run_id}"
-            )
+            self.marker_tap = MarkerTap(settings.bootstrap_servers, t.processor_commits)
             try:
                 # The receivers the pipeline runs (embedded.pipeline.HISTORY_AND_MQTT), by their groups.
                 groups = [group_id(alerts, n) for n in ("history", "mqtt")]
@@ -316,7 +314,7 @@ class LoadTest:
         mine = [(a, ts) for a, ts in self.alerts if str(a.get("vehicle_id", "")).startswith(prefix)]
         observed = in_scope(
             header,
-            [ObservedAlert.from_record(orjson.dumps(a), ts) for a, ts in mine],
+            [ObservedAlert.from_dict(a, ts) for a, ts in mine],
         )
         res = compare(expected, observed, seq_tolerance=0)
         o = res.overall

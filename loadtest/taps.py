@@ -10,8 +10,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from processor.markers import MarkerReader
 
 logger = logging.getLogger(__name__)
 
@@ -102,18 +103,21 @@ class MarkerTotals:
 
 
 class MarkerTap:
-    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
-        self.tap = TopicTap(bootstrap, topic, group)
+    """The processor's commit markers of this run, summed; read through the processor's own
+    `MarkerReader` (from the topic's end when opened)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.reader = MarkerReader(bootstrap, topic)
         self.totals = MarkerTotals()
 
     def poll(self) -> MarkerTotals:
-        for value, _ts in self.tap.poll():
-            if value:
-                self.totals.add(orjson.loads(value))
+        while markers := self.reader.poll(0.05):
+            for m in markers:
+                self.totals.add(m)
         return self.totals
 
     def close(self) -> None:
-        self.tap.close()
+        self.reader.close()
 
 
 class GroupLag:

@@ -46,7 +46,11 @@ class ObservedAlert:
 
     @staticmethod
     def from_record(value: bytes, record_ts_ms: int | None) -> ObservedAlert:
-        d = orjson.loads(value)
+        return ObservedAlert.from_dict(orjson.loads(value), record_ts_ms)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any], record_ts_ms: int | None) -> ObservedAlert:
+        """An alert already decoded (a load test keeps them decoded while it runs)."""
         return ObservedAlert(
             str(d["alert_id"]),
             str(d["vehicle_id"]),
