@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from embedded import infra
 from embedded.processes import read_pid
@@ -69,14 +69,18 @@ def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
     return env
 
 
-def committed_batches(settings: Settings) -> int:
-    """How many batches the processor has committed so far (records on its marker topic)."""
+def committed_batches(settings: Settings) -> int | None:
+    """How many batches the processor has committed so far (records on its marker topic); None
+    while the broker cannot say yet (a topic created a moment ago has no leader for a while)."""
     c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "fleetfence-pipeline-probe"})
     try:
         lo, hi = c.get_watermark_offsets(
             TopicPartition(settings.topics.processor_commits, 0), timeout=5, cached=False
         )
         return int(hi - lo)
+    except KafkaException as exc:
+        logger.info("pipeline marker topic not readable yet error=%s", exc)
+        return None
     finally:
         c.close()
 
@@ -169,13 +173,16 @@ class Pipeline:
     def wait_ready(self, timeout_s: float = 240.0) -> None:
         """Until the API answers, every metrics endpoint answers and the processor has committed
         a batch (its first takes ~30 s: JVM, SparkSession, Python workers, state store)."""
-        before = committed_batches(self.settings)
+        self._wait(lambda: committed_batches(self.settings) is not None, 60, "the processor's marker topic")
+        before = committed_batches(self.settings) or 0
         self._wait(lambda: http_ok(f"{self.api_url}/healthz"), 60, "admin API")
         for svc in self.services:
             if svc.metrics_url:
                 url = svc.metrics_url
                 self._wait(lambda url=url: http_ok(url), timeout_s, f"{svc.name} metrics")  # type: ignore[misc]
-        self._wait(lambda: committed_batches(self.settings) > before, timeout_s, "processor's first batch")
+        self._wait(
+            lambda: (committed_batches(self.settings) or 0) > before, timeout_s, "processor's first batch"
+        )
 
     def _wait(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -214,6 +221,15 @@ class Pipeline:
                 if running is not None:
                     out[name] = running[0]
         return out
+
+    def describe(self) -> dict[str, Any]:
+        """What ran, for a report: the services started here and the Spark master."""
+        return {
+            "attached": False,
+            "services": [svc.name for svc in self.services],
+            "spark_master": self.spec.spark_master,
+            "gateway_replicas": self.spec.gateway_replicas,
+        }
 
     def metrics_urls(self, prefix: str = "") -> dict[str, str]:
         return {s.name: s.metrics_url for s in self.services if s.metrics_url and s.name.startswith(prefix)}
