@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from confluent_kafka import TopicPartition
 
+from fleetfence.contracts import MasterEntity
 from fleetfence.errors import InfraError
 from fleetfence.settings import Settings
 from simulator.errors import RegistrationError
@@ -116,9 +117,7 @@ def register_direct(
     timeout_s: float = 60.0,
     progress: Callable[[int], None] | None = None,
 ) -> RegistrationReport:
-    from vehicle_master.relay import OutboxRelay
-    from vehicle_master.settings import MasterSettings
-    from vehicle_master.store import MasterKeys, VehicleMaster
+    from vehicle_master.store import VehicleMaster
 
     t0 = time.monotonic()
     vm = VehicleMaster.from_settings(settings)
@@ -135,23 +134,82 @@ def register_direct(
     finally:
         vm.close()
     if changed:
-        # Whoever holds the relay lease (ours, or the admin API's) acks only after Kafka has it.
-        relay = OutboxRelay(MasterSettings.from_base(settings)).start() if run_relay else None
-        r = redis.Redis.from_url(settings.redis_dsn)
-        acked_key = MasterKeys(settings.redis_prefix).relay_acked
-        deadline = time.monotonic() + timeout_s
-        try:
-            while _sid(r.get(acked_key)) < last_sid:
-                if time.monotonic() > deadline:
-                    raise InfraError(
-                        f"the outbox relay did not publish the scenario to fleet.master within {timeout_s}s"
-                    )
-                time.sleep(0.05)
-        finally:
-            r.close()
-            if relay is not None:
-                relay.stop()
+        wait_relay_acked(settings, last_sid, run_relay=run_relay, timeout_s=timeout_s)
     return RegistrationReport(len(entities), changed, time.monotonic() - t0, "vehicle master")
+
+
+def wait_relay_acked(
+    settings: Settings, last_sid: tuple[int, int], *, run_relay: bool, timeout_s: float
+) -> None:
+    """Until the outbox relay has published every change event up to `last_sid` to fleet.master:
+    whoever holds the relay lease (ours, started here when `run_relay`, or the admin API's) acks
+    only after Kafka has it."""
+    from vehicle_master.relay import OutboxRelay
+    from vehicle_master.settings import MasterSettings
+    from vehicle_master.store import MasterKeys
+
+    relay = OutboxRelay(MasterSettings.from_base(settings)).start() if run_relay else None
+    r = redis.Redis.from_url(settings.redis_dsn)
+    acked_key = MasterKeys(settings.redis_prefix).relay_acked
+    deadline = time.monotonic() + timeout_s
+    try:
+        while _sid(r.get(acked_key)) < last_sid:
+            if time.monotonic() > deadline:
+                raise InfraError(
+                    f"the outbox relay did not publish the changes to fleet.master within {timeout_s}s"
+                )
+            time.sleep(0.05)
+    finally:
+        r.close()
+        if relay is not None:
+            relay.stop()
+
+
+# Deleted in this order, so nothing is deleted while something still refers to it.
+UNREGISTER_ORDER = (MasterEntity.ASSIGNMENT, MasterEntity.VEHICLE, MasterEntity.ZONE, MasterEntity.ROUTE)
+
+
+def unregister_prefix(
+    settings: Settings,
+    prefix: str,
+    *,
+    run_relay: bool = True,
+    timeout_s: float = 60.0,
+) -> RegistrationReport:
+    """Delete every assignment, vehicle, zone and route whose id starts with `prefix` (a scenario's
+    `vehicle_prefix` names all four), as versioned deletes with their change events, and wait until
+    fleet.master has them: a load test on a running installation leaves its vehicle master as it
+    found it."""
+    from vehicle_master.store import VehicleMaster
+
+    if not prefix:
+        raise RegistrationError("an empty prefix would delete the whole vehicle master")
+    t0 = time.monotonic()
+    vm = VehicleMaster.from_settings(settings)
+    found = deleted = 0
+    last_sid: tuple[int, int] = (0, 0)
+    try:
+        for ent in UNREGISTER_ORDER:
+            ids: list[str] = []
+            cursor = prefix  # ids are listed in order, and every id with the prefix sorts after it
+            while True:
+                page = vm.list(ent, after=cursor, limit=1000)
+                mine = [rec.id for rec in page if rec.id.startswith(prefix)]
+                ids += mine
+                if len(mine) < len(page) or len(page) < 1000:
+                    break
+                cursor = page[-1].id
+            found += len(ids)
+            for eid in ids:
+                res = vm.delete(ent, eid)
+                if res.changed and res.stream_id:
+                    deleted += 1
+                    last_sid = max(last_sid, _sid(res.stream_id))
+    finally:
+        vm.close()
+    if deleted:
+        wait_relay_acked(settings, last_sid, run_relay=run_relay, timeout_s=timeout_s)
+    return RegistrationReport(found, deleted, time.monotonic() - t0, "vehicle master")
 
 
 def _sid(raw: bytes | str | None) -> tuple[int, int]:
