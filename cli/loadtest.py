@@ -50,12 +50,30 @@ def loadtest_cmd(
     report_dir: Annotated[
         Path | None, typer.Option(help="Report folder (default: state/loadtest/<mode>-<time>).")
     ] = None,
+    attach: Annotated[
+        bool,
+        typer.Option(
+            "--attach",
+            help="Measure the installation that is already running at the endpoint settings "
+            "(FLEETFENCE_KAFKA_BOOTSTRAP, _MQTT_URL, _REDIS_URL; services from its registry): start "
+            "and stop nothing, remove the run's vehicles, routes and zones at the end.",
+        ),
+    ] = False,
+    bbox: Annotated[
+        str | None,
+        typer.Option(
+            help="The first step's area min_lon,min_lat,max_lon,max_lat (default central Berlin); "
+            "each later step lies 0.25 deg east. It must hold none of the installation's zones."
+        ),
+    ] = None,
 ) -> None:
     """Load-test the whole pipeline: simulated vehicles over MQTT -> gateway replicas -> Kafka ->
-    processor -> alert receivers, on the embedded infrastructure (started and stopped here).
+    processor -> alert receivers, on the embedded infrastructure (started and stopped here) or,
+    with --attach, on a running installation.
     Writes a report folder (summary.md, PNG charts, report.json); exit 1 when a threshold is missed."""
     from loadtest.driver import LoadOptions, run_loadtest
     from loadtest.errors import LoadtestError
+    from simulator.routes import DEFAULT_BBOX, parse_bbox
 
     if ramp and soak:
         raise LoadtestError("--ramp and --soak are different runs: choose one")
@@ -79,6 +97,8 @@ def loadtest_cmd(
         min_recall=min_recall,
         max_rss_growth=max_rss_growth,
         report_dir=report_dir,
+        attach=attach,
+        bbox=parse_bbox(bbox) if bbox else DEFAULT_BBOX,
     )
     console = Console()
     run, folder = run_loadtest(s, opts, console)

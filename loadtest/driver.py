@@ -12,6 +12,14 @@ Modes:
 Each step is its own scenario (its own vehicle prefix, routes and ground truth), registered in the
 vehicle master before it starts; the previous step's vehicles simply stop (their silence falls
 after their truth's end, so it is out of scope). Accuracy is `simulator.verify` per step.
+
+Where: by default the whole pipeline is started here on the embedded infrastructure and stopped at
+the end (`embedded.pipeline`); with `attach` the run measures an installation that is already
+running, found through the endpoint settings and its service registry
+(`loadtest.installation.RunningInstallation`): nothing is started or stopped, the counts are the
+run's own (differences from the gateways' counters at the start; the processor's commit markers
+from the run's start), the run's vehicles, routes and zones are deleted from the vehicle master
+at the end, and only the processes on this machine are measured.
 """
 
 from __future__ import annotations
@@ -38,9 +46,13 @@ from rich.live import Live
 from alerts.config import AlertsSettings
 from alerts.service import group_id
 from embedded.pipeline import Pipeline, PipelineSpec
+from fleetfence.contracts import MasterEntity
+from fleetfence.errors import ServiceUnavailableError
 from fleetfence.metrics import scrape
 from fleetfence.rules import RouteRules
 from fleetfence.settings import Settings
+from loadtest.errors import LoadtestError
+from loadtest.installation import Installation, RunningInstallation, receiver_groups
 from loadtest.model import (
     Accuracy,
     Latency,
@@ -56,6 +68,7 @@ from loadtest.taps import GroupLag, MarkerTap, MarkerTotals, TopicTap
 from simulator.commands import start_ms_for
 from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, Sink, run_simulation
+from simulator.register import unregister_prefix
 from simulator.routes import DEFAULT_BBOX
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
@@ -83,6 +96,8 @@ class LoadOptions:
     min_recall: float | None = None
     max_rss_growth: float | None = None
     report_dir: Path | None = None
+    attach: bool = False  # measure the running installation the settings point at; start nothing
+    bbox: tuple[float, float, float, float] = DEFAULT_BBOX  # the first step's area; later ones east of it
 
 
 @dataclass
@@ -95,32 +110,38 @@ class _Counters:
     read: int
 
 
+def step_bbox(opts: LoadOptions, step: int) -> tuple[float, float, float, float]:
+    """Each step in its own part of the map: zones are fleet-wide, and a step's vehicles crossing
+    the previous step's zones would raise alerts its ground truth does not know."""
+    b = opts.bbox
+    return (b[0] + step * STEP_SHIFT_DEG, b[1], b[2] + step * STEP_SHIFT_DEG, b[3])
+
+
 class LoadTest:
-    """One run on a running pipeline; `run()` returns the record (`LoadRun`)."""
+    """One run on a running installation (the embedded pipeline started for it, or one it attached
+    to); `run()` returns the record (`LoadRun`)."""
 
     def __init__(
         self,
         settings: Settings,
-        pipeline: Pipeline,
+        installation: Installation,
         opts: LoadOptions,
         console: Console,
         run_dir: Path,
+        groups: list[str],
     ) -> None:
         self.s = settings
         self.sim = SimulatorSettings.from_base(settings)
-        self.pipeline = pipeline
+        self.installation = installation
         self.opts = opts
         self.console = console
         self.run_dir = run_dir
         self.run_id = uuid.uuid4().hex[:6]
         t = settings.topics
-        alerts = AlertsSettings.from_base(settings)
         self.alert_tap = TopicTap(settings.bootstrap_servers, t.alerts, f"fleetfence-loadtest-{self.run_id}")
         try:
             self.marker_tap = MarkerTap(settings.bootstrap_servers, t.processor_commits)
             try:
-                # The receivers the pipeline runs (embedded.pipeline.HISTORY_AND_MQTT), by their groups.
-                groups = [group_id(alerts, n) for n in ("history", "mqtt")]
                 self.group_lag = GroupLag(settings.bootstrap_servers, self.alert_tap, groups)
             except BaseException:
                 self.marker_tap.close()
@@ -128,7 +149,11 @@ class LoadTest:
         except BaseException:
             self.alert_tap.close()
             raise
-        self.procs = ProcessSampler(pipeline.pids())
+        # The gateways' counters when the run starts: an attached installation's have counted
+        # what came before; the run's figures are the differences (a replica that joins later
+        # starts from zero).
+        self.gateways_at_start = self._gateway_counters()
+        self.procs = ProcessSampler(installation.pids())
         self.procs.add_self("loadtest")  # the publisher and the sampler run here
         self.alerts: list[tuple[dict[str, Any], int]] = []  # (alert, record ts) of this run
         self.samples: list[Sample] = []
@@ -140,14 +165,27 @@ class LoadTest:
 
     # ------------------------------------------------------------------ sampling
 
+    def _gateway_counters(self) -> dict[str, tuple[float, float, float]]:
+        """(received, forwarded, dead-lettered) of each gateway replica, as its metrics say now."""
+        out = {}
+        for name, url in self.installation.metrics_urls("gateway").items():
+            try:
+                m = scrape(url)
+            except OSError as exc:
+                raise ServiceUnavailableError(f"{name} metrics at {url}: {exc}") from exc
+            out[name] = (
+                m.total("fleetfence_gateway_received_total"),
+                m.total("fleetfence_gateway_forwarded_total"),
+                m.total("fleetfence_gateway_dead_lettered_total"),
+            )
+        return out
+
     def _gateways(self) -> tuple[float, float, float]:
-        """(received, forwarded, dead-lettered) summed over the gateway replicas."""
+        """(received, forwarded, dead-lettered) of this run, summed over the gateway replicas."""
         rec = fwd = dead = 0.0
-        for url in self.pipeline.metrics_urls("gateway").values():
-            m = scrape(url)
-            rec += m.total("fleetfence_gateway_received_total")
-            fwd += m.total("fleetfence_gateway_forwarded_total")
-            dead += m.total("fleetfence_gateway_dead_lettered_total")
+        for name, (r, f, d) in self._gateway_counters().items():
+            r0, f0, d0 = self.gateways_at_start.get(name, (0.0, 0.0, 0.0))
+            rec, fwd, dead = rec + r - r0, fwd + f - f0, dead + d - d0
         return rec, fwd, dead
 
     def _acked(self) -> int:
@@ -155,7 +193,7 @@ class LoadTest:
         return self.acked_before + (sink.acked if sink is not None else 0)
 
     def sample(self, step: int, target_rate: float) -> Sample:
-        self.pipeline.check_alive()
+        self.installation.check_alive()
         now = time.monotonic()
         for value, ts in self.alert_tap.poll():
             self.alerts.append((orjson.loads(value), ts))
@@ -205,7 +243,6 @@ class LoadTest:
             corridor_width_m=60.0, speed_limit_kmh=50.0, overspeed_min_s=5.0, silent_after_s=60.0
         )
         duration = self.opts.duration_s
-        b = DEFAULT_BBOX
         period_ms = round(1000 / self.opts.rate_hz)
         return ScenarioConfig(
             vehicles=vehicles,
@@ -217,11 +254,14 @@ class LoadTest:
             # The behaviours and transport faults of a fleet, at rates a load test can verify exactly.
             inject=Injections(deviation=0.1, overspeed=0.1, dwell=0.1, silent=0.05, late=0.0),
             start_ms=start_ms_for(None, True, duration, period_ms),
-            vehicle_prefix=f"lt{self.run_id}s{step}-",
-            # Each step in its own part of the map: zones are fleet-wide, and a step's vehicles
-            # crossing the previous step's zones would raise alerts its ground truth does not know.
-            bbox=(b[0] + step * STEP_SHIFT_DEG, b[1], b[2] + step * STEP_SHIFT_DEG, b[3]),
+            vehicle_prefix=f"{self.prefix}{step}-",
+            bbox=step_bbox(self.opts, step),
         )
+
+    @property
+    def prefix(self) -> str:
+        """Every id this run registers (vehicles, routes, zones) starts with this."""
+        return f"lt{self.run_id}s"
 
     def run_step(self, step: int, vehicles: int, live: Live) -> tuple[Path, float, float, int, int]:
         """Publish one step in real time while sampling; (truth file, target rate, achieved rate,
@@ -244,6 +284,10 @@ class LoadTest:
                     realtime=True,
                     truth_path=truth,
                     register=True,
+                    # Through the admin API when one is configured (FLEETFENCE_SIMULATOR_API_URL
+                    # and _API_KEY), as an operator would; else straight into the vehicle master.
+                    api_url=self.sim.simulator_api_url,
+                    api_key=self.sim.simulator_api_key,
                     start_now=True,
                     show_progress=False,
                     sink_observer=observe,
@@ -414,8 +458,8 @@ class LoadTest:
                 "cores": os.cpu_count(),
                 "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
                 "python": platform.python_version(),
-                "processes": sorted(self.pipeline.pids()),
-                "gateway_replicas": o.gateway_replicas,
+                "processes": sorted(self.installation.pids()),
+                **self.installation.describe(),
             },
             options={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
             steps=steps,
@@ -478,14 +522,22 @@ def run_loadtest(
     *,
     report: Callable[[LoadRun, Path], Path] | None = None,
 ) -> tuple[LoadRun, Path]:
-    """Start the embedded pipeline (fresh state), run the load test, stop everything; write the
-    report folder and return (the run, its folder)."""
+    """Run the load test and write its report folder; return (the run, its folder). By default
+    on the embedded pipeline, started here with fresh state and stopped at the end; with
+    `opts.attach` on the running installation the settings point at, starting nothing."""
     from loadtest.report import write_report
 
     console = console or Console()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = (opts.report_dir or settings.state_dir.resolve() / "loadtest" / f"{opts.mode}-{stamp}").resolve()
     out.mkdir(parents=True, exist_ok=True)
+    run_in = _run_attached if opts.attach else _run_embedded
+    run = run_in(settings, opts, console, out)
+    folder = (report or write_report)(run, out)
+    return run, folder
+
+
+def _run_embedded(settings: Settings, opts: LoadOptions, console: Console, out: Path) -> LoadRun:
     if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
         # Fresh embedded servers every run (as the demo's): an earlier run's routes, zones and
         # vehicles would raise alerts this run's ground truth does not know. Their data stays
@@ -501,13 +553,66 @@ def run_loadtest(
         ):
             pipeline.start()
             pipeline.wait_ready()
-        lt = LoadTest(settings, pipeline, opts, console, out)
+        # The receivers the pipeline runs (embedded.pipeline.HISTORY_AND_MQTT), by their groups.
+        alerts = AlertsSettings.from_base(settings)
+        groups = [group_id(alerts, n) for n in ("history", "mqtt")]
+        lt = LoadTest(settings, pipeline, opts, console, out, groups)
         try:
-            run = lt.run()
+            return lt.run()
         finally:
             lt.close()
     finally:
         with console.status("stopping everything the load test started…"):
             pipeline.stop()
-    folder = (report or write_report)(run, out)
-    return run, folder
+
+
+def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: Path) -> LoadRun:
+    with console.status(f"attaching to the installation (registry in {settings.redis_dsn})…"):
+        installation = RunningInstallation(settings)
+    try:
+        steps = opts.max_steps if opts.mode == "ramp" else 1
+        clash = zones_in_areas(settings, [step_bbox(opts, k) for k in range(steps)])
+        if clash:
+            raise LoadtestError(
+                f"the installation's zones {', '.join(clash[:5])}{' …' if len(clash) > 5 else ''} lie in "
+                "the load test's area: its vehicles would raise alerts their ground truth does not "
+                "know; choose an empty area with --bbox"
+            )
+        groups = receiver_groups(settings)
+        if not groups:
+            logger.warning("loadtest found no alert receivers' consumer groups: receivers' lag not measured")
+        lt = LoadTest(settings, installation, opts, console, out, groups)
+        try:
+            return lt.run()
+        finally:
+            lt.close()
+            with console.status("removing the run's vehicles, routes and zones from the vehicle master…"):
+                removed = unregister_prefix(settings, lt.prefix)
+            logger.info("loadtest removed entities=%s prefix=%s", removed.changed, lt.prefix)
+    finally:
+        installation.close()
+
+
+def zones_in_areas(settings: Settings, areas: list[tuple[float, float, float, float]]) -> list[str]:
+    """Ids of the vehicle master's zones that intersect any of the areas (lon/lat boxes)."""
+    from shapely import box
+    from shapely.geometry import shape
+    from shapely.strtree import STRtree
+
+    from vehicle_master.store import VehicleMaster
+
+    tree = STRtree([box(*a) for a in areas])
+    vm = VehicleMaster.from_settings(settings)
+    hits: list[str] = []
+    cursor: str | None = None
+    try:
+        while page := vm.list(MasterEntity.ZONE, after=cursor, limit=1000):
+            for rec in page:
+                if len(tree.query(shape(rec.data["geometry"]), predicate="intersects")):
+                    hits.append(rec.id)
+            if len(page) < 1000:
+                break
+            cursor = page[-1].id
+    finally:
+        vm.close()
+    return hits

@@ -1,0 +1,189 @@
+"""The installation a load test measures: what it can see of the services, wherever they run.
+
+Two kinds, one `Installation` protocol the driver reads:
+- `embedded.pipeline.Pipeline`: the whole pipeline started by the load test on this machine (the
+  default); it knows every process because it spawned them, and stops them at the end.
+- `RunningInstallation` (`fleetfence loadtest --attach`): an installation that is already running,
+  reached through the usual endpoint settings (FLEETFENCE_KAFKA_BOOTSTRAP, FLEETFENCE_MQTT_URL,
+  FLEETFENCE_REDIS_URL, FLEETFENCE_REDIS_PREFIX); its services are found in the service registry
+  (`fleetfence.registry`, what `fleetfence status` lists), and the load test starts and stops
+  none of them.
+
+The load test counts through the gateways' Prometheus endpoints (received, forwarded,
+dead-lettered), so every registered gateway must serve metrics; and a service that vanishes or is
+restarted during a run makes its counters unusable, so `check_alive` stops the run with a clear
+error instead of reporting counts that cannot reconcile.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import redis
+from confluent_kafka.admin import AdminClient
+
+from alerts.config import AlertsSettings
+from alerts.service import group_id
+from embedded import infra
+from embedded.processes import read_pid
+from fleetfence.errors import ServiceUnavailableError
+from fleetfence.readmodels import ReadKeys
+from fleetfence.registry import REDIS_TIMEOUT_S, Registered, ServiceRecord, check_all, registered
+from fleetfence.settings import Settings
+from loadtest.errors import LoadtestError
+
+logger = logging.getLogger(__name__)
+
+RESCAN_S = 15.0  # how often a running installation's registry is scanned for new replicas
+
+
+class Installation(Protocol):
+    """What the driver needs of the installation under test."""
+
+    def check_alive(self) -> None:
+        """Raise ServiceUnavailableError when a service the run counts on is gone."""
+
+    def pids(self) -> dict[str, int]:
+        """The processes on this machine to measure (CPU, RSS), by name."""
+
+    def metrics_urls(self, prefix: str = "") -> dict[str, str]:
+        """Prometheus endpoints by service name, those whose name starts with `prefix`."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the report says about the installation it measured."""
+
+
+def receiver_groups(settings: Settings, timeout_s: float = 10.0) -> list[str]:
+    """The alert receivers' consumer groups on this broker (`alerts.service.group_id`: the topic
+    prefix, then `fleetfence.alerts.<receiver>`), whatever receivers the installation runs."""
+    head = group_id(AlertsSettings.from_base(settings), "")
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    try:
+        listing = admin.list_consumer_groups(request_timeout=timeout_s).result(timeout=timeout_s)
+    except Exception as exc:  # KafkaException or a timeout: the broker did not answer
+        raise ServiceUnavailableError(f"Kafka {settings.bootstrap_servers}: consumer groups: {exc}") from exc
+    return sorted(g.group_id for g in listing.valid if g.group_id.startswith(head))
+
+
+def _name(rec: ServiceRecord) -> str:
+    """A service's name in the report: its kind, then its instance (a gateway replica's client id)."""
+    return f"{rec.kind}-{rec.instance}"
+
+
+def _identity(rec: ServiceRecord) -> tuple[str, int, str]:
+    return rec.host, rec.pid, rec.started_at
+
+
+class RunningInstallation:
+    """An installation that runs without the load test: its services as the registry lists them.
+
+    Raises LoadtestError when what a load test needs is not there: no gateway, a gateway without
+    a metrics endpoint (its counts are the reconciliation's), no processor, or a registered service
+    that does not answer."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.keys = ReadKeys(settings.redis_prefix)
+        self.hostname = socket.gethostname()
+        entries = registered(settings)
+        self._check_needed(entries)
+        bad = [c for c in check_all(entries) if c.answered is False]
+        if bad:
+            raise LoadtestError(
+                "registered services do not answer: "
+                + "; ".join(f"{_name(c.entry.record)}: {c.detail}" for c in bad)
+                + " (fleetfence status shows the installation)"
+            )
+        self.known: dict[str, Registered] = {e.key: e for e in entries}
+        self._scanned = time.monotonic()
+        self._redis = redis.Redis.from_url(
+            settings.redis_dsn, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+        )
+        logger.info("loadtest attached services=%s", ",".join(_name(e.record) for e in self.known.values()))
+
+    def _check_needed(self, entries: list[Registered]) -> None:
+        s = self.settings
+        where = f"in the service registry of Redis {s.redis_dsn} (prefix {s.redis_prefix!r})"
+        kinds = {e.record.kind for e in entries}
+        if "gateway" not in kinds:
+            raise LoadtestError(
+                f"no gateway is registered {where}: is the installation running, and do "
+                "FLEETFENCE_REDIS_URL and FLEETFENCE_REDIS_PREFIX point at it?"
+            )
+        if "processor" not in kinds:
+            raise LoadtestError(f"no processor is registered {where}: nothing would turn fixes into alerts")
+        blind = [
+            e.record.instance for e in entries if e.record.kind == "gateway" and not e.record.metrics_url
+        ]
+        if blind:
+            raise LoadtestError(
+                f"gateway replicas {', '.join(blind)} serve no metrics (FLEETFENCE_GATEWAY_METRICS_PORT=0): "
+                "the load test counts what each replica received, forwarded and dead-lettered there"
+            )
+
+    # ------------------------------------------------------------------ Installation
+
+    def check_alive(self) -> None:
+        """Every service seen so far still holds its registry key with the same process; a new
+        replica (scaled out during the run) is added, counted from zero."""
+        keys = list(self.known)
+        try:
+            raws = self._redis.mget(keys) if keys else []
+        except redis.RedisError as exc:
+            where = self.settings.redis_dsn
+            raise ServiceUnavailableError(f"service registry: Redis {where}: {exc}") from exc
+        for key, raw in zip(keys, raws, strict=True):
+            rec = self.known[key].record
+            if raw is None:
+                raise ServiceUnavailableError(
+                    f"{_name(rec)} left the service registry during the run (stopped or killed): "
+                    "its counters can no longer be read, so the counts cannot reconcile"
+                )
+            now = ServiceRecord.from_json(raw)
+            if _identity(now) != _identity(rec):
+                raise ServiceUnavailableError(
+                    f"{_name(rec)} was restarted during the run (pid {rec.pid} -> {now.pid}): "
+                    "its counters started again from zero, so the counts cannot reconcile"
+                )
+        if time.monotonic() - self._scanned >= RESCAN_S:
+            self._scanned = time.monotonic()
+            for e in registered(self.settings):
+                if e.key not in self.known:
+                    logger.info("loadtest a service joined during the run name=%s", _name(e.record))
+                    self.known[e.key] = e
+
+    def pids(self) -> dict[str, int]:
+        """The registered services that run on this machine, and the embedded Kafka, Mosquitto and
+        Redis when this machine's state folder started them (`fleetfence infra up`)."""
+        out = {_name(e.record): e.record.pid for e in self.known.values() if e.record.host == self.hostname}
+        for name in infra.SERVICES:
+            running = read_pid(self.settings, name)
+            if running is not None and Path(f"/proc/{running[0]}").exists():
+                out[name] = running[0]
+        return out
+
+    def metrics_urls(self, prefix: str = "") -> dict[str, str]:
+        return {
+            _name(e.record): e.record.metrics_url
+            for e in self.known.values()
+            if e.record.metrics_url and _name(e.record).startswith(prefix)
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """What the report says about the installation it measured."""
+        return {
+            "attached": True,
+            "bootstrap_servers": self.settings.bootstrap_servers,
+            "gateway_replicas": len(self.metrics_urls("gateway")),
+            "services": sorted(_name(e.record) for e in self.known.values()),
+            "remote_services": sorted(
+                _name(e.record) for e in self.known.values() if e.record.host != self.hostname
+            ),
+        }
+
+    def close(self) -> None:
+        self._redis.close()

@@ -1,0 +1,159 @@
+"""`fleetfence loadtest --attach` on an installation that is already running: the whole pipeline as
+separate processes (admin API, Spark processor, a gateway, `alerts run`) on the session's Kafka,
+Mosquitto and Redis, started here as an operator's installation would be. The load test finds the
+services in the registry, counts only its own traffic (the gateway has counted fixes before it
+starts), judges its accuracy, starts and stops nothing, and leaves the vehicle master as it found
+it; it refuses an area that holds one of the installation's zones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from embedded.pipeline import Pipeline, PipelineSpec, settings_env
+from fleetfence.contracts import MasterEntity
+from fleetfence.metrics import scrape
+from fleetfence.settings import Settings
+from fleetfence.testing import wait_for
+from gateway.testing import Publisher, fix
+from vehicle_master.models import VehicleData, ZoneData
+from vehicle_master.store import VehicleMaster
+
+pytestmark = [pytest.mark.spark, pytest.mark.services, pytest.mark.slow]
+
+FLEETFENCE = [sys.executable, "-m", "cli"]
+# A zone of the installation's own, in the load test's default area (central Berlin).
+BERLIN_ZONE = [[13.40, 52.50], [13.41, 52.50], [13.41, 52.51], [13.40, 52.51], [13.40, 52.50]]
+ELSEWHERE = "9.90,53.52,10.10,53.60"  # Hamburg: empty for this installation
+
+
+@pytest.fixture
+def installation(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Pipeline]]:
+    """A running installation on the session's servers (external to it: the pipeline starts no
+    server and stops none), with its own topics, Redis prefix and state."""
+    s = settings.model_copy(
+        update={
+            "state_dir": tmp_path / "installation",
+            "kafka_bootstrap": settings.bootstrap_servers,
+            "mqtt_url": "mqtt://{}:{}".format(*settings.mqtt_host_port),
+            "redis_url": settings.redis_dsn,
+            "redis_prefix": f"{settings.topic_prefix}ff:",
+        }
+    )
+    with Pipeline(s, tmp_path / "installation-logs", PipelineSpec(gateway_replicas=1)) as pipeline:
+        yield s, pipeline
+
+
+def loadtest(s: Settings, report: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = settings_env(s, COLUMNS="200")
+    argv = [*FLEETFENCE, "loadtest", "--attach", "--vehicles", "30", "--duration-s", "30"]
+    argv += ["--report-dir", str(report), "--min-recall", "1.0", "--settle-s", "90", *extra]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def ids(vm: VehicleMaster, entity: MasterEntity) -> list[str]:
+    return [r.id for r in vm.list(entity, limit=10_000)]
+
+
+def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_running(
+    installation: tuple[Settings, Pipeline], tmp_path: Path
+) -> None:
+    s, pipeline = installation
+    pids = pipeline.pids()
+    vm = VehicleMaster.from_settings(s)
+    try:
+        vm.upsert(
+            ZoneData.model_validate(
+                {
+                    "zone_id": "depot-berlin",
+                    "name": "Depot",
+                    "kind": "depot",
+                    "geometry": {"type": "Polygon", "coordinates": [BERLIN_ZONE]},
+                }
+            )
+        )
+        vm.upsert(VehicleData(vehicle_id="truck-1", label="Truck 1"))
+        # The installation has already carried traffic: its gateway's counters are not zero.
+        pub = Publisher(*s.mqtt_host_port)
+        try:
+            for seq in range(20):
+                pub.publish("fleet/truck-1/telemetry", orjson.dumps(fix("truck-1", seq)))
+            pub.publish("fleet/truck-1/telemetry", b"not json")
+            pub.wait_all()
+        finally:
+            pub.close()
+        # ... and the processor has read it (a load test wants a quiet installation: a backlog
+        # the processor is still reading would count as the run's own).
+        gw_url = pipeline.metrics_urls("gateway")["gateway-1"]
+        proc_url = pipeline.metrics_urls("processor")["processor"]
+
+        def processor_read() -> float:
+            by = scrape(proc_url).by_label("fleetfence_processor_records_total", "outcome")
+            return by.get("received", 0.0) + by.get("invalid", 0.0)
+
+        received = "fleetfence_gateway_received_total"
+        wait_for(lambda: scrape(gw_url).total(received) == 21, 30, "earlier traffic")
+        wait_for(lambda: processor_read() == 20, 60, "the processor to read the earlier traffic")
+
+        # The default area holds the installation's depot: refused before anything is registered.
+        refused = loadtest(s, tmp_path / "refused")
+        assert refused.returncode != 0
+        said = refused.stdout + refused.stderr
+        assert "depot-berlin" in said, said[-6000:]
+        assert ids(vm, MasterEntity.VEHICLE) == ["truck-1"]
+
+        out = loadtest(s, tmp_path / "report", "--bbox", ELSEWHERE)
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text[-6000:]
+    finally:
+        vm.close()
+
+    run = orjson.loads((tmp_path / "report" / "report.json").read_bytes())
+    assert run["machine"]["attached"] is True
+    (step,) = run["steps"]
+    # Only the run's own traffic is counted: the 21 earlier messages (one dead-lettered) are not.
+    r = step["reconciliation"]
+    assert r["reconciled"], r
+    assert r["published"] == r["acked"] == r["gateway_received"] >= 30 * 29
+    assert r["gateway_forwarded"] == r["gateway_received"]
+    assert r["gateway_dead_lettered"] == 0
+    assert r["processor_read"] == r["gateway_forwarded"]
+    acc = step["accuracy"]
+    assert acc["expected"] >= 3
+    assert acc["expected"] == acc["observed"] == acc["matched"]
+    assert acc["precision"] == acc["recall"] == 1.0
+    assert acc["duplicates"] == 0
+    assert run["verdicts"] == []
+    # The installation's processes, found through the registry, were measured on this machine.
+    names = set(run["samples"][-1]["procs"])
+    assert any(n.startswith("gateway-") for n in names), names
+    assert any(n.startswith("processor-") for n in names), names
+
+    # Nothing was started or stopped: the installation runs on, with the same processes.
+    pipeline.check_alive()
+    assert pipeline.pids() == pids
+    # The vehicle master is as the load test found it: its own entities removed, ours kept.
+    vm = VehicleMaster.from_settings(s)
+    try:
+        assert ids(vm, MasterEntity.VEHICLE) == ["truck-1"]
+        assert ids(vm, MasterEntity.ZONE) == ["depot-berlin"]
+        assert ids(vm, MasterEntity.ROUTE) == []
+        assert ids(vm, MasterEntity.ASSIGNMENT) == []
+    finally:
+        vm.close()
+
+
+def test_attach_without_a_running_installation_says_what_is_missing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    empty = f"empty{uuid.uuid4().hex[:6]}:"  # a registry nobody announced in
+    s = settings.model_copy(update={"state_dir": tmp_path, "redis_prefix": empty})
+    out = loadtest(s, tmp_path / "report")
+    assert out.returncode != 0
+    assert "no gateway is registered" in out.stdout + out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
