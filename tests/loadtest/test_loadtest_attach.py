@@ -15,7 +15,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+import redis
 
+from admin_api.security import Role, create_api_key
 from embedded.pipeline import Pipeline, PipelineSpec, settings_env
 from fleetfence.contracts import MasterEntity
 from fleetfence.metrics import scrape
@@ -50,8 +52,10 @@ def installation(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings,
         yield s, pipeline
 
 
-def loadtest(s: Settings, report: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = settings_env(s, COLUMNS="200")
+def loadtest(
+    s: Settings, report: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = settings_env(s, COLUMNS="200", **(env or {}))
     argv = [*FLEETFENCE, "loadtest", "--attach", "--vehicles", "30", "--duration-s", "30"]
     argv += ["--report-dir", str(report), "--min-recall", "1.0", "--settle-s", "90", *extra]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -108,7 +112,14 @@ def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_r
         assert "depot-berlin" in said, said[-6000:]
         assert ids(vm, MasterEntity.VEHICLE) == ["truck-1"]
 
-        out = loadtest(s, tmp_path / "report", "--bbox", ELSEWHERE)
+        # Registered through the installation's admin API with an admin key, as an operator would.
+        r = redis.Redis.from_url(s.redis_dsn)
+        try:
+            key = create_api_key(r, s.redis_prefix, "loadtest", Role.ADMIN)
+        finally:
+            r.close()
+        api = {"FLEETFENCE_SIMULATOR_API_URL": pipeline.api_url, "FLEETFENCE_SIMULATOR_API_KEY": key}
+        out = loadtest(s, tmp_path / "report", "--bbox", ELSEWHERE, env=api)
         text = out.stdout + out.stderr
         assert out.returncode == 0, text[-6000:]
     finally:
@@ -135,6 +146,9 @@ def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_r
     assert any(n.startswith("gateway-") for n in names), names
     assert any(n.startswith("processor-") for n in names), names
 
+    # The scenario went in through the admin API's bulk import.
+    imports = scrape(f"{pipeline.api_url}/metrics").by_label("fleetfence_api_requests_total", "route")
+    assert imports.get("/api/v1/import", 0) >= 1, imports
     # Nothing was started or stopped: the installation runs on, with the same processes.
     pipeline.check_alive()
     assert pipeline.pids() == pids
