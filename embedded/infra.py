@@ -12,6 +12,7 @@ still belongs to the binary it started (pids get recycled).
 
 from __future__ import annotations
 
+import getpass
 import logging
 import subprocess
 from collections.abc import Callable
@@ -21,8 +22,9 @@ from typing import Any
 
 from embedded.kafka_node import start_kafka
 from embedded.processes import alive, check_port, read_pid, spawn, stop_one, system_binary
-from fleetfence.errors import InfraError
+from fleetfence.errors import InfraError, MissingBinaryError
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.mqtt import DYNSEC_FILE, DynSec, embedded_accounts, service_account, write_bootstrap
 from fleetfence.probes import free_port, kafka_ping, mqtt_ping, redis_ping, wait_until
 from fleetfence.settings import Settings
 
@@ -56,6 +58,50 @@ def private_fields(state_dir: Path) -> dict[str, Any]:
     }
 
 
+def dynsec_plugin() -> Path:
+    """Mosquitto's dynamic-security plugin, as Debian's `mosquitto` package (or a local build)
+    installs it."""
+    for pattern in (
+        "/usr/lib/*/mosquitto_dynamic_security.so",
+        "/usr/lib/mosquitto_dynamic_security.so",
+        "/usr/local/lib/mosquitto_dynamic_security.so",
+        "/usr/lib/mosquitto/*.so",
+    ):
+        for found in sorted(Path("/").glob(pattern.lstrip("/"))):
+            if found.name == "mosquitto_dynamic_security.so":
+                return found
+    raise MissingBinaryError(
+        "Mosquitto's dynamic-security plugin (mosquitto_dynamic_security.so, in the mosquitto "
+        "package) is not installed; FLEETFENCE_MQTT_AUTH=false runs the broker without authentication"
+    )
+
+
+def mqtt_auth_lines(settings: Settings, d: Path) -> list[str]:
+    """The broker's authentication: anonymous clients refused, every account and role in the
+    dynamic-security plugin's file (fleetfence.mqtt), created with the admin account on first start."""
+    if not settings.mqtt_auth:
+        return ["allow_anonymous true"]
+    plugin = dynsec_plugin()
+    accounts = embedded_accounts(settings, create=True)
+    write_bootstrap(d / DYNSEC_FILE, accounts["admin"])
+    return [
+        "per_listener_settings false",
+        "allow_anonymous false",
+        f"plugin {plugin}",
+        f"plugin_opt_config_file {d / DYNSEC_FILE}",
+    ]
+
+
+def ensure_mqtt_accounts(settings: Settings) -> None:
+    """The gateway's and the alert fan-out's accounts and roles in the running broker (idempotent)."""
+    accounts = {k: a for k in ("gateway", "alerts") if (a := service_account(settings, k)) is not None}
+    control = DynSec.from_settings(settings)
+    try:
+        control.ensure_service_accounts(accounts)
+    finally:
+        control.close()
+
+
 def start_mqtt(settings: Settings) -> subprocess.Popen[bytes] | None:
     running = read_pid(settings, "mqtt")
     if running and alive(*running):
@@ -66,12 +112,15 @@ def start_mqtt(settings: Settings) -> subprocess.Popen[bytes] | None:
     d.mkdir(parents=True, exist_ok=True)
     conf = d / "mosquitto.conf"
     # Persistent sessions keep QoS 1 messages for an offline gateway: no queue limit by count,
-    # a generous one by bytes, so a restarting gateway loses nothing.
+    # a generous one by bytes, so a restarting gateway loses nothing. Mosquitto started as root
+    # switches to the `mosquitto` user, which cannot write the state folder (its persistence file,
+    # the plugin's file): it runs as the user who started it, like the embedded Kafka and Redis.
     conf.write_text(
         "\n".join(
             [
                 f"listener {settings.mqtt_port} {settings.host}",
-                "allow_anonymous true",
+                f"user {getpass.getuser()}",
+                *mqtt_auth_lines(settings, d),
                 "persistence true",
                 f"persistence_location {d}/",
                 "autosave_interval 5",
@@ -139,7 +188,7 @@ def up(settings: Settings, *, create_topics: bool = True) -> list[ServiceStatus]
             settings.kafka_dir / "broker.log",
         )
         wait_until(
-            lambda: mqtt_ping(host, port),
+            lambda: mqtt_ping(host, port, account=service_account(settings, "admin")),
             settings.startup_timeout_s,
             "Mosquitto",
             procs.get("mqtt"),
@@ -152,6 +201,8 @@ def up(settings: Settings, *, create_topics: bool = True) -> list[ServiceStatus]
             procs.get("redis"),
             settings.redis_dir / "redis.log",
         )
+        if settings.mqtt_auth:
+            ensure_mqtt_accounts(settings)
         if create_topics:
             ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     except BaseException:
@@ -192,7 +243,12 @@ def status(settings: Settings) -> list[ServiceStatus]:
             settings.kafka_external,
             lambda: kafka_ping(settings.bootstrap_servers),
         ),
-        ("mqtt", f"mqtt://{host}:{port}", settings.mqtt_external, lambda: mqtt_ping(host, port)),
+        (
+            "mqtt",
+            f"mqtt://{host}:{port}",
+            settings.mqtt_external,
+            lambda: mqtt_ping(host, port, account=service_account(settings, "admin")),
+        ),
         ("redis", settings.redis_dsn, settings.redis_external, lambda: redis_ping(settings.redis_dsn)),
     ]
     out = []

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from pydantic import SecretStr
 
 from embedded import infra
 from embedded.processes import read_pid
@@ -63,7 +64,7 @@ def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
     env = dict(os.environ)
     for k, v in settings.model_dump(exclude={"topics"}).items():
         if v is not None:
-            env[f"FLEETFENCE_{k.upper()}"] = str(v)
+            env[f"FLEETFENCE_{k.upper()}"] = str(v.get_secret_value() if isinstance(v, SecretStr) else v)
     env.update({k: str(v) for k, v in extra.items()})
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     return env

@@ -35,6 +35,11 @@ class ServiceUnavailableError(InfraError):
     """A service did not answer a protocol round trip before its deadline."""
 
 
+class MqttControlError(FleetFenceError):
+    """Mosquitto's dynamic-security plugin refused a command (an account, role or password
+    change); the message carries the plugin's own error."""
+
+
 class ContractError(FleetFenceError):
     """A message does not satisfy its wire contract.
 

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from paho.mqtt.enums import CallbackAPIVersion
 
 from fleetfence.errors import ServiceUnavailableError
+from fleetfence.mqtt import Account, login
 
 
 def kafka_ping(bootstrap: str, timeout_s: float = 2.0) -> str:
@@ -35,12 +36,16 @@ def kafka_ping(bootstrap: str, timeout_s: float = 2.0) -> str:
     return f"{len(md.brokers)} broker(s), {len(md.topics)} topic(s)"
 
 
-def mqtt_ping(host: str, port: int, timeout_s: float = 2.0) -> str:
-    """Publish a message at QoS 1 to a private topic and receive it back."""
+def mqtt_ping(host: str, port: int, timeout_s: float = 2.0, account: Account | None = None) -> str:
+    """Publish a message at QoS 1 to a private topic and receive it back, logged in as `account`
+    (the admin account, whose role allows `fleetfence/health/#`; None: anonymously)."""
     topic = f"fleetfence/health/{uuid.uuid4().hex}"
     got = threading.Event()
     subscribed = threading.Event()
+    refused: list[str] = []
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    login(client, account)
+    client.on_connect = lambda _c, _u, _f, rc, _p=None: refused.append(str(rc)) if rc.is_failure else None
     client.on_subscribe = lambda *_a: subscribed.set()
     client.on_message = lambda _c, _u, _m: got.set()
     try:
@@ -51,6 +56,8 @@ def mqtt_ping(host: str, port: int, timeout_s: float = 2.0) -> str:
     try:
         client.subscribe(topic, qos=1)
         if not subscribed.wait(timeout_s):
+            if refused:
+                raise ServiceUnavailableError(f"MQTT {host}:{port} refused the login: {refused[0]}")
             raise ServiceUnavailableError("MQTT subscribe not acknowledged")
         client.publish(topic, b"ping", qos=1)
         if not got.wait(timeout_s):

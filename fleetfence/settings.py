@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import urlparse
 
-from pydantic import Field, computed_field
+from pydantic import Field, SecretStr, computed_field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetfence.errors import ConfigError
@@ -70,6 +70,20 @@ class Settings(BaseSettings):
     mqtt_port: int = Field(default=11883, ge=1, le=65535)
     redis_port: int = Field(default=16379, ge=1, le=65535)
     host: str = Field(default="127.0.0.1", description="Address embedded services bind to.")
+    # MQTT identities (fleetfence.mqtt): every client logs in, Mosquitto checks what each may do.
+    mqtt_auth: bool = Field(
+        default=True,
+        description="Clients log in to MQTT with accounts of their own and Mosquitto's dynamic-security "
+        "plugin checks them (the embedded broker loads it); false: anonymous, for a broker without it.",
+    )
+    mqtt_admin_username: str = Field(default="fleetfence-admin", description="Account managing the plugin.")
+    mqtt_admin_password: SecretStr | None = Field(
+        default=None, description="Its secret; unset: the embedded broker's, generated at `infra up`."
+    )
+    mqtt_gateway_username: str = Field(default="fleetfence-gateway", description="The gateways' account.")
+    mqtt_gateway_password: SecretStr | None = Field(default=None, description="Its secret (as above).")
+    mqtt_alerts_username: str = Field(default="fleetfence-alerts", description="The alert fan-out's account.")
+    mqtt_alerts_password: SecretStr | None = Field(default=None, description="Its secret (as above).")
     # Topics.
     topic_prefix: str = Field(default="", description="Prefix for every Kafka topic name.")
     redis_prefix: str = Field(default="ff:", description="Prefix for every Redis key FleetFence writes.")

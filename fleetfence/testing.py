@@ -7,6 +7,8 @@ the last value it saw.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 import uuid
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from fleetfence.errors import WaitTimeoutError
 from fleetfence.kafka import consumer_config
+from fleetfence.mqtt import Account, DynSec, acl, service_account
 from fleetfence.settings import Settings
 
 T = TypeVar("T")
@@ -80,3 +83,38 @@ def read_all(settings: Settings, topic: str, partitions: int, timeout_s: float =
                 done.add(p)
     c.close()
     return out
+
+
+TEST_ACCOUNT = "fleetfence-test"
+_test_accounts: dict[tuple[str, int], Account] = {}
+
+
+def mqtt_test_account(settings: Settings) -> Account | None:
+    """An MQTT account for tests, benchmarks and tools that publish as any vehicle and read any
+    topic (a fuzzer, a subscriber checking the fan-out): created in the broker through the
+    admin account, never used by a service. Its secret derives from the admin secret, so every
+    process on the machine computes the same one. None when MQTT authentication is off."""
+    admin = service_account(settings, "admin")
+    if admin is None:
+        return None
+    where = settings.mqtt_host_port
+    found = _test_accounts.get(where)
+    if found is not None:
+        return found
+    secret = hmac.new(admin.password.encode(), TEST_ACCOUNT.encode(), hashlib.sha256).hexdigest()
+    account = Account(TEST_ACCOUNT, secret)
+    control = DynSec(*where, admin)
+    try:
+        control.ensure_account(
+            account,
+            [
+                # `#` never matches a topic starting with `$` ($CONTROL, $SYS): not the plugin's control.
+                acl("publishClientSend", "#"),
+                acl("subscribePattern", "#"),
+                acl("publishClientReceive", "#"),
+            ],
+        )
+    finally:
+        control.close()
+    _test_accounts[where] = account
+    return account
