@@ -39,6 +39,7 @@ from alerts.tail import TailSink
 from alerts.webhook import WebhookSink
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.kafka import producer_config
+from fleetfence.mqtt import service_account
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 
@@ -89,7 +90,7 @@ class AlertService:
             sink = HistorySink(self._redis_client(), s.redis_prefix)
         elif isinstance(cfg, MqttConfig):
             host, port = s.mqtt_host_port
-            sink = MqttFanoutSink(cfg, host, port)
+            sink = MqttFanoutSink(cfg, host, port, account=service_account(s, "alerts"))
         else:
             sink = WebhookSink(cfg)
         dedup = RedisDedup(self._redis_client(), s.redis_prefix, cfg.name, s.alerts_dedup_ttl_s)

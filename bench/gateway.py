@@ -50,6 +50,7 @@ from rich.table import Table
 from embedded import infra
 from fleetfence import probes
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.testing import mqtt_test_account
 from gateway.settings import GatewaySettings
 from gateway.testing import gateway_env, scrape
 
@@ -102,9 +103,26 @@ def _props(expiry_s: int) -> Properties:
     return p
 
 
+# The benchmark's MQTT login (the test account: it publishes as every vehicle and drains every
+# subscription), set once the broker is up; the naive bridge's own process gets it in its
+# environment.
+LOGIN = {"user": os.environ.get("BENCH_MQTT_USER", ""), "password": os.environ.get("BENCH_MQTT_PASSWORD", "")}
+
+
+def _login(c: mqtt.Client) -> None:
+    if LOGIN["user"]:
+        c.username_pw_set(LOGIN["user"], LOGIN["password"])
+
+
+def _cli_login() -> list[str]:
+    """mosquitto_pub/mosquitto_sub arguments for the same login."""
+    return ["-u", LOGIN["user"], "-P", LOGIN["password"]] if LOGIN["user"] else []
+
+
 def create_session(host: str, port: int, client_id: str, group: str) -> None:
     """Subscribe once and go offline: Mosquitto now queues every telemetry message for us."""
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    _login(c)
     done = threading.Event()
     c.on_subscribe = lambda *_a: done.set()
     c.connect(host, port, clean_start=True, properties=_props(3600))
@@ -118,6 +136,7 @@ def create_session(host: str, port: int, client_id: str, group: str) -> None:
 
 def drop_session(host: str, port: int, client_id: str) -> None:
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    _login(c)
     c.connect(host, port, clean_start=True, properties=_props(0))
     c.loop_start()
     c.disconnect()
@@ -155,7 +174,19 @@ def publish_backlog(host: str, port: int, n: int, vehicles: int, progress: Progr
             for s in range(count)
         )
         subprocess.run(
-            ["mosquitto_pub", "-h", host, "-p", str(port), "-q", "1", "-t", f"fleet/{v}/telemetry", "-l"],
+            [
+                "mosquitto_pub",
+                *_cli_login(),
+                "-h",
+                host,
+                "-p",
+                str(port),
+                "-q",
+                "1",
+                "-t",
+                f"fleet/{v}/telemetry",
+                "-l",
+            ],
             input=lines + b"\n",
             check=True,
             timeout=300,
@@ -177,6 +208,7 @@ def run_ceiling(host: str, port: int, n: int, progress: Progress) -> Result:
     subprocess.run(
         [
             "mosquitto_sub",
+            *_cli_login(),
             "-h",
             host,
             "-p",
@@ -305,6 +337,7 @@ def naive_worker(host: str, port: int, bootstrap: str, topic: str, n: int) -> No
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-naive", protocol=mqtt.MQTTv5)
+    _login(c)
     seen = [0]
     t0 = [0.0]
 
@@ -346,6 +379,7 @@ def run_naive(settings: GatewaySettings, n: int, progress: Progress) -> Result:
         check=True,
         timeout=900,
         cwd=ROOT,
+        env={**os.environ, "BENCH_MQTT_USER": LOGIN["user"], "BENCH_MQTT_PASSWORD": LOGIN["password"]},
     )
     progress.update(task, total=1, completed=1)
     drop_session(host, port, "bench-naive")
@@ -495,6 +529,9 @@ def main() -> None:
             with console.status("starting broker, Mosquitto and Redis…"):
                 infra.up(s, create_topics=False)
                 ensure_topics(s.bootstrap_servers, topic_specs(s))
+                account = mqtt_test_account(s)
+                if account is not None:
+                    LOGIN.update(user=account.username, password=account.password)
                 SERVICE_PIDS.update({st.name: st.pid for st in infra.status(s) if st.pid is not None})
             results: list[Result] = []
             with Progress(

@@ -31,6 +31,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.kafka import producer_config
 from fleetfence.metrics import MetricsServer, serve_metrics
+from fleetfence.mqtt import login, service_account
 from fleetfence.readmodels import ReadKeys
 from fleetfence.registry import Announcer, new_record
 from gateway.core import route
@@ -56,6 +57,8 @@ class Gateway:
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
+        # The gateways' account: the shared telemetry subscription and nothing else (fleetfence.mqtt).
+        self._account = service_account(settings, "gateway")
         self.client_id = settings.gateway_client_id_effective
         self.stats = GatewayStats()
         self._topics = settings.topics
@@ -217,6 +220,7 @@ class Gateway:
         c.on_unsubscribe = self._on_unsubscribe
         c.fast_publish = self._take
         c.suppress_exceptions = True
+        login(c, self._account)
         return c
 
     def _new_producer(self) -> Producer:

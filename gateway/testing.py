@@ -19,7 +19,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from fleetfence.kafka import admin_client, consumer_config
-from fleetfence.testing import wait_for
+from fleetfence.mqtt import Account, login
+from fleetfence.settings import Settings
+from fleetfence.testing import mqtt_test_account, wait_for
 from gateway.settings import GatewaySettings
 
 
@@ -41,10 +43,11 @@ def fix(vehicle_id: str, seq: int, ts_ms: int | None = None, **extra: object) ->
 class Publisher:
     """A QoS 1 publisher that knows which messages Mosquitto has acknowledged."""
 
-    def __init__(self, host: str, port: int, inflight: int = 500) -> None:
+    def __init__(self, host: str, port: int, inflight: int = 500, account: Account | None = None) -> None:
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=f"pub-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5
         )
+        login(self.client, account)
         self.client.max_inflight_messages_set(inflight)
         self.client.max_queued_messages_set(0)
         self.client.connect(host, port, keepalive=30)
@@ -73,9 +76,15 @@ class Publisher:
         self.client.loop_stop()
 
 
-def forget_session(host: str, port: int, client_id: str) -> None:
+def fleet_publisher(settings: Settings, inflight: int = 500) -> Publisher:
+    """A Publisher on the settings' broker that may publish as any vehicle (the test account)."""
+    return Publisher(*settings.mqtt_host_port, inflight=inflight, account=mqtt_test_account(settings))
+
+
+def forget_session(host: str, port: int, client_id: str, account: Account | None = None) -> None:
     """Delete a persistent MQTT session (clean start, expiry 0) so Mosquitto stops queueing for it."""
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    login(c, account)
     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = 0
     done = threading.Event()

@@ -37,9 +37,10 @@ from alerts.sink import Context, Outcome, SourceRecord
 from fleetfence import probes
 from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.mqtt import DynSec, account_env, acl, login
 from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
-from fleetfence.testing import wait_for
+from fleetfence.testing import mqtt_test_account, wait_for
 from tests.alerts.helpers import SECRET, WebhookTarget
 
 pytestmark = pytest.mark.services
@@ -103,11 +104,13 @@ class AlertWriter:
 
 
 class MqttCollector:
-    def __init__(self, host: str, port: int, topic_filter: str) -> None:
+    def __init__(self, settings: Settings, topic_filter: str) -> None:
         self.messages: list[tuple[str, bytes, bool]] = []
         self.lock = threading.Lock()
         subscribed = threading.Event()
+        host, port = settings.mqtt_host_port
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+        login(self.c, mqtt_test_account(settings))
         self.c.on_subscribe = lambda *_a: subscribed.set()
         self.c.on_message = self._on_message
         self.c.connect(host, port)
@@ -187,6 +190,20 @@ def read_dlq(settings: Settings, expected: int, timeout_s: float = 20) -> list[t
     return out
 
 
+def allow_alert_topics(settings: Settings, root: str) -> None:
+    """The alert fan-out's account publishes under the default alert topics only; this test's
+    receivers publish under a root of its own, which an operator would grant the same way."""
+    control = DynSec.from_settings(settings)
+    try:
+        role = settings.mqtt_alerts_username
+        control.command(
+            {"command": "addRoleACL", "rolename": role, **acl("publishClientSend", f"{root}/#")},
+            tolerate=("ACL with this topic already exists",),
+        )
+    finally:
+        control.close()
+
+
 def receivers_toml(url: str, mqtt_root: str, hook_extra: str = "") -> str:
     return f"""
 [[receivers]]
@@ -241,7 +258,8 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
 
     host, port = s.mqtt_host_port
     root = f"t{run}/fleet"
-    sub = MqttCollector(host, port, f"{root}/#")
+    allow_alert_topics(s, root)
+    sub = MqttCollector(s, f"{root}/#")
     registry = CollectorRegistry()
     cfg = parse_config(receivers_toml(target.url, root))
     service = AlertService(s, cfg, registry).start()
@@ -283,7 +301,7 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
     assert fleet == Counter(dict.fromkeys(ids, 1))
     assert per_vehicle == Counter({(f"{root}/{a['vehicle_id']}/alerts", a["alert_id"]): 1 for a in committed})
     # Retained: a late subscriber gets each vehicle's last alert, byte-identical to the record.
-    late = MqttCollector(host, port, f"{root}/+/alerts")
+    late = MqttCollector(s, f"{root}/+/alerts")
     try:
         retained = wait_for(
             lambda: {t: p for t, p, ret in late.snapshot() if ret} if len(late.snapshot()) >= 5 else None,
@@ -338,7 +356,7 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
     replay_cfg = parse_config(receivers_toml(target.url, root))
     for rc in replay_cfg.receivers:
         rc.group_id = f"{s.topic_prefix}replay-{rc.name}"
-    sub2 = MqttCollector(host, port, f"{root}/alerts")
+    sub2 = MqttCollector(s, f"{root}/alerts")
     replay = AlertService(s, replay_cfg, CollectorRegistry()).start()
     try:
         wait_for(
@@ -362,6 +380,7 @@ def test_each_receiver_gets_each_committed_alert_once(settings: Settings, target
     assert len(read_dlq(s, expected=4)) == 4  # invalid records are not dead-lettered twice
     # Clean up the retained messages this test left on the private broker.
     cleaner = mqtt.Client(CallbackAPIVersion.VERSION2)
+    login(cleaner, mqtt_test_account(s))
     cleaner.connect(host, port)
     cleaner.loop_start()
     for t in last:
@@ -493,6 +512,7 @@ def _env(s: AlertsSettings, **extra: str) -> dict[str, str]:
         FLEETFENCE_TOPIC_PREFIX=s.topic_prefix,
         FLEETFENCE_REDIS_PREFIX=s.redis_prefix,
         FLEETFENCE_STATE_DIR=str(s.state_dir),
+        **account_env(s),
         **extra,
     )
     return env

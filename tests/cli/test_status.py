@@ -28,7 +28,7 @@ from fleetfence.kafka import ensure_topics, producer_config, topic_specs
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from gateway.testing import Publisher, fix
+from gateway.testing import fix, fleet_publisher
 
 TTL_S = 3.0
 RECEIVER_TTL_S = 15.0
@@ -175,7 +175,7 @@ def test_status_reports_running_services_and_those_that_stopped(
     # Traffic, so the counters have something to show: fixes through the gateways, an alert
     # through the receiver.
     vehicle = f"st{run}"
-    pub = Publisher(*ss.mqtt_host_port)
+    pub = fleet_publisher(ss)
     try:
         for seq in range(1, 11):
             pub.publish(f"fleet/{vehicle}/telemetry", orjson.dumps(fix(vehicle, seq)))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from embedded import infra
+from fleetfence.mqtt import account_fields
 from fleetfence.settings import Settings
 
 
@@ -21,6 +22,7 @@ def own_kafka(tmp_path: Path, infra_settings: Settings) -> Iterator[Settings]:
             **fields,
             "mqtt_url": f"mqtt://{infra_settings.host}:{infra_settings.mqtt_port}",
             "redis_url": infra_settings.redis_dsn,
+            **account_fields(infra_settings),
         },
         startup_timeout_s=90,
         topic_prefix=f"own{uuid.uuid4().hex[:6]}.",

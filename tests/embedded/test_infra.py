@@ -6,18 +6,22 @@ import subprocess
 import sys
 import threading
 import uuid
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
+from pydantic import SecretStr
 
 from embedded import infra, processes
 from fleetfence import probes
 from fleetfence.errors import InfraError
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.mqtt import embedded_accounts, login
 from fleetfence.settings import Settings
+from fleetfence.testing import mqtt_test_account
 
 pytestmark = pytest.mark.services
 
@@ -69,17 +73,25 @@ def test_kafka_produce_consume_round_trip(settings: Settings) -> None:
 
 def test_mosquitto_pub_and_redis_cli_connect(infra_settings: Settings) -> None:
     host, port = infra_settings.mqtt_host_port
+    account = mqtt_test_account(infra_settings)
+    assert account is not None
     received = threading.Event()
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    login(client, account)
     subscribed = threading.Event()
     client.on_subscribe = lambda *_a: subscribed.set()
     client.on_message = lambda _c, _u, m: received.set() if m.payload == b"hello" else None
     client.connect(host, port)
     client.loop_start()
-    client.subscribe("fleetfence/test/cli", qos=1)
+    client.subscribe("fleet/cli-test/telemetry", qos=1)
     assert subscribed.wait(5)
+    pub = ["mosquitto_pub", "-h", host, "-p", str(port), "-t", "fleet/cli-test/telemetry", "-m", "hello"]
+    # The embedded broker refuses anonymous clients; with an account it takes the message.
+    anonymous = subprocess.run([*pub, "-q", "1"], capture_output=True, text=True, timeout=10, check=False)
+    assert anonymous.returncode != 0
+    assert "not authori" in (anonymous.stdout + anonymous.stderr).lower()
     subprocess.run(
-        ["mosquitto_pub", "-h", host, "-p", str(port), "-t", "fleetfence/test/cli", "-m", "hello", "-q", "1"],
+        [*pub, "-q", "1", "-u", account.username, "-P", account.password],
         check=True,
         timeout=10,
     )
@@ -168,12 +180,18 @@ def test_port_taken_gives_clear_error(tmp_path: object, infra_settings: Settings
 def test_external_endpoints_start_nothing(tmp_path: object, infra_settings: Settings) -> None:
     from pathlib import Path
 
+    # An external broker's accounts come from the settings (as in production).
+    secrets: dict[str, Any] = {
+        f"mqtt_{kind}_password": SecretStr(a.password)
+        for kind, a in embedded_accounts(infra_settings).items()
+    }
     s = Settings(
         state_dir=Path(str(tmp_path)),
         kafka_bootstrap=infra_settings.bootstrap_servers,
         mqtt_url=f"mqtt://127.0.0.1:{infra_settings.mqtt_port}",
         redis_url=infra_settings.redis_dsn,
         topic_prefix=f"ext{uuid.uuid4().hex[:6]}.",
+        **secrets,
     )
     statuses = infra.up(s)
     assert all(st.healthy and not st.managed and st.pid is None for st in statuses)

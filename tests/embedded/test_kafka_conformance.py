@@ -42,6 +42,7 @@ from confluent_kafka.admin import (
 from embedded import infra, processes
 from fleetfence import probes
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.mqtt import account_env, account_fields
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 
@@ -183,6 +184,7 @@ def test_acknowledged_records_survive_sigkill_and_sigterm_of_the_broker(own_kafk
         FLEETFENCE_STATE_DIR=str(s.state_dir),
         FLEETFENCE_KAFKA_PORT=str(s.kafka_port),
         FLEETFENCE_MQTT_URL=str(s.mqtt_url),
+        **account_env(s),
         FLEETFENCE_REDIS_URL=str(s.redis_url),
         FLEETFENCE_STARTUP_TIMEOUT_S="90",
         COLUMNS="200",
@@ -211,7 +213,11 @@ def test_restart_refuses_unknown_and_external_services(tmp_path: Path, infra_set
     from fleetfence.errors import InfraError
 
     s = Settings(
-        **{**infra.private_fields(tmp_path), "mqtt_url": f"mqtt://127.0.0.1:{infra_settings.mqtt_port}"}
+        **{
+            **infra.private_fields(tmp_path),
+            "mqtt_url": f"mqtt://127.0.0.1:{infra_settings.mqtt_port}",
+            **account_fields(infra_settings),
+        }
     )
     with pytest.raises(InfraError, match="unknown service 'zookeeper'"):
         infra.restart(s, "zookeeper")

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.mqtt import service_account
 from fleetfence.settings import Settings
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
-from gateway.testing import Publisher, forget_session
+from gateway.testing import Publisher, fleet_publisher, forget_session
 from tests.gateway.helpers import gw_settings
 
 
@@ -21,7 +22,7 @@ def gs(settings: Settings) -> Iterator[GatewaySettings]:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     s = gw_settings(settings)
     yield s
-    forget_session(*s.mqtt_host_port, s.gateway_client_id)
+    forget_session(*s.mqtt_host_port, s.gateway_client_id, service_account(s, "gateway"))
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def gateway(gs: GatewaySettings) -> Iterator[Gateway]:
 
 @pytest.fixture
 def publisher(gs: GatewaySettings) -> Iterator[Publisher]:
-    p = Publisher(*gs.mqtt_host_port)
+    p = fleet_publisher(gs)
     yield p
     p.close()
 
@@ -45,7 +46,7 @@ def fleet(settings: Settings) -> Iterator[tuple[GatewaySettings, Publisher, str]
     fleet's in-flight messages, and a vehicle-id prefix of the test's own."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     gs = gw_settings(settings)
-    pub = Publisher(*gs.mqtt_host_port, inflight=1000)
+    pub = fleet_publisher(gs, inflight=1000)
     yield gs, pub, f"f{uuid.uuid4().hex[:6]}-"
     pub.close()
-    forget_session(*gs.mqtt_host_port, gs.gateway_client_id)
+    forget_session(*gs.mqtt_host_port, gs.gateway_client_id, service_account(gs, "gateway"))

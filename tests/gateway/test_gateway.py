@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from fleetfence.contracts import MAX_DLQ_VALUE_BYTES, DlqReason, Telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.mqtt import service_account
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
-from gateway.testing import Publisher, TopicReader, fix, forget_session, telemetry_seqs
+from gateway.testing import Publisher, TopicReader, fix, fleet_publisher, forget_session, telemetry_seqs
 from tests.gateway.helpers import gw_settings
 from tests.strategies import json_ints
 
@@ -287,7 +288,7 @@ def test_acks_are_accepted_by_mosquitto_in_either_order(settings: Settings, in_o
     gs = gw_settings(settings, gateway_ack_in_order=in_order, gateway_receive_maximum=300)
     host, port = gs.mqtt_host_port
     prefix = f"ack{uuid.uuid4().hex[:6]}-"
-    pub = Publisher(host, port)
+    pub = fleet_publisher(settings)
     gw = Gateway(gs)
     try:
         gw.start()
@@ -318,4 +319,4 @@ def test_acks_are_accepted_by_mosquitto_in_either_order(settings: Settings, in_o
     finally:
         gw.stop(drain_timeout_s=1)
         pub.close()
-        forget_session(host, port, gs.gateway_client_id)
+        forget_session(host, port, gs.gateway_client_id, service_account(gs, "gateway"))

@@ -22,6 +22,7 @@ import pytest
 from embedded import infra
 from fleetfence import probes
 from fleetfence.errors import WaitTimeoutError
+from fleetfence.mqtt import account_fields, service_account
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.service import Gateway
@@ -30,6 +31,7 @@ from gateway.testing import (
     Publisher,
     TopicReader,
     fix,
+    fleet_publisher,
     forget_session,
     gateway_env,
     rss_bytes,
@@ -183,6 +185,7 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         redis_url=settings.redis_dsn,
         topic_prefix=settings.topic_prefix,
         startup_timeout_s=60,
+        **account_fields(settings),
     )
     rm = 100
     gs = gw_settings(
@@ -193,7 +196,7 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
     )
     prefix = f"o{uuid.uuid4().hex[:6]}-"
     vehicles = [f"{prefix}{i}" for i in range(10)]
-    pub = Publisher(host, port, inflight=1000)
+    pub = fleet_publisher(gs, inflight=1000)
     gw: Gateway | None = None
     reader: TopicReader | None = None
     try:
@@ -267,6 +270,6 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         if reader is not None:
             reader.close()
         pub.close()
-        forget_session(host, port, gs.gateway_client_id)
+        forget_session(host, port, gs.gateway_client_id, service_account(gs, "gateway"))
         infra.down(own)
         assert not os.path.exists(own.run_dir / "kafka.pid")

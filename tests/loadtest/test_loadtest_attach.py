@@ -21,9 +21,10 @@ from admin_api.security import Role, create_api_key
 from embedded.pipeline import Pipeline, PipelineSpec, settings_env
 from fleetfence.contracts import MasterEntity
 from fleetfence.metrics import scrape
+from fleetfence.mqtt import account_fields
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from gateway.testing import Publisher, fix
+from gateway.testing import fix, fleet_publisher
 from vehicle_master.models import VehicleData, ZoneData
 from vehicle_master.store import VehicleMaster
 
@@ -46,6 +47,7 @@ def installation(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings,
             "mqtt_url": "mqtt://{}:{}".format(*settings.mqtt_host_port),
             "redis_url": settings.redis_dsn,
             "redis_prefix": f"{settings.topic_prefix}ff:",
+            **account_fields(settings),
         }
     )
     with Pipeline(s, tmp_path / "installation-logs", PipelineSpec(gateway_replicas=1)) as pipeline:
@@ -84,7 +86,7 @@ def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_r
         )
         vm.upsert(VehicleData(vehicle_id="truck-1", label="Truck 1"))
         # The installation has already carried traffic: its gateway's counters are not zero.
-        pub = Publisher(*s.mqtt_host_port)
+        pub = fleet_publisher(s)
         try:
             for seq in range(20):
                 pub.publish("fleet/truck-1/telemetry", orjson.dumps(fix("truck-1", seq)))

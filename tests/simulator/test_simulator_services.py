@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from cli.app import app
 from fleetfence.contracts import Telemetry, utc_now_ms, validate_telemetry
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.mqtt import login
 from fleetfence.settings import Settings
-from fleetfence.testing import read_all
+from fleetfence.testing import mqtt_test_account, read_all
 from simulator.config import Injections, ScenarioConfig, simulated_rules
 from simulator.publish import SimulationOptions, run_simulation
 from simulator.scenario import Scenario
@@ -113,6 +114,7 @@ def test_mqtt_publishes_every_fix_at_qos1_in_the_contract_form(settings: Setting
 
     host, port = s.mqtt_host_port
     sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"sub-{prefix}", protocol=mqtt.MQTTv5)
+    login(sub, mqtt_test_account(s))
     sub.on_message = on_message
     sub.on_subscribe = lambda *_a: subscribed.set()
     sub.connect(host, port)
