@@ -17,7 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from admin_api.readmodels import LiveReader
 from admin_api.responses import master_error_handler
-from admin_api.routers import live, master, reports, system, web
+from admin_api.routers import credentials, live, master, reports, system, web
 from admin_api.security import KeyVerifier
 from admin_api.settings import ApiSettings
 from fleetfence import __version__
@@ -56,6 +56,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         finally:
             if relay is not None:
                 relay.stop()
+            credentials.close_credentials(app)
             await r.aclose()
             logger.info("admin api stopped")
 
@@ -69,6 +70,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.state.read_keys = ReadKeys(settings.redis_prefix)
     app.add_exception_handler(MasterError, master_error_handler)
     app.include_router(master.router)
+    app.include_router(credentials.router)
     app.include_router(live.router)
     app.include_router(system.router)
     app.include_router(reports.router)

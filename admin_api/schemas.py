@@ -220,6 +220,59 @@ class VehiclePage(BaseModel):
     next_after: str | None
 
 
+class CredentialsOut(BaseModel):
+    """A vehicle's MQTT credential status; the secret is never shown here."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "vehicle_id": "truck-042",
+                    "username": "truck-042",
+                    "status": "active",
+                    "issued_at": "2026-11-25T08:00:00.000Z",
+                    "rotated_at": None,
+                    "disabled_at": None,
+                    "revoked_at": None,
+                }
+            ]
+        }
+    )
+    vehicle_id: str
+    username: str = Field(description="The MQTT username: the vehicle id.")
+    status: Literal["active", "disabled", "revoked"]
+    issued_at: str
+    rotated_at: str | None
+    disabled_at: str | None
+    revoked_at: str | None
+
+
+class IssuedCredentials(CredentialsOut):
+    """Credentials just issued or rotated: the secret is in this answer and nowhere else (the
+    broker keeps only its hash)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "vehicle_id": "truck-042",
+                    "username": "truck-042",
+                    "status": "active",
+                    "issued_at": "2026-11-25T08:00:00.000Z",
+                    "rotated_at": None,
+                    "disabled_at": None,
+                    "revoked_at": None,
+                    "password": "q3l0P1n8Zr5xYVJm2GkT0dA7sWc9eHuB4fNiKoLpQ6E",
+                    "topic": "fleet/truck-042/telemetry",
+                }
+            ]
+        }
+    )
+
+    password: str = Field(description="The MQTT password. Shown once: store it in the vehicle now.")
+    topic: str = Field(description="The only topic this vehicle may publish to.")
+
+
 class AssignmentIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",

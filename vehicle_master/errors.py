@@ -48,3 +48,11 @@ class VersionConflictError(MasterError):
 
 class InUseError(MasterError):
     """The entity is still referenced (a route or vehicle with an assignment)."""
+
+
+class CredentialsExistError(AlreadyExistsError):
+    """The vehicle already has MQTT credentials that work or are disabled: rotate them instead."""
+
+
+class NoCredentialsError(NotFoundError):
+    """The vehicle has no MQTT credentials to rotate, disable or enable (never issued, or revoked)."""

@@ -287,10 +287,15 @@ async def put_vehicle(
 
 @router.delete("/vehicles/{vehicle_id}", status_code=204, responses=WRITE_ERRORS, tags=["vehicles"])
 async def delete_vehicle(
-    _: Admin, master: Master, vehicle_id: EntityPath, if_match: IfMatch = None
+    _: Admin, master: Master, r: Redis, request: Request, vehicle_id: EntityPath, if_match: IfMatch = None
 ) -> Response:
-    """Delete a vehicle without an assignment (409 otherwise)."""
-    return await _delete(master, MasterEntity.VEHICLE, vehicle_id, if_match)
+    """Delete a vehicle without an assignment (409 otherwise); its MQTT credentials are revoked
+    with it (a connected vehicle is cut off at once)."""
+    from admin_api.routers.credentials import revoke_on_delete
+
+    response = await _delete(master, MasterEntity.VEHICLE, vehicle_id, if_match)
+    await revoke_on_delete(r, request, vehicle_id)
+    return response
 
 
 # --------------------------------------------------------------------------- assignments

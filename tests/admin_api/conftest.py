@@ -21,6 +21,7 @@ from admin_api.app import create_app
 from admin_api.security import Role, create_api_key
 from admin_api.settings import ApiSettings
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.mqtt import account_env
 from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 from tests.admin_api.helpers import (
@@ -78,6 +79,9 @@ def api_server(infra_settings: Settings, tmp_path_factory: pytest.TempPathFactor
         **os.environ,
         "FLEETFENCE_REDIS_URL": conf.redis_dsn,
         "FLEETFENCE_KAFKA_BOOTSTRAP": conf.bootstrap_servers,
+        # The session's broker, as an external one, with its accounts (vehicles' credentials).
+        "FLEETFENCE_MQTT_URL": "mqtt://{}:{}".format(*conf.mqtt_host_port),
+        **account_env(conf),
         "FLEETFENCE_TOPIC_PREFIX": conf.topic_prefix,
         "FLEETFENCE_REDIS_PREFIX": conf.redis_prefix,
         "FLEETFENCE_API_PORT": str(port),

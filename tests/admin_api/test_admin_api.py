@@ -287,6 +287,7 @@ ADMIN_EXPECTED = {
     ("put", "/api/v1/assignments/{vehicle_id}"): 200,
     ("post", "/api/v1/import"): 200,  # an empty collection: nothing to write, counts all 0
     ("post", "/api/v1/stream/token"): 200,
+    ("post", "/api/v1/vehicles/{vehicle_id}/credentials"): 201,  # issued to v1, in the real broker
     ("get", "/api/v1/live/{vehicle_id}"): 404,  # no fix processed for v1
     ("get", "/api/v1/alerts/{alert_id}"): 404,
 }
@@ -315,6 +316,10 @@ def _call(api: Api, method: str, path: str, headers: dict[str, str], query: str 
             "/api/v1/assignments/{vehicle_id}": {"route_id": "r1"},
             "/api/v1/import": {"type": "FeatureCollection", "features": []},
             "/api/v1/stream/token": None,
+            "/api/v1/vehicles/{vehicle_id}/credentials": None,
+            "/api/v1/vehicles/{vehicle_id}/credentials/rotate": None,
+            "/api/v1/vehicles/{vehicle_id}/credentials/disable": None,
+            "/api/v1/vehicles/{vehicle_id}/credentials/enable": None,
         }[path]
     return int(api.c.request(method.upper(), url, json=body, headers=headers).status_code)
 
@@ -357,6 +362,11 @@ def test_auth_matrix_every_route(api: Api) -> None:
         if (code := _call(api, "get", "/api/v1/stream", {}, query)) != expected:
             problems.append(("get", "/api/v1/stream", who, code))
     assert problems == []
+    # A viewer cannot revoke a vehicle's credentials, an admin can (the status stays readable).
+    creds = "/api/v1/vehicles/v1/credentials"
+    assert api.c.delete(creds, headers=api.viewer).status_code == 403
+    assert api.c.delete(creds, headers=api.admin).json()["status"] == "revoked"
+    assert api.c.get(creds, headers=api.viewer).json()["status"] == "revoked"
     # Deletes with an admin key succeed once the references are gone.
     for path in (
         "/api/v1/assignments/v-new",
