@@ -167,7 +167,16 @@ def run_demo(
                 start_ms=start_ms_for(None, True, duration_s, 1000),
                 vehicle_prefix=f"demo{int(time.time()) % 100000}-",
             )
-            opts = SimulationOptions(realtime=True, truth_path=truth, register=True, start_now=True)
+            # As an operator would: the fleet registered and each vehicle's MQTT credentials
+            # issued through the admin API; each vehicle then logs in with its own secret.
+            opts = SimulationOptions(
+                realtime=True,
+                truth_path=truth,
+                register=True,
+                start_now=True,
+                api_url=api_url,
+                api_key=demo_key,
+            )
             simulate(cfg, opts, settings=SimulatorSettings(), console=console)
             console.print(
                 "[dim]simulation done; waiting for the last alerts (silence needs the watermark)…[/]"

@@ -34,8 +34,17 @@ from rich.table import Table
 from fleetfence.contracts import telemetry_topic
 from fleetfence.errors import InfraError, KafkaDeliveryError
 from fleetfence.kafka import producer_config
+from fleetfence.mqtt import Account, login
 from simulator.config import ScenarioConfig
-from simulator.register import RegistrationReport, register_api, register_direct, scenario_entities
+from simulator.fleet_sink import FleetMqttSink, PubackClock, telemetry_payload, tick_rows
+from simulator.register import (
+    RegistrationReport,
+    issue_credentials_api,
+    issue_credentials_direct,
+    register_api,
+    register_direct,
+    scenario_entities,
+)
 from simulator.scenario import Scenario, ScenarioStats, TickBatch
 from simulator.settings import SimulatorSettings
 from simulator.truth import RunHeader, TruthAlert, TruthWriter
@@ -57,31 +66,18 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def _rows(batch: TickBatch, vids: list[str]) -> list[tuple[str, int, int, float, float, float, float]]:
-    return [
-        (vids[v], s, t, round(la, 7), round(lo, 7), sp, round(hd, 1))
-        for v, s, t, la, lo, sp, hd in zip(
-            batch.vehicle.tolist(),
-            batch.seq.tolist(),
-            batch.ts.tolist(),
-            batch.lat.tolist(),
-            batch.lon.tolist(),
-            batch.speed_kmh.tolist(),
-            batch.heading_deg.tolist(),
-            strict=True,
-        )
-    ]
-
-
 class MqttSink:
     """QoS 1 publisher to `fleet/{vehicle_id}/telemetry`; counts PUBACKs, bounds what is unacked."""
 
-    def __init__(self, host: str, port: int, *, inflight: int, accuracy_m: float) -> None:
+    def __init__(
+        self, host: str, port: int, *, inflight: int, accuracy_m: float, account: Account | None = None
+    ) -> None:
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=f"fleetfence-sim-{uuid.uuid4().hex[:8]}",
             protocol=mqtt.MQTTv5,
         )
+        login(self.client, account)
         self.client.max_inflight_messages_set(inflight)
         self.client.max_queued_messages_set(0)
         self.client.on_publish = self._on_publish
@@ -94,14 +90,7 @@ class MqttSink:
         self._acked = 0
         self._cond = threading.Condition()
         self._connected = threading.Event()
-        # PUBACK latency: publish time by message id, and the latencies since the last
-        # `take_puback_ms`. Its own lock, never held while calling paho (paho calls on_publish
-        # holding its own message lock, which publish() takes too).
-        self._lat_lock = threading.Lock()
-        self._tracking = False  # off unless asked: nothing else drains the latencies
-        self._published_at: dict[int, float] = {}
-        self._early_ack: dict[int, float] = {}  # acknowledged before publish() had returned
-        self._puback_ms: list[float] = []
+        self.clock = PubackClock()  # never locked while calling paho (on_publish holds paho's lock)
         try:
             self.client.connect(host, port, keepalive=30)
         except OSError as exc:
@@ -115,27 +104,19 @@ class MqttSink:
         self._connected.set()
 
     def _on_publish(self, _client: Any, _userdata: Any, mid: int, *_a: Any) -> None:
-        if self._tracking:
-            now = time.monotonic()
-            with self._lat_lock:
-                t = self._published_at.pop(mid, None)
-                if t is None:
-                    self._early_ack[mid] = now
-                elif now >= t:
-                    self._puback_ms.append((now - t) * 1000.0)
+        if self.clock.tracking:
+            self.clock.acked(mid)
         with self._cond:
             self._acked += 1
             self._cond.notify_all()
 
     def track_puback(self) -> None:
         """Measure PUBACK latency from now on; the caller drains it with `take_puback_ms`."""
-        self._tracking = True
+        self.clock.tracking = True
 
     def take_puback_ms(self) -> list[float]:
         """The PUBACK latencies (ms) measured since the last call (a load test samples them)."""
-        with self._lat_lock:
-            out, self._puback_ms = self._puback_ms, []
-        return out
+        return self.clock.take()
 
     @property
     def acked(self) -> int:
@@ -143,28 +124,12 @@ class MqttSink:
 
     def send(self, batch: TickBatch, vids: list[str]) -> None:
         acc = self.accuracy_m
-        for vid, seq, ts, lat, lon, sp, hd in _rows(batch, vids):
-            payload = orjson.dumps(
-                {
-                    "vehicle_id": vid,
-                    "seq": seq,
-                    "ts": ts,
-                    "lat": lat,
-                    "lon": lon,
-                    "speed_kmh": sp,
-                    "heading_deg": hd,
-                    "accuracy_m": acc,
-                }
-            )
+        for vid, seq, ts, lat, lon, sp, hd in tick_rows(batch, vids):
+            payload = telemetry_payload(vid, seq, ts, lat, lon, sp, hd, acc)
             t = time.monotonic()
             info = self.client.publish(telemetry_topic(vid), payload, qos=1)
-            if self._tracking and info.mid:  # paho queues (and later acks) even without a connection
-                with self._lat_lock:
-                    acked_at = self._early_ack.pop(info.mid, None)
-                    if acked_at is None:
-                        self._published_at[info.mid] = t
-                    elif acked_at >= t:
-                        self._puback_ms.append((acked_at - t) * 1000.0)
+            if self.clock.tracking and info.mid:  # paho queues (and later acks) even without a connection
+                self.clock.published(info.mid, t)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 self.errors += 1
                 continue
@@ -212,7 +177,7 @@ class KafkaSink:
         acc = self.accuracy_m
         now_ms = int(time.time() * 1000)
         produce, poll, topic = self.producer.produce, self.producer.poll, self.topic
-        for vid, seq, ts, lat, lon, sp, hd in _rows(batch, vids):
+        for vid, seq, ts, lat, lon, sp, hd in tick_rows(batch, vids):
             value = orjson.dumps(
                 {
                     "vehicle_id": vid,
@@ -333,11 +298,27 @@ def run_simulation(
         sink: Sink
         if opts.direct:
             sink = KafkaSink(settings.bootstrap_servers, settings.topics.telemetry, accuracy_m=accuracy)
+        elif settings.mqtt_auth:
+            # As a fleet connects: each vehicle on its own connection with its own credentials,
+            # issued through the admin API when one is given (or the vehicle master's service).
+            task = progress.add_task("credentials", total=len(vids), info="")
+
+            def issued(n: int) -> None:
+                progress.advance(task, n)
+
+            if opts.api_url and opts.api_key:
+                secrets = issue_credentials_api(vids, opts.api_url, opts.api_key, progress=issued)
+            else:
+                secrets = issue_credentials_direct(settings, vids, progress=issued)
+            sink = FleetMqttSink(
+                *settings.mqtt_host_port,
+                secrets,
+                inflight=settings.simulator_mqtt_inflight,
+                accuracy_m=accuracy,
+            )
         else:
-            host, port = settings.mqtt_host_port
             sink = MqttSink(
-                host,
-                port,
+                *settings.mqtt_host_port,
                 inflight=settings.simulator_mqtt_inflight,
                 accuracy_m=accuracy,
             )

@@ -267,3 +267,65 @@ def register_api(
     if changed:
         wait_master_published(settings, before + changed, timeout_s)
     return RegistrationReport(len(entities), changed, time.monotonic() - t0, f"admin API {api_url}")
+
+
+def issue_credentials_direct(
+    settings: Settings, vehicle_ids: list[str], *, progress: Callable[[int], None] | None = None
+) -> dict[str, str]:
+    """Each vehicle's MQTT secret, issued (or rotated, for a vehicle that has credentials already)
+    through the vehicle master's credential service, as the admin API does."""
+    from fleetfence.mqtt import DynSec
+    from vehicle_master.credentials import CredentialStatus, VehicleCredentials
+
+    r = redis.Redis.from_url(settings.redis_dsn)
+    control = DynSec.from_settings(settings)
+    out: dict[str, str] = {}
+    try:
+        creds = VehicleCredentials(r, settings.redis_prefix, control)
+        for vid in vehicle_ids:
+            rec = creds.get(vid)
+            if rec is None or rec.status is CredentialStatus.REVOKED:
+                _rec, out[vid] = creds.issue(vid)
+            else:
+                if rec.status is CredentialStatus.DISABLED:
+                    creds.enable(vid)
+                _rec, out[vid] = creds.rotate(vid)
+            if progress is not None:
+                progress(1)
+    finally:
+        control.close()
+        r.close()
+    return out
+
+
+def issue_credentials_api(
+    vehicle_ids: list[str], api_url: str, api_key: str, *, progress: Callable[[int], None] | None = None
+) -> dict[str, str]:
+    """Each vehicle's MQTT secret through the admin API, as an operator provisions trackers:
+    POST .../credentials, or .../credentials/rotate for a vehicle that has some already."""
+    base = api_url.rstrip("/") + "/api/v1/vehicles/"
+    out: dict[str, str] = {}
+    for vid in vehicle_ids:
+        try:
+            body = _post(base + f"{vid}/credentials", api_key)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise RegistrationError(
+                    f"admin API refused credentials for {vid} ({exc.code}): {exc.read()[:300]!r}"
+                ) from exc
+            body = _post(base + f"{vid}/credentials/rotate", api_key)
+        out[vid] = str(body["password"])
+        if progress is not None:
+            progress(1)
+    return out
+
+
+def _post(url: str, api_key: str) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=b"", method="POST", headers={"X-API-Key": api_key})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return dict(json.loads(resp.read()))
+    except urllib.error.URLError as exc:
+        if isinstance(exc, urllib.error.HTTPError):
+            raise
+        raise RegistrationError(f"admin API at {url} unreachable: {exc.reason}") from exc

@@ -24,7 +24,7 @@ from processor.domain import EngineConfig, RawFix
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
 from simulator.config import Injections, ScenarioConfig, simulated_rules
-from simulator.publish import _rows
+from simulator.fleet_sink import tick_rows
 from simulator.register import scenario_entities
 from simulator.scenario import Scenario, TickBatch
 from simulator.truth import TruthAlert
@@ -89,7 +89,7 @@ def engine_alerts(sc: Scenario, batches: list[TickBatch], ticks_per_batch: int) 
     groups = [batches[i : i + ticks_per_batch] for i in range(0, len(batches), ticks_per_batch)]
     groups += [[]] * 3  # idle batches: the watermark catches up with the last data
     for group in groups:
-        rows = [r for b in group for r in _rows(b, vids)]
+        rows = [r for b in group for r in tick_rows(b, vids)]
         df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "heading"])
         df["received_ms"] = df["ts_ms"]
         wm = max(max_ts - sc.cfg.assume.lateness_ms, 0)
