@@ -240,8 +240,10 @@ class CredentialsOut(BaseModel):
     )
     vehicle_id: str
     username: str = Field(description="The MQTT username: the vehicle id.")
-    status: Literal["active", "disabled", "revoked"]
-    issued_at: str
+    status: Literal["none", "active", "disabled", "revoked"] = Field(
+        description="none: never issued; active; disabled (cannot log in until enabled); revoked."
+    )
+    issued_at: str | None
     rotated_at: str | None
     disabled_at: str | None
     revoked_at: str | None

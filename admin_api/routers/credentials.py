@@ -101,11 +101,20 @@ async def issue_credentials(_: Admin, request: Request, vehicle_id: EntityPath) 
 
 @router.get("/vehicles/{vehicle_id}/credentials", response_model=CredentialsOut, responses=READ_ERRORS)
 async def get_credentials(_: Viewer, r: Redis, request: Request, vehicle_id: EntityPath) -> CredentialsOut:
-    """The credential status (issued, rotated, disabled, revoked at); 404 when never issued.
-    Read from Redis alone: the status is there even while the broker is down."""
+    """The credential status: `none` (never issued, also for an id the vehicle master does not
+    know: the map asks for every vehicle it sees live), `active`, `disabled` or `revoked`, with
+    when each happened. Read from Redis alone: the status is there even while the broker is down."""
     rec = await _status(r, request, vehicle_id)
     if rec is None:
-        raise HTTPException(404, f"vehicle {vehicle_id!r} has no credentials")
+        return CredentialsOut(
+            vehicle_id=vehicle_id,
+            username=vehicle_id,
+            status="none",
+            issued_at=None,
+            rotated_at=None,
+            disabled_at=None,
+            revoked_at=None,
+        )
     return CredentialsOut(**rec.to_api())
 
 

@@ -1,9 +1,11 @@
 // Vehicles: one marker per vehicle moved by its live state (merged by seq, so a late older state
 // never moves it back), the vehicle list, the selected vehicle's panel with route progress, and
 // assigning a vehicle to a route (with the API's warnings about what the assignment leaves
-// uncovered). Fed by stream.js; alerts.js selects a vehicle through here.
+// uncovered). Fed by stream.js; alerts.js selects a vehicle through here. The panel's MQTT
+// credentials part is credentials.js's, read afresh at each selection.
 
 import { api, ApiError, warningsOf } from "./api.js";
+import { showCredentials } from "./credentials.js";
 import { state } from "./state.js";
 import { $, activatable, ago, el, fmtKm, fmtTime, say } from "./dom.js";
 import { lineLengthM } from "./geo.js";
@@ -127,6 +129,7 @@ export async function selectVehicle(id, fly = false) {
   if (v && fly) state.map.setView(v.marker.getLatLng(), Math.max(state.map.getZoom(), 15), { animate: false });
   renderVehicleList();
   renderVehiclePanel(true);
+  showCredentials(id);
   $("vehicle-section").hidden = false;
   try {
     const { data } = await api(`/api/v1/live/${encodeURIComponent(id)}`);

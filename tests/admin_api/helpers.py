@@ -27,6 +27,7 @@ from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics
 from alerts.model import parse_alert
 from alerts.sink import Context, Outcome, SourceRecord
+from fleetfence.mqtt import account_env
 from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -152,6 +153,10 @@ def running_api(conf: Settings, log_dir: Path, **env: str) -> Iterator[str]:
         "FLEETFENCE_REDIS_URL": conf.redis_dsn,
         "FLEETFENCE_KAFKA_BOOTSTRAP": conf.bootstrap_servers,
         "FLEETFENCE_REDIS_PREFIX": conf.redis_prefix,
+        # The session's broker, as an external one, with its accounts: the map's credential
+        # actions reach the test's Mosquitto, never one a developer runs in the checkout.
+        "FLEETFENCE_MQTT_URL": "mqtt://{}:{}".format(*conf.mqtt_host_port),
+        **account_env(conf),
         "FLEETFENCE_API_PORT": str(port),
         "FLEETFENCE_API_RUN_RELAY": "false",
         "FLEETFENCE_API_SSE_HEARTBEAT_S": "1",

@@ -15,15 +15,19 @@ import re
 import struct
 import threading
 import time
+import uuid
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import paho.mqtt.client as mqtt
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import Browser, Route, expect
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
+from playwright.sync_api import Browser, Locator, Page, Response, Route, expect
 from pydantic import ValidationError
 
 from admin_api.app import create_app
@@ -33,6 +37,7 @@ from admin_api.security import Role, create_api_key, digest, revoke_api_key, str
 from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings
 from fleetfence.contracts import alert_id, ms_to_iso, utc_now_ms
 from fleetfence.settings import Settings
+from fleetfence.testing import wait_for
 from tests.admin_api.helpers import UI_TIMEOUT_MS, MapServer, Watched, running_api, wait_http
 from vehicle_master.models import RouteProps
 
@@ -492,9 +497,10 @@ def test_admin_draws_a_route_that_the_api_returns(
     page.screenshot(path=str(artifacts / "08-admin-zone-saved.png"))
 
     # The only console errors are the browser's own reports of the two refused requests.
-    assert len(watched.errors) == 2, watched.errors
-    assert "status of 422" in watched.errors[0]
-    assert "status of 412" in watched.errors[1]
+    errors = watched.errors
+    assert len(errors) == 2, watched.errors
+    assert "status of 422" in errors[0]
+    assert "status of 412" in errors[1]
     assert watched.external() == []
 
 
@@ -708,3 +714,296 @@ def test_configured_tile_server_is_used_and_allowed(
         httpd.server_close()
     assert tiles
     assert all(p.endswith(".png") and p.count("/") == 3 for p in tiles)
+
+
+# --------------------------------------------------------------------------- MQTT credentials (#25)
+
+
+def credentials_url(map_server: MapServer, vid: str, action: str = "") -> str:
+    return f"{map_server.base}/api/v1/vehicles/{vid}/credentials{action}"
+
+
+def api_credentials(map_server: MapServer, vid: str) -> dict[str, Any] | None:
+    """The credential status as the API reports it; None: never issued."""
+    res = httpx.get(credentials_url(map_server, vid), headers=map_server.viewer)
+    assert res.status_code == 200, res.text
+    body: dict[str, Any] = res.json()
+    assert "password" not in body
+    return None if body["status"] == "none" else body
+
+
+def shown_time(iso: str) -> str:
+    """An API time as the page writes it (dom.js fmtTime): "2026-11-25 08:00:00 UTC"."""
+    return f"{iso[:10]} {iso[11:19]} UTC"
+
+
+def mqtt_login(conf: Settings, username: str, password: str) -> ReasonCode:
+    """What Mosquitto answers a vehicle that logs in with these credentials."""
+    answers: list[ReasonCode] = []
+    c = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=f"map-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5
+    )
+    c.username_pw_set(username, password)
+    c.on_connect = lambda _c, _u, _f, rc, _p: answers.append(rc)
+    c.connect(*conf.mqtt_host_port, keepalive=30)
+    c.loop_start()
+    try:
+        return wait_for(lambda: answers, 10, f"the broker's answer to {username}'s login")[0]
+    finally:
+        c.loop_stop()
+        c.disconnect()
+
+
+def open_credentials(page: Page, vid: str) -> Locator:
+    """Select the vehicle in the list: its panel's credentials part, once it shows the status the
+    API gave for this selection."""
+    page.locator(f"#vehicles li[data-vehicle-id='{vid}']").click()
+    read = page.locator(f"#credentials-panel[data-vehicle-id='{vid}']:not([data-status='loading'])")
+    expect(read).to_have_count(1, timeout=UI_TIMEOUT_MS)
+    return page.locator("#credentials-panel")
+
+
+def fact(box: Locator, name: str) -> Locator:
+    return box.locator(f"dt:text-is('{name}') + dd")
+
+
+def click_credentials(page: Page, label: str, url: str, method: str) -> Response:
+    """Click a credential button; the API's answer to the request it made."""
+    with page.expect_response(lambda r: r.url == url and r.request.method == method) as answer:
+        page.locator("#credentials-panel").get_by_role("button", name=label, exact=True).click()
+    return answer.value
+
+
+def test_admin_issues_mqtt_credentials_and_sees_the_password_once(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """Issue #25: an admin issues a vehicle's MQTT credentials from its panel. The password is shown
+    once, in a marked box with the topic, and stays while the live part of the panel redraws; the
+    next look at the vehicle (selecting it again, reloading the page) shows the status only, and the
+    page stores it nowhere. The password shown is the one Mosquitto accepts."""
+    vid = "v-cred-issue"
+    register(map_server, vid)
+    map_server.write_live([live(vid, 1, 52.5300, 13.4300, status="unassigned", route_id=None)])
+    assert api_credentials(map_server, vid) is None
+    page = watched.page
+    watched.login(map_server.admin_key)
+    creds = open_credentials(page, vid)
+    expect(creds).to_have_attribute("data-status", "none", timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Status")).to_have_text("no credentials", timeout=UI_TIMEOUT_MS)
+    expect(creds.get_by_role("button")).to_have_text(["Issue credentials"], timeout=UI_TIMEOUT_MS)
+
+    answer = click_credentials(page, "Issue credentials", credentials_url(map_server, vid), "POST")
+    assert answer.status == 201, answer.text()
+    issued = answer.json()
+    assert issued["topic"] == f"fleet/{vid}/telemetry"
+    secret = page.locator("#credentials-secret-box")
+    expect(secret.locator(".secret-title")).to_have_text(
+        f"New MQTT password for {vid}: shown once", timeout=UI_TIMEOUT_MS
+    )
+    expect(fact(secret, "Username")).to_have_text(vid, timeout=UI_TIMEOUT_MS)
+    expect(fact(secret, "Password")).to_have_text(issued["password"], timeout=UI_TIMEOUT_MS)
+    expect(fact(secret, "Topic")).to_have_text(issued["topic"], timeout=UI_TIMEOUT_MS)
+    expect(secret).to_contain_text("it will not be shown again", timeout=UI_TIMEOUT_MS)
+    expect(secret).to_be_focused(timeout=UI_TIMEOUT_MS)
+    expect(page.locator("#message")).to_have_text(f"MQTT credentials of {vid} issued.", timeout=UI_TIMEOUT_MS)
+    # The status follows, as the API reports it, with the buttons an active vehicle's allow.
+    expect(creds).to_have_attribute("data-status", "active", timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Status")).to_have_text("active", timeout=UI_TIMEOUT_MS)
+    expect(creds.get_by_role("button")).to_have_text(
+        ["Rotate password", "Disable", "Revoke"], timeout=UI_TIMEOUT_MS
+    )
+    got = api_credentials(map_server, vid)
+    assert got is not None
+    assert got["status"] == "active"
+    assert got["issued_at"] == issued["issued_at"]
+    expect(fact(creds, "Issued")).to_have_text(shown_time(got["issued_at"]), timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Rotated")).to_have_text("never", timeout=UI_TIMEOUT_MS)
+    assert not mqtt_login(map_server.conf, vid, issued["password"]).is_failure
+
+    # A new position redraws the live part of the panel: the box stays until the next selection.
+    map_server.write_live(
+        [live(vid, 2, 52.5301, 13.4301, status="unassigned", route_id=None, speed_kmh=57.0)]
+    )
+    expect(page.locator("#vehicle-panel")).to_contain_text("57 km/h", timeout=UI_TIMEOUT_MS)
+    expect(fact(secret, "Password")).to_have_text(issued["password"], timeout=UI_TIMEOUT_MS)
+    page.screenshot(path=str(artifacts / "12-credentials-issued.png"))
+    stored = page.evaluate("() => JSON.stringify([{...localStorage}, {...sessionStorage}])")
+    assert issued["password"] not in stored
+
+    # The next look at the vehicle shows the status, never the password again.
+    creds = open_credentials(page, vid)
+    expect(creds).to_have_attribute("data-status", "active", timeout=UI_TIMEOUT_MS)
+    expect(secret).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    assert issued["password"] not in page.content()
+    page.reload()
+    page.wait_for_selector("body[data-loaded='true']")
+    creds = open_credentials(page, vid)
+    expect(creds).to_have_attribute("data-status", "active", timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Issued")).to_have_text(shown_time(got["issued_at"]), timeout=UI_TIMEOUT_MS)
+    assert secret.count() == 0
+    assert issued["password"] not in page.content()
+    assert watched.errors == []
+    assert watched.external() == []
+
+
+def test_admin_rotates_disables_enables_and_revokes_from_the_panel(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """Issue #25: each credential button changes the status the API reports and what Mosquitto lets
+    the vehicle do, and the panel then offers the actions the new status allows. An action the API
+    refuses (a 409: another admin issued the credentials meanwhile) is told like any refused
+    request, and the panel then shows the status the API has."""
+    vid = "v-cred-cycle"
+    conf = map_server.conf
+    register(map_server, vid)
+    map_server.write_live([live(vid, 1, 52.5310, 13.4310, status="unassigned", route_id=None)])
+    page = watched.page
+    watched.login(map_server.admin_key)
+    message = page.locator("#message")
+    secret = page.locator("#credentials-secret-box")
+    url = credentials_url(map_server, vid)
+    creds = open_credentials(page, vid)
+    expect(creds).to_have_attribute("data-status", "none", timeout=UI_TIMEOUT_MS)
+
+    elsewhere = httpx.post(url, headers=map_server.admin)
+    assert elsewhere.status_code == 201, elsewhere.text
+    refused = click_credentials(page, "Issue credentials", url, "POST")
+    assert refused.status == 409
+    expect(message).to_have_text(
+        f"Could not issue the MQTT credentials of {vid}: {refused.json()['detail']}", timeout=UI_TIMEOUT_MS
+    )
+    expect(message).to_have_class(re.compile(r"\berror\b"), timeout=UI_TIMEOUT_MS)
+    expect(creds).to_have_attribute("data-status", "active", timeout=UI_TIMEOUT_MS)
+    expect(creds.get_by_role("button")).to_have_text(
+        ["Rotate password", "Disable", "Revoke"], timeout=UI_TIMEOUT_MS
+    )
+    assert secret.count() == 0
+    old = elsewhere.json()["password"]
+
+    # Rotate: a new password, shown once; the old one no longer logs in.
+    answer = click_credentials(page, "Rotate password", f"{url}/rotate", "POST")
+    assert answer.status == 200, answer.text()
+    rotated = answer.json()
+    assert rotated["password"] != old
+    expect(fact(secret, "Password")).to_have_text(rotated["password"], timeout=UI_TIMEOUT_MS)
+    expect(message).to_have_text(f"MQTT credentials of {vid} rotated.", timeout=UI_TIMEOUT_MS)
+    got = api_credentials(map_server, vid)
+    assert got is not None
+    assert got["status"] == "active"
+    assert got["rotated_at"] is not None
+    assert got["rotated_at"] == rotated["rotated_at"]
+    expect(fact(creds, "Rotated")).to_have_text(shown_time(got["rotated_at"]), timeout=UI_TIMEOUT_MS)
+    assert mqtt_login(conf, vid, old).is_failure
+    assert not mqtt_login(conf, vid, rotated["password"]).is_failure
+    secret.get_by_role("button", name="Hide password").click()
+    expect(secret).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    assert rotated["password"] not in page.content()
+
+    # Disable: the vehicle can no longer log in; the panel offers Enable.
+    answer = click_credentials(page, "Disable", f"{url}/disable", "POST")
+    assert answer.status == 200, answer.text()
+    expect(creds).to_have_attribute("data-status", "disabled", timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Status")).to_have_text(
+        "disabled: the vehicle cannot log in until enabled", timeout=UI_TIMEOUT_MS
+    )
+    expect(creds.get_by_role("button")).to_have_text(
+        ["Enable", "Rotate password", "Revoke"], timeout=UI_TIMEOUT_MS
+    )
+    expect(message).to_have_text(f"MQTT credentials of {vid} disabled.", timeout=UI_TIMEOUT_MS)
+    got = api_credentials(map_server, vid)
+    assert got is not None
+    assert got["status"] == "disabled"
+    assert got["disabled_at"] is not None
+    expect(fact(creds, "Disabled")).to_have_text(shown_time(got["disabled_at"]), timeout=UI_TIMEOUT_MS)
+    assert mqtt_login(conf, vid, rotated["password"]).is_failure
+    page.screenshot(path=str(artifacts / "13-credentials-disabled.png"))
+
+    # Enable: the same password works again.
+    answer = click_credentials(page, "Enable", f"{url}/enable", "POST")
+    assert answer.status == 200, answer.text()
+    expect(creds).to_have_attribute("data-status", "active", timeout=UI_TIMEOUT_MS)
+    expect(creds.get_by_role("button")).to_have_text(
+        ["Rotate password", "Disable", "Revoke"], timeout=UI_TIMEOUT_MS
+    )
+    expect(fact(creds, "Disabled")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    got = api_credentials(map_server, vid)
+    assert got is not None
+    assert got["status"] == "active"
+    assert got["disabled_at"] is None
+    assert not mqtt_login(conf, vid, rotated["password"]).is_failure
+
+    # Revoke: gone from the broker; the panel offers to issue new ones.
+    answer = click_credentials(page, "Revoke", url, "DELETE")
+    assert answer.status == 200, answer.text()
+    expect(creds).to_have_attribute("data-status", "revoked", timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Status")).to_have_text("revoked: the vehicle cannot log in", timeout=UI_TIMEOUT_MS)
+    expect(creds.get_by_role("button")).to_have_text(["Issue credentials"], timeout=UI_TIMEOUT_MS)
+    expect(message).to_have_text(f"MQTT credentials of {vid} revoked.", timeout=UI_TIMEOUT_MS)
+    got = api_credentials(map_server, vid)
+    assert got is not None
+    assert got["status"] == "revoked"
+    assert got["revoked_at"] is not None
+    expect(fact(creds, "Revoked")).to_have_text(shown_time(got["revoked_at"]), timeout=UI_TIMEOUT_MS)
+    assert mqtt_login(conf, vid, rotated["password"]).is_failure
+    page.screenshot(path=str(artifacts / "14-credentials-revoked.png"))
+
+    # A revoked vehicle gets new credentials from the same button as a new one.
+    answer = click_credentials(page, "Issue credentials", url, "POST")
+    assert answer.status == 201, answer.text()
+    again = answer.json()
+    expect(fact(secret, "Password")).to_have_text(again["password"], timeout=UI_TIMEOUT_MS)
+    expect(creds).to_have_attribute("data-status", "active", timeout=UI_TIMEOUT_MS)
+    got = api_credentials(map_server, vid)
+    assert got is not None
+    assert got["status"] == "active"
+    assert got["revoked_at"] is None
+    assert not mqtt_login(conf, vid, again["password"]).is_failure
+
+    # The browser's report of the refused issue is the only console error.
+    errors = watched.errors
+    assert len(errors) == 1, watched.errors
+    assert "status of 409" in errors[0]
+    assert watched.external() == []
+
+
+def test_viewer_sees_the_credential_status_but_no_buttons(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """Issue #25: a viewer key reads the credential status; the panel offers it no action (the API
+    would refuse them: 403)."""
+    vid, none = "v-cred-viewer", "v-cred-none"
+    register(map_server, vid, none)
+    map_server.write_live(
+        [
+            live(vid, 1, 52.5320, 13.4320, status="unassigned", route_id=None),
+            live(none, 1, 52.5325, 13.4325, status="unassigned", route_id=None),
+        ]
+    )
+    url = credentials_url(map_server, vid)
+    assert httpx.post(url, headers=map_server.admin).status_code == 201
+    assert httpx.post(f"{url}/disable", headers=map_server.admin).status_code == 200
+    assert httpx.post(f"{url}/rotate", headers=map_server.viewer).status_code == 403
+    got = api_credentials(map_server, vid)
+    assert got is not None
+    page = watched.page
+    watched.login(map_server.viewer_key)
+    assert page.locator("body").get_attribute("data-role") == "viewer"
+
+    creds = open_credentials(page, vid)
+    expect(creds).to_have_attribute("data-status", "disabled", timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Status")).to_have_text(
+        "disabled: the vehicle cannot log in until enabled", timeout=UI_TIMEOUT_MS
+    )
+    expect(fact(creds, "Username")).to_have_text(vid, timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Issued")).to_have_text(shown_time(got["issued_at"]), timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Disabled")).to_have_text(shown_time(got["disabled_at"]), timeout=UI_TIMEOUT_MS)
+    expect(creds.get_by_role("button")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    expect(page.locator("#credentials-secret > *")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    page.screenshot(path=str(artifacts / "15-credentials-viewer.png"))
+
+    creds = open_credentials(page, none)
+    expect(creds).to_have_attribute("data-status", "none", timeout=UI_TIMEOUT_MS)
+    expect(fact(creds, "Status")).to_have_text("no credentials", timeout=UI_TIMEOUT_MS)
+    expect(creds.get_by_role("button")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    assert watched.errors == []
+    assert watched.external() == []
