@@ -242,3 +242,23 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) 
     assert len(cid) == 22
     monkeypatch.undo()
     assert not any(kafka_node.new_cluster_id().startswith("-") for _ in range(2000))
+
+
+def test_mqtt_auth_off_runs_an_anonymous_broker(tmp_path: object) -> None:
+    """FLEETFENCE_MQTT_AUTH=false, for a broker without the dynamic-security plugin: the embedded
+    Mosquitto loads no plugin and takes anonymous clients; no account file is written."""
+    from pathlib import Path
+
+    s = Settings(**infra.private_fields(Path(str(tmp_path))), mqtt_auth=False)
+    proc = infra.start_mqtt(s)
+    try:
+        host, port = s.mqtt_host_port
+        probes.wait_until(
+            lambda: probes.mqtt_ping(host, port), 30, "Mosquitto", proc, s.mqtt_dir / "mosquitto.log"
+        )
+        conf = (s.mqtt_dir / "mosquitto.conf").read_text()
+        assert "allow_anonymous true" in conf
+        assert "plugin" not in conf
+        assert not (s.mqtt_dir / "accounts.json").exists()
+    finally:
+        processes.stop_one(s, "mqtt")
