@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from cli import alerts, demo, history, infra, loadtest, services, simulation, status  # noqa: F401  (registration)
+from cli import alerts, demo, history, infra, loadtest, mqtt, services, simulation, status  # noqa: F401  (registration)
 from cli.common import app
 
 __all__ = ["app", "main"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from embedded.kafka_node import start_kafka
 from embedded.processes import alive, check_port, read_pid, spawn, stop_one, system_binary
-from fleetfence.errors import InfraError, MissingBinaryError
+from fleetfence.errors import ConfigError, InfraError, MissingBinaryError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import DYNSEC_FILE, DynSec, embedded_accounts, service_account, write_bootstrap
 from fleetfence.probes import free_port, kafka_ping, mqtt_ping, redis_ping, wait_until
@@ -102,11 +102,36 @@ def ensure_mqtt_accounts(settings: Settings) -> None:
         control.close()
 
 
+def mqtt_tls_lines(settings: Settings) -> list[str]:
+    """The vehicles' TLS listener (FLEETFENCE_MQTT_TLS_PORT): the same accounts as the plain one
+    (per_listener_settings false); its files from `fleetfence mqtt bootstrap --certs-dir`. Last in
+    the file: Mosquitto applies cafile/certfile/keyfile to the listener just above them."""
+    if settings.mqtt_tls_port is None:
+        return []
+    if not settings.mqtt_auth:
+        raise ConfigError("FLEETFENCE_MQTT_TLS_PORT needs MQTT authentication (FLEETFENCE_MQTT_AUTH=true)")
+    d = (settings.mqtt_tls_dir or settings.mqtt_dir / "certs").resolve()
+    files = {"cafile": d / "ca.crt", "certfile": d / "server.crt", "keyfile": d / "server.key"}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise ConfigError(
+            f"the MQTT TLS listener lacks {', '.join(missing)}: run `fleetfence mqtt bootstrap "
+            f"--certs-dir {d} --hostname <name vehicles use>`"
+        )
+    return [
+        f"listener {settings.mqtt_tls_port} {settings.mqtt_tls_host}",
+        *(f"{option} {path}" for option, path in files.items()),
+        "tls_version tlsv1.2",
+    ]
+
+
 def start_mqtt(settings: Settings) -> subprocess.Popen[bytes] | None:
     running = read_pid(settings, "mqtt")
     if running and alive(*running):
         return None
     check_port(settings, "mqtt", settings.mqtt_port)
+    if settings.mqtt_tls_port is not None:
+        check_port(settings, "mqtt_tls", settings.mqtt_tls_port)
     binary = system_binary("mosquitto", "mosquitto")
     d = settings.mqtt_dir.resolve()
     d.mkdir(parents=True, exist_ok=True)
@@ -132,6 +157,7 @@ def start_mqtt(settings: Settings) -> subprocess.Popen[bytes] | None:
                 "log_type error",
                 "log_type warning",
                 "log_type notice",
+                *mqtt_tls_lines(settings),
                 "",
             ]
         )

@@ -84,6 +84,18 @@ class Settings(BaseSettings):
     mqtt_gateway_password: SecretStr | None = Field(default=None, description="Its secret (as above).")
     mqtt_alerts_username: str = Field(default="fleetfence-alerts", description="The alert fan-out's account.")
     mqtt_alerts_password: SecretStr | None = Field(default=None, description="Its secret (as above).")
+    mqtt_tls_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="The embedded broker's TLS listener for vehicles (the same accounts); unset: none.",
+    )
+    mqtt_tls_host: str = Field(default="0.0.0.0", description="Address the embedded TLS listener binds to.")
+    mqtt_tls_dir: Path | None = Field(
+        default=None,
+        description="Its ca.crt, server.crt, server.key (`fleetfence mqtt bootstrap --certs-dir`); "
+        "unset: <state dir>/mosquitto/certs.",
+    )
     # Topics.
     topic_prefix: str = Field(default="", description="Prefix for every Kafka topic name.")
     redis_prefix: str = Field(default="ff:", description="Prefix for every Redis key FleetFence writes.")

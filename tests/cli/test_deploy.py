@@ -4,7 +4,11 @@ docker-compose.yml, Dockerfile, deploy/prometheus.yml, the Grafana dashboard, th
 the Mosquitto config are parsed and cross-checked: pinned images, health checks, dependency
 conditions, volumes, gateway replicas, the Spark master URL and the shared checkpoint, every
 FLEETFENCE_* variable against the pydantic settings, scrape targets against the services, and the
-dashboard's metric names against the metrics the code really exposes.
+dashboard's metric names against the metrics the code really exposes. MQTT identities: the broker
+refuses anonymous clients and loads the dynamic-security plugin, vehicles get TLS only, the
+bootstrap writes the plugin's file and the certificates where the broker reads them before it
+starts, and each service gets its own secret from the environment, never a literal one.
+(tests/cli/test_mqtt_cli.py runs deploy/mosquitto.conf itself.)
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ EXPECTED_SERVICES = {
     "spark-master",
     "spark-worker",
     "init",
+    "mqtt-bootstrap",
     "processor",
     "api",
     "alerts",
     "prometheus",
     "grafana",
 }
-ONE_SHOT = {"init"}
+ONE_SHOT = {"init", "mqtt-bootstrap"}
 SETTINGS_MODULES = (
     "fleetfence.settings",
     "processor.job",
@@ -390,6 +395,214 @@ def test_mosquitto_config_keeps_gateway_sessions() -> None:
     assert any(re.fullmatch(r"listener 1883( \S+)?", line) for line in lines)
     mounts = [str(v) for v in services()["mosquitto"]["volumes"]]
     assert "./deploy/mosquitto.conf:/mosquitto/config/mosquitto.conf:ro" in mounts
+
+
+# --------------------------------------------------------------------------- MQTT identities and TLS
+
+MOSQUITTO_UID = "1883:1883"  # the mosquitto user of the eclipse-mosquitto image (docker/2.0*/Dockerfile)
+SECRET_VARS = {kind: f"FLEETFENCE_MQTT_{kind.upper()}_PASSWORD" for kind in ("admin", "gateway", "alerts")}
+# Which account's secret each service needs, and no other: the services log in with their own; the
+# admin API manages vehicles' credentials; `infra up` (init) creates the service accounts as admin.
+SECRETS_OF = {
+    "mosquitto": {"admin"},  # its health check logs in
+    "mqtt-bootstrap": {"admin"},
+    "init": {"admin", "gateway", "alerts"},
+    "api": {"admin"},
+    "alerts": {"alerts"},
+    "processor": set(),
+}
+
+
+def conf_lines() -> list[str]:
+    text = (DEPLOY / "mosquitto.conf").read_text()
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def listeners() -> dict[str, dict[str, str]]:
+    """Port -> its bind address and the listener options after its `listener` line (Mosquitto gives
+    such an option to the last listener above it; global options may stand anywhere)."""
+    listener_options = {"cafile", "capath", "certfile", "keyfile", "tls_version", "require_certificate"}
+    out: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in conf_lines():
+        key, _, value = line.partition(" ")
+        if key == "listener":
+            port, *bind = value.split()
+            current = out.setdefault(port, {"bind": " ".join(bind)})
+        elif key in listener_options:
+            assert current is not None, f"{line!r} before any listener"
+            current[key] = value
+    return out
+
+
+def mounts(svc: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """Container path -> (source, read-only)."""
+    out = {}
+    for vol in svc.get("volumes", []):
+        parts = str(vol).split(":")
+        out[parts[1]] = (parts[0], len(parts) > 2 and "ro" in parts[2].split(","))
+    return out
+
+
+def option(cmd: list[str], name: str) -> str:
+    assert name in cmd, f"{name} missing from {cmd}"
+    return cmd[cmd.index(name) + 1]
+
+
+def volume_holding(svc: dict[str, Any], path: str) -> tuple[str, str, bool]:
+    """(volume, its mount point, read-only) of the named volume a path of a service lies on."""
+    found = [
+        (src, target, ro)
+        for target, (src, ro) in mounts(svc).items()
+        if path == target or path.startswith(target.rstrip("/") + "/")
+    ]
+    assert found, f"{path} is on no volume"
+    src, target, ro = max(found, key=lambda f: len(f[1]))
+    assert not src.startswith((".", "/")), f"{path} is on a bind mount, not a named volume"
+    return src, target, ro
+
+
+def test_mosquitto_refuses_anonymous_clients_and_loads_the_plugin() -> None:
+    lines = conf_lines()
+    assert "allow_anonymous false" in lines
+    assert not any(re.fullmatch(r"allow_anonymous\s+true", line) for line in lines)
+    assert not any(line.startswith(("password_file", "acl_file")) for line in lines)
+    # Global, before any listener: the same accounts on the services' and the vehicles' listener.
+    first_listener = next(i for i, line in enumerate(lines) if line.startswith("listener "))
+    assert lines.index("per_listener_settings false") < first_listener
+    assert lines.index("allow_anonymous false") < first_listener
+    # The plugin's path in the eclipse-mosquitto 2.0 image (docker/2.0*/Dockerfile installs it there).
+    assert "plugin /usr/lib/mosquitto_dynamic_security.so" in lines
+    assert lines.index("plugin /usr/lib/mosquitto_dynamic_security.so") < first_listener
+    configs = [line.split(maxsplit=1)[1] for line in lines if line.startswith("plugin_opt_config_file ")]
+    assert len(configs) == 1
+    assert services()["mosquitto"]["image"].startswith("eclipse-mosquitto:2.")
+
+
+def test_vehicles_get_tls_and_services_the_plain_listener_inside() -> None:
+    ls = listeners()
+    assert set(ls) == {"1883", "8883"}, ls
+    assert not {"cafile", "certfile", "keyfile"} & set(ls["1883"]), "1883 is the services' plain listener"
+    assert {"cafile", "certfile", "keyfile"} <= set(ls["8883"]), "8883 lacks its TLS files"
+    assert ls["8883"].get("tls_version") in {"tlsv1.2", "tlsv1.3"}
+    mosq = services()["mosquitto"]
+    published = {str(p).split(":")[-1] for p in mosq.get("ports", [])}
+    assert published == {"8883"}, f"only TLS may be published on the host: {mosq.get('ports')}"
+    assert {"1883", "8883"} <= {str(p) for p in mosq.get("expose", [])}
+    for name, svc in services().items():
+        if "FLEETFENCE_MQTT_URL" in env_of(svc):
+            assert env_of(svc)["FLEETFENCE_MQTT_URL"] == "mqtt://mosquitto:1883", name
+
+
+def test_the_bootstrap_writes_what_the_broker_reads_before_it_starts() -> None:
+    from typer.main import get_command
+
+    from cli.app import app
+    from cli.mqtt import CA_CERT, SERVER_CERT, SERVER_KEY
+
+    svcs = services()
+    boot, mosq = svcs["mqtt-bootstrap"], svcs["mosquitto"]
+    assert (mosq.get("depends_on") or {}).get("mqtt-bootstrap") == {
+        "condition": "service_completed_successfully"
+    }, "the broker must start after the bootstrap"
+    assert target_of(boot) in dockerfile_stages()
+    cmd = [str(c) for c in boot["command"]]
+    assert cmd[:3] == ["fleetfence", "mqtt", "bootstrap"]
+    # Every option of the command line exists (typer would refuse it at the first start).
+    group = get_command(app)
+    bootstrap = group.commands["mqtt"].commands["bootstrap"]  # type: ignore[attr-defined]
+    known = {opt for p in bootstrap.params for opt in p.opts}
+    assert {c for c in cmd if c.startswith("--")} <= known
+
+    # The plugin's file: where the config says, on the volume both mount at the same place.
+    lines = conf_lines()
+    dynsec = next(line.split(maxsplit=1)[1] for line in lines if line.startswith("plugin_opt_config_file "))
+    assert cmd[3] == dynsec
+    vol, target, ro = volume_holding(mosq, dynsec)
+    assert not ro, "the broker rewrites the plugin's file on every change"
+    assert volume_holding(boot, dynsec)[:2] == (vol, target)
+    persistence = next(
+        line.split(maxsplit=1)[1] for line in lines if line.startswith("persistence_location ")
+    )
+    assert volume_holding(mosq, persistence)[0] == vol
+
+    # The TLS files: the names the command writes, in the folder it writes them to.
+    certs_dir = option(cmd, "--certs-dir")
+    tls = listeners()["8883"]
+    assert tls["cafile"] == f"{certs_dir}/{CA_CERT}"
+    assert tls["certfile"] == f"{certs_dir}/{SERVER_CERT}"
+    assert tls["keyfile"] == f"{certs_dir}/{SERVER_KEY}"
+    cvol, ctarget, cro = volume_holding(mosq, tls["keyfile"])
+    assert cro, "the broker only reads its certificates"
+    assert volume_holding(boot, tls["keyfile"])[:2] == (cvol, ctarget)
+    # The CA key signs; the broker never sees it.
+    ca_key = option(cmd, "--ca-key")
+    ca_vol = volume_holding(boot, ca_key)[0]
+    assert ca_vol not in {src for src, _ in mounts(mosq).values()}, "the broker mounts the CA key"
+    assert re.fullmatch(r"\$\{MQTT_TLS_HOSTNAMES:\?[^}]+\}", option(cmd, "--hostname"))
+
+    # Root for this one step (to hand the files over), the broker's own user for the files.
+    assert option(cmd, "--owner") == MOSQUITTO_UID
+    assert boot.get("user") == "0:0"
+    assert boot.get("restart") == "no"
+    others = {name for name, svc in svcs.items() if "user" in svc and name != "mqtt-bootstrap"}
+    assert not others, f"services overriding the image's user: {sorted(others)}"
+
+
+def test_each_service_gets_only_its_own_mqtt_secret_from_the_environment() -> None:
+    svcs = services()
+    wanted = {**SECRETS_OF, **{name: {"gateway"} for name in services_with_target("gateway")}}
+    for name, svc in svcs.items():
+        env = env_of(svc)
+        given = {kind for kind, var in SECRET_VARS.items() if var in env}
+        if name in wanted:
+            assert given == wanted[name], (
+                f"{name}: MQTT secrets {sorted(given)}, wants {sorted(wanted[name])}"
+            )
+        else:
+            assert not given, f"{name} gets MQTT secrets {sorted(given)}"
+        for var, value in env.items():
+            if re.search(r"PASSWORD|SECRET|_KEY$", var):
+                source = re.fullmatch(r"\$\{(\w+):\?[^}]+\}", value)
+                assert source, f"{name}: {var} must come from the environment as ${{VAR:?message}}"
+                if var in SECRET_VARS.values():
+                    assert source.group(1) == var, f"{name}: {var} from {source.group(1)}"
+    # Services that speak MQTT use the default account names, which the health check uses too.
+    from fleetfence.settings import Settings
+
+    assert not any(
+        re.fullmatch(r"FLEETFENCE_MQTT_\w+_USERNAME", var) for svc in svcs.values() for var in env_of(svc)
+    )
+    admin = Settings.model_fields["mqtt_admin_username"].default
+    kind, test = svcs["mosquitto"]["healthcheck"]["test"]
+    assert kind == "CMD-SHELL"
+    assert f"-u {admin} " in test
+    assert '-P "$$FLEETFENCE_MQTT_ADMIN_PASSWORD"' in test, "the health check must log in"
+    assert "-p 1883" in test
+
+
+def test_every_required_variable_is_in_the_env_example() -> None:
+    text = "\n".join(line for line in COMPOSE.read_text().splitlines() if not line.lstrip().startswith("#"))
+    required = set(re.findall(r"\$\{(\w+):\?", text))
+    assert {*SECRET_VARS.values(), "MQTT_TLS_HOSTNAMES", "GRAFANA_ADMIN_PASSWORD"} <= required
+    example = {}
+    for line in (DEPLOY / "compose.env.example").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            example[key] = value
+    assert set(example) == required, "deploy/compose.env.example and docker-compose.yml disagree"
+    assert all(v == "" for v in example.values()), "the example must not carry values"
+
+
+def test_the_bootstrap_image_can_make_certificates() -> None:
+    """`fleetfence mqtt bootstrap --certs-dir` needs `cryptography`, which only the dev tools pull
+    into the virtualenv: the images install the project's own dependencies only."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(re.match(r"cryptography\b", d) for d in deps), (
+        "add cryptography to [project].dependencies (the mqtt-bootstrap service runs the api image)"
+    )
 
 
 # --------------------------------------------------------------------------- observability
