@@ -587,7 +587,10 @@ def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: 
         finally:
             lt.close()
             with console.status("removing the run's vehicles, routes and zones from the vehicle master…"):
-                removed = unregister_prefix(settings, lt.prefix)
+                sim = SimulatorSettings.from_base(settings)
+                removed = unregister_prefix(
+                    settings, lt.prefix, api_url=sim.simulator_api_url, api_key=sim.simulator_api_key
+                )
             logger.info("loadtest removed entities=%s prefix=%s", removed.changed, lt.prefix)
     finally:
         installation.close()

@@ -173,43 +173,92 @@ def unregister_prefix(
     settings: Settings,
     prefix: str,
     *,
+    api_url: str | None = None,
+    api_key: str | None = None,
     run_relay: bool = True,
     timeout_s: float = 60.0,
 ) -> RegistrationReport:
     """Delete every assignment, vehicle, zone and route whose id starts with `prefix` (a scenario's
-    `vehicle_prefix` names all four), as versioned deletes with their change events, and wait until
-    fleet.master has them: a load test on a running installation leaves its vehicle master as it
-    found it."""
+    `vehicle_prefix` names all four), as versioned deletes with their change events, revoke the
+    vehicles' MQTT credentials, and wait until fleet.master has the deletes: a load test on a
+    running installation leaves it as it found it. Through the admin API when given (as the
+    registration was: deleting a vehicle there revokes its credentials), else straight in the
+    vehicle master, the credentials revoked through its credential service."""
     from vehicle_master.store import VehicleMaster
 
     if not prefix:
         raise RegistrationError("an empty prefix would delete the whole vehicle master")
     t0 = time.monotonic()
     vm = VehicleMaster.from_settings(settings)
-    found = deleted = 0
-    last_sid: tuple[int, int] = (0, 0)
     try:
+        ids = {ent: _ids_with_prefix(vm, ent, prefix) for ent in UNREGISTER_ORDER}
+        found = sum(len(v) for v in ids.values())
+        if api_url and api_key:
+            before = master_end_offset(settings)
+            deleted = _delete_api(ids, api_url, api_key)
+            if deleted:
+                wait_master_published(settings, before + deleted, timeout_s)
+            return RegistrationReport(found, deleted, time.monotonic() - t0, f"admin API {api_url}")
+        deleted = 0
+        last_sid: tuple[int, int] = (0, 0)
         for ent in UNREGISTER_ORDER:
-            ids: list[str] = []
-            cursor = prefix  # ids are listed in order, and every id with the prefix sorts after it
-            while True:
-                page = vm.list(ent, after=cursor, limit=1000)
-                mine = [rec.id for rec in page if rec.id.startswith(prefix)]
-                ids += mine
-                if len(mine) < len(page) or len(page) < 1000:
-                    break
-                cursor = page[-1].id
-            found += len(ids)
-            for eid in ids:
+            for eid in ids[ent]:
                 res = vm.delete(ent, eid)
                 if res.changed and res.stream_id:
                     deleted += 1
                     last_sid = max(last_sid, _sid(res.stream_id))
     finally:
         vm.close()
+    if settings.mqtt_auth and ids[MasterEntity.VEHICLE]:
+        _revoke_direct(settings, ids[MasterEntity.VEHICLE])
     if deleted:
         wait_relay_acked(settings, last_sid, run_relay=run_relay, timeout_s=timeout_s)
     return RegistrationReport(found, deleted, time.monotonic() - t0, "vehicle master")
+
+
+def _ids_with_prefix(vm: Any, ent: MasterEntity, prefix: str) -> list[str]:
+    """Ids are listed in order, and every id with the prefix sorts after the prefix itself."""
+    ids: list[str] = []
+    cursor = prefix
+    while True:
+        page = vm.list(ent, after=cursor, limit=1000)
+        mine = [rec.id for rec in page if rec.id.startswith(prefix)]
+        ids += mine
+        if len(mine) < len(page) or len(page) < 1000:
+            return ids
+        cursor = page[-1].id
+
+
+def _delete_api(ids: dict[MasterEntity, list[str]], api_url: str, api_key: str) -> int:
+    deleted = 0
+    for ent in UNREGISTER_ORDER:
+        for eid in ids[ent]:
+            url = f"{api_url.rstrip('/')}/api/v1/{ent.value}s/{eid}"
+            req = urllib.request.Request(url, method="DELETE", headers={"X-API-Key": api_key})
+            try:
+                with urllib.request.urlopen(req, timeout=30):
+                    deleted += 1
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:  # gone meanwhile: nothing to do
+                    raise RegistrationError(f"admin API refused DELETE {url} ({exc.code})") from exc
+            except urllib.error.URLError as exc:
+                raise RegistrationError(f"admin API at {api_url} unreachable: {exc.reason}") from exc
+    return deleted
+
+
+def _revoke_direct(settings: Settings, vehicle_ids: list[str]) -> None:
+    from fleetfence.mqtt import DynSec
+    from vehicle_master.credentials import VehicleCredentials
+
+    r = redis.Redis.from_url(settings.redis_dsn)
+    control = DynSec.from_settings(settings)
+    try:
+        creds = VehicleCredentials(r, settings.redis_prefix, control)
+        for vid in vehicle_ids:
+            creds.revoke(vid)
+    finally:
+        control.close()
+        r.close()
 
 
 def _sid(raw: bytes | str | None) -> tuple[int, int]:

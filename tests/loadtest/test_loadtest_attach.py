@@ -21,7 +21,7 @@ from admin_api.security import Role, create_api_key
 from embedded.pipeline import Pipeline, PipelineSpec, settings_env
 from fleetfence.contracts import MasterEntity
 from fleetfence.metrics import scrape
-from fleetfence.mqtt import account_fields
+from fleetfence.mqtt import DynSec, account_fields
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.testing import fix, fleet_publisher
@@ -163,6 +163,23 @@ def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_r
         assert ids(vm, MasterEntity.ASSIGNMENT) == []
     finally:
         vm.close()
+    # Each simulated vehicle logged in with credentials issued through the API, and deleting the
+    # vehicles revoked them: no account of the run is left in the broker.
+    control = DynSec.from_settings(s)
+    try:
+        (listing,) = control.command({"command": "listClients", "verbose": False})
+    finally:
+        control.close()
+    clients = listing["data"]["clients"]
+    assert "fleetfence-gateway" in clients
+    assert [c for c in clients if c.startswith("lt")] == []
+    r = redis.Redis.from_url(s.redis_dsn)
+    try:
+        statuses = {k: r.hget(k, "status") for k in r.scan_iter(f"{s.redis_prefix}mqtt:credentials:lt*")}
+    finally:
+        r.close()
+    assert len(statuses) >= 30
+    assert set(statuses.values()) == {b"revoked"}
 
 
 def test_attach_without_a_running_installation_says_what_is_missing(
