@@ -220,24 +220,21 @@ class VehiclePage(BaseModel):
     next_after: str | None
 
 
+CREDENTIALS_EXAMPLE: dict[str, Any] = {
+    "vehicle_id": "truck-042",
+    "username": "truck-042",
+    "status": "active",
+    "issued_at": "2026-11-25T08:00:00.000Z",
+    "rotated_at": None,
+    "disabled_at": None,
+    "revoked_at": None,
+}
+
+
 class CredentialsOut(BaseModel):
     """A vehicle's MQTT credential status; the secret is never shown here."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "vehicle_id": "truck-042",
-                    "username": "truck-042",
-                    "status": "active",
-                    "issued_at": "2026-11-25T08:00:00.000Z",
-                    "rotated_at": None,
-                    "disabled_at": None,
-                    "revoked_at": None,
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [CREDENTIALS_EXAMPLE]})
     vehicle_id: str
     username: str = Field(description="The MQTT username: the vehicle id.")
     status: Literal["none", "active", "disabled", "revoked"] = Field(
@@ -257,13 +254,7 @@ class IssuedCredentials(CredentialsOut):
         json_schema_extra={
             "examples": [
                 {
-                    "vehicle_id": "truck-042",
-                    "username": "truck-042",
-                    "status": "active",
-                    "issued_at": "2026-11-25T08:00:00.000Z",
-                    "rotated_at": None,
-                    "disabled_at": None,
-                    "revoked_at": None,
+                    **CREDENTIALS_EXAMPLE,
                     "password": "q3l0P1n8Zr5xYVJm2GkT0dA7sWc9eHuB4fNiKoLpQ6E",
                     "topic": "fleet/truck-042/telemetry",
                 }

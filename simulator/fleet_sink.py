@@ -73,6 +73,51 @@ class PubackClock:
         return out
 
 
+class PubackCounter:
+    """What both MQTT sinks count: messages sent, PUBACKs received (the condition a publisher waits
+    on to bound what is unacknowledged: paho scans its whole queue on every PUBACK, so never queue
+    much beyond the in-flight window), and PUBACK latency (`clock`, drained by a load test)."""
+
+    def __init__(self, max_pending: int) -> None:
+        self.max_pending = max_pending
+        self.sent = 0
+        self.errors = 0
+        self._acked = 0
+        self._cond = threading.Condition()
+        self.clock = PubackClock()
+
+    @property
+    def acked(self) -> int:
+        """PUBACKs received (refused publishes included: the broker answered)."""
+        return self._acked
+
+    def _count_ack(self) -> None:
+        with self._cond:
+            self._acked += 1
+            self._cond.notify_all()
+
+    def _too_many_pending(self) -> bool:
+        return self.sent - self._acked > self.max_pending
+
+    def _wait_for_room(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.sent - self._acked <= self.max_pending // 2, timeout=30)
+
+    def track_puback(self) -> None:
+        """Measure PUBACK latency from now on; the caller drains it with `take_puback_ms`."""
+        self.clock.tracking = True
+
+    def take_puback_ms(self) -> list[float]:
+        """The PUBACK latencies (ms) measured since the last call (a load test samples them)."""
+        return self.clock.take()
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait until every message sent is acknowledged; how many are not (at the deadline)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._acked >= self.sent, timeout=timeout_s)
+        return max(self.sent - self._acked, 0)
+
+
 def tick_rows(batch: TickBatch, vids: list[str]) -> list[tuple[str, int, int, float, float, float, float]]:
     """One tick's fixes as (vehicle id, seq, ts, lat, lon, speed, heading), rounded as published."""
     return [
@@ -119,7 +164,7 @@ def _raise_fd_limit(needed: int) -> None:
         )
 
 
-class FleetMqttSink:
+class FleetMqttSink(PubackCounter):
     """QoS 1 telemetry, each vehicle on its own connection with its own credentials; counts PUBACKs
     (a publish the broker refuses, e.g. outside the vehicle's rights, counts in `refused`)."""
 
@@ -134,15 +179,10 @@ class FleetMqttSink:
         connect_timeout_s: float = 60.0,
     ) -> None:
         _raise_fd_limit(len(credentials) + 256)
+        super().__init__(inflight)
         self.host, self.port = host, port
         self.accuracy_m = accuracy_m
-        self.max_pending = inflight
-        self.sent = 0
-        self.errors = 0
         self.refused = 0
-        self._acked = 0
-        self._cond = threading.Condition()
-        self.clock = PubackClock()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -219,11 +259,9 @@ class FleetMqttSink:
     def _on_publish(self, _c: mqtt.Client, vid: str, mid: int, rc: ReasonCode, _p: Any) -> None:
         if self.clock.tracking:
             self.clock.acked((vid, mid))
-        with self._cond:
-            if rc.is_failure:
-                self.refused += 1
-            self._acked += 1
-            self._cond.notify_all()
+        if rc.is_failure:
+            self.refused += 1
+        self._count_ack()
 
     def _lost(self, c: mqtt.Client) -> None:
         sock = self._socks.pop(c, None)
@@ -285,17 +323,6 @@ class FleetMqttSink:
 
     # ------------------------------------------------------------------ Sink
 
-    @property
-    def acked(self) -> int:
-        """PUBACKs received (refused ones included: the broker answered)."""
-        return self._acked
-
-    def track_puback(self) -> None:
-        self.clock.tracking = True
-
-    def take_puback_ms(self) -> list[float]:
-        return self.clock.take()
-
     def send(self, batch: TickBatch, vids: list[str]) -> None:
         touched: set[mqtt.Client] = set()
         for vid, seq, ts, lat, lon, sp, hd in tick_rows(batch, vids):
@@ -310,11 +337,10 @@ class FleetMqttSink:
                 self.clock.published((vid, info.mid), t)
             self.sent += 1
             touched.add(c)
-            if self.sent - self._acked > self.max_pending:
+            if self._too_many_pending():
                 self._hand_over(touched)
                 touched = set()
-                with self._cond:
-                    self._cond.wait_for(lambda: self.sent - self._acked <= self.max_pending // 2, timeout=30)
+                self._wait_for_room()
         self._hand_over(touched)
 
     def _hand_over(self, touched: set[mqtt.Client]) -> None:
@@ -322,11 +348,6 @@ class FleetMqttSink:
             with self._dirty_lock:
                 self._dirty |= touched
             self._wake()
-
-    def flush(self, timeout_s: float) -> int:
-        with self._cond:
-            self._cond.wait_for(lambda: self._acked >= self.sent, timeout=timeout_s)
-        return max(self.sent - self._acked, 0)
 
     def close(self) -> None:
         self._stop.set()

@@ -36,7 +36,7 @@ from fleetfence.errors import InfraError, KafkaDeliveryError
 from fleetfence.kafka import producer_config
 from fleetfence.mqtt import Account, login
 from simulator.config import ScenarioConfig
-from simulator.fleet_sink import FleetMqttSink, PubackClock, telemetry_payload, tick_rows
+from simulator.fleet_sink import FleetMqttSink, PubackCounter, telemetry_payload, tick_rows
 from simulator.register import (
     RegistrationReport,
     issue_credentials_api,
@@ -66,7 +66,7 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class MqttSink:
+class MqttSink(PubackCounter):
     """QoS 1 publisher to `fleet/{vehicle_id}/telemetry`; counts PUBACKs, bounds what is unacked."""
 
     def __init__(
@@ -82,15 +82,9 @@ class MqttSink:
         self.client.max_queued_messages_set(0)
         self.client.on_publish = self._on_publish
         self.client.on_connect = self._on_connect
-        # paho scans its whole queue on every PUBACK, so never queue much beyond the in-flight window.
-        self.max_pending = inflight
+        super().__init__(inflight)
         self.accuracy_m = accuracy_m
-        self.sent = 0
-        self.errors = 0
-        self._acked = 0
-        self._cond = threading.Condition()
         self._connected = threading.Event()
-        self.clock = PubackClock()  # never locked while calling paho (on_publish holds paho's lock)
         try:
             self.client.connect(host, port, keepalive=30)
         except OSError as exc:
@@ -106,21 +100,7 @@ class MqttSink:
     def _on_publish(self, _client: Any, _userdata: Any, mid: int, *_a: Any) -> None:
         if self.clock.tracking:
             self.clock.acked(mid)
-        with self._cond:
-            self._acked += 1
-            self._cond.notify_all()
-
-    def track_puback(self) -> None:
-        """Measure PUBACK latency from now on; the caller drains it with `take_puback_ms`."""
-        self.clock.tracking = True
-
-    def take_puback_ms(self) -> list[float]:
-        """The PUBACK latencies (ms) measured since the last call (a load test samples them)."""
-        return self.clock.take()
-
-    @property
-    def acked(self) -> int:
-        return self._acked
+        self._count_ack()
 
     def send(self, batch: TickBatch, vids: list[str]) -> None:
         acc = self.accuracy_m
@@ -134,14 +114,8 @@ class MqttSink:
                 self.errors += 1
                 continue
             self.sent += 1
-            if self.sent - self._acked > self.max_pending:
-                with self._cond:
-                    self._cond.wait_for(lambda: self.sent - self._acked <= self.max_pending // 2, timeout=30)
-
-    def flush(self, timeout_s: float) -> int:
-        with self._cond:
-            self._cond.wait_for(lambda: self._acked >= self.sent, timeout=timeout_s)
-        return max(self.sent - self._acked, 0)
+            if self._too_many_pending():
+                self._wait_for_room()
 
     def close(self) -> None:
         self.client.disconnect()

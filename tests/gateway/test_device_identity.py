@@ -18,14 +18,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fleetfence.contracts import telemetry_topic
-from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import DynSec
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import TopicReader, fix
-from tests.gateway.helpers import gw_settings
 from vehicle_master.credentials import CredentialStatus, VehicleCredentials
 from vehicle_master.errors import CredentialsExistError, NoCredentialsError
 
@@ -81,21 +79,9 @@ class Tracker:
 
 
 @pytest.fixture
-def gs(settings: Settings) -> GatewaySettings:
-    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
-    return gw_settings(settings, redis_prefix=f"{settings.topic_prefix}ff:")
-
-
-@pytest.fixture
-def gateway(gs: GatewaySettings) -> Iterator[Gateway]:
-    gw = Gateway(gs)
-    gw.start()
-    yield gw
-    gw.stop(drain_timeout_s=5)
-
-
-@pytest.fixture
 def creds(gs: GatewaySettings) -> Iterator[VehicleCredentials]:
+    """The credential service, as the admin API uses it (the `gs` and `gateway` fixtures are the
+    gateway tests' own: tests/gateway/conftest.py)."""
     r = redis.Redis.from_url(gs.redis_dsn)
     control = DynSec.from_settings(gs)
     yield VehicleCredentials(r, gs.redis_prefix, control)
