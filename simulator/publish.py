@@ -264,11 +264,6 @@ def run_simulation(
                 "scenario registered entities=%s changed=%s", registration.entities, registration.changed
             )
 
-        if opts.realtime and opts.start_now:
-            now_ms = int(time.time() * 1000)
-            cfg = replace(cfg, start_ms=now_ms - now_ms % cfg.period_ms + cfg.period_ms)
-            sc = Scenario(cfg)  # same seed: the same city and plan, only the clock moves
-
         sink: Sink
         if opts.direct:
             sink = KafkaSink(settings.bootstrap_servers, settings.topics.telemetry, accuracy_m=accuracy)
@@ -296,6 +291,13 @@ def run_simulation(
                 inflight=settings.simulator_mqtt_inflight,
                 accuracy_m=accuracy,
             )
+        if opts.realtime and opts.start_now:
+            # Once the sink is ready (each vehicle's credentials issued, its connection up): the
+            # first tick leaves at once, not late by however long the set-up took.
+            now_ms = int(time.time() * 1000)
+            cfg = replace(cfg, start_ms=now_ms - now_ms % cfg.period_ms + cfg.period_ms)
+            sc = Scenario(cfg)  # same seed: the same city and plan, only the clock moves
+
         if opts.sink_observer is not None:
             opts.sink_observer(sink)
         writer = TruthWriter(opts.truth_path)
