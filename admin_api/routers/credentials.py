@@ -158,4 +158,12 @@ async def revoke_on_delete(r: aioredis.Redis, request: Request, vehicle_id: str)
     """A deleted vehicle's access ends with it (the broker is asked only when it had credentials)."""
     rec = await _status(r, request, vehicle_id)
     if rec is not None and rec.status is not CredentialStatus.REVOKED:
-        await run_in_threadpool(_call, request, "revoke", vehicle_id, False)
+        try:
+            await run_in_threadpool(_call, request, "revoke", vehicle_id, False)
+        except HTTPException as exc:
+            # The vehicle is gone already: say so, and how to finish the job.
+            raise HTTPException(
+                exc.status_code,
+                f"vehicle {vehicle_id!r} was deleted, but revoking its MQTT credentials failed "
+                f"({exc.detail}); DELETE /api/v1/vehicles/{vehicle_id}/credentials revokes them",
+            ) from exc

@@ -743,3 +743,27 @@ def test_readyz_reports_unreachable_redis_while_healthz_stays_live(api_conf: Api
     assert body["ready"] is False
     assert body["checks"]["redis"].startswith("unreachable: "), body
     assert not body["checks"]["kafka"].startswith("unreachable"), body
+
+
+def test_credentials_while_the_broker_is_unreachable(api: Api) -> None:
+    """The credential status is read from Redis alone; a change needs the broker and answers 503
+    without it; a vehicle deleted then says its credentials could not be revoked, and how to
+    finish (the broker is really unreachable: a second app on a port nothing listens on)."""
+    v = {"vehicle_id": "v-out", "label": "x"}
+    assert api.c.post("/api/v1/vehicles", json=v, headers=api.admin).status_code == 201
+    issued = api.c.post("/api/v1/vehicles/v-out/credentials", headers=api.admin)
+    assert issued.status_code == 201, issued.text
+    cut_off = api.settings.model_copy(update={"mqtt_url": f"mqtt://127.0.0.1:{free_port()}"})
+    with TestClient(create_app(cut_off)) as other:
+        status = other.get("/api/v1/vehicles/v-out/credentials", headers=api.viewer)
+        assert status.json()["status"] == "active"
+        rotate = other.post("/api/v1/vehicles/v-out/credentials/rotate", headers=api.admin)
+        assert rotate.status_code == 503
+        gone = other.delete("/api/v1/vehicles/v-out", headers=api.admin)
+        assert gone.status_code == 503
+        assert "was deleted" in gone.json()["detail"]
+        assert "DELETE /api/v1/vehicles/v-out/credentials" in gone.json()["detail"]
+    assert api.c.get("/api/v1/vehicles/v-out", headers=api.viewer).status_code == 404
+    # With the broker back, the credentials are revoked as the answer said.
+    revoked = api.c.delete("/api/v1/vehicles/v-out/credentials", headers=api.admin)
+    assert revoked.json()["status"] == "revoked"
