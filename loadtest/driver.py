@@ -587,9 +587,8 @@ def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: 
         finally:
             lt.close()
             with console.status("removing the run's vehicles, routes and zones from the vehicle master…"):
-                sim = SimulatorSettings.from_base(settings)
                 removed = unregister_prefix(
-                    settings, lt.prefix, api_url=sim.simulator_api_url, api_key=sim.simulator_api_key
+                    settings, lt.prefix, api_url=lt.sim.simulator_api_url, api_key=lt.sim.simulator_api_key
                 )
             logger.info("loadtest removed entities=%s prefix=%s", removed.changed, lt.prefix)
     finally:
@@ -606,16 +605,11 @@ def zones_in_areas(settings: Settings, areas: list[tuple[float, float, float, fl
 
     tree = STRtree([box(*a) for a in areas])
     vm = VehicleMaster.from_settings(settings)
-    hits: list[str] = []
-    cursor: str | None = None
     try:
-        while page := vm.list(MasterEntity.ZONE, after=cursor, limit=1000):
-            for rec in page:
-                if len(tree.query(shape(rec.data["geometry"]), predicate="intersects")):
-                    hits.append(rec.id)
-            if len(page) < 1000:
-                break
-            cursor = page[-1].id
+        return [
+            rec.id
+            for rec in vm.scan(MasterEntity.ZONE)
+            if len(tree.query(shape(rec.data["geometry"]), predicate="intersects"))
+        ]
     finally:
         vm.close()
-    return hits

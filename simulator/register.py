@@ -16,7 +16,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from itertools import takewhile
+from typing import TYPE_CHECKING, Any
 
 import redis
 from confluent_kafka import TopicPartition
@@ -27,6 +28,9 @@ from fleetfence.settings import Settings
 from simulator.errors import RegistrationError
 from simulator.scenario import Scenario
 from vehicle_master.models import AssignmentData, EntityData, RouteData, VehicleData, ZoneData
+
+if TYPE_CHECKING:
+    from vehicle_master.store import VehicleMaster
 
 logger = logging.getLogger(__name__)
 
@@ -216,17 +220,9 @@ def unregister_prefix(
     return RegistrationReport(found, deleted, time.monotonic() - t0, "vehicle master")
 
 
-def _ids_with_prefix(vm: Any, ent: MasterEntity, prefix: str) -> list[str]:
-    """Ids are listed in order, and every id with the prefix sorts after the prefix itself."""
-    ids: list[str] = []
-    cursor = prefix
-    while True:
-        page = vm.list(ent, after=cursor, limit=1000)
-        mine = [rec.id for rec in page if rec.id.startswith(prefix)]
-        ids += mine
-        if len(mine) < len(page) or len(page) < 1000:
-            return ids
-        cursor = page[-1].id
+def _ids_with_prefix(vm: VehicleMaster, ent: MasterEntity, prefix: str) -> list[str]:
+    """Ids are listed in order, and every id with the prefix sorts right after the prefix itself."""
+    return [rec.id for rec in takewhile(lambda rec: rec.id.startswith(prefix), vm.scan(ent, after=prefix))]
 
 
 def _delete_api(ids: dict[MasterEntity, list[str]], api_url: str, api_key: str) -> int:

@@ -24,7 +24,7 @@ API) are thin shells over the same pure helpers below.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -381,6 +381,18 @@ class VehicleMaster:
             if len(reply) < 5 * num:  # the index ended
                 break
         return out
+
+    def scan(
+        self, entity: MasterEntity | str, *, after: str | None = None, page: int = 1000
+    ) -> Iterator[MasterRecord]:
+        """Every live entity ordered by id, from after the id `after`, fetched a page at a time
+        (a caller that stops early, e.g. past an id prefix, reads no further page)."""
+        cursor = after
+        while recs := self.list(entity, after=cursor, limit=page):
+            yield from recs
+            if len(recs) < page:
+                return
+            cursor = recs[-1].id
 
 
 class AsyncVehicleMaster:

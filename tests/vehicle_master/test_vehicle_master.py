@@ -236,6 +236,10 @@ def test_list_pages_by_id_with_filter(vm: VehicleMaster) -> None:
     assert [r.id for r in first + second] == [f"z{i:02d}" for i in range(20)]
     depots = vm.list("zone", limit=100, where=lambda d: d["kind"] == "depot")
     assert [r.id for r in depots] == [f"z{i:02d}" for i in range(1, 25, 2)]
+    # scan: every one, a page at a time, from after an id; deleted ones are skipped.
+    vm.delete("zone", "z07")
+    assert [r.id for r in vm.scan("zone", page=4)] == [f"z{i:02d}" for i in range(25) if i != 7]
+    assert [r.id for r in vm.scan("zone", after="z1", page=3)] == [f"z{i:02d}" for i in range(10, 25)]
 
 
 def test_filtered_list_walks_rounds_of_ids_until_the_index_ends(vm: VehicleMaster) -> None:
