@@ -157,6 +157,14 @@ class AlertFilter:
         return " ".join(parts) or "all alerts"
 
 
+_TRIP_CLOSES = {
+    AlertType.DIRECTION_RESTORED: AlertType.WRONG_DIRECTION,
+    AlertType.STOP_ENDED: AlertType.UNPLANNED_STOP,
+    AlertType.ARRIVAL_BACK_ON_TIME: AlertType.ARRIVAL_AT_RISK,
+}
+_TRIP_OPENS = tuple(_TRIP_CLOSES.values())
+
+
 @dataclass(frozen=True, slots=True)
 class ConditionChange:
     """How an alert changes the vehicle's open-conditions hash (`ff:alerts:open:{vehicle_id}`)."""
@@ -183,6 +191,13 @@ def condition_change(alert: Alert) -> ConditionChange:
         return ConditionChange(opens=t.value, closes=tuple(closes))
     if t is AlertType.VEHICLE_RESUMED:
         return ConditionChange(closes=tuple(closes))
+    if t in _TRIP_OPENS:
+        return ConditionChange(opens=t.value, closes=tuple(closes))
+    if t in _TRIP_CLOSES:
+        return ConditionChange(closes=(_TRIP_CLOSES[t].value, *closes))
+    if t is AlertType.ROUTE_COMPLETED:
+        # The trip is over: whatever of it was still open ends with it (the processor clears them).
+        return ConditionChange(closes=(*(o.value for o in _TRIP_OPENS), *closes))
     zone_field = f"ZONE:{alert.zone_id}"
     if t is AlertType.ZONE_ENTER:
         return ConditionChange(opens=zone_field, closes=tuple(closes))
@@ -197,6 +212,13 @@ TYPE_STYLES: dict[AlertType, str] = {
     AlertType.ZONE_EXIT: "blue",
     AlertType.VEHICLE_SILENT: "magenta",
     AlertType.VEHICLE_RESUMED: "green",
+    AlertType.WRONG_DIRECTION: "bold red",
+    AlertType.DIRECTION_RESTORED: "green",
+    AlertType.UNPLANNED_STOP: "bold magenta",
+    AlertType.STOP_ENDED: "green",
+    AlertType.ARRIVAL_AT_RISK: "bold yellow",
+    AlertType.ARRIVAL_BACK_ON_TIME: "green",
+    AlertType.ROUTE_COMPLETED: "bold green",
 }
 
 

@@ -89,6 +89,14 @@ class AlertType(StrEnum):
     ZONE_EXIT = "ZONE_EXIT"
     VEHICLE_SILENT = "VEHICLE_SILENT"
     VEHICLE_RESUMED = "VEHICLE_RESUMED"
+    # Route awareness (issue #26): the trip along the assigned route.
+    WRONG_DIRECTION = "WRONG_DIRECTION"
+    DIRECTION_RESTORED = "DIRECTION_RESTORED"
+    UNPLANNED_STOP = "UNPLANNED_STOP"
+    STOP_ENDED = "STOP_ENDED"
+    ARRIVAL_AT_RISK = "ARRIVAL_AT_RISK"
+    ARRIVAL_BACK_ON_TIME = "ARRIVAL_BACK_ON_TIME"
+    ROUTE_COMPLETED = "ROUTE_COMPLETED"
 
 
 def telemetry_topic(vehicle_id: str) -> str:

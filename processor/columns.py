@@ -27,9 +27,38 @@ INT_COLS = (
     "outside_since_ms",
     "inside_fixes",
     "over_since_ms",
+    "dir_anchor_ts_ms",
+    "dir_anchor_fixes",
+    "stop_since_ms",
+    "stop_phase",
+    "trip_start_ms",
+    "eta_ms",
 )
-FLOAT_COLS = ("lat", "lon", "speed_kmh", "over_max_kmh")
-BOOL_COLS = ("off_route", "overspeed", "silent")
+FLOAT_COLS = (
+    "lat",
+    "lon",
+    "speed_kmh",
+    "over_max_kmh",
+    "progress_m",
+    "dir_anchor_m",
+    "stop_lat",
+    "stop_lon",
+    "trip_start_m",
+    "off_route_m",
+)
+BOOL_COLS = ("off_route", "overspeed", "silent", "wrong_way", "at_risk", "completed")
+# Columns whose "nothing yet" is -1, not 0 (a new vehicle, or a state written before they existed).
+MINUS_ONE_COLS = (
+    "last_seq",
+    "outside_since_ms",
+    "over_since_ms",
+    "progress_m",
+    "dir_anchor_m",
+    "dir_anchor_ts_ms",
+    "stop_since_ms",
+    "trip_start_ms",
+    "eta_ms",
+)
 # Per-vehicle counters the engine keeps beside the state machine (not part of `VehicleState`):
 # `unassigned_fixes` counts fixes with no assignment valid at their event time (issue #21).
 COUNTER_COLS = ("unassigned_fixes",)
@@ -51,10 +80,15 @@ class StateTable:
             cols.update({c: np.zeros(n, dtype=bool) for c in BOOL_COLS})
             cols["route_id"] = np.full(n, None, dtype=object)
             cols["zones"] = np.full(n, None, dtype=object)
-        for c in COUNTER_COLS:
-            # A state written before the counter existed (an older checkpoint) starts it at zero.
-            if c not in cols:
-                cols[c] = np.zeros(n, dtype=np.int64)
+        for names, dtype in (
+            (INT_COLS + COUNTER_COLS, np.int64),
+            (FLOAT_COLS, np.float64),
+            (BOOL_COLS, bool),
+        ):
+            for c in names:
+                # A state written before the column existed (an older checkpoint) starts it empty.
+                if c not in cols:
+                    cols[c] = np.full(n, -1 if c in MINUS_ONE_COLS else 0, dtype=dtype)
         self.cols = cols
         self.index = {v: i for i, v in enumerate(self.ids)}
 
@@ -79,31 +113,16 @@ class StateTable:
         for c, arr in self.cols.items():
             ext = np.full(k, None, dtype=object) if arr.dtype == object else np.zeros(k, dtype=arr.dtype)
             self.cols[c] = np.concatenate([arr, ext])
-        self.cols["last_seq"][base:] = -1
-        self.cols["outside_since_ms"][base:] = -1
-        self.cols["over_since_ms"][base:] = -1
+        for c in MINUS_ONE_COLS:
+            self.cols[c][base:] = -1
 
     def get(self, i: int) -> VehicleState:
         c = self.cols
+        scalars: dict[str, Any] = {f: int(c[f][i]) for f in INT_COLS}
+        scalars.update({f: float(c[f][i]) for f in FLOAT_COLS})
+        scalars.update({f: bool(c[f][i]) for f in BOOL_COLS})
         return VehicleState(
-            self.ids[i],
-            int(c["last_seq"][i]),
-            int(c["last_ts_ms"][i]),
-            int(c["last_received_ms"][i]),
-            float(c["lat"][i]),
-            float(c["lon"][i]),
-            float(c["speed_kmh"][i]),
-            c["route_id"][i],
-            int(c["route_version"][i]),
-            bool(c["off_route"][i]),
-            int(c["outside_fixes"][i]),
-            int(c["outside_since_ms"][i]),
-            int(c["inside_fixes"][i]),
-            bool(c["overspeed"][i]),
-            int(c["over_since_ms"][i]),
-            float(c["over_max_kmh"][i]),
-            bool(c["silent"][i]),
-            dict(c["zones"][i] or {}),
+            self.ids[i], route_id=c["route_id"][i], zones=dict(c["zones"][i] or {}), **scalars
         )
 
     def put(self, i: int, s: VehicleState) -> None:

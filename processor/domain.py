@@ -16,15 +16,36 @@ Semantics, all in event time:
 - VEHICLE_SILENT when the watermark passes the last fix's time plus `silent_after_s`; once per silence.
 - VEHICLE_RESUMED at the first fix after a silence, with the length of the gap in event time (a
   tracker back from a dead zone uploads what it stored: its stretch is then applied in order).
+
+Route awareness (issue #26), for a vehicle on an assigned route, from its progress along the route
+(continuous: of the route's passes near a fix, the one nearest the previous progress, so a street
+the route uses both ways or a route crossing itself never makes progress jump):
+- WRONG_DIRECTION once progress has gone back `wrong_way_min_m` from its highest point since the
+  direction was last settled, over >= `wrong_way_min_fixes` fixes and >= `wrong_way_min_s`;
+  DIRECTION_RESTORED once it has gone forward as far from its lowest point. Leaving the corridor
+  forgets the reference point (progress off the corridor means nothing).
+- UNPLANNED_STOP after `stop_min_s` at <= `stop_speed_kmh` within `stop_radius_m` of where the
+  stop began, unless the fix that completes that time is in a zone marked as a stop (a planned
+  stop: no alert). STOP_ENDED, with the duration, once it moves again: above the stop speed plus
+  `stop_hysteresis_kmh`, or out of the radius grown by `hysteresis_m`.
+- ARRIVAL_AT_RISK once the ETA (remaining distance at the trip's average speed so far, see
+  `eta_ms`) is later than the planned arrival by more than `arrival_risk_s`; ARRIVAL_BACK_ON_TIME
+  once it is `arrival_hysteresis_s` below that again.
+- ROUTE_COMPLETED at the first fix in the corridor within `completion_radius_m` of the route's end
+  and past half its length; with the actual and planned duration and the distance driven outside
+  the corridor. Once completed, the trip raises no direction, stop or arrival alert.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetfence.contracts import AlertType, alert_id, ms_to_iso
+from fleetfence.geo import haversine_m
 from fleetfence.rules import ProcessorRules, RouteRules
+from processor.trip import eta_ms, planned_arrival_ms
 
 
 @dataclass(frozen=True)
@@ -38,6 +59,10 @@ class EngineConfig:
     allowed_lateness_ms: int = ProcessorRules.lateness_ms
     late_bound_ms: int = ProcessorRules.late_bound_ms
     max_pending_per_vehicle: int = 1000
+    stop_hysteresis_kmh: float = ProcessorRules.stop_hysteresis_kmh
+    arrival_hysteresis_s: float = ProcessorRules.arrival_hysteresis_s
+    eta_warmup_s: float = ProcessorRules.eta_warmup_s
+    eta_min_speed_kmh: float = ProcessorRules.eta_min_speed_kmh
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +81,15 @@ class Fix:
     in_inner: bool = True
     zones_in: frozenset[str] = frozenset()
     zones_outer: frozenset[str] = frozenset()
+    # Route awareness: the progress (m along the route) of each pass of the route near the fix,
+    # empty outside the corridor; the distance to the route's end; the route's length; whether the
+    # fix is in a zone marked as a stop; the assignment's planned departure and arrival (-1: none).
+    progress_m: tuple[float, ...] = ()
+    end_distance_m: float = math.inf
+    route_length_m: float = 0.0
+    stop_zone: bool = False
+    planned_departure_ms: int = -1
+    planned_arrival_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +158,27 @@ class VehicleState:
     over_max_kmh: float = 0.0
     silent: bool = False
     zones: dict[str, int] = field(default_factory=dict)  # zone_id -> entered at ts_ms
+    # Route awareness (reset when the route changes). Progress of the last fix in the corridor
+    # (-1: none yet); the direction's reference point: highest progress while the direction is
+    # right, lowest while wrong (-1: none), its time and the fixes since.
+    progress_m: float = -1.0
+    wrong_way: bool = False
+    dir_anchor_m: float = -1.0
+    dir_anchor_ts_ms: int = -1
+    dir_anchor_fixes: int = 0
+    # A stop: since when (-1: moving), where it began, and 0 pending / 1 unplanned (alerted) / 2 planned.
+    stop_since_ms: int = -1
+    stop_lat: float = 0.0
+    stop_lon: float = 0.0
+    stop_phase: int = 0
+    # The trip: its first fix in the corridor, the ETA of the last fix (-1: none), the arrival
+    # state, the distance driven outside the corridor, and whether the route's end was reached.
+    trip_start_ms: int = -1
+    trip_start_m: float = 0.0
+    eta_ms: int = -1
+    at_risk: bool = False
+    off_route_m: float = 0.0
+    completed: bool = False
 
 
 def _alert(s: VehicleState, t: AlertType, f: Fix, subject: str = "", **details: Any) -> Alert:
@@ -151,10 +206,13 @@ def step(
     """
     s = replace(state, zones=dict(state.zones))
     alerts: list[Alert] = []
-    if fix.route_id != s.route_id:
-        # A new assignment starts a clean corridor and speed record; no alert for the switch.
+    switched = fix.route_id != s.route_id
+    if switched:
+        # A new assignment starts a clean corridor and speed record, and a new trip; no alert for
+        # the switch.
         s.off_route, s.outside_fixes, s.outside_since_ms, s.inside_fixes = False, 0, -1, 0
         s.overspeed, s.over_since_ms, s.over_max_kmh = False, -1, 0.0
+        _new_trip(s)
     s.route_id, s.route_version = fix.route_id, fix.route_version
     if s.silent:
         gap_s = round((fix.ts_ms - state.last_ts_ms) / 1000.0, 3)
@@ -231,6 +289,8 @@ def step(
         else:
             s.over_max_kmh = max(s.over_max_kmh, fix.speed_kmh)
 
+        _route_awareness(s, fix, rules, cfg, alerts, moved_on_route=not switched and state.last_seq >= 0)
+
     for zone_id in sorted(s.zones):
         if zone_id not in fix.zones_outer:
             entered = s.zones.pop(zone_id)
@@ -244,6 +304,167 @@ def step(
     s.last_seq, s.last_ts_ms, s.last_received_ms = fix.seq, fix.ts_ms, fix.received_ms
     s.lat, s.lon, s.speed_kmh = fix.lat, fix.lon, fix.speed_kmh
     return s, alerts
+
+
+def _new_trip(s: VehicleState) -> None:
+    s.progress_m, s.wrong_way, s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = (
+        -1.0,
+        False,
+        -1.0,
+        -1,
+        0,
+    )
+    s.stop_since_ms, s.stop_lat, s.stop_lon, s.stop_phase = -1, 0.0, 0.0, 0
+    s.trip_start_ms, s.trip_start_m, s.eta_ms, s.at_risk, s.off_route_m = -1, 0.0, -1, False, 0.0
+    s.completed = False
+
+
+def continue_progress(candidates: tuple[float, ...], previous_m: float) -> float:
+    """Of the route's passes near a fix, the progress that continues the previous one (the nearest
+    to it); the first pass when there is no previous progress. Continuity is what keeps a street the
+    route drives both ways, or a crossing, from making progress jump to the other pass."""
+    if len(candidates) == 1 or previous_m < 0:
+        return candidates[0]
+    return min(candidates, key=lambda p: (abs(p - previous_m), p))
+
+
+def _route_awareness(
+    s: VehicleState, fix: Fix, rules: RouteRules, cfg: EngineConfig, alerts: list[Alert], moved_on_route: bool
+) -> None:
+    """Progress, completion, direction, stops and arrival of one fix on an assigned route
+    (`s` still holds the previous fix's position)."""
+    p = continue_progress(fix.progress_m, s.progress_m) if fix.in_corridor and fix.progress_m else None
+    if p is not None:
+        s.progress_m = p
+    if s.completed:
+        return
+    if p is not None and s.trip_start_ms < 0:
+        s.trip_start_ms, s.trip_start_m = fix.ts_ms, p
+    if not fix.in_corridor and moved_on_route and s.trip_start_ms >= 0:
+        s.off_route_m += float(haversine_m(s.lon, s.lat, fix.lon, fix.lat))
+    planned = planned_arrival_ms(
+        fix.planned_arrival_ms, fix.planned_departure_ms, s.trip_start_ms, rules.planned_duration_s
+    )
+    if p is not None and p >= fix.route_length_m / 2 and fix.end_distance_m <= rules.completion_radius_m:
+        s.completed = True
+        duration_s = (fix.ts_ms - s.trip_start_ms) / 1000.0
+        details: dict[str, Any] = {
+            "duration_s": duration_s,
+            "distance_m": round(p - s.trip_start_m, 1),
+            "off_route_m": round(s.off_route_m, 1),
+        }
+        if planned >= 0:
+            details["planned_arrival_ms"] = planned
+            details["delay_s"] = (fix.ts_ms - planned) / 1000.0
+        if math.isfinite(rules.planned_duration_s):
+            details["planned_duration_s"] = rules.planned_duration_s
+        alerts.append(_alert(s, AlertType.ROUTE_COMPLETED, fix, **details))
+        s.wrong_way, s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = False, -1.0, -1, 0
+        s.stop_since_ms, s.stop_phase, s.at_risk, s.eta_ms = -1, 0, False, fix.ts_ms
+        return
+    _direction(s, fix, p, rules, alerts)
+    _stop(s, fix, rules, cfg, alerts)
+    if p is not None and s.trip_start_ms >= 0:
+        eta = float(
+            eta_ms(
+                fix.ts_ms,
+                p,
+                s.trip_start_ms,
+                s.trip_start_m,
+                fix.route_length_m,
+                cfg.eta_warmup_s,
+                cfg.eta_min_speed_kmh,
+            )
+        )
+        s.eta_ms = int(eta) if eta >= 0 else -1
+        if planned >= 0 and eta >= 0:
+            delay_s = (eta - planned) / 1000.0
+            if not s.at_risk and delay_s > rules.arrival_risk_s:
+                s.at_risk = True
+                alerts.append(
+                    _alert(
+                        s,
+                        AlertType.ARRIVAL_AT_RISK,
+                        fix,
+                        eta_ms=int(eta),
+                        planned_arrival_ms=planned,
+                        delay_s=round(delay_s, 1),
+                        remaining_m=round(fix.route_length_m - p, 1),
+                    )
+                )
+            elif s.at_risk and delay_s <= rules.arrival_risk_s - cfg.arrival_hysteresis_s:
+                s.at_risk = False
+                alerts.append(
+                    _alert(
+                        s,
+                        AlertType.ARRIVAL_BACK_ON_TIME,
+                        fix,
+                        eta_ms=int(eta),
+                        planned_arrival_ms=planned,
+                        delay_s=round(delay_s, 1),
+                    )
+                )
+
+
+def _direction(s: VehicleState, fix: Fix, p: float | None, rules: RouteRules, alerts: list[Alert]) -> None:
+    if p is None:
+        s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = -1.0, -1, 0
+        return
+    if s.dir_anchor_m < 0 or (p < s.dir_anchor_m if s.wrong_way else p > s.dir_anchor_m):
+        s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = p, fix.ts_ms, 0
+        return
+    s.dir_anchor_fixes += 1
+    moved_m = p - s.dir_anchor_m if s.wrong_way else s.dir_anchor_m - p
+    over_s = (fix.ts_ms - s.dir_anchor_ts_ms) / 1000.0
+    if (
+        moved_m >= rules.wrong_way_min_m
+        and s.dir_anchor_fixes >= rules.wrong_way_min_fixes
+        and over_s >= rules.wrong_way_min_s
+    ):
+        t = AlertType.DIRECTION_RESTORED if s.wrong_way else AlertType.WRONG_DIRECTION
+        alerts.append(_alert(s, t, fix, moved_m=round(moved_m, 1), over_s=over_s, progress_m=round(p, 1)))
+        s.wrong_way = not s.wrong_way
+        s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = p, fix.ts_ms, 0
+
+
+def _stop(s: VehicleState, fix: Fix, rules: RouteRules, cfg: EngineConfig, alerts: list[Alert]) -> None:
+    if not math.isfinite(rules.stop_min_s):
+        return
+    slow = fix.speed_kmh <= rules.stop_speed_kmh
+    if s.stop_since_ms < 0:
+        if slow:
+            s.stop_since_ms, s.stop_lat, s.stop_lon, s.stop_phase = fix.ts_ms, fix.lat, fix.lon, 0
+        return
+    away_m = float(haversine_m(s.stop_lon, s.stop_lat, fix.lon, fix.lat))
+    stopped_s = (fix.ts_ms - s.stop_since_ms) / 1000.0
+    if s.stop_phase == 0:
+        if slow and away_m <= rules.stop_radius_m:
+            if stopped_s >= rules.stop_min_s:
+                if fix.stop_zone:
+                    s.stop_phase = 2
+                else:
+                    s.stop_phase = 1
+                    alerts.append(
+                        _alert(
+                            s, AlertType.UNPLANNED_STOP, fix, stopped_s=stopped_s, since_ms=s.stop_since_ms
+                        )
+                    )
+        elif slow:  # crept out of the radius: a new stop may begin here
+            s.stop_since_ms, s.stop_lat, s.stop_lon = fix.ts_ms, fix.lat, fix.lon
+        else:
+            s.stop_since_ms = -1
+        return
+    if (
+        fix.speed_kmh > rules.stop_speed_kmh + cfg.stop_hysteresis_kmh
+        or away_m > rules.stop_radius_m + cfg.hysteresis_m
+    ):
+        if s.stop_phase == 1:
+            alerts.append(
+                _alert(s, AlertType.STOP_ENDED, fix, duration_s=stopped_s, since_ms=s.stop_since_ms)
+            )
+        s.stop_since_ms, s.stop_phase = -1, 0
+        if slow:
+            s.stop_since_ms, s.stop_lat, s.stop_lon = fix.ts_ms, fix.lat, fix.lon
 
 
 def check_silence(

@@ -28,9 +28,10 @@ import pandas as pd
 
 from processor.columns import Fixes, StateTable
 from processor.domain import Alert, EngineConfig, Fix, RawFix, check_silence, reorder, step
-from processor.geometry import CompiledRoute, corridor_tests, inner_band_tests
-from processor.live import live_rows
+from processor.geometry import CompiledRoute, corridor_tests, inner_band_tests, route_progress
+from processor.live import assignment_ms, live_rows
 from processor.master import Catalog, MasterState, compiled_route
+from processor.trip import eta_ms
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,8 @@ def process_bucket(
     ru = np.full(len(uniq_list), -1, dtype=np.int64)
     lo_u = np.zeros(len(uniq_list), dtype=np.int64)
     hi_u = np.full(len(uniq_list), np.iinfo(np.int64).max, dtype=np.int64)
+    dep_u = np.full(len(uniq_list), -1, dtype=np.int64)
+    arr_u = np.full(len(uniq_list), -1, dtype=np.int64)
     for k, v in enumerate(uniq_list):
         a = master.assignments.get(v)
         if a is None or a[1] is None:
@@ -191,6 +194,10 @@ def process_bucket(
         lo_u[k] = int(data.get("valid_from_ms") or 0)
         if data.get("valid_to_ms") is not None:
             hi_u[k] = int(data["valid_to_ms"])
+        dep_u[k], arr_u[k] = (
+            assignment_ms(data, "planned_departure_ms"),
+            assignment_ms(data, "planned_arrival_ms"),
+        )
     route_idx = ru[codes] if n else np.zeros(0, dtype=np.int64)
     if n:
         route_idx = np.where((ts >= lo_u[codes]) & (ts < hi_u[codes]), route_idx, -1)
@@ -199,7 +206,11 @@ def process_bucket(
     in_corr, _ = corridor_tests(route_list, route_idx, lon, lat, inner_mask=np.zeros(n, dtype=bool))
     limits = np.array([cr.rules.speed_limit_kmh for cr in route_list] + [np.inf], dtype=np.float64)[route_idx]
 
+    has_route = route_idx >= 0
+    progress, passes, end_dist = route_progress(route_list, route_idx, lon, lat, in_corr & has_route)
+
     zindex = catalog.zone_index(master)
+    stop_zones = {z.zone_id for z in zindex.zones if z.planned_stop}
     zones_in: dict[int, set[str]] = {}
     zones_outer: dict[int, set[str]] = {}
     if len(zindex) and n:
@@ -229,7 +240,27 @@ def process_bucket(
     # A silent vehicle's next fix raises VEHICLE_RESUMED: domain.step's work.
     calm = ~c["off_route"][rows_u] & ~c["overspeed"][rows_u] & ~c["silent"][rows_u]
     no_zones = np.array([not z for z in c["zones"][rows_u].tolist()], dtype=bool)
+    calm &= ~c["wrong_way"][rows_u] & (c["stop_since_ms"][rows_u] < 0) & ~c["at_risk"][rows_u]
     fast = known & (bad_count == 0) & same_route_batch & (cur_route == fix_route) & calm & no_zones
+    trip = _TripColumns.of(route_list, route_idx) if n else None
+    if trip is not None and fast.any():
+        fast &= _trip_is_quiet(
+            states,
+            rows_u,
+            codes,
+            starts,
+            ends,
+            fast,
+            ts,
+            speed,
+            progress,
+            passes,
+            end_dist,
+            trip,
+            dep_u,
+            arr_u,
+            cfg,
+        )
     if force_slow:
         fast[:] = False
     # The inner band only matters to vehicles folded fix by fix.
@@ -251,6 +282,8 @@ def process_bucket(
         versions = np.array([cr.version for cr in route_list] + [0], dtype=np.int64)
         c["route_version"][fr] = versions[r_last[fast]]
         touched[fr] = True
+        if trip is not None:
+            _advance_trips(states, rows_u, starts, ends, fast, r_last, ts, progress, trip, dep_u, arr_u, cfg)
 
     # ---- slow path: the reference state machine, fix by fix.
     for k in np.flatnonzero(~fast).tolist():
@@ -272,6 +305,12 @@ def process_bucket(
                 bool(in_inner[i]),
                 frozenset(zones_in.get(i, ())),
                 frozenset(zones_outer.get(i, ())),
+                passes.get(i) or (() if progress[i] != progress[i] else (float(progress[i]),)),
+                float(end_dist[i]),
+                cr.length_m if cr else 0.0,
+                bool(stop_zones & zones_outer.get(i, set())),
+                int(dep_u[k]),
+                int(arr_u[k]),
             )
             s, out = step(s, f, cr.rules if cr else None, cfg)
             if out and f.ts_ms < watermark_ms:
@@ -296,6 +335,164 @@ def process_bucket(
     return BucketResult(
         states, new_held, alerts, live, n, dropped, int(fast.sum()), int((~fast).sum()), unassigned, late
     )
+
+
+@dataclass
+class _TripColumns:
+    """Per fix: the route-awareness rules of its own route (the fast path's tests as columns)."""
+
+    length_m: np.ndarray
+    wrong_way_min_m: np.ndarray
+    stop_on: np.ndarray
+    stop_speed_kmh: np.ndarray
+    completion_radius_m: np.ndarray
+    arrival_risk_s: np.ndarray
+    planned_duration_s: np.ndarray
+
+    @staticmethod
+    def of(routes: list[CompiledRoute], route_idx: np.ndarray) -> _TripColumns:
+        def col(values: list[float], none: float) -> np.ndarray:
+            out: np.ndarray = np.array([*values, none], dtype=np.float64)[route_idx]
+            return out
+
+        r = [cr.rules for cr in routes]
+        return _TripColumns(
+            col([cr.length_m for cr in routes], 0.0),
+            col([x.wrong_way_min_m for x in r], np.inf),
+            col([float(np.isfinite(x.stop_min_s)) for x in r], 0.0) > 0,
+            col([x.stop_speed_kmh for x in r], -1.0),
+            col([x.completion_radius_m for x in r], -1.0),
+            col([x.arrival_risk_s for x in r], np.inf),
+            col([x.planned_duration_s for x in r], np.inf),
+        )
+
+
+def _group_first_max(
+    values: np.ndarray, starts: np.ndarray, ends: np.ndarray, group_of: np.ndarray
+) -> np.ndarray:
+    """Per group: the position of the first occurrence of its maximum."""
+    gmax = np.maximum.reduceat(values, starts)
+    pos = np.where(values == gmax[group_of], np.arange(len(values)), len(values))
+    return np.minimum.reduceat(pos, starts)
+
+
+def _trip_plan(
+    states: StateTable,
+    rows_u: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    ts: np.ndarray,
+    progress: np.ndarray,
+    trip: _TripColumns,
+    dep_u: np.ndarray,
+    arr_u: np.ndarray,
+    cfg: EngineConfig,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What `domain.step` would compute for every fix of vehicles whose fixes all have one known
+    progress: the direction's running reference point, the trip's start, the ETA and the planned
+    arrival (per fix; the fast path uses them only for vehicles it keeps)."""
+    c = states.cols
+    group_of = np.repeat(np.arange(len(starts)), ends - starts)
+    pf = np.nan_to_num(progress, nan=-1.0)
+    a0 = c["dir_anchor_m"][rows_u][group_of]
+    running = np.maximum(pd.Series(pf).groupby(group_of).cummax().to_numpy(), a0)
+    t0_u = c["trip_start_ms"][rows_u].copy()
+    m0_u = c["trip_start_m"][rows_u].copy()
+    unset = t0_u < 0
+    t0_u[unset], m0_u[unset] = ts[starts][unset], pf[starts][unset]
+    t0, m0 = t0_u[group_of], m0_u[group_of]
+    eta = eta_ms(ts, pf, t0, m0, trip.length_m, cfg.eta_warmup_s, cfg.eta_min_speed_kmh)
+    dur = trip.planned_duration_s
+    base = np.where(dep_u[group_of] >= 0, dep_u[group_of], t0)
+    from_duration = np.where(
+        np.isfinite(dur) & (base >= 0),
+        base + (np.where(np.isfinite(dur), dur, 0.0) * 1000).astype(np.int64),
+        -1,
+    )
+    planned = np.where(arr_u[group_of] >= 0, arr_u[group_of], from_duration)
+    return running, pf, eta, planned, group_of
+
+
+def _trip_is_quiet(
+    states: StateTable,
+    rows_u: np.ndarray,
+    codes: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    fast: np.ndarray,
+    ts: np.ndarray,
+    speed: np.ndarray,
+    progress: np.ndarray,
+    passes: dict[int, tuple[float, ...]],
+    end_dist: np.ndarray,
+    trip: _TripColumns,
+    dep_u: np.ndarray,
+    arr_u: np.ndarray,
+    cfg: EngineConfig,
+) -> np.ndarray:
+    """Per vehicle: True when none of its fixes can change the route-awareness state machines beyond
+    what `_advance_trips` replays in columns (no alert can fire, no stop can begin)."""
+    has_route = np.isfinite(trip.length_m) & (trip.length_m > 0)
+    bad = has_route & np.isnan(progress)  # outside the corridor: already slow; or unknown progress
+    if passes:
+        bad[list(passes)] = True
+    bad |= trip.stop_on & (speed <= trip.stop_speed_kmh)
+    running, pf, eta, planned, group_of = _trip_plan(
+        states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg
+    )
+    live = has_route & ~states.cols["completed"][rows_u][group_of]
+    bad |= live & (running - pf >= trip.wrong_way_min_m)
+    bad |= live & (pf >= trip.length_m / 2) & (end_dist <= trip.completion_radius_m)
+    bad |= live & (planned >= 0) & (eta >= 0) & ((eta - planned) / 1000.0 > trip.arrival_risk_s)
+    quiet: np.ndarray = np.add.reduceat(bad.astype(np.int64), starts) == 0
+    return quiet
+
+
+def _advance_trips(
+    states: StateTable,
+    rows_u: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    fast: np.ndarray,
+    r_last: np.ndarray,
+    ts: np.ndarray,
+    progress: np.ndarray,
+    trip: _TripColumns,
+    dep_u: np.ndarray,
+    arr_u: np.ndarray,
+    cfg: EngineConfig,
+) -> None:
+    """The fast path's route awareness: progress, the direction's reference point, the trip's start
+    and ETA, exactly as folding `domain.step` over quiet fixes leaves them."""
+    c = states.cols
+    _running, pf, eta, _planned, group_of = _trip_plan(
+        states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg
+    )
+    last = ends - 1
+    sel = fast & (r_last >= 0)
+    if not sel.any():
+        return
+    rows = rows_u[sel]
+    c["progress_m"][rows] = pf[last[sel]]
+    live = sel & ~c["completed"][rows_u]
+    if not live.any():
+        return
+    rows = rows_u[live]
+    a0 = c["dir_anchor_m"][rows]
+    first_max = _group_first_max(pf, starts, ends, group_of)[live]
+    gmax = pf[first_max]
+    moved = gmax > a0
+    lv_last = last[live]
+    c["dir_anchor_m"][rows] = np.where(moved, gmax, a0)
+    c["dir_anchor_ts_ms"][rows] = np.where(moved, ts[first_max], c["dir_anchor_ts_ms"][rows])
+    n_fix = (ends - starts)[live]
+    c["dir_anchor_fixes"][rows] = np.where(moved, lv_last - first_max, c["dir_anchor_fixes"][rows] + n_fix)
+    unset = c["trip_start_ms"][rows] < 0
+    first = starts[live]
+    c["trip_start_m"][rows] = np.where(unset, pf[first], c["trip_start_m"][rows])
+    c["trip_start_ms"][rows] = np.where(unset, ts[first], c["trip_start_ms"][rows])
+    e = eta[lv_last]
+    c["eta_ms"][rows] = np.where(e >= 0, e, -1).astype(np.int64)
 
 
 def silent_after_s(

@@ -13,6 +13,7 @@ import shapely
 
 from processor.columns import StateTable
 from processor.master import Catalog, MasterState, compiled_route
+from processor.trip import planned_arrival_ms
 
 
 def live_rows(
@@ -43,6 +44,10 @@ def live_rows(
         length = np.array([cr.length_m for cr in crs])[ri]
         pts = shapely.points((lon[ok] - lon0) * kx, (lat[ok] - lat0) * ky)
         p = shapely.line_locate_point(lines, pts)
+        # The state machine's progress where it has one: it follows the pass the vehicle is on, where
+        # the nearest point of the whole line may lie on another pass of the same street.
+        kept = c["progress_m"][rows][ok]
+        p = np.where(kept >= 0, kept, p)
         progress[ok], dist[ok] = p, shapely.distance(lines, pts)
         ratio[ok] = np.where(length > 0, p / np.maximum(length, 1e-9), 0.0)
     cols = [
@@ -58,6 +63,14 @@ def live_rows(
             "silent",
             "route_version",
             "unassigned_fixes",
+            "wrong_way",
+            "stop_phase",
+            "stop_since_ms",
+            "eta_ms",
+            "at_risk",
+            "completed",
+            "off_route_m",
+            "trip_start_ms",
         )
     ]
     zones = c["zones"][rows].tolist()
@@ -84,6 +97,53 @@ def live_rows(
                 "distance_m": None if dis[k] != dis[k] else dis[k],
                 "zones": sorted(zones[k]) if zones[k] else [],
                 "unassigned_fixes": cols[9][k],
+                **_trip_fields(master, catalog, states.ids[row], rid, cols, k),
             }
         )
     return out
+
+
+STOP_LABEL = {0: None, 1: "unplanned", 2: "planned"}
+
+
+def _trip_fields(
+    master: MasterState,
+    catalog: Catalog,
+    vehicle_id: str,
+    route_id: str | None,
+    cols: list[list[Any]],
+    k: int,
+) -> dict[str, Any]:
+    """The trip part of a live row: direction, stop, ETA and delay against the plan, completion."""
+    wrong_way, stop_phase, stop_since, eta, at_risk, completed, off_m, start_ms = (c[k] for c in cols[10:18])
+    planned = -1
+    if route_id is not None:
+        a = master.assignments.get(vehicle_id)
+        data = a[1] if a is not None else None
+        cr = compiled_route(master, catalog, route_id)
+        if data is not None and cr is not None:
+            planned = planned_arrival_ms(
+                int(data.get("planned_arrival_ms") or -1)
+                if data.get("planned_arrival_ms") is not None
+                else -1,
+                int(data["planned_departure_ms"]) if data.get("planned_departure_ms") is not None else -1,
+                start_ms,
+                cr.rules.planned_duration_s,
+            )
+    return {
+        "wrong_way": wrong_way,
+        "stop": STOP_LABEL.get(stop_phase) if stop_since >= 0 and stop_phase else None,
+        "stopped_since_ms": stop_since if stop_since >= 0 and stop_phase else None,
+        "eta_ms": eta if eta >= 0 else None,
+        "planned_arrival_ms": planned if planned >= 0 else None,
+        "delay_s": round((eta - planned) / 1000.0, 1) if eta >= 0 and planned >= 0 else None,
+        "arrival_at_risk": at_risk,
+        "completed": completed,
+        "off_route_m": round(off_m, 1),
+    }
+
+
+def assignment_ms(data: dict[str, Any], key: str) -> int:
+    """An optional time of an assignment (its planned departure or arrival), -1 when it has none."""
+    v = data.get(key)
+    return -1 if v is None else int(v)

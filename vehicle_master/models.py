@@ -65,6 +65,7 @@ class ZoneKind(StrEnum):
     DEPOT = "depot"
     RESTRICTED = "restricted"
     CUSTOMER = "customer"
+    REST_AREA = "rest_area"
     OTHER = "other"
 
 
@@ -78,6 +79,35 @@ class RouteProps(_Strict):
     deviation_min_s: float = Field(default=RouteRules.deviation_min_s, ge=0, le=86_400)
     overspeed_min_s: float = Field(default=RouteRules.overspeed_min_s, ge=0, le=86_400)
     silent_after_s: float = Field(default=RouteRules.silent_after_s, gt=0, le=7 * 86_400)
+    wrong_way_min_m: float | None = Field(
+        default=RouteRules.wrong_way_min_m,
+        gt=0,
+        le=100_000,
+        description="Progress lost from its highest point before WRONG_DIRECTION (null: off).",
+    )
+    wrong_way_min_fixes: int = Field(default=RouteRules.wrong_way_min_fixes, ge=1, le=100_000)
+    wrong_way_min_s: float = Field(default=RouteRules.wrong_way_min_s, ge=0, le=86_400)
+    stop_min_s: float | None = Field(
+        default=RouteRules.stop_min_s,
+        gt=0,
+        le=7 * 86_400,
+        description="Standing still this long outside a stop zone raises UNPLANNED_STOP (null: off).",
+    )
+    stop_speed_kmh: float = Field(default=RouteRules.stop_speed_kmh, ge=0, le=50)
+    stop_radius_m: float = Field(default=RouteRules.stop_radius_m, gt=0, le=10_000)
+    arrival_risk_s: float | None = Field(
+        default=RouteRules.arrival_risk_s,
+        ge=0,
+        le=7 * 86_400,
+        description="ETA later than planned arrival by more than this: ARRIVAL_AT_RISK (null: off).",
+    )
+    planned_duration_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=30 * 86_400,
+        description="Planned trip time: the planned arrival of an assignment that gives none.",
+    )
+    completion_radius_m: float = Field(default=RouteRules.completion_radius_m, gt=0, le=100_000)
 
 
 class RouteData(RouteProps):
@@ -89,6 +119,10 @@ class ZoneProps(_Strict):
     name: Name
     kind: ZoneKind = ZoneKind.OTHER
     dwell_limit_s: float | None = Field(default=None, gt=0, le=30 * 86_400)
+    planned_stop: bool | None = Field(
+        default=None,
+        description="Stopping here is planned (no UNPLANNED_STOP); null: depot, customer and rest_area are.",
+    )
 
 
 class ZoneData(ZoneProps):
@@ -115,11 +149,21 @@ class AssignmentData(_Strict):
     route_id: EntityId
     valid_from_ms: int = Field(ge=0, le=MAX_MS)
     valid_to_ms: int | None = Field(default=None, ge=0, le=MAX_MS)
+    planned_departure_ms: int | None = Field(default=None, ge=0, le=MAX_MS)
+    planned_arrival_ms: int | None = Field(
+        default=None, ge=0, le=MAX_MS, description="ARRIVAL_AT_RISK compares the ETA with this."
+    )
 
     @model_validator(mode="after")
     def _window(self) -> AssignmentData:
         if self.valid_to_ms is not None and self.valid_to_ms <= self.valid_from_ms:
             raise ValueError("valid_to_ms must be after valid_from_ms")
+        if (
+            self.planned_arrival_ms is not None
+            and self.planned_departure_ms is not None
+            and self.planned_arrival_ms <= self.planned_departure_ms
+        ):
+            raise ValueError("planned_arrival_ms must be after planned_departure_ms")
         return self
 
 

@@ -1,0 +1,332 @@
+"""Route awareness (issue #26): direction, stops, arrival and completion, on the reference state
+machine (`domain.step`) and through the batch engine, whose fast path must equal folding `step`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from fleetfence.contracts import AlertType
+from fleetfence.geo import LocalProjection
+from fleetfence.rules import RouteRules
+from processor.columns import StateTable, empty_states
+from processor.domain import Alert, EngineConfig, Fix, RawFix, VehicleState, continue_progress, step
+from processor.engine import process_bucket
+from processor.geometry import compile_route, route_progress
+from processor.master import Catalog, MasterState
+
+CFG = EngineConfig(hysteresis_m=15.0, return_min_fixes=2, eta_warmup_s=10.0)
+T0 = 1_795_000_000_000
+RULES = RouteRules(
+    corridor_width_m=100.0,
+    speed_limit_kmh=90.0,
+    wrong_way_min_m=60.0,
+    wrong_way_min_fixes=3,
+    wrong_way_min_s=2.0,
+    stop_min_s=20.0,
+    stop_speed_kmh=3.0,
+    stop_radius_m=30.0,
+    arrival_risk_s=60.0,
+    completion_radius_m=40.0,
+)
+PROJ = LocalProjection(13.0, 52.0)
+WD, DR = AlertType.WRONG_DIRECTION, AlertType.DIRECTION_RESTORED
+
+
+def types(alerts: list[Alert]) -> list[AlertType]:
+    return [a.type for a in alerts]
+
+
+def on(progress: float | tuple[float, ...], k: int, speed: float = 30.0, **kw: Any) -> Fix:
+    """Fix k of a vehicle on route r1 (10 km long) with the given progress; positions are those of
+    a straight east-west line (only the stop machine reads them)."""
+    p = progress if isinstance(progress, tuple) else (float(progress),)
+    lon, lat = PROJ.inverse(np.array([p[0] - 5000.0]), np.array([0.0]))
+    base: dict[str, Any] = {"route_length_m": 10_000.0, "end_distance_m": abs(10_000.0 - p[0])}
+    base.update(kw)
+    return Fix(
+        k, T0 + k * 1000, float(lat[0]), float(lon[0]), speed, 0, "r1", 1, True, True, progress_m=p, **base
+    )
+
+
+def fold(
+    fixes: list[Fix], rules: RouteRules = RULES, s: VehicleState | None = None
+) -> tuple[VehicleState, list[Alert]]:
+    s = s or VehicleState("v1")
+    out: list[Alert] = []
+    for f in fixes:
+        s, a = step(s, f, rules, CFG)
+        out.extend(a)
+    return s, out
+
+
+# --------------------------------------------------------------------------- direction
+
+
+def test_wrong_direction_after_distance_fixes_and_time_then_restored() -> None:
+    prog = [100, 200, 300, 400, 380, 350, 320, 300, 250, 200, 260, 300, 340]
+    s, alerts = fold([on(p, k) for k, p in enumerate(prog)])
+    assert types(alerts) == [WD, DR]
+    wd, dr = alerts
+    # 400 -> 320 is the first fix >= 60 m back (seq 6); from the lowest point, 200, 260 is 60 m
+    # forward but only one fix on (seq 10): restored at the third, 340 (seq 12).
+    assert (wd.seq, dict(wd.details)["moved_m"]) == (6, 80.0)
+    assert (dr.seq, dict(dr.details)["moved_m"]) == (12, 140.0)
+    assert not s.wrong_way
+
+
+def test_a_u_turn_shorter_than_the_threshold_raises_nothing() -> None:
+    prog = [100, 200, 300, 280, 260, 250, 270, 320, 400]
+    assert fold([on(p, k) for k, p in enumerate(prog)])[1] == []
+
+
+def test_wrong_direction_needs_its_fixes_and_seconds_too() -> None:
+    one_jump = [100, 200, 100, 210, 220]  # one fix 100 m back (a GPS outlier), then on
+    assert fold([on(p, k) for k, p in enumerate(one_jump)])[1] == []
+    rules = RouteRules(**{**RULES.__dict__, "wrong_way_min_fixes": 1, "wrong_way_min_s": 10.0})
+    assert fold([on(p, k) for k, p in enumerate([300, 200, 190, 180])], rules)[1] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(min_value=-29.0, max_value=29.0), min_size=2, max_size=120),
+    st.floats(min_value=0.0, max_value=5.0),
+)
+def test_no_direction_alert_under_jitter_below_half_the_threshold(
+    jitter: list[float], speed_mps: float
+) -> None:
+    """A vehicle standing or driving forward, its progress read with up to +-29 m of noise (less
+    than half of the 60 m threshold), never raises a direction alert."""
+    fixes = [on(1000.0 + k * speed_mps + j, k) for k, j in enumerate(jitter)]
+    assert [a for a in fold(fixes)[1] if a.type in (WD, DR)] == []
+
+
+def test_progress_continues_along_the_pass_it_was_on() -> None:
+    assert continue_progress((300.0, 1700.0), 310.0) == 300.0
+    assert continue_progress((300.0, 1700.0), 1690.0) == 1700.0
+    assert continue_progress((300.0, 1700.0), -1.0) == 300.0
+
+
+def out_and_back_route() -> dict[str, Any]:
+    """East 2 km, then back west along the very same street: every point is near two passes."""
+    lon, lat = PROJ.inverse(np.array([0.0, 1000.0, 2000.0, 1000.0, 0.0]), np.zeros(5))
+    return {
+        "route_id": "r1",
+        "geometry": {
+            "type": "LineString",
+            "coordinates": [[float(x), float(y)] for x, y in zip(lon, lat, strict=True)],
+        },
+        "corridor_width_m": 100.0,
+        "speed_limit_kmh": 90.0,
+        "wrong_way_min_m": 60.0,
+        "stop_min_s": 20.0,
+        "completion_radius_m": 40.0,
+    }
+
+
+def test_route_progress_finds_both_passes_of_a_street_driven_both_ways() -> None:
+    cr = compile_route("r1", 1, out_and_back_route(), 15.0)
+    lon, lat = PROJ.inverse(np.array([300.0, 1995.0, 5000.0]), np.array([3.0, 0.0, 0.0]))
+    mask = np.array([True, True, False])
+    progress, passes, end = route_progress([cr], np.zeros(3, dtype=np.int64), lon, lat, mask)
+    p300 = passes[0]
+    assert len(p300) == 2
+    assert abs(p300[0] - 300.0) < 0.5
+    assert abs(p300[1] - 3700.0) < 0.5
+    assert np.isnan(progress[0])
+    assert np.isnan(progress[2])
+    # Near the far end the two passes meet at the turn: one pass.
+    assert 1 not in passes
+    assert abs(progress[1] - 1995.0) < 6.0
+    assert abs(end[0] - 300.0) < 0.5
+    assert np.isinf(end[2])
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def master(
+    route: dict[str, Any], assignment: dict[str, Any] | None = None, zones: tuple[dict[str, Any], ...] = ()
+) -> MasterState:
+    m = MasterState()
+    m.apply({"entity": "route", "id": "r1", "version": 1, "op": "upsert", "data": route})
+    for z in zones:
+        m.apply({"entity": "zone", "id": z["zone_id"], "version": 1, "op": "upsert", "data": z})
+    for v in ("a", "b", "c"):
+        data = {
+            "vehicle_id": v,
+            "route_id": "r1",
+            "valid_from_ms": 0,
+            "valid_to_ms": None,
+            **(assignment or {}),
+        }
+        m.apply({"entity": "assignment", "id": v, "version": 1, "op": "upsert", "data": data})
+    return m
+
+
+def straight_route(**rules: Any) -> dict[str, Any]:
+    lon, lat = PROJ.inverse(np.array([0.0, 3000.0]), np.zeros(2))
+    return {
+        "route_id": "r1",
+        "geometry": {
+            "type": "LineString",
+            "coordinates": [[float(x), float(y)] for x, y in zip(lon, lat, strict=True)],
+        },
+        "corridor_width_m": 100.0,
+        "speed_limit_kmh": 90.0,
+        "wrong_way_min_m": 60.0,
+        "wrong_way_min_fixes": 3,
+        "wrong_way_min_s": 2.0,
+        "stop_min_s": 20.0,
+        "stop_radius_m": 30.0,
+        "arrival_risk_s": 60.0,
+        "completion_radius_m": 40.0,
+        **rules,
+    }
+
+
+def frame(track: list[tuple[str, float, float, float]]) -> pd.DataFrame:
+    """(vehicle, x_m, y_m, speed_kmh) per fix; each vehicle's fixes one second apart."""
+    seqs: dict[str, int] = {}
+    rows = []
+    for v, x, y, speed in track:
+        k = seqs[v] = seqs.get(v, -1) + 1
+        lon, lat = PROJ.inverse(np.array([x]), np.array([y]))
+        rows.append([v, k, T0 + k * 1000, float(lat[0]), float(lon[0]), speed, T0 + k * 1000])
+    return pd.DataFrame(
+        rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
+    )
+
+
+def run_engine(
+    batches: list[pd.DataFrame], m: MasterState, force_slow: bool = False
+) -> tuple[list[Alert], StateTable, int, list[dict[str, Any]]]:
+    cat = Catalog(CFG)
+    states = empty_states()
+    held: dict[str, list[RawFix]] = {}
+    alerts: list[Alert] = []
+    live: list[dict[str, Any]] = []
+    fast = wm = 0
+    for b in batches:
+        r = process_bucket(states, held, m, b, wm, CFG, cat, force_slow=force_slow)
+        states, held = r.states, r.held
+        fast += r.fast_vehicles
+        alerts.extend(r.alerts)
+        live.extend(r.live)
+        if len(b):
+            wm = max(wm, int(b["ts_ms"].max()) - CFG.allowed_lateness_ms)
+    return alerts, states, fast, live
+
+
+def drive(v: str, xs: list[float], speed: float = 36.0) -> list[tuple[str, float, float, float]]:
+    return [(v, x, 0.0, speed) for x in xs]
+
+
+def test_a_street_driven_out_and_back_is_never_wrong_way_and_completes_at_the_end() -> None:
+    xs = [float(x) for x in range(0, 2001, 20)] + [float(x) for x in range(1980, -1, -20)]
+    df = frame(drive("a", xs))
+    alerts, states, _, _ = run_engine(
+        [df.iloc[i : i + 25] for i in range(0, len(df), 25)], master(out_and_back_route())
+    )
+    assert types(alerts) == [AlertType.ROUTE_COMPLETED]
+    done = alerts[0]
+    assert done.seq == len(xs) - 2  # x = 20: the first fix within 40 m of the end (which is the start)
+    assert dict(done.details)["distance_m"] > 3900
+    assert states.state("a").completed
+
+
+def test_engine_raises_each_route_alert_once_and_its_live_row_shows_the_trip() -> None:
+    dep = T0
+    fwd = [float(x) for x in range(0, 1001, 10)]  # 100 s at 36 km/h
+    back = [1000.0 - 10.0 * k for k in range(1, 13)]  # 120 m the wrong way
+    again = [880.0 + 10.0 * k for k in range(1, 40)]
+    stop = [1270.0] * 40  # 40 s standing
+    rest = [1270.0 + 20.0 * k for k in range(1, 90)]  # on to the end at 72 km/h
+    track = drive("a", fwd + back + again) + [("a", x, 0.0, 0.0) for x in stop] + drive("a", rest, 72.0)
+    df = frame(track)
+    m = master(straight_route(), {"planned_departure_ms": dep, "planned_arrival_ms": dep + 200_000})
+    alerts, _, _fast, live = run_engine([df.iloc[i : i + 30] for i in range(0, len(df), 30)], m)
+    got = types(alerts)
+    for t in (
+        WD,
+        DR,
+        AlertType.UNPLANNED_STOP,
+        AlertType.STOP_ENDED,
+        AlertType.ARRIVAL_AT_RISK,
+        AlertType.ROUTE_COMPLETED,
+    ):
+        assert got.count(t) == 1, (t, got)
+    assert (
+        got.index(WD) < got.index(DR) < got.index(AlertType.UNPLANNED_STOP) < got.index(AlertType.STOP_ENDED)
+    )
+    assert dict(alerts[got.index(AlertType.STOP_ENDED)].details)["duration_s"] >= 20.0
+    risk = alerts[got.index(AlertType.ARRIVAL_AT_RISK)]
+    assert dict(risk.details)["delay_s"] > 60.0
+    last = live[-1]
+    assert last["completed"] is True
+    assert last["progress_m"] > 2900
+
+
+def test_planned_stop_zone_raises_no_stop_alert() -> None:
+    lon, lat = PROJ.inverse(
+        np.array([400.0, 600.0, 600.0, 400.0, 400.0]), np.array([-80.0, -80.0, 80.0, 80.0, -80.0])
+    )
+    depot: dict[str, Any] = {
+        "zone_id": "depot",
+        "kind": "customer",
+        "geometry": {
+            "type": "Polygon",
+            "coordinates": [[[float(x), float(y)] for x, y in zip(lon, lat, strict=True)]],
+        },
+    }
+    track = drive("a", [float(x) for x in range(0, 500, 10)]) + [("a", 500.0, 0.0, 0.0)] * 40
+    alerts, _, _, _ = run_engine([frame(track)], master(straight_route(), zones=(depot,)))
+    assert [t for t in types(alerts) if t in (AlertType.UNPLANNED_STOP, AlertType.STOP_ENDED)] == []
+    other = {**depot, "kind": "other"}
+    alerts, _, _, _ = run_engine([frame(track)], master(straight_route(), zones=(other,)))
+    assert AlertType.UNPLANNED_STOP in types(alerts)
+
+
+# --------------------------------------------------------------------------- fast path == fold
+
+move = st.tuples(
+    st.sampled_from(["a", "b", "c", "d"]),  # d is unassigned
+    st.sampled_from([12.0, 12.0, 12.0, -25.0, 0.0, 35.0]),  # metres moved along the route
+    st.sampled_from([0.0, 0.0, 4.0, -30.0, 90.0]),  # lateral offset (90: outside the corridor)
+    st.sampled_from([40.0, 40.0, 1.0, 0.0, 120.0]),  # speed
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(move, min_size=1, max_size=150), st.integers(min_value=1, max_value=5), st.booleans())
+@example([("a", 12.0, 0.0, 40.0)] * 60 + [("a", -25.0, 0.0, 40.0)] * 6 + [("a", 0.0, 0.0, 0.0)] * 30, 3, True)
+def test_fast_path_equals_the_reference_fold_with_route_awareness(
+    moves: list[tuple[str, float, float, float]], n_batches: int, scheduled: bool
+) -> None:
+    pos: dict[str, float] = {}
+    track = []
+    for v, dx, y, speed in moves:
+        pos[v] = min(max(pos.get(v, 2000.0 if v == "b" else 100.0) + dx, 0.0), 3000.0)
+        track.append((v, pos[v], y, speed))
+    df = frame(track)
+    batches = [df.iloc[i::n_batches] for i in range(n_batches)]
+    sched = {"planned_arrival_ms": T0 + 30_000} if scheduled else {}
+    m = master(straight_route(), sched)
+    fast_alerts, fast_states, fast, _ = run_engine(batches, m)
+    slow_alerts, slow_states, none, _ = run_engine(batches, m, force_slow=True)
+    assert none == 0
+    FAST_SEEN.append(fast)
+    assert sorted(a.alert_id for a in fast_alerts) == sorted(a.alert_id for a in slow_alerts)
+    for v in slow_states.ids:
+        assert fast_states.state(v) == slow_states.state(v), v
+
+
+FAST_SEEN: list[int] = []
+
+
+def test_the_route_awareness_property_exercised_the_fast_path() -> None:
+    assert sum(FAST_SEEN) > 0
