@@ -17,6 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# Zone kinds where stopping is the plan unless the zone says otherwise (its `planned_stop`): no
+# UNPLANNED_STOP inside them. Read by the processor and by the simulator's ground truth.
+STOP_ZONE_KINDS = frozenset({"depot", "customer", "rest_area"})
+
 
 def _off_or(value: Any) -> float:
     """A threshold that a route may switch off with null: off is infinity, which no fact reaches."""
@@ -86,6 +90,11 @@ class RouteRules:
             planned_duration_s=_off_or(data.get("planned_duration_s")),
             completion_radius_m=float(data.get("completion_radius_m", cls.completion_radius_m)),
         )
+
+    def to_master(self) -> dict[str, Any]:
+        """The rule fields of a route's master-data record: `from_master`'s inverse (a rule that is
+        off, stored as infinity, is written as null)."""
+        return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ Semantics, all in event time:
 
 Route awareness (issue #26), for a vehicle on an assigned route, from its progress along the route
 (continuous: of the route's passes near a fix, the one nearest the previous progress, so a street
-the route uses both ways or a route crossing itself never makes progress jump):
+the route uses both ways or a route crossing itself never makes progress jump; `continue_progress`):
 - WRONG_DIRECTION once progress has gone back `wrong_way_min_m` from its highest point since the
   direction was last settled, over >= `wrong_way_min_fixes` fixes and >= `wrong_way_min_s`;
   DIRECTION_RESTORED once it has gone forward as far from its lowest point. Leaving the corridor
@@ -319,12 +319,17 @@ def _new_trip(s: VehicleState) -> None:
     s.completed = False
 
 
-def continue_progress(candidates: tuple[float, ...], previous_m: float) -> float:
+def continue_progress(candidates: tuple[float, ...], previous_m: float) -> float | None:
     """Of the route's passes near a fix, the progress that continues the previous one (the nearest
-    to it); the first pass when there is no previous progress. Continuity is what keeps a street the
-    route drives both ways, or a crossing, from making progress jump to the other pass."""
-    if len(candidates) == 1 or previous_m < 0:
+    to it). Continuity is what keeps a street the route drives both ways, or a crossing, from
+    making progress jump to the other pass. With no previous progress a fix near several passes is
+    not placed at all (None): a vehicle driving east on a street the route uses eastbound and later
+    westbound is either on time on the first pass or wrong-way on the second, and only where it
+    came from can tell; the first fix near a single pass places it."""
+    if len(candidates) == 1:
         return candidates[0]
+    if previous_m < 0:
+        return None
     return min(candidates, key=lambda p: (abs(p - previous_m), p))
 
 

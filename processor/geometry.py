@@ -26,10 +26,8 @@ from h3ronpy.vector import coordinates_to_cells
 from shapely.geometry import LineString, MultiPolygon, Polygon, shape
 
 from fleetfence.geo import LocalProjection
-from fleetfence.rules import RouteRules
+from fleetfence.rules import STOP_ZONE_KINDS, RouteRules
 
-# Zone kinds where stopping is the plan unless the zone says otherwise (`planned_stop`).
-STOP_ZONE_KINDS = frozenset({"depot", "customer", "rest_area"})
 ZONE_H3_RESOLUTION = 9  # ~0.1 km² cells: a few hundred cells for a depot-sized zone
 
 

@@ -41,6 +41,24 @@ class ProcessorSettings(Settings):
     processor_silent_after_s: float = Field(
         default=ProcessorRules.default_silent_after_s, gt=0, description="Default when a route has none."
     )
+    processor_stop_hysteresis_kmh: float = Field(
+        default=ProcessorRules.stop_hysteresis_kmh,
+        ge=0,
+        description="A confirmed stop ends this far above the stop speed.",
+    )
+    processor_arrival_hysteresis_s: float = Field(
+        default=ProcessorRules.arrival_hysteresis_s,
+        ge=0,
+        description="A trip at risk is back on time this far below the route's arrival threshold.",
+    )
+    processor_eta_warmup_s: float = Field(
+        default=ProcessorRules.eta_warmup_s, ge=0, description="No ETA before a trip has run this long."
+    )
+    processor_eta_min_speed_kmh: float = Field(
+        default=ProcessorRules.eta_min_speed_kmh,
+        gt=0,
+        description="The slowest average speed an ETA assumes.",
+    )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
     processor_shuffle_partitions: int | None = Field(default=None, ge=1)
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
@@ -64,4 +82,8 @@ class ProcessorSettings(Settings):
             default_silent_after_s=self.processor_silent_after_s,
             allowed_lateness_ms=int(self.processor_lateness_s * 1000),
             late_bound_ms=int(self.processor_late_bound_s * 1000),
+            stop_hysteresis_kmh=self.processor_stop_hysteresis_kmh,
+            arrival_hysteresis_s=self.processor_arrival_hysteresis_s,
+            eta_warmup_s=self.processor_eta_warmup_s,
+            eta_min_speed_kmh=self.processor_eta_min_speed_kmh,
         )

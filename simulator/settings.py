@@ -26,6 +26,10 @@ class SimulatorSettings(Settings):
     processor_hysteresis_m: float = Field(default=ProcessorRules.hysteresis_m, ge=0)
     processor_return_min_fixes: int = Field(default=ProcessorRules.return_min_fixes, ge=1)
     processor_overspeed_hysteresis_kmh: float = Field(default=ProcessorRules.overspeed_hysteresis_kmh, ge=0)
+    processor_stop_hysteresis_kmh: float = Field(default=ProcessorRules.stop_hysteresis_kmh, ge=0)
+    processor_arrival_hysteresis_s: float = Field(default=ProcessorRules.arrival_hysteresis_s, ge=0)
+    processor_eta_warmup_s: float = Field(default=ProcessorRules.eta_warmup_s, ge=0)
+    processor_eta_min_speed_kmh: float = Field(default=ProcessorRules.eta_min_speed_kmh, gt=0)
 
     def assumptions(self) -> ProcessorRules:
         return ProcessorRules(
@@ -33,4 +37,8 @@ class SimulatorSettings(Settings):
             return_min_fixes=self.processor_return_min_fixes,
             overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
             lateness_ms=int(self.processor_lateness_s * 1000),
+            stop_hysteresis_kmh=self.processor_stop_hysteresis_kmh,
+            arrival_hysteresis_s=self.processor_arrival_hysteresis_s,
+            eta_warmup_s=self.processor_eta_warmup_s,
+            eta_min_speed_kmh=self.processor_eta_min_speed_kmh,
         )
