@@ -153,10 +153,20 @@ def run_demo(
         )
         console.print("[bold]live alerts[/] (Ctrl-C stops the demo):")
         with LiveAlerts(settings, console) as view:
+            # Short thresholds so a two-and-a-half-minute drive shows every alert type: a stop of
+            # 30 s outside a stop zone, 40 m the wrong way, an ETA 2 minutes late.
             rules = RouteRules(
-                corridor_width_m=60.0, speed_limit_kmh=50.0, overspeed_min_s=5.0, silent_after_s=60.0
+                corridor_width_m=60.0,
+                speed_limit_kmh=50.0,
+                overspeed_min_s=5.0,
+                silent_after_s=60.0,
+                wrong_way_min_m=40.0,
+                stop_min_s=30.0,
+                arrival_risk_s=120.0,
             )
-            inject = Injections(deviation=0.4, overspeed=0.3, dwell=0.3, silent=0.15, late=0.0)
+            inject = Injections(
+                deviation=0.4, overspeed=0.3, dwell=0.3, silent=0.15, late=0.0, wrong_way=0.1, schedule=0.1
+            )
             cfg = ScenarioConfig(
                 vehicles=vehicles,
                 duration_s=duration_s,

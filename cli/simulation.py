@@ -38,6 +38,15 @@ def simulate_cmd(
     deviation_min_s: Annotated[float, typer.Option(min=0)] = 0.0,
     overspeed_min_s: Annotated[float, typer.Option(min=0)] = 10.0,
     silent_after: Annotated[float, typer.Option(min=1, help="Route silent_after_s.")] = 120.0,
+    wrong_way_min: Annotated[
+        float, typer.Option(min=1, help="Route wrong_way_min_m: metres back before WRONG_DIRECTION.")
+    ] = 60.0,
+    stop_min: Annotated[
+        float, typer.Option(min=10, help="Route stop_min_s: seconds standing before UNPLANNED_STOP.")
+    ] = 45.0,
+    arrival_risk: Annotated[
+        float, typer.Option(min=0, help="Route arrival_risk_s: ETA delay before ARRIVAL_AT_RISK.")
+    ] = 600.0,
     deviations: Annotated[
         float, typer.Option(min=0, max=1, help="Fraction of vehicles that leave the corridor.")
     ] = 0.1,
@@ -59,6 +68,13 @@ def simulate_cmd(
     late: Annotated[
         float, typer.Option(min=0, max=1, help="Probability a calm fix arrives after the lateness.")
     ] = 0.005,
+    wrong_ways: Annotated[
+        float, typer.Option(min=0, max=1, help="Fraction of vehicles that drive a stretch the wrong way.")
+    ] = 0.05,
+    schedules: Annotated[
+        float,
+        typer.Option(min=0, max=1, help="Fraction of vehicles on a schedule that start late and catch up."),
+    ] = 0.05,
     direct: Annotated[
         bool, typer.Option("--direct", help="Write canonical records straight to Kafka instead of MQTT.")
     ] = False,
@@ -110,8 +126,13 @@ def simulate_cmd(
             deviation_min_s=deviation_min_s,
             overspeed_min_s=overspeed_min_s,
             silent_after_s=silent_after,
+            wrong_way_min_m=wrong_way_min,
+            stop_min_s=stop_min,
+            arrival_risk_s=arrival_risk,
         ),
-        inject=Injections(deviations, overspeeds, dwells, silences, duplicates, out_of_order, late),
+        inject=Injections(
+            deviations, overspeeds, dwells, silences, duplicates, out_of_order, late, wrong_ways, schedules
+        ),
         start_ms=start_ms_for(start_time, realtime, duration_s, period_ms),
         vehicle_prefix=vehicle_prefix,
     )

@@ -23,8 +23,12 @@ SIMULATED_SPEED_LIMIT_KMH = 50.0
 
 def simulated_rules(**overrides: Any) -> RouteRules:
     """The rules registered on every simulated route (docs/contracts.md, fleet.master): a 100 m
-    corridor at 50 km/h, the rest at `RouteRules`' own defaults unless overridden."""
-    rules = RouteRules(SIMULATED_CORRIDOR_WIDTH_M, SIMULATED_SPEED_LIMIT_KMH)
+    corridor at 50 km/h, a stop confirmed after 45 s (so the dwells of a ten-minute run show both
+    planned and unplanned stops) and a wrong way after 60 m, the rest at `RouteRules`' own
+    defaults unless overridden."""
+    rules = RouteRules(
+        SIMULATED_CORRIDOR_WIDTH_M, SIMULATED_SPEED_LIMIT_KMH, stop_min_s=45.0, wrong_way_min_m=60.0
+    )
     return replace(rules, **overrides) if overrides else rules
 
 
@@ -39,6 +43,11 @@ class Injections:
     duplicate: float = 0.01
     out_of_order: float = 0.01
     late: float = 0.005
+    # Route awareness (issue #26): a stretch driven the wrong way and back; a trip with a planned
+    # arrival that starts late (at risk) and catches up (back on time). Each such vehicle has no
+    # other behaviour, so its episode can use its whole timeline.
+    wrong_way: float = 0.05
+    schedule: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -107,9 +116,24 @@ class ScenarioConfig:
         late_ms = self.late_ticks * self.period_ms
         if self.rules.silent_after_s * 1000 <= 2 * (self.assume.lateness_ms + late_ms):
             raise ConfigError("silent_after_s must exceed twice (allowed lateness + late delay)")
-        for name in ("deviation", "overspeed", "dwell", "silent", "duplicate", "out_of_order", "late"):
+        for name in (
+            "deviation",
+            "overspeed",
+            "dwell",
+            "silent",
+            "duplicate",
+            "out_of_order",
+            "late",
+            "wrong_way",
+            "schedule",
+        ):
             p = getattr(self.inject, name)
             if not 0.0 <= p <= 1.0:
                 raise ConfigError(f"injection {name} must be in [0, 1], got {p}")
         if self.inject.duplicate + self.inject.out_of_order + self.inject.late > 1.0:
             raise ConfigError("fault probabilities add up to more than 1")
+        if self.inject.wrong_way + self.inject.schedule > 1.0:
+            raise ConfigError("wrong_way and schedule pick disjoint vehicles: they add up to more than 1")
+        stop_s = self.rules.stop_min_s
+        if math.isfinite(stop_s) and stop_s < 10:
+            raise ConfigError("stop_min_s below 10 s would confirm a stop at every traffic light")

@@ -57,12 +57,7 @@ def scenario_entities(sc: Scenario) -> list[EntityData]:
                     "route_id": route.route_id,
                     "name": route.name,
                     "geometry": {"type": "LineString", "coordinates": route.coords_lonlat},
-                    "corridor_width_m": r.corridor_width_m,
-                    "speed_limit_kmh": r.speed_limit_kmh,
-                    "deviation_min_fixes": r.deviation_min_fixes,
-                    "deviation_min_s": r.deviation_min_s,
-                    "overspeed_min_s": r.overspeed_min_s,
-                    "silent_after_s": r.silent_after_s,
+                    **r.to_master(),
                 }
             )
         )
@@ -73,6 +68,7 @@ def scenario_entities(sc: Scenario) -> list[EntityData]:
                     "zone_id": z.zone_id,
                     "name": z.name,
                     "kind": z.kind,
+                    "planned_stop": z.planned_stop,
                     "geometry": {"type": "Polygon", "coordinates": [z.ring_lonlat]},
                 }
             )
@@ -83,8 +79,15 @@ def scenario_entities(sc: Scenario) -> list[EntityData]:
         out.append(VehicleData(vehicle_id=vid, label=f"simulated {vid}", attributes={"source": "simulator"}))
     for i, vid in enumerate(ids):
         route_id = sc.city.routes[int(sc.route_idx[i])].route_id
+        planned = int(sc.planned_arrival_ms[i])
         out.append(
-            AssignmentData(vehicle_id=vid, route_id=route_id, valid_from_ms=valid_from, valid_to_ms=None)
+            AssignmentData(
+                vehicle_id=vid,
+                route_id=route_id,
+                valid_from_ms=valid_from,
+                valid_to_ms=None,
+                planned_arrival_ms=planned if planned >= 0 else None,
+            )
         )
     return out
 

@@ -21,6 +21,7 @@ from shapely.ops import substring
 
 from fleetfence.errors import ConfigError
 from fleetfence.geo import LocalProjection
+from fleetfence.rules import STOP_ZONE_KINDS
 from simulator.geo import FloatArray, Polyline
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,11 @@ class ZoneGeom:
     end_m: float
     polygon_m: Polygon
     ring_lonlat: list[list[float]]
+
+    @property
+    def planned_stop(self) -> bool:
+        """Stopping here is planned (no UNPLANNED_STOP): registered explicitly with the zone."""
+        return self.kind in STOP_ZONE_KINDS
 
 
 @dataclass
@@ -201,12 +207,15 @@ def place_zones(
     hysteresis_m: float,
     noise_bound_m: float,
     prefix: str,
+    end_clear_m: float = 0.0,
 ) -> None:
     """Lay up to `zones_per_route` rectangles across straight runs of each route.
 
     A candidate is kept only if its grown shape (hysteresis + noise + margin) touches no other
     route, no other zone and no part of its own route outside the run it was laid on; so the only
-    fixes that can ever be inside it are those of its own route on that run.
+    fixes that can ever be inside it are those of its own route on that run. Zones also keep
+    `end_clear_m` of route before the route's end, where the completion rule moves fixes of its
+    own (simulator.trips.end_nudge).
     """
     guard = hysteresis_m + noise_bound_m + EDGE_MARGIN_M
     lateral = corridor_half_m + 25.0
@@ -236,6 +245,8 @@ def place_zones(
                     rect = Polygon(corners[::-1])
                 grown = rect.buffer(guard)
                 lo, hi = a - guard - 1.0, b + guard + 1.0
+                if hi + end_clear_m > route.line.length_m:
+                    continue
                 own_rest = [substring(route.line_m, 0, lo), substring(route.line_m, hi, route.line.length_m)]
                 if any(grown.intersects(g) for g in [*others, *own_rest] if not g.is_empty) or any(
                     grown.intersects(p) for p in placed
@@ -246,7 +257,9 @@ def place_zones(
                 lon, lat = city.projection.inverse(np.asarray(ex), np.asarray(ey))
                 ring = [[round(float(o), 8), round(float(t), 8)] for o, t in zip(lon, lat, strict=True)]
                 ring[-1] = ring[0]
-                kind = "depot" if k == 0 else "customer"
+                # A depot and a restricted zone first: a long stop in the one is planned, in the
+                # other it raises UNPLANNED_STOP (the ground truth knows which from the kind).
+                kind = "depot" if k == 0 else "restricted" if k == 1 else "customer"
                 route.zones.append(
                     ZoneGeom(f"{prefix}z{ri:03d}-{k}", f"{kind} {ri}-{k}", kind, ri, a, b, rect, ring)
                 )

@@ -16,6 +16,12 @@ noisy fixes or from processor code:
 - speeds are reported exactly as planned, cruising below limit - hysteresis, speeding well above;
 - a vehicle goes silent early enough that the rest of the fleet moves the watermark past its due
   time; only "calm" fixes (whose loss changes no alert) are delivered late.
+- every vehicle drives its route forward from a random point; at the end (ROUTE_COMPLETED, its
+  distance to the end kept clear of the radius) it turns and drives back, which the processor no
+  longer judges (a completed trip raises no direction, stop or arrival alert);
+- stops are planned with exact reported speeds and move less than the stop radius by far, so the
+  stop rules decide on the speeds and the zone alone;
+- wrong-way stretches and scheduled trips are driven without noise (simulator.trips).
 The alert rules (processor.domain's semantics, restated here) are then applied to those planned
 facts per vehicle, in seq order.
 """
@@ -28,12 +34,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 import shapely
 
 from fleetfence.contracts import AlertType
 from simulator.config import ScenarioConfig
-from simulator.geo import FloatArray, IntArray, clip_radius
+from simulator.geo import BoolArray, FloatArray, IntArray, clip_radius
 from simulator.routes import EDGE_MARGIN_M, CityMap, build_city, excursion_safe, place_zones
+from simulator.trips import (
+    ProcessorFrame,
+    end_nudge,
+    eta_ms,
+    is_shared,
+    plan_schedule,
+    shared_stretches,
+    wrong_way_profile,
+)
 from simulator.truth import TruthAlert, vehicle_id
 
 logger = logging.getLogger(__name__)
@@ -43,6 +59,15 @@ DECEL_MS2 = 3.0
 SIDE_STREET_KMH = 15.0
 RAMP = (0.6, 0.8)  # fractions of the excursion offset on the way out and (reversed) back
 ZONE_CLAMP_M = 1.5  # a fix stays at least this far on its planned side of every zone edge
+WW_APPROACH = 6  # noise-free ticks of normal driving before a wrong-way turn (the anchor is exact)
+WW_HOLD = 2  # ticks standing at each turn
+WW_TAIL = 3  # noise-free ticks after the stretch
+SCHEDULE_HOLD_S = 60.0  # a scheduled trip stands this long at its start: it departs late
+
+# Wrong-way phases: 0 pending, 1 approach, 2 braking, 3 turn, 4 reverse, 5 braking, 6 turn,
+# 7 forward, 8 tail, 9 done, 10 skipped.
+WW_ACTIVE = (1, 2, 3, 4, 5, 6, 7, 8)
+WW_DONE, WW_SKIPPED = 9, 10
 
 
 @dataclass
@@ -74,6 +99,8 @@ class ScenarioStats:
     overspeeds: int = 0
     dwells: int = 0
     silences: int = 0
+    wrong_ways: int = 0
+    schedules: int = 0
     skipped: int = 0
     truth: dict[str, int] = field(default_factory=dict)
 
@@ -106,6 +133,7 @@ class Scenario:
             cfg.assume.hysteresis_m,
             cfg.noise_bound_m,
             cfg.vehicle_prefix,
+            end_clear_m=cfg.rules.completion_radius_m + cfg.noise_bound_m + EDGE_MARGIN_M + 10.0,
         )
         grown = [shapely.buffer(z.polygon_m, cfg.assume.hysteresis_m) for z in self.city.zones]
         self.zones_grown = shapely.union_all(grown) if grown else None
@@ -135,7 +163,8 @@ class Scenario:
         lengths = np.array([r.line.length_m for r in self.city.routes])
         self.length = lengths[self.route_idx]
         self.s = rng.uniform(0, 1, n) * self.length
-        self.direction = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+        rng.random(n)  # the draw that once chose each vehicle's direction: a seed keeps its fleet
+        self.direction = np.ones(n)  # along the route: backwards is an alert now (WRONG_DIRECTION)
         limit = cfg.rules.speed_limit_kmh
         cruise_kmh = np.minimum(
             rng.uniform(0.55, 0.85, n) * limit, limit - cfg.assume.overspeed_hysteresis_kmh - 2
@@ -161,6 +190,10 @@ class Scenario:
                 _x, _y, ux, uy = r.line.at(np.array([z.start_m + 1.0]))
                 tzx[ri, zi], tzy[ri, zi] = ux[0], uy[0]
         self.za, self.zb, self.tzx, self.tzy = za, zb, tzx, tzy
+        self.zone_planned = np.zeros((n_routes, max(zmax, 1)), dtype=bool)
+        for ri, r in enumerate(self.city.routes):
+            for zi, z in enumerate(r.zones):
+                self.zone_planned[ri, zi] = z.planned_stop
         self.in_zone = np.zeros((n, max(zmax, 1)), dtype=bool)
 
         # Injection schedule: each behaviour in its own slot of the vehicle's timeline.
@@ -179,6 +212,54 @@ class Scenario:
             )
         elif n_silent > 0:
             self.stats.skipped += n_silent
+        # Route awareness: wrong-way stretches and scheduled trips, on vehicles with no other
+        # behaviour (so each episode can use the whole timeline).
+        rules = cfg.rules
+        pool = rng.permutation(np.flatnonzero(self.silent_tick < 0))
+        n_ww = _count(cfg.inject.wrong_way, n) if math.isfinite(rules.wrong_way_min_m) else 0
+        n_sc = _count(cfg.inject.schedule, n) if math.isfinite(rules.arrival_risk_s) else 0
+        n_ww = min(n_ww, len(pool))
+        n_sc = min(n_sc, len(pool) - n_ww)
+        self.ww = np.zeros(n, dtype=bool)
+        self.ww[pool[:n_ww]] = True
+        self.sched = np.zeros(n, dtype=bool)
+        self.sched[pool[n_ww : n_ww + n_sc]] = True
+        self.exclusive = self.ww | self.sched
+        self.ww_profile = (
+            wrong_way_profile(rules.wrong_way_min_m, ACCEL_MS2, cfg.period_ms / 1000) if n_ww else np.zeros(1)
+        )
+        self.ww_back = len(self.ww_profile)
+        ww_need = WW_APPROACH + 2 * (8 + WW_HOLD + self.ww_back) + WW_TAIL + 2
+        self.ww_tick = np.full(n, -1, dtype=np.int64)
+        self.ww_deadline = np.full(n, -1, dtype=np.int64)
+        latest = t - 2 - ww_need
+        ww_ids = np.flatnonzero(self.ww)
+        if len(ww_ids) and latest > 5:
+            # Early on the route and early in the run: the stretch must be over before the end.
+            self.s[ww_ids] = (
+                rules.wrong_way_min_m + 150.0 + rng.uniform(0, 0.1, len(ww_ids)) * self.length[ww_ids]
+            )
+            self.ww_tick[ww_ids] = rng.integers(5, 15, len(ww_ids))
+            self.ww_deadline[ww_ids] = latest
+        else:
+            self.stats.skipped += len(ww_ids)
+        self.ww_phase = np.where(self.ww & (self.ww_tick >= 0), 0, WW_SKIPPED).astype(np.int8)
+        self.ww_i = np.zeros(n, dtype=np.int64)
+        self.frames = [ProcessorFrame(route.coords_lonlat) for route in self.city.routes]
+        slack = cfg.noise_bound_m + EDGE_MARGIN_M
+        self.shared = [
+            shared_stretches(route.line, rules.corridor_width_m / 2, slack) for route in self.city.routes
+        ]
+        self.end_xy = np.array([[route.line.x[-1], route.line.y[-1]] for route in self.city.routes])
+        sc_ids = np.flatnonzero(self.sched)
+        self.s[sc_ids] = rng.uniform(0, 0.25, len(sc_ids)) * self.length[sc_ids]
+        self.v[sc_ids] = 0.0
+        self.stop_until[sc_ids] = math.ceil(SCHEDULE_HOLD_S * per_s) - 1
+        self.planned_arrival_ms = np.full(n, -1, dtype=np.int64)
+        self.eta_table: dict[int, FloatArray] = {}
+        for i in sc_ids.tolist():
+            self._plan_schedule(i)
+
         horizon = np.where(self.silent_tick >= 0, self.silent_tick - 5, t - 2)
         slot = (horizon - 5) // 3
 
@@ -220,6 +301,8 @@ class Scenario:
         )
         self.dwell_tick[~has_zone] = -1
         self.dwell_phase = np.zeros(n, dtype=np.int8)
+        for at in (self.dev_tick, self.ovs_tick, self.dwell_tick):
+            at[self.exclusive] = -1
 
         # Truth state: the alert rules over the planned facts.
         self.off_route = np.zeros(n, dtype=bool)
@@ -229,6 +312,61 @@ class Scenario:
         self.overspeed = np.zeros(n, dtype=bool)
         self.over_since = np.full(n, -1, dtype=np.int64)
         self.withheld_until = np.full(n, -1, dtype=np.int64)
+        self.completed = np.zeros(n, dtype=bool)
+        self.stop_since = np.full(n, -1, dtype=np.int64)  # tick of the stop's first slow fix
+        self.stop_phase = np.zeros(n, dtype=np.int8)  # 0 pending, 1 unplanned (alerted), 2 planned
+        self.stop_x = np.zeros(n)
+        self.stop_y = np.zeros(n)
+        self.wrong = np.zeros(n, dtype=bool)
+        self.anchor_s = np.full(n, -1.0)
+        self.anchor_k = np.full(n, -1, dtype=np.int64)
+        self.anchor_fixes = np.zeros(n, dtype=np.int64)
+        self.at_risk = np.zeros(n, dtype=bool)
+
+    def _plan_schedule(self, i: int) -> None:
+        """Drive scheduled vehicle i's whole trip ahead (its kinematics involve no random event: the
+        same float operations `_tick` applies) and choose its planned arrival (simulator.trips)."""
+        cfg = self.cfg
+        dt = cfg.period_ms / 1000.0
+        ri = int(self.route_idx[i])
+        route = self.city.routes[ri]
+        length = float(self.length[i])
+        s, v, cruise, hold_until = float(self.s[i]), 0.0, float(self.cruise[i]), int(self.stop_until[i])
+        track: list[float] = []
+        for k in range(cfg.n_ticks):
+            target = 0.0 if hold_until >= k else cruise
+            v = v + min(max(target - v, -DECEL_MS2 * dt), ACCEL_MS2 * dt)
+            s = s + 1.0 * v * dt
+            if s > length:
+                break
+            track.append(s)
+        if len(track) < 3 or is_shared(self.shared[ri], track[0], reach_m=50.0):
+            # Too short, or starting where the processor cannot place it (its ETA would start later).
+            self.stats.skipped += 1
+            return
+        sa = np.array(track)
+        x, y, _tx, _ty = route.line.at(sa)
+        zero = np.zeros(len(sa))
+        on = np.ones(len(sa), dtype=bool)
+        nx, ny, _p, _o, _shift = self._zone_clamp(np.full(len(sa), ri), sa, on, zero, zero)
+        ex, ey = np.full(len(sa), self.end_xy[ri, 0]), np.full(len(sa), self.end_xy[ri, 1])
+        nx, ny = end_nudge(x, y, nx, ny, ex, ey, cfg.rules.completion_radius_m)
+        lon, lat = self.city.projection.inverse(x + nx, y + ny)
+        frame = self.frames[ri]
+        prog = frame.progress_m(lon, lat)
+        done = (sa >= length / 2) & (np.hypot(x + nx - ex, y + ny - ey) <= cfg.rules.completion_radius_m)
+        end = int(np.argmax(done)) if done.any() else len(sa)
+        ts = (cfg.start_ms + np.arange(len(sa)) * cfg.period_ms).astype(np.float64)
+        eta = eta_ms(
+            ts[:end], prog[:end], frame.length_m, cfg.assume.eta_warmup_s, cfg.assume.eta_min_speed_kmh
+        )
+        planned = plan_schedule(eta, cfg.rules.arrival_risk_s, cfg.assume.arrival_hysteresis_s)
+        if planned is None:
+            self.stats.skipped += 1
+            return
+        self.planned_arrival_ms[i] = planned
+        self.eta_table[i] = eta
+        self.stats.schedules += 1
 
     # ------------------------------------------------------------------ ticks
 
@@ -339,8 +477,46 @@ class Scenario:
             self.dwell_phase[missed] = 3
             self.stats.skipped += int(missed.sum())
 
+        # Wrong-way stretches: approach, brake, turn, reverse, turn, forward, tail.
+        ww = self.ww_phase
+        go = (
+            alive
+            & (ww == 0)
+            & (k >= self.ww_tick)
+            & ~self.completed
+            & (self.s > cfg.rules.wrong_way_min_m + 100.0)
+            & (self.s < self.length - cfg.rules.completion_radius_m - 3 * cfg.rules.wrong_way_min_m - 300.0)
+        )
+        for i in np.flatnonzero(go).tolist():
+            # The whole stretch (and the way to it) on a part of the route the processor can place.
+            reach = cfg.rules.wrong_way_min_m + 250.0
+            go[i] = not is_shared(self.shared[int(self.route_idx[i])], float(self.s[i]), reach_m=reach)
+        missed_w = self.ww & (ww == 0) & ~go & (k > self.ww_deadline)
+        ww[missed_w] = WW_SKIPPED
+        self.stats.skipped += int(missed_w.sum())
+        ww[go] = 1
+        self.ww_i[go] = 0
+        self.stop_until[go] = -1
+        self.stats.wrong_ways += int(go.sum())
+        cur = ww.copy()  # one phase per tick at most
+        for phase, done in (
+            (1, self.ww_i >= WW_APPROACH),
+            (2, self.v == 0.0),
+            (3, self.ww_i >= WW_HOLD),
+            (4, self.ww_i >= self.ww_back),
+            (5, self.v == 0.0),
+            (6, self.ww_i >= WW_HOLD),
+            (7, self.ww_i >= self.ww_back),
+            (8, self.ww_i >= WW_TAIL),
+        ):
+            nxt = (cur == phase) & done & ~go
+            ww[nxt] = phase + 1
+            self.ww_i[nxt] = 0
+        ww_active = np.isin(ww, WW_ACTIVE)
+        exact = self.sched | ww_active  # driven without GPS noise (simulator.trips)
+
         # Random stops (traffic lights, deliveries) for vehicles in no episode.
-        free = alive & ~excursion & ~speeding & (self.stop_until < k)
+        free = alive & ~excursion & ~speeding & (self.stop_until < k) & ~exact
         p_stop = cfg.stops_per_hour / 3600 * dt
         starts = free & (rng.random(n) < p_stop)
         self.stop_until[starts] = k + (rng.uniform(5, 40, int(starts.sum())) / dt).astype(np.int64)
@@ -349,8 +525,14 @@ class Scenario:
         moving = alive & ~excursion
         target = np.where(self.stop_until >= k, 0.0, self.cruise)
         target = np.where(speeding, self.v_over, target)
+        target = np.where((ww == 2) | (ww == 5), 0.0, target)
         dv = np.clip(target - self.v, -DECEL_MS2 * dt, ACCEL_MS2 * dt)
         self.v = np.where(moving, self.v + dv, self.v)
+        # The wrong-way legs follow their profile (simulator.trips) from standstill at each turn.
+        leg = (ww == 4) | (ww == 7)
+        profile_v = self.ww_profile[np.clip(self.ww_i, 0, self.ww_back - 1)]
+        self.v = np.where(leg, profile_v, np.where((ww == 3) | (ww == 6), 0.0, self.v))
+        self.direction = np.where(ww == 4, -1.0, np.where(ww == 7, 1.0, self.direction))
         s = np.where(moving, self.s + self.direction * self.v * dt, self.s)
         over = s > self.length
         s = np.where(over, 2 * self.length - s, s)
@@ -386,28 +568,12 @@ class Scenario:
             rng.normal(0, cfg.noise_sigma_m, n), rng.normal(0, cfg.noise_sigma_m, n), cfg.noise_bound_m
         )
         on_route = ~excursion
-        h = cfg.assume.hysteresis_m
-        in_poly = np.zeros((n, max(self.zmax, 1)), dtype=bool)
-        in_outer = np.zeros_like(in_poly)
-        if self.zmax:
-            clamp = min(ZONE_CLAMP_M, h / 4) if h > 0 else ZONE_CLAMP_M
-            for zi in range(self.zmax):
-                a = self.za[self.route_idx, zi]
-                b = self.zb[self.route_idx, zi]
-                valid = on_route & ~np.isnan(a)
-                a0, b0 = np.nan_to_num(a, nan=-1e12), np.nan_to_num(b, nan=-1e12)
-                tzx, tzy = self.tzx[self.route_idx, zi], self.tzy[self.route_idx, zi]
-                along = nx * tzx + ny * tzy
-                new = s_eff + along
-                for thr in (a0 - h, a0, b0, b0 + h):
-                    above = s_eff > thr
-                    new = np.where(valid & above, np.maximum(new, thr + clamp), new)
-                    new = np.where(valid & ~above, np.minimum(new, thr - clamp), new)
-                fix = new - s_eff - along
-                nx, ny = nx + fix * tzx, ny + fix * tzy
-                in_poly[:, zi] = valid & (s_eff > a0) & (s_eff < b0)
-                in_outer[:, zi] = valid & (s_eff > a0 - h) & (s_eff < b0 + h)
-        lon, lat = self.city.projection.inverse(x + nx, y + ny)
+        nx, ny = np.where(exact, 0.0, nx), np.where(exact, 0.0, ny)
+        nx, ny, in_poly, in_outer, shift_m = self._zone_clamp(self.route_idx, s_eff, on_route, nx, ny)
+        ends = self.end_xy[self.route_idx]
+        nx, ny = end_nudge(x, y, nx, ny, ends[:, 0], ends[:, 1], cfg.rules.completion_radius_m)
+        fx, fy = x + nx, y + ny
+        lon, lat = self.city.projection.inverse(fx, fy)
         heading = np.degrees(np.arctan2(hx, hy)) % 360.0
 
         # ---- truth: the alert rules over the planned facts (vehicles publishing this tick)
@@ -478,6 +644,13 @@ class Scenario:
         self.ovs_first_over[first_over] = k
         self.dev_i[excursion] += 1
 
+        # Route awareness: completion, stops, direction and arrival.
+        d_end = np.hypot(fx - ends[:, 0], fy - ends[:, 1])
+        alerted |= self._trip_truth(
+            k, alive, excursion, go, ww, s_eff, s_eff + shift_m, fx, fy, d_end, speed_kmh, in_outer, trig
+        )
+        self.ww_i[ww_active] += 1
+
         # ---- transport faults
         u = rng.random(n)
         p = cfg.inject
@@ -492,6 +665,14 @@ class Scenario:
             & ~self.overspeed
             & (self.over_since < 0)
             & (speed_kmh <= limit)
+            # A fix that comes too late is lost: never one a trip rule counts on (a stop's first
+            # fix, a fix near the end, one of a noise-free episode or a trip at risk).
+            & ~exact
+            & ~self.wrong
+            & ~self.at_risk
+            & (self.stop_since < 0)
+            & (speed_kmh > cfg.rules.stop_speed_kmh + cfg.assume.stop_hysteresis_kmh)
+            & (d_end > cfg.rules.completion_radius_m + 30.0)
         )
         dup = alive & (u < p.duplicate)
         ooo = can_hold & (u >= p.duplicate) & (u < p.duplicate + p.out_of_order)
@@ -534,6 +715,140 @@ class Scenario:
             self.stats.truth[a.type] = self.stats.truth.get(a.type, 0) + 1
         self.stats.messages += len(cols)
         return self._batch(k, ts, cols, truth)
+
+    def _zone_clamp(
+        self, route_idx: IntArray, s_eff: FloatArray, on_route: BoolArray, nx: FloatArray, ny: FloatArray
+    ) -> tuple[FloatArray, FloatArray, BoolArray, BoolArray, FloatArray]:
+        """Noise clamped so no fix crosses a zone edge (or the edge grown by the hysteresis band)
+        relative to its planned position; with each fix's zone memberships as planned, and the
+        along-route shift the clamp added (all there is of a noise-free fix's offset)."""
+        n, h = len(s_eff), self.cfg.assume.hysteresis_m
+        in_poly = np.zeros((n, max(self.zmax, 1)), dtype=bool)
+        in_outer = np.zeros_like(in_poly)
+        shift = np.zeros(n)
+        if not self.zmax:
+            return nx, ny, in_poly, in_outer, shift
+        clamp = min(ZONE_CLAMP_M, h / 4) if h > 0 else ZONE_CLAMP_M
+        for zi in range(self.zmax):
+            a = self.za[route_idx, zi]
+            b = self.zb[route_idx, zi]
+            valid = on_route & ~np.isnan(a)
+            a0, b0 = np.nan_to_num(a, nan=-1e12), np.nan_to_num(b, nan=-1e12)
+            tzx, tzy = self.tzx[route_idx, zi], self.tzy[route_idx, zi]
+            along = nx * tzx + ny * tzy
+            new = s_eff + along
+            for thr in (a0 - h, a0, b0, b0 + h):
+                above = s_eff > thr
+                new = np.where(valid & above, np.maximum(new, thr + clamp), new)
+                new = np.where(valid & ~above, np.minimum(new, thr - clamp), new)
+            fix = new - s_eff - along
+            shift += fix
+            nx, ny = nx + fix * tzx, ny + fix * tzy
+            in_poly[:, zi] = valid & (s_eff > a0) & (s_eff < b0)
+            in_outer[:, zi] = valid & (s_eff > a0 - h) & (s_eff < b0 + h)
+        return nx, ny, in_poly, in_outer, shift
+
+    def _trip_truth(
+        self,
+        k: int,
+        alive: BoolArray,
+        excursion: BoolArray,
+        go: BoolArray,
+        ww: npt.NDArray[np.int8],
+        s_eff: FloatArray,
+        progress: FloatArray,
+        fx: FloatArray,
+        fy: FloatArray,
+        d_end: FloatArray,
+        speed_kmh: FloatArray,
+        in_outer: BoolArray,
+        trig: list[tuple[int, str, str | None]],
+    ) -> BoolArray:
+        """The trip rules of processor.domain over this tick's planned facts; returns who alerted."""
+        cfg, n = self.cfg, self.n
+        rules, assume, period = cfg.rules, cfg.assume, cfg.period_ms
+        alerted = np.zeros(n, dtype=bool)
+        trip = alive & ~self.completed
+
+        # Completion: in the corridor, past half the route, within the radius of its end.
+        fin = trip & ~excursion & (s_eff >= self.length / 2) & (d_end <= rules.completion_radius_m)
+        self.completed |= fin
+        self.wrong[fin], self.at_risk[fin], self.stop_since[fin], self.stop_phase[fin] = False, False, -1, 0
+        for i in np.flatnonzero(fin).tolist():
+            trig.append((i, AlertType.ROUTE_COMPLETED.value, None))
+        alerted |= fin
+        trip &= ~fin
+
+        # Direction: only a wrong-way stretch moves progress back by the threshold; its reference
+        # point starts with the stretch's first (noise-free) fix. Its progress is the planned one
+        # plus the zone-edge clamp's shift, the only offset a noise-free fix has.
+        start = trip & go
+        self.anchor_s[start], self.anchor_k[start], self.anchor_fixes[start] = progress[start], k, 0
+        self.wrong[start] = False
+        for i in np.flatnonzero(trip & np.isin(ww, WW_ACTIVE) & ~start).tolist():
+            p, a = float(progress[i]), float(self.anchor_s[i])
+            if (p < a) if self.wrong[i] else (p > a):
+                self.anchor_s[i], self.anchor_k[i], self.anchor_fixes[i] = p, k, 0
+                continue
+            self.anchor_fixes[i] += 1
+            moved = p - a if self.wrong[i] else a - p
+            if (
+                moved >= rules.wrong_way_min_m
+                and self.anchor_fixes[i] >= rules.wrong_way_min_fixes
+                and (k - self.anchor_k[i]) * period / 1000.0 >= rules.wrong_way_min_s
+            ):
+                t = AlertType.DIRECTION_RESTORED if self.wrong[i] else AlertType.WRONG_DIRECTION
+                trig.append((i, t.value, None))
+                alerted[i] = True
+                self.wrong[i] = not self.wrong[i]
+                self.anchor_s[i], self.anchor_k[i], self.anchor_fixes[i] = p, k, 0
+
+        # Stops: exact reported speeds; a stopped vehicle moves far less than the radius.
+        if math.isfinite(rules.stop_min_s):
+            slow = speed_kmh <= rules.stop_speed_kmh
+            since, phase = self.stop_since.copy(), self.stop_phase.copy()
+            away = np.hypot(fx - self.stop_x, fy - self.stop_y)
+            stopped_s = (k - since) * period / 1000.0
+            begin = trip & (since < 0) & slow
+            pend = trip & (since >= 0) & (phase == 0)
+            conf = pend & slow & (away <= rules.stop_radius_m) & (stopped_s >= rules.stop_min_s)
+            planned: BoolArray = np.asarray((in_outer & self.zone_planned[self.route_idx]).any(axis=1))
+            creep = pend & slow & (away > rules.stop_radius_m)
+            moved = pend & ~slow
+            held = trip & (since >= 0) & (phase > 0)
+            end = held & (
+                (speed_kmh > rules.stop_speed_kmh + assume.stop_hysteresis_kmh)
+                | (away > rules.stop_radius_m + assume.hysteresis_m)
+            )
+            self.stop_phase[conf] = np.where(planned[conf], 2, 1)
+            unplanned = conf & ~planned
+            ended = end & (phase == 1)
+            for i in np.flatnonzero(unplanned).tolist():
+                trig.append((i, AlertType.UNPLANNED_STOP.value, None))
+            for i in np.flatnonzero(ended).tolist():
+                trig.append((i, AlertType.STOP_ENDED.value, None))
+            alerted |= unplanned | ended
+            self.stop_since[moved | end] = -1
+            self.stop_phase[end] = 0
+            fresh = begin | creep | (end & slow)
+            self.stop_since[fresh] = k
+            self.stop_x[fresh], self.stop_y[fresh] = fx[fresh], fy[fresh]
+            self.stop_phase[fresh] = 0
+
+        # Arrival: the scheduled trips' ETAs were computed when they were planned.
+        for i, eta in self.eta_table.items():
+            if not trip[i] or k >= len(eta) or np.isnan(eta[k]):
+                continue
+            delay_s = (float(eta[k]) - float(self.planned_arrival_ms[i])) / 1000.0
+            if not self.at_risk[i] and delay_s > rules.arrival_risk_s:
+                self.at_risk[i] = True
+                trig.append((i, AlertType.ARRIVAL_AT_RISK.value, None))
+                alerted[i] = True
+            elif self.at_risk[i] and delay_s <= rules.arrival_risk_s - assume.arrival_hysteresis_s:
+                self.at_risk[i] = False
+                trig.append((i, AlertType.ARRIVAL_BACK_ON_TIME.value, None))
+                alerted[i] = True
+        return alerted
 
     _vids: list[str] | None = None
 
