@@ -37,8 +37,10 @@ LINE = [[13.0, 52.5], [13.1, 52.5]]
 ZONE = [[13.03, 52.495], [13.04, 52.495], [13.04, 52.505], [13.03, 52.505], [13.03, 52.495]]
 
 
-def master_events() -> list[dict[str, Any]]:
-    route = {
+def master_events(trips: bool = False) -> list[dict[str, Any]]:
+    """The route, the depot and six assignments; with `trips`, rules short enough for
+    `scenario(trips=True)`'s stop, and a planned arrival for v5 that its trip cannot make."""
+    route: dict[str, Any] = {
         "route_id": "r1",
         "name": "test",
         "geometry": {"type": "LineString", "coordinates": LINE},
@@ -49,6 +51,8 @@ def master_events() -> list[dict[str, Any]]:
         "overspeed_min_s": 5,
         "silent_after_s": 60,
     }
+    if trips:
+        route.update(stop_min_s=10, arrival_risk_s=20)
     ev = [
         {"entity": "route", "id": "r1", "version": 1, "op": "upsert", "ts_ms": T0, "data": route},
         {
@@ -73,25 +77,41 @@ def master_events() -> list[dict[str, Any]]:
                 "version": 1,
                 "op": "upsert",
                 "ts_ms": T0,
-                "data": {"vehicle_id": f"v{v}", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None},
+                "data": {
+                    "vehicle_id": f"v{v}",
+                    "route_id": "r1",
+                    "valid_from_ms": 0,
+                    "valid_to_ms": None,
+                    **({"planned_arrival_ms": T0 + 30_000} if trips and v == 5 else {}),
+                },
             }
         )
     return ev
 
 
-def scenario(n_fixes: int = 60) -> list[Telemetry]:
+def scenario(n_fixes: int = 60, trips: bool = False) -> list[Telemetry]:
     """Six vehicles drive east along the route at 1 Hz. v1 leaves the corridor (300 m) for fixes
     20-29; v2 speeds at 90 km/h for fixes 10-25; every vehicle crosses the depot zone; v3 stops
-    sending after fix 30 (silent); v4's stream has duplicates; v5 is on time and calm."""
+    sending after fix 30 (silent); v4's stream has duplicates; v5 is on time and calm.
+
+    With `trips` (and `master_events(trips=True)`), the route-awareness alerts too: v0 drives 60 m
+    a fix back for fixes 35-44 (WRONG_DIRECTION, then DIRECTION_RESTORED), v4 stands still for
+    fixes 40-59 (UNPLANNED_STOP, STOP_ENDED), v5 is late for its planned arrival (ARRIVAL_AT_RISK),
+    and whoever reaches the route's end completes it (ROUTE_COMPLETED)."""
     proj = LocalProjection(13.05, 52.5)
     out = []
     for v in range(6):
         last = 30 if v == 3 else n_fixes
         for s in range(last):
             x = -3000.0 + s * 100.0
+            stopped = trips and v == 4 and 40 <= s < 60
+            if trips and v == 0 and s >= 35:
+                x = 400.0 - 60.0 * (min(s, 44) - 34) + 100.0 * max(s - 44, 0)
+            elif trips and v == 4 and s >= 40:
+                x = 1000.0 + 100.0 * max(s - 59, 0)
             y = 300.0 if (v == 1 and 20 <= s < 30) else 0.0
             lon, lat = proj.inverse(np.array([x]), np.array([y]))
-            speed = 90.0 if (v == 2 and 10 <= s < 26) else 40.0
+            speed = 90.0 if (v == 2 and 10 <= s < 26) else 0.0 if stopped else 40.0
             out.append(
                 Telemetry(
                     f"v{v}",
@@ -145,10 +165,13 @@ def processor_settings(settings: Settings, tmp: Path, **kw: Any) -> ProcessorSet
     )
 
 
-def expected_alerts(fixes: list[Telemetry], cfg: EngineConfig) -> dict[str, dict[str, Any]]:
-    """The reference: the pure engine over all fixes in one batch (no watermark, so no silence)."""
+def expected_alerts(
+    fixes: list[Telemetry], cfg: EngineConfig, master: list[dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The reference: the pure engine over all fixes in one batch (no watermark, so no silence),
+    against `master` (default `master_events()`)."""
     m = MasterState()
-    for e in master_events():
+    for e in master if master is not None else master_events():
         m.apply(e)
     df = pd.DataFrame(
         [

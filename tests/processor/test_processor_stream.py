@@ -134,9 +134,19 @@ def received(s: Settings, n: int) -> Callable[[], bool]:
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     ps = processor_settings(settings, tmp_path, processor_max_events_per_batch=60)
-    fixes = scenario(90)
-    expected = expected_alerts(fixes, ps.engine_config())
-    produce_master(settings, master_events())
+    fixes = scenario(90, trips=True)
+    expected = expected_alerts(fixes, ps.engine_config(), master_events(trips=True))
+    # The route-awareness alerts are in the stream the crashes cut through.
+    trip_types = {
+        AlertType.WRONG_DIRECTION,
+        AlertType.DIRECTION_RESTORED,
+        AlertType.UNPLANNED_STOP,
+        AlertType.STOP_ENDED,
+        AlertType.ARRIVAL_AT_RISK,
+        AlertType.ROUTE_COMPLETED,
+    }
+    assert {a["type"] for a in expected.values()} >= trip_types
+    produce_master(settings, master_events(trips=True))
     rng = random.Random(7)
     # Store and forward: v1 is out of coverage from its fix 15 to 59 (its deviation, return and
     # depot visit happen there); its tracker uploads them once back, after the fleet's minute 59,
