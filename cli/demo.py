@@ -171,7 +171,7 @@ def run_demo(
                 vehicles=vehicles,
                 duration_s=duration_s,
                 seed=seed,
-                route_length_m=6000.0,
+                route_length_m=3000.0,  # short enough that some vehicles reach the end (ROUTE_COMPLETED)
                 rules=rules,
                 inject=inject,
                 start_ms=start_ms_for(None, True, duration_s, 1000),
