@@ -334,3 +334,93 @@ FAST_SEEN: list[int] = []
 
 def test_the_route_awareness_property_exercised_the_fast_path() -> None:
     assert sum(FAST_SEEN) > 0
+
+
+# --------------------------------------------------------------------------- no flapping, replays
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(min_value=0.0, max_value=7.9), st.floats(min_value=-20.0, max_value=20.0)),
+        min_size=1,
+        max_size=200,
+    )
+)
+def test_a_stop_raises_at_most_one_alert_under_speed_and_position_jitter(
+    jitter: list[tuple[float, float]],
+) -> None:
+    """Standing still with the speed reading jittering up to 7.9 km/h (under the stop speed plus
+    the hysteresis) and the position by +-20 m (inside the radius plus the hysteresis band): one
+    UNPLANNED_STOP at most, and no STOP_ENDED while it stands."""
+    _, alerts = fold([on(1000.0 + dx, k, speed=0.0 if k == 0 else v) for k, (v, dx) in enumerate(jitter)])
+    stops = [a.type for a in alerts if a.type in (AlertType.UNPLANNED_STOP, AlertType.STOP_ENDED)]
+    assert stops in ([], [AlertType.UNPLANNED_STOP])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(min_value=-59.0, max_value=59.0), min_size=1, max_size=80), st.floats(-100.0, 100.0)
+)
+def test_arrival_alerts_do_not_flap_while_the_delay_jitters_within_the_hysteresis(
+    jitter_s: list[float], offset_s: float
+) -> None:
+    """A trip whose ETA jitters by less than half the hysteresis (120 s) either side of a level:
+    one ARRIVAL_AT_RISK at most and never ARRIVAL_BACK_ON_TIME, whatever the level."""
+    fixes = []
+    for k, j in enumerate([0.0, *jitter_s]):
+        t = 10.0 * k
+        # Progress that gives exactly this ETA at the trip's average speed: t + (L - p) t / p = E.
+        eta_s = 1000.0 + j
+        p = 10_000.0 * t / eta_s
+        fixes.append(
+            Fix(
+                k,
+                T0 + int(t * 1000),
+                52.0,
+                13.0,
+                36.0,
+                0,
+                "r1",
+                1,
+                True,
+                True,
+                progress_m=(p,),
+                route_length_m=10_000.0,
+                end_distance_m=10_000.0 - p,
+                planned_arrival_ms=T0 + int((1000.0 - offset_s) * 1000),
+            )
+        )
+    rules = RouteRules(**{**RULES.__dict__, "arrival_risk_s": 60.0, "wrong_way_min_m": float("inf")})
+    risk = [a.type for a in fold(fixes, rules)[1]]
+    assert risk.count(AlertType.ARRIVAL_AT_RISK) <= 1
+    assert AlertType.ARRIVAL_BACK_ON_TIME not in risk
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(move, min_size=1, max_size=120), st.integers(min_value=1, max_value=4), st.data())
+def test_replaying_any_batches_again_raises_nothing_new(
+    moves: list[tuple[str, float, float, float]], n_batches: int, data: st.DataObject
+) -> None:
+    """A restart re-reads what it had applied: every replayed fix is a duplicate, no alert repeats."""
+    pos: dict[str, float] = {}
+    track = []
+    for v, dx, y, speed in moves:
+        pos[v] = min(max(pos.get(v, 100.0) + dx, 0.0), 3000.0)
+        track.append((v, pos[v], y, speed))
+    df = frame(track)
+    batches = [df.iloc[i::n_batches] for i in range(n_batches)]
+    m = master(straight_route(), {"planned_arrival_ms": T0 + 30_000})
+    cat = Catalog(CFG)
+    states = empty_states()
+    held: dict[str, list[RawFix]] = {}
+    for i, b in enumerate(batches):
+        r = process_bucket(states, held, m, b, 0, CFG, cat)
+        states, held = r.states, r.held
+        again = data.draw(st.sampled_from(batches[: i + 1]))
+        before = [states.state(v) for v in states.ids]
+        r2 = process_bucket(states, held, m, again, 0, CFG, cat)
+        states, held = r2.states, r2.held
+        assert r2.alerts == []
+        assert r2.accepted == 0
+        assert [states.state(v) for v in states.ids] == before
