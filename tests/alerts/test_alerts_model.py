@@ -106,6 +106,18 @@ def test_open_conditions_follow_the_contract() -> None:
         None,
         ("ZONE:depot-1", "VEHICLE_SILENT"),
     )
+    # The trip's conditions (issue #26); completing the route ends whichever is still open.
+    for opens, closes in (
+        ("WRONG_DIRECTION", "DIRECTION_RESTORED"),
+        ("UNPLANNED_STOP", "STOP_ENDED"),
+        ("ARRIVAL_AT_RISK", "ARRIVAL_BACK_ON_TIME"),
+    ):
+        assert change(opens) == (opens, ("VEHICLE_SILENT",))
+        assert change(closes) == (None, (opens, "VEHICLE_SILENT"))
+    assert change("ROUTE_COMPLETED") == (
+        None,
+        ("WRONG_DIRECTION", "UNPLANNED_STOP", "ARRIVAL_AT_RISK", "VEHICLE_SILENT"),
+    )
 
 
 def test_signature_matches_and_detects_tampering() -> None:
