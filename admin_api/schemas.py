@@ -7,12 +7,14 @@ properties (`version`, `updated`) a client echoes back from a GET.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from fleetfence.contracts import AlertType
 from vehicle_master.models import (
+    MAX_MS,
     AssignmentData,
     EntityId,
     LineString,
@@ -22,6 +24,16 @@ from vehicle_master.models import (
     ZoneGeometry,
     ZoneProps,
 )
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_ms(t: datetime) -> int:
+    """An aware time as epoch ms, exactly: `int(t.timestamp() * 1000)` goes through a float and
+    lands a millisecond early for about one time in a hundred, so a time read back from a GET
+    (`.123Z`) and sent again would not name the same instant."""
+    return (t - EPOCH) // timedelta(milliseconds=1)
+
 
 ROUTE_EXAMPLE: dict[str, Any] = {
     "type": "Feature",
@@ -35,6 +47,10 @@ ROUTE_EXAMPLE: dict[str, Any] = {
         "deviation_min_s": 0,
         "overspeed_min_s": 10,
         "silent_after_s": 120,
+        "wrong_way_min_m": 100,
+        "stop_min_s": 300,
+        "arrival_risk_s": 600,
+        "planned_duration_s": 1800,
     },
 }
 ZONE_EXAMPLE: dict[str, Any] = {
@@ -78,8 +94,12 @@ ASSIGNMENT_OUT_EXAMPLE: dict[str, Any] = {
     "route_id": "r-berlin-1",
     "valid_from_ms": 1_795_327_200_000,
     "valid_to_ms": None,
+    "planned_departure_ms": 1_795_327_200_000,
+    "planned_arrival_ms": 1_795_329_000_000,
     "valid_from": UPDATED_EXAMPLE,
     "valid_to": None,
+    "planned_departure": UPDATED_EXAMPLE,
+    "planned_arrival": "2026-11-22T06:30:00.000Z",
     "version": 2,
     "updated": UPDATED_EXAMPLE,
 }
@@ -110,8 +130,18 @@ LIVE_EXAMPLE: dict[str, Any] = {
     "route_version": 3,
     "progress_m": 1250.0,
     "progress_ratio": 0.42,
+    "distance_m": 212.4,
     "zones": [],
     "unassigned_fixes": 0,
+    "wrong_way": False,
+    "stop": None,
+    "stopped_since_ms": None,
+    "eta_ms": 1_795_321_850_000,
+    "planned_arrival_ms": 1_795_321_200_000,
+    "delay_s": 650.0,
+    "arrival_at_risk": True,
+    "completed": False,
+    "off_route_m": 212.4,
     "h3": "891f1d48947ffff",
     "updated_ms": 1_795_320_933_300,
     "open_alerts": [ALERT_EXAMPLE],
@@ -271,7 +301,14 @@ class AssignmentIn(BaseModel):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"vehicle_id": "truck-042", "route_id": "r-berlin-1", "valid_from": "2026-11-22T06:00:00Z"}
+                {"vehicle_id": "truck-042", "route_id": "r-berlin-1", "valid_from": "2026-11-22T06:00:00Z"},
+                {
+                    "vehicle_id": "truck-042",
+                    "route_id": "r-berlin-1",
+                    "valid_from": "2026-11-22T06:00:00Z",
+                    "planned_departure": "2026-11-22T06:00:00Z",
+                    "planned_arrival": "2026-11-22T06:30:00Z",
+                },
             ]
         },
     )
@@ -284,16 +321,62 @@ class AssignmentIn(BaseModel):
         "telemetry needs an earlier valid_from.",
     )
     valid_to: AwareDatetime | None = Field(default=None, description="Open-ended when null.")
+    planned_departure: AwareDatetime | None = Field(
+        default=None,
+        description="Optional: when the trip is planned to start. With the route's planned_duration_s "
+        "it gives the planned arrival when the assignment names none. Or send planned_departure_ms.",
+    )
+    planned_arrival: AwareDatetime | None = Field(
+        default=None,
+        description="Optional: when the trip is planned to end; must be after planned_departure. "
+        "ARRIVAL_AT_RISK compares the trip's ETA with it (no arrival alerts without a planned arrival "
+        "or a route planned_duration_s). Or send planned_arrival_ms.",
+    )
+    planned_departure_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_MS,
+        description="planned_departure as epoch ms UTC (as a GET returns it); if both are sent they must "
+        "name the same millisecond.",
+    )
+    planned_arrival_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_MS,
+        description="planned_arrival as epoch ms UTC (as a GET returns it); if both are sent they must "
+        "name the same millisecond.",
+    )
     version: int | None = Field(default=None, description="Ignored on input; use If-Match.")
     updated: str | None = None
     valid_from_ms: int | None = Field(default=None, description="Ignored on input (read-only).")
     valid_to_ms: int | None = Field(default=None, description="Ignored on input (read-only).")
+
+    @model_validator(mode="after")
+    def _one_planned_time_each(self) -> AssignmentIn:
+        """A planned time may come as ISO or as epoch ms (a GET body sent back has both): two values
+        that disagree are refused rather than one silently winning."""
+        for name in ("planned_departure", "planned_arrival"):
+            iso: datetime | None = getattr(self, name)
+            ms: int | None = getattr(self, f"{name}_ms")
+            if iso is not None and ms is not None and epoch_ms(iso) != ms:
+                raise ValueError(
+                    f"{name} ({iso.isoformat()}) and {name}_ms ({ms}) name different times: send one"
+                )
+        return self
+
+    def planned_ms(self, name: Literal["planned_departure", "planned_arrival"]) -> int | None:
+        """The planned time `name` in epoch ms, from whichever form was sent (None: not planned)."""
+        iso: datetime | None = getattr(self, name)
+        ms: int | None = getattr(self, f"{name}_ms")
+        return ms if iso is None else epoch_ms(iso)
 
 
 class AssignmentOut(AssignmentData):
     model_config = ConfigDict(json_schema_extra={"examples": [ASSIGNMENT_OUT_EXAMPLE]})
     valid_from: str
     valid_to: str | None
+    planned_departure: str | None = Field(default=None, description="planned_departure_ms as ISO 8601 UTC.")
+    planned_arrival: str | None = Field(default=None, description="planned_arrival_ms as ISO 8601 UTC.")
     version: int
     updated: str
     warnings: list[str] = Field(
@@ -356,8 +439,15 @@ class LiveState(BaseModel):
     silent: bool
     route_id: str | None = None
     route_version: int | None = None
-    progress_m: float | None = None
-    progress_ratio: float | None = None
+    progress_m: float | None = Field(
+        default=None,
+        description="Metres along the route from its start, on the pass of the route the vehicle is "
+        "driving (a street the route uses twice counts where this trip is, not the nearer pass).",
+    )
+    progress_ratio: float | None = Field(default=None, description="progress_m over the route's length, 0-1.")
+    distance_m: float | None = Field(
+        default=None, description="Metres from the route's line; null without a route."
+    )
     zones: list[str] = Field(default_factory=list)
     unassigned_fixes: int = Field(
         default=0,
@@ -365,8 +455,49 @@ class LiveState(BaseModel):
         description="Fixes of this vehicle with no assignment valid at their event time (no route alerts "
         "for them): non-zero after back-filled or replayed telemetry older than the assignment's valid_from.",
     )
-    h3: str | None = None
-    updated_ms: int
+    # The trip along the assigned route (issue #26). States written before it lack these fields:
+    # the defaults below are what such a state means.
+    wrong_way: bool = Field(
+        default=False, description="Driving the route backwards (WRONG_DIRECTION open, not yet restored)."
+    )
+    stop: Literal["unplanned", "planned"] | None = Field(
+        default=None,
+        description="Standing still for at least the route's stop_min_s: `unplanned` (UNPLANNED_STOP "
+        "open) or `planned` (in a zone marked as a stop); null when moving.",
+    )
+    stopped_since_ms: int | None = Field(
+        default=None, description="Epoch ms UTC when the current stop began; null when not stopped."
+    )
+    eta_ms: int | None = Field(
+        default=None,
+        description="Estimated arrival at the route's end, epoch ms UTC (remaining distance at the "
+        "trip's average speed); null before the trip has run long enough to tell, or without a route.",
+    )
+    planned_arrival_ms: int | None = Field(
+        default=None,
+        description="The trip's planned arrival, epoch ms UTC: the assignment's, else its planned "
+        "departure (or the trip's start) plus the route's planned_duration_s; null when unplanned.",
+    )
+    delay_s: float | None = Field(
+        default=None,
+        description="Seconds the ETA is later than the planned arrival (negative: early); null without "
+        "an ETA or a planned arrival.",
+    )
+    arrival_at_risk: bool = Field(
+        default=False, description="ARRIVAL_AT_RISK open: delay_s beyond the route's arrival_risk_s."
+    )
+    completed: bool = Field(
+        default=False, description="The trip reached the route's end (ROUTE_COMPLETED raised)."
+    )
+    off_route_m: float = Field(
+        default=0.0, ge=0, description="Metres driven outside the corridor on this trip so far."
+    )
+    # docs/contracts.md lists both, but the processor's live rows (processor/live.py) carry neither:
+    # optional here, so the schema does not promise what a client will not find.
+    h3: str | None = Field(default=None, description="Resolution 9 H3 cell, when the writer records it.")
+    updated_ms: int | None = Field(
+        default=None, description="When the state was written, epoch ms UTC, when the writer records it."
+    )
     open_alerts: list[Alert] = Field(default_factory=list, description="Only on the single-vehicle read.")
 
 

@@ -33,6 +33,7 @@ from admin_api.schemas import (
     ZoneCollection,
     ZoneFeature,
     ZoneFeatureIn,
+    epoch_ms,
     problem_doc,
 )
 from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity, ms_to_iso, utc_now_ms
@@ -75,13 +76,24 @@ WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
 # --------------------------------------------------------------------------- shared plumbing
 
 
+def _render(rec: MasterRecord) -> dict[str, Any]:
+    """The vehicle master's rendering, plus an assignment's planned times in ISO 8601 next to their
+    epoch ms, as its validity window already is (what a person reads, and what AssignmentIn takes)."""
+    body = render(rec)
+    if rec.entity is MasterEntity.ASSIGNMENT:
+        for name in ("planned_departure", "planned_arrival"):
+            ms = body.get(f"{name}_ms")
+            body[name] = None if ms is None else ms_to_iso(ms)
+    return body
+
+
 def _one(
     rec: MasterRecord, status: int = 200, location: str | None = None, warnings: list[str] | None = None
 ) -> Response:
     headers = {"ETag": etag(rec.version)}
     if location:
         headers["Location"] = location
-    body = render(rec)
+    body = _render(rec)
     if warnings:
         body["warnings"] = warnings
     return OrjsonResponse(body, status_code=status, headers=headers)
@@ -91,9 +103,9 @@ def _page(recs: list[MasterRecord], limit: int, geo: bool) -> Response:
     nxt = recs[-1].id if len(recs) == limit else None
     body: dict[str, Any]
     if geo:
-        body = {"type": "FeatureCollection", "features": [render(r) for r in recs], "next_after": nxt}
+        body = {"type": "FeatureCollection", "features": [_render(r) for r in recs], "next_after": nxt}
     else:
-        body = {"items": [render(r) for r in recs], "next_after": nxt}
+        body = {"items": [_render(r) for r in recs], "next_after": nxt}
     return OrjsonResponse(body)
 
 
@@ -305,8 +317,10 @@ def _assignment(body: AssignmentIn, eid: str | None) -> EntityData:
     raw: dict[str, Any] = {
         "vehicle_id": body.vehicle_id,
         "route_id": body.route_id,
-        "valid_from_ms": utc_now_ms() if body.valid_from is None else int(body.valid_from.timestamp() * 1000),
-        "valid_to_ms": None if body.valid_to is None else int(body.valid_to.timestamp() * 1000),
+        "valid_from_ms": utc_now_ms() if body.valid_from is None else epoch_ms(body.valid_from),
+        "valid_to_ms": None if body.valid_to is None else epoch_ms(body.valid_to),
+        "planned_departure_ms": body.planned_ms("planned_departure"),
+        "planned_arrival_ms": body.planned_ms("planned_arrival"),
     }
     return _doc(MasterEntity.ASSIGNMENT, raw, eid)
 
@@ -355,7 +369,9 @@ async def create_assignment(
 ) -> Response:
     """Assign a vehicle to a route (409 if it has one: PUT replaces). 422 for an unknown vehicle or route.
 
-    `warnings` names telemetry the vehicle already sent before `valid_from`: it stays unassigned."""
+    `planned_departure` and `planned_arrival` (or their `_ms` forms) plan the trip: ARRIVAL_AT_RISK
+    compares its ETA with the planned arrival. `warnings` names telemetry the vehicle already sent
+    before `valid_from`: it stays unassigned."""
     data = _assignment(body, None)
     return await _create(master, data, "assignments", await _coverage_warnings(data, r, request))
 

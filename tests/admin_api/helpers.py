@@ -100,6 +100,26 @@ class Cli:
         return res
 
 
+class AlertHistory:
+    """The alert history receiver's sink on a Redis: one Lua script stores an alert, updates the
+    vehicle's open conditions and publishes it, exactly as `alerts run` does."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self.sink = HistorySink(redis.Redis.from_url(redis_url), prefix)
+        self.ctx = Context(
+            SourceRecord("t", 0, 0, None),
+            ReceiverMetrics("history", CollectorRegistry()),
+            None,
+            threading.Event(),
+        )
+
+    def deliver(self, alert: dict[str, Any]) -> None:
+        assert self.sink.deliver(parse_alert(orjson.dumps(alert)), self.ctx) is Outcome.DELIVERED
+
+    def close(self) -> None:
+        self.sink.close()
+
+
 class MapServer:
     """`fleetfence api` for the map (no relay) with the processor's live-state writer and the alert
     history receiver's sink, so the page sees exactly what production publishes."""
@@ -124,13 +144,7 @@ class MapServer:
                 "redisprefix": conf.redis_prefix,
             }
         )
-        self.history = HistorySink(redis.Redis.from_url(conf.redis_dsn), conf.redis_prefix)
-        self.ctx = Context(
-            SourceRecord("t", 0, 0, None),
-            ReceiverMetrics("map", CollectorRegistry()),
-            None,
-            threading.Event(),
-        )
+        self.history = AlertHistory(conf.redis_dsn, conf.redis_prefix)
 
     def write_live(self, states: list[dict[str, Any]], written: int | None = None) -> None:
         """Exactly the processor's path: pack per bucket, unpack in the sink, Lua write + publish
@@ -140,7 +154,7 @@ class MapServer:
 
     def deliver_alert(self, alert: dict[str, Any]) -> None:
         """Exactly the alert history receiver's path: one Lua script that stores and publishes."""
-        assert self.history.deliver(parse_alert(orjson.dumps(alert)), self.ctx) is Outcome.DELIVERED
+        self.history.deliver(alert)
 
 
 @contextmanager

@@ -207,7 +207,11 @@ def _bad_route(**change: Any) -> dict[str, Any]:
             },
             "must be closed",
         ),
-        ("zones", zone_feature("zb", kind="volcano"), "'depot', 'restricted', 'customer' or 'other'"),
+        (
+            "zones",
+            zone_feature("zb", kind="volcano"),
+            "'depot', 'restricted', 'customer', 'rest_area' or 'other'",
+        ),
         ("vehicles", {"label": "no id"}, "vehicle_id is required"),
         ("vehicles", {"vehicle_id": "v9", "label": ""}, "at least 1 character"),
         ("assignments", {"vehicle_id": "nobody", "route_id": "r1"}, "unknown vehicle"),
