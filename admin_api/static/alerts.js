@@ -3,29 +3,60 @@
 // opens the vehicle's panel.
 
 import { state } from "./state.js";
-import { $, activatable, el, fmtTime } from "./dom.js";
-import { ALERT_LABEL } from "./labels.js";
+import { $, activatable, el, fmtDelay, fmtDuration, fmtKm, fmtTime } from "./dom.js";
+import { ALERT_LABEL, alertTone } from "./labels.js";
 import { selectVehicle } from "./vehicles.js";
 
 const L = window.L;
 const MAX_ALERTS = 200;
 
+const num = (v) => typeof v === "number" && Number.isFinite(v);
+
+/** The one fact of a trip alert's `details` an operator wants in the list ("" for other types or
+ * details an older processor did not send): how far back, how long stopped, how late, how it ended. */
+export function alertDetail(a) {
+  const d = a.details || {};
+  switch (a.type) {
+    case "WRONG_DIRECTION":
+      return num(d.moved_m) ? `${fmtKm(d.moved_m)} back` : "";
+    case "DIRECTION_RESTORED":
+      return num(d.moved_m) ? `${fmtKm(d.moved_m)} forward` : "";
+    case "UNPLANNED_STOP":
+      return num(d.stopped_s) ? `stopped ${fmtDuration(d.stopped_s)}` : "";
+    case "STOP_ENDED":
+      return num(d.duration_s) ? `after ${fmtDuration(d.duration_s)}` : "";
+    case "ARRIVAL_AT_RISK":
+    case "ARRIVAL_BACK_ON_TIME":
+      return num(d.delay_s) ? `ETA ${fmtDelay(d.delay_s)}` : "";
+    case "ROUTE_COMPLETED": {
+      const parts = [];
+      if (num(d.duration_s)) parts.push(`in ${fmtDuration(d.duration_s)}`);
+      if (num(d.delay_s)) parts.push(fmtDelay(d.delay_s));
+      return parts.join(", ");
+    }
+    default:
+      return "";
+  }
+}
+
 export function addAlert(a, live) {
   if (!a || typeof a.alert_id !== "string" || state.alerts.has(a.alert_id)) return;
   const ol = $("alerts");
   const label = ALERT_LABEL[a.type] || a.type;
+  const tone = alertTone(a.type);
   const subject = a.zone_id ? ` ${a.zone_id}` : a.route_id ? ` ${a.route_id}` : "";
+  const detail = alertDetail(a);
   const li = activatable(
     el(
       "li",
-      { "data-alert-id": a.alert_id, "data-vehicle-id": a.vehicle_id, class: `alert al-${a.type}` },
+      { "data-alert-id": a.alert_id, "data-vehicle-id": a.vehicle_id, "data-tone": tone, class: `alert al-${a.type} tone-${tone}` },
       el("span", { class: "al-type", text: label }),
       el("strong", { text: ` ${a.vehicle_id}` }),
-      el("span", { class: "sub", text: `${subject} · ${fmtTime(a.ts_ms)}` }),
+      el("span", { class: "sub", text: `${subject}${detail ? ` · ${detail}` : ""} · ${fmtTime(a.ts_ms)}` }),
     ),
     () => focusAlert(a.alert_id),
   );
-  li.setAttribute("aria-label", `${label}, vehicle ${a.vehicle_id}, ${fmtTime(a.ts_ms)}`);
+  li.setAttribute("aria-label", `${label}, vehicle ${a.vehicle_id}${detail ? `, ${detail}` : ""}, ${fmtTime(a.ts_ms)}`);
   // Newest first by event time; a live alert is normally the newest, a replayed one slots in.
   let before = null;
   for (const child of ol.children) {

@@ -9,7 +9,7 @@
 //
 // Modules: state.js (shared state), dom.js (DOM/text helpers), geo.js (geometry), labels.js (status
 // and alert words), routes.js, zones.js, vehicles.js, alerts.js (map layers and panels), stream.js
-// (live feed), editor.js (drawing and forms), schema.js (route defaults from /openapi.json),
+// (live feed), editor.js (drawing and forms), schema.js (route defaults, zone kinds: /openapi.json),
 // auth.js (key dialog), api.js (fetch + key), grid.js (offline base layer).
 
 import { api, ApiError, clearKey, getKey, listAll, setKey } from "./api.js";

@@ -59,3 +59,21 @@ export function ago(ms) {
 export function fmtKm(m) {
   return m >= 1000 ? `${(m / 1000).toFixed(2)} km` : `${Math.round(m)} m`;
 }
+
+/** A length of time in seconds, in the unit a person reads it in: "45 s", "12 min", "2 h 05 min". */
+export function fmtDuration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 90) return `${s} s`;
+  const min = Math.round(s / 60);
+  if (min < 90) return `${min} min`;
+  return `${Math.floor(min / 60)} h ${String(min % 60).padStart(2, "0")} min`;
+}
+
+/** The ETA against the plan (the API's `delay_s`, positive when late) in whole minutes with its
+ * sign: "+12 min (late)", "-3 min (early)", "0 min (on time)". */
+export function fmtDelay(delayS) {
+  const min = Math.round(delayS / 60);
+  if (min > 0) return `+${min} min (late)`;
+  if (min < 0) return `-${-min} min (early)`;
+  return "0 min (on time)";
+}

@@ -7,7 +7,7 @@ import { state } from "./state.js";
 import { $, el, fmtKm, say, showPanel } from "./dom.js";
 import { lineLengthM } from "./geo.js";
 import { addRoute, selectRoute } from "./routes.js";
-import { routeDefaults } from "./schema.js";
+import { routeDefaults, zoneSchema } from "./schema.js";
 import { addZone, ZONE_COLOUR } from "./zones.js";
 
 // What the new-route form suggests for the two rules the API requires: the model has no default
@@ -73,8 +73,28 @@ function num(v) {
   return v === "" || v === undefined ? NaN : Number(v);
 }
 
+/** An input that may be left empty: null then, which switches a rule off where the model allows
+ * null, and is refused by the API (with its own message) where it does not. */
+function numOrNull(v) {
+  return v === "" || v === undefined ? null : Number(v);
+}
+
+// The trip rules (issue #26) every route carries. The form sends all of them on every save: a PUT
+// replaces the whole route, so a rule the form left out would silently fall back to its default.
+const TRIP_RULES = [
+  "wrong_way_min_m",
+  "wrong_way_min_fixes",
+  "wrong_way_min_s",
+  "stop_min_s",
+  "stop_speed_kmh",
+  "stop_radius_m",
+  "arrival_risk_s",
+  "planned_duration_s",
+  "completion_radius_m",
+];
+
 function routeProps(values) {
-  return {
+  const props = {
     name: values.name,
     corridor_width_m: num(values.corridor_width_m),
     speed_limit_kmh: num(values.speed_limit_kmh),
@@ -83,6 +103,8 @@ function routeProps(values) {
     overspeed_min_s: num(values.overspeed_min_s),
     silent_after_s: num(values.silent_after_s),
   };
+  for (const name of TRIP_RULES) props[name] = numOrNull(values[name]);
+  return props;
 }
 
 function routeFields(p, withId) {
@@ -95,7 +117,52 @@ function routeFields(p, withId) {
     numberField("deviation_min_s", "…and at least (s)", p.deviation_min_s, { min: "0" }),
     numberField("overspeed_min_s", "Speeding alert after (s)", p.overspeed_min_s, { min: "0" }),
     numberField("silent_after_s", "Silent after (s)", p.silent_after_s, { min: "1" }),
+    el(
+      "fieldset",
+      { class: "rules", id: "trip-rules" },
+      el("legend", { text: "Trip: direction, stops, arrival" }),
+      numberField("wrong_way_min_m", "Wrong way after going back (m, empty: off)", p.wrong_way_min_m, { min: "0" }),
+      numberField("wrong_way_min_fixes", "Wrong way over at least N fixes", p.wrong_way_min_fixes, { min: "1", step: "1" }),
+      numberField("wrong_way_min_s", "Wrong way over at least (s)", p.wrong_way_min_s, { min: "0" }),
+      numberField("stop_min_s", "Unplanned stop after (s, empty: off)", p.stop_min_s, { min: "1" }),
+      numberField("stop_speed_kmh", "Stopped below (km/h)", p.stop_speed_kmh, { min: "0" }),
+      numberField("stop_radius_m", "Stopped within (m)", p.stop_radius_m, { min: "1" }),
+      numberField("arrival_risk_s", "Arrival at risk when late by (s, empty: off)", p.arrival_risk_s, { min: "0" }),
+      numberField("planned_duration_s", "Planned trip time (s, optional)", p.planned_duration_s, { min: "1" }),
+      numberField("completion_radius_m", "Completed within (m of the end)", p.completion_radius_m, { min: "1" }),
+    ),
   ].filter(Boolean);
+}
+
+/** The zone form's kind and planned-stop choices, from the API's schema when it could be read
+ * (else the kinds this page has colours for, and no explanation). */
+async function zoneChoices() {
+  const schema = await zoneSchema();
+  const kinds = schema ? schema.kinds : Object.keys(ZONE_COLOUR);
+  const chosen = schema && kinds.includes(schema.defaultKind) ? schema.defaultKind : kinds[0];
+  const kindSelect = el(
+    "select",
+    { id: "f-kind", name: "kind" },
+    ...kinds.map((k) => el("option", { value: k, text: k.replaceAll("_", " "), selected: k === chosen })),
+  );
+  const help = schema && schema.plannedStopHelp;
+  const stopSelect = el(
+    "select",
+    { id: "f-planned_stop", name: "planned_stop", "aria-describedby": help ? "f-planned_stop-help" : null },
+    el("option", { value: "", text: "by kind" }),
+    el("option", { value: "true", text: "yes" }),
+    el("option", { value: "false", text: "no" }),
+  );
+  return [
+    el("div", { class: "field" }, el("label", { for: "f-kind", text: "Kind" }), kindSelect),
+    el(
+      "div",
+      { class: "field" },
+      el("label", { for: "f-planned_stop", text: "Planned stop" }),
+      stopSelect,
+      help ? el("p", { class: "hint", id: "f-planned_stop-help", text: help }) : null,
+    ),
+  ];
 }
 
 export function startDraw(kind) {
@@ -147,20 +214,21 @@ export async function onShapeDrawn(e) {
       cancelDrawing,
     );
   } else {
-    const kinds = Object.keys(ZONE_COLOUR);
-    const kindSelect = el("select", { id: "f-kind", name: "kind" }, ...kinds.map((k) => el("option", { value: k, text: k })));
+    const choices = await zoneChoices(); // the schema was read at start-up: normally already there
+    if (!state.drawing || state.drawing.layer !== e.layer) return; // cancelled meanwhile
     openEditor(
       "New zone",
       `${geometry.coordinates[0].length - 1} corners.`,
       [
         field("id", "Zone id", "", { required: true, autocomplete: "off" }),
         field("name", "Name", "", { required: true }),
-        el("div", { class: "field" }, el("label", { for: "f-kind", text: "Kind" }), kindSelect),
+        ...choices,
         numberField("dwell_limit_s", "Dwell limit (s, optional)", "", { min: "1" }),
       ],
       async (v) => {
         const properties = { name: v.name, kind: v.kind };
         if (v.dwell_limit_s !== "") properties.dwell_limit_s = num(v.dwell_limit_s);
+        if (v.planned_stop !== "") properties.planned_stop = v.planned_stop === "true";
         const { data } = await api("/api/v1/zones", { method: "POST", body: { type: "Feature", id: v.id, geometry, properties } });
         e.layer.remove();
         state.drawing = null;
@@ -173,9 +241,13 @@ export async function onShapeDrawn(e) {
   }
 }
 
-export function startRouteEdit(id) {
+export async function startRouteEdit(id) {
+  if (!state.routes.get(id) || state.role !== "admin") return;
+  // A route stored before a rule existed lacks its field: the form shows the default the processor
+  // applies to it (a field left empty would send null, which switches some rules off).
+  const defaults = await routeDefaults(); // read at start-up; normally already there
   const r = state.routes.get(id);
-  if (!r || state.role !== "admin") return;
+  if (!r) return;
   cancelDrawing();
   r.line.pm.enable({ allowSelfIntersection: true, snappable: true });
   r.line.on("pm:edit", () => r.corridor.setLatLngs(r.line.getLatLngs()));
@@ -183,7 +255,7 @@ export function startRouteEdit(id) {
   openEditor(
     `Edit route ${id}`,
     "Drag the vertices on the map; change the rules here; Save sends only this version (If-Match).",
-    routeFields(r.feature.properties, false),
+    routeFields({ ...defaults, ...r.feature.properties }, false),
     async (v) => {
       const geometry = r.line.toGeoJSON(6).geometry;
       const body = { type: "Feature", id, geometry, properties: routeProps(v) };

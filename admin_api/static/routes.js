@@ -89,6 +89,33 @@ export function selectRoute(id, fly = false) {
   renderRouteList();
 }
 
+const given = (v) => v !== undefined;
+
+/** The route's trip rules (issue #26) as [label, text] rows; a rule set to null is off. A route
+ * stored before these rules existed has none of the fields: nothing is shown for them rather than
+ * a guess (the processor applies the defaults, which the edit form offers). */
+export function tripRuleFacts(p) {
+  const rows = [];
+  if (given(p.wrong_way_min_m)) {
+    rows.push([
+      "Wrong way after",
+      p.wrong_way_min_m === null ? "off" : `${p.wrong_way_min_m} m back, over ${p.wrong_way_min_fixes} fixes and ${p.wrong_way_min_s} s`,
+    ]);
+  }
+  if (given(p.stop_min_s)) {
+    rows.push([
+      "Unplanned stop after",
+      p.stop_min_s === null ? "off" : `${p.stop_min_s} s at ≤ ${p.stop_speed_kmh} km/h within ${p.stop_radius_m} m`,
+    ]);
+  }
+  if (given(p.arrival_risk_s)) {
+    rows.push(["Arrival at risk", p.arrival_risk_s === null ? "off" : `ETA > ${p.arrival_risk_s} s after the plan`]);
+  }
+  if (given(p.planned_duration_s) && p.planned_duration_s !== null) rows.push(["Planned trip time", `${p.planned_duration_s} s`]);
+  if (given(p.completion_radius_m)) rows.push(["Completed within", `${p.completion_radius_m} m of the end`]);
+  return rows;
+}
+
 function renderRoutePanel() {
   const box = $("route-panel");
   const r = state.routes.get(state.selectedRoute);
@@ -102,6 +129,7 @@ function renderRoutePanel() {
     ["Corridor", `${p.corridor_width_m} m wide`],
     ["Speed limit", `${p.speed_limit_kmh} km/h`],
     ["Deviation after", `${p.deviation_min_fixes} fixes and ${p.deviation_min_s} s`],
+    ...tripRuleFacts(p),
     ["Version", String(p.version)],
   ];
   box.replaceChildren(

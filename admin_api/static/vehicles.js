@@ -7,7 +7,7 @@
 import { api, ApiError, warningsOf } from "./api.js";
 import { showCredentials } from "./credentials.js";
 import { state } from "./state.js";
-import { $, activatable, ago, el, fmtKm, fmtTime, say } from "./dom.js";
+import { $, activatable, ago, el, fmtDelay, fmtDuration, fmtKm, fmtTime, say } from "./dom.js";
 import { lineLengthM } from "./geo.js";
 import { ALERT_LABEL, STATUS_GLYPH, STATUS_LABEL } from "./labels.js";
 
@@ -33,6 +33,42 @@ const UNASSIGNED_FIXES_HINT = "no assignment valid at their time (check the assi
 
 function fixesText(n) {
   return `${n} unassigned ${n === 1 ? "fix" : "fixes"}`;
+}
+
+const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+
+/** The trip along the route (issue #26) as facts for the panel: [label, text] rows for the stop,
+ * the ETA against the plan and the distance driven off the corridor. Only what the state tells: a
+ * state from an older processor (no trip fields) or a vehicle without a route has none. */
+export function tripFacts(s) {
+  const rows = [];
+  if (s.stop && isNum(s.stopped_since_ms)) {
+    // How long by the last fix (event time), not by this browser's clock.
+    const long = isNum(s.ts_ms) ? `${fmtDuration((s.ts_ms - s.stopped_since_ms) / 1000)}, ` : "";
+    rows.push(["Stopped", `since ${fmtTime(s.stopped_since_ms)} (${long}${s.stop})`]);
+  }
+  if (isNum(s.eta_ms)) rows.push(["ETA", fmtTime(s.eta_ms)]);
+  if (isNum(s.planned_arrival_ms)) rows.push(["Planned arrival", fmtTime(s.planned_arrival_ms)]);
+  if (isNum(s.delay_s)) rows.push(["Delay vs plan", fmtDelay(s.delay_s)]);
+  if (isNum(s.off_route_m) && s.off_route_m > 0) rows.push(["Off corridor", `${fmtKm(s.off_route_m)} this trip`]);
+  return rows;
+}
+
+/** The trip's open troubles and its end as badges ({trip, text, tone}; tone as in labels.js
+ * ALERT_TONE): wrong way, an unplanned stop (with its start), arrival at risk, completed. */
+export function tripBadges(s) {
+  const out = [];
+  if (s.wrong_way === true) out.push({ trip: "wrong-way", text: "Wrong way", tone: "wrong-way" });
+  if (s.stop === "unplanned") {
+    const since = isNum(s.stopped_since_ms) ? ` since ${fmtTime(s.stopped_since_ms)}` : "";
+    out.push({ trip: "unplanned-stop", text: `Unplanned stop${since}`, tone: "stop" });
+  }
+  if (s.arrival_at_risk === true) {
+    const late = isNum(s.delay_s) ? `: ${fmtDelay(s.delay_s)}` : "";
+    out.push({ trip: "arrival-at-risk", text: `Arrival at risk${late}`, tone: "risk" });
+  }
+  if (s.completed === true) out.push({ trip: "completed", text: "Route completed", tone: "done" });
+  return out;
 }
 
 function vehicleIcon(id, cls) {
@@ -168,10 +204,19 @@ export function renderVehiclePanel(force = false) {
     ["Last fix", `${fmtTime(s.ts_ms)}, ${ago(s.ts_ms)}`],
     ["Zones", s.zones && s.zones.length ? s.zones.join(", ") : "none"],
   ];
+  if (s.route_id) rows.push(...tripFacts(s));
   const unassigned = unassignedFixes(s);
   if (unassigned) rows.push(["Unassigned fixes", `${unassigned} — ${UNASSIGNED_FIXES_HINT}`]);
+  const badges = s.route_id ? tripBadges(s) : [];
   const parts = [
     el("p", { class: "veh-head" }, el("span", { class: `dot st-${v.cls}`, "aria-hidden": "true", text: STATUS_GLYPH[v.cls] }), el("strong", { text: id })),
+    badges.length
+      ? el(
+          "p",
+          { class: "trip-badges" },
+          ...badges.map((b) => el("span", { class: `badge tone-${b.tone}`, "data-trip": b.trip, text: b.text })),
+        )
+      : null,
     el("dl", { class: "facts" }, ...rows.flatMap(([k, val]) => [el("dt", { text: k }), el("dd", { text: val })])),
   ];
   if (ratio !== null) {
@@ -202,7 +247,7 @@ export function renderVehiclePanel(force = false) {
       ),
     );
   }
-  box.replaceChildren(...parts);
+  box.replaceChildren(...parts.filter(Boolean));
   if (refocus && $("assign-route")) $("assign-route").focus();
 }
 

@@ -35,11 +35,11 @@ from admin_api.routers.web import NPM_HINT, STATIC_DIR, content_security_policy,
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
 from admin_api.security import Role, create_api_key, digest, revoke_api_key, stream_token_key
 from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings
-from fleetfence.contracts import alert_id, ms_to_iso, utc_now_ms
+from fleetfence.contracts import AlertType, alert_id, ms_to_iso, utc_now_ms
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from tests.admin_api.helpers import UI_TIMEOUT_MS, MapServer, Watched, running_api, wait_http
-from vehicle_master.models import RouteProps
+from vehicle_master.models import RouteProps, ZoneKind, ZoneProps
 
 pytestmark = pytest.mark.services
 
@@ -1005,5 +1005,417 @@ def test_viewer_sees_the_credential_status_but_no_buttons(
     expect(creds).to_have_attribute("data-status", "none", timeout=UI_TIMEOUT_MS)
     expect(fact(creds, "Status")).to_have_text("no credentials", timeout=UI_TIMEOUT_MS)
     expect(creds.get_by_role("button")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    assert watched.errors == []
+    assert watched.external() == []
+
+
+# --------------------------------------------------------------------------- route awareness (#26)
+
+TRIP_COORDS = [[13.440, 52.540], [13.450, 52.545], [13.465, 52.547]]
+# The alert list's colour of each tone (app.css), as the browser computes it.
+TONE_RGB = {
+    "wrong-way": "rgb(176, 0, 32)",
+    "stop": "rgb(163, 23, 122)",
+    "risk": "rgb(138, 90, 0)",
+    "done": "rgb(21, 112, 47)",
+    "calm": "rgb(46, 125, 91)",
+}
+TRIP_ALERTS: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    # type: (label, tone, details as the processor sends them, what the list adds from them)
+    "WRONG_DIRECTION": ("Wrong direction", "wrong-way", {"moved_m": 120.0, "over_s": 9.0}, "120 m back"),
+    "DIRECTION_RESTORED": ("Direction restored", "calm", {"moved_m": 130.0, "over_s": 12.0}, "130 m forward"),
+    "UNPLANNED_STOP": ("Unplanned stop", "stop", {"stopped_s": 600.0, "since_ms": 0}, "stopped 10 min"),
+    "STOP_ENDED": ("Stop ended", "calm", {"duration_s": 45.0, "since_ms": 0}, "after 45 s"),
+    "ARRIVAL_AT_RISK": (
+        "Arrival at risk",
+        "risk",
+        {"delay_s": 720.0, "remaining_m": 900.0},
+        "ETA +12 min (late)",
+    ),
+    "ARRIVAL_BACK_ON_TIME": ("Back on time", "calm", {"delay_s": -170.0}, "ETA -3 min (early)"),
+    "ROUTE_COMPLETED": (
+        "Route completed",
+        "done",
+        {"duration_s": 1500.0, "distance_m": 2400.0, "off_route_m": 0.0, "delay_s": 300.0},
+        "in 25 min, +5 min (late)",
+    ),
+}
+
+
+def trip_alert(vid: str, kind: str, seq: int, details: dict[str, Any]) -> dict[str, Any]:
+    return {**alert(vid, kind, seq, 52.545, 13.450), "route_id": "r-map-trip", "details": details}
+
+
+def test_page_words_and_formats_cover_every_alert_type(map_server: MapServer, watched: Watched) -> None:
+    """The page's label and tone tables and its number formats, called in the browser as the page
+    loads them (ES modules): every alert type the API can send has a label, every trip type its
+    tone, and delays and durations are written as the panel and the list show them."""
+    page = watched.page
+    watched.login(map_server.viewer_key)
+    labels = page.evaluate(
+        "async () => { const m = await import('/static/app/labels.js');"
+        " return {label: m.ALERT_LABEL, tone: Object.fromEntries("
+        "Object.keys(m.ALERT_LABEL).map(t => [t, m.alertTone(t)])), unknown: m.alertTone('NEW_TYPE')}; }"
+    )
+    assert set(labels["label"]) == {t.value for t in AlertType}
+    assert {t: labels["label"][t] for t in TRIP_ALERTS} == {t: v[0] for t, v in TRIP_ALERTS.items()}
+    assert {t: labels["tone"][t] for t in TRIP_ALERTS} == {t: v[1] for t, v in TRIP_ALERTS.items()}
+    assert labels["unknown"] == "plain"
+    formats = page.evaluate(
+        "async () => { const d = await import('/static/app/dom.js');"
+        " return {delay: [720, 29, 31, -29, -31, -180, 0].map(d.fmtDelay),"
+        " duration: [0, 44.6, 89, 90, 600, 5340, 5400, 7500].map(d.fmtDuration)}; }"
+    )
+    assert formats["delay"] == [
+        "+12 min (late)",
+        "0 min (on time)",
+        "+1 min (late)",
+        "0 min (on time)",
+        "-1 min (early)",
+        "-3 min (early)",
+        "0 min (on time)",
+    ]
+    assert formats["duration"] == [
+        "0 s",
+        "45 s",
+        "89 s",
+        "2 min",
+        "10 min",
+        "89 min",
+        "1 h 30 min",
+        "2 h 05 min",
+    ]
+    assert watched.errors == []
+
+
+def test_trip_alerts_and_the_vehicle_panel_show_route_awareness(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """Issue #26: each trip alert reaches the list with its label, its tone's colour and the fact
+    of its details; the vehicle panel shows the trip's state from the live read model: progress,
+    ETA and planned arrival as UTC times, the delay in minutes, and badges for wrong way, an
+    unplanned stop (since when), arrival at risk and completion. A state from an older processor,
+    without the trip's fields, shows none of it."""
+    res = httpx.post(
+        f"{map_server.base}/api/v1/routes",
+        json=route("r-map-trip", "Trip run", TRIP_COORDS),
+        headers=map_server.admin,
+    )
+    assert res.status_code == 201, res.text
+    now = utc_now_ms()
+    since, eta, planned = now - 600_000, now + 1_500_000, now + 780_000
+    trip: dict[str, Any] = {"route_id": "r-map-trip", "ts_ms": now}
+    calm: dict[str, Any] = {
+        "wrong_way": False,
+        "stop": None,
+        "stopped_since_ms": None,
+        "eta_ms": None,
+        "planned_arrival_ms": None,
+        "delay_s": None,
+        "arrival_at_risk": False,
+        "completed": False,
+        "off_route_m": 0.0,
+    }
+    late: dict[str, Any] = {
+        **calm,
+        "stop": "unplanned",
+        "stopped_since_ms": since,
+        "eta_ms": eta,
+        "planned_arrival_ms": planned,
+        "delay_s": 720.0,
+        "arrival_at_risk": True,
+    }
+    map_server.write_live(
+        [
+            live("v-trip-late", 5, 52.5450, 13.4500, speed_kmh=0.0, **trip, **late),
+            live(
+                "v-trip-early",
+                5,
+                52.5455,
+                13.4560,
+                speed_kmh=0.0,
+                **trip,
+                **{
+                    **calm,
+                    "stop": "planned",
+                    "stopped_since_ms": now - 45_000,
+                    "eta_ms": now + 600_000,
+                    "planned_arrival_ms": now + 780_000,
+                    "delay_s": -180.0,
+                },
+            ),
+            live("v-trip-back", 5, 52.5420, 13.4450, **trip, **{**calm, "wrong_way": True}),
+            live(
+                "v-trip-done",
+                5,
+                52.5470,
+                13.4650,
+                progress_ratio=1.0,
+                progress_m=2400.0,
+                **trip,
+                **{**calm, "completed": True, "off_route_m": 1250.0},
+            ),
+            live("v-trip-older", 5, 52.5430, 13.4470, **trip),  # no trip fields at all
+        ]
+    )
+    page = watched.page
+    watched.login(map_server.viewer_key)
+
+    sent = []
+    for seq, (kind, (_label, _tone, details, _fact)) in enumerate(TRIP_ALERTS.items(), start=1):
+        a = trip_alert("v-trip-late", kind, seq, details)
+        map_server.deliver_alert(a)
+        sent.append(a)
+    for a in sent:
+        label, tone, _details, detail = TRIP_ALERTS[a["type"]]
+        item = page.locator(f"#alerts li[data-alert-id='{a['alert_id']}']")
+        expect(item.locator(".al-type")).to_have_text(label, timeout=UI_TIMEOUT_MS)
+        expect(item).to_have_attribute("data-tone", tone, timeout=UI_TIMEOUT_MS)
+        expect(item.locator(".sub")).to_contain_text(f"r-map-trip · {detail} · ", timeout=UI_TIMEOUT_MS)
+        assert detail in (item.get_attribute("aria-label") or "")
+        colour = item.locator(".al-type").evaluate("e => getComputedStyle(e).color")
+        assert colour == TONE_RGB[tone], (a["type"], colour)
+    assert len(set(TONE_RGB.values())) == len(TONE_RGB)  # five tones, five colours
+    # An alert whose details an older processor left out still shows, without the fact.
+    bare = trip_alert("v-trip-late", "ARRIVAL_AT_RISK", 99, {})
+    map_server.deliver_alert(bare)
+    bare_item = page.locator(f"#alerts li[data-alert-id='{bare['alert_id']}']")
+    expect(bare_item.locator(".sub")).to_have_text(
+        re.compile(r"^ r-map-trip · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"), timeout=UI_TIMEOUT_MS
+    )
+    page.screenshot(path=str(artifacts / "16-trip-alerts.png"))
+
+    panel = page.locator("#vehicle-panel")
+    badges = panel.locator(".trip-badges .badge")
+
+    def select(vid: str) -> None:
+        page.locator(f"#vehicles li[data-vehicle-id='{vid}']").click()
+        expect(panel.locator(".veh-head")).to_have_text(re.compile(vid), timeout=UI_TIMEOUT_MS)
+
+    select("v-trip-late")
+    expect(badges).to_have_text(
+        [f"Unplanned stop since {shown_time(ms_to_iso(since))}", "Arrival at risk: +12 min (late)"],
+        timeout=UI_TIMEOUT_MS,
+    )
+    assert [b.get_attribute("data-trip") for b in badges.all()] == ["unplanned-stop", "arrival-at-risk"]
+    expect(fact(panel, "Stopped")).to_have_text(
+        f"since {shown_time(ms_to_iso(since))} (10 min, unplanned)", timeout=UI_TIMEOUT_MS
+    )
+    expect(fact(panel, "ETA")).to_have_text(shown_time(ms_to_iso(eta)), timeout=UI_TIMEOUT_MS)
+    expect(fact(panel, "Planned arrival")).to_have_text(shown_time(ms_to_iso(planned)), timeout=UI_TIMEOUT_MS)
+    expect(fact(panel, "Delay vs plan")).to_have_text("+12 min (late)", timeout=UI_TIMEOUT_MS)
+    expect(panel.get_by_text("Route progress: 25 %")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    assert fact(panel, "Off corridor").count() == 0
+    page.screenshot(path=str(artifacts / "17-trip-late-panel.png"))
+
+    # The stream moves it on: the stop has ended and the trip is back on time; the open panel follows.
+    map_server.write_live(
+        [
+            live(
+                "v-trip-late",
+                6,
+                52.5451,
+                13.4510,
+                speed_kmh=30.0,
+                **trip,
+                **{**late, "stop": None, "stopped_since_ms": None, "delay_s": 60.0, "arrival_at_risk": False},
+            )
+        ]
+    )
+    expect(badges).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    expect(fact(panel, "Delay vs plan")).to_have_text("+1 min (late)", timeout=UI_TIMEOUT_MS)
+    assert fact(panel, "Stopped").count() == 0
+
+    select("v-trip-early")
+    expect(fact(panel, "Delay vs plan")).to_have_text("-3 min (early)", timeout=UI_TIMEOUT_MS)
+    expect(fact(panel, "Stopped")).to_have_text(
+        f"since {shown_time(ms_to_iso(now - 45_000))} (45 s, planned)", timeout=UI_TIMEOUT_MS
+    )
+    assert badges.count() == 0  # a planned stop, on time: nothing to flag
+
+    select("v-trip-back")
+    expect(badges).to_have_text(["Wrong way"], timeout=UI_TIMEOUT_MS)
+    assert fact(panel, "ETA").count() == 0  # no ETA yet: no row rather than a blank
+
+    select("v-trip-done")
+    expect(badges).to_have_text(["Route completed"], timeout=UI_TIMEOUT_MS)
+    expect(panel.get_by_text("Route progress: 100 %")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    expect(fact(panel, "Off corridor")).to_have_text("1.25 km this trip", timeout=UI_TIMEOUT_MS)
+    badge_colours = badges.evaluate_all("bs => bs.map(b => getComputedStyle(b).borderTopColor)")
+    assert badge_colours == [TONE_RGB["done"]]
+    page.screenshot(path=str(artifacts / "18-trip-completed-panel.png"))
+
+    select("v-trip-older")
+    expect(fact(panel, "Last fix")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    assert panel.locator(".trip-badges").count() == 0
+    for name in ("Stopped", "ETA", "Planned arrival", "Delay vs plan", "Off corridor"):
+        assert fact(panel, name).count() == 0, name
+    assert watched.errors == []
+    assert watched.external() == []
+
+
+TRIP_RULE_LABELS = {
+    "wrong_way_min_m": "Wrong way after going back (m, empty: off)",
+    "wrong_way_min_fixes": "Wrong way over at least N fixes",
+    "wrong_way_min_s": "Wrong way over at least (s)",
+    "stop_min_s": "Unplanned stop after (s, empty: off)",
+    "stop_speed_kmh": "Stopped below (km/h)",
+    "stop_radius_m": "Stopped within (m)",
+    "arrival_risk_s": "Arrival at risk when late by (s, empty: off)",
+    "planned_duration_s": "Planned trip time (s, optional)",
+    "completion_radius_m": "Completed within (m of the end)",
+}
+
+
+def test_admin_sets_trip_rules_and_zones_that_are_planned_stops(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """Issue #26: the route form offers the trip rules with the defaults the API's schema states
+    (altered here, so they can only come from there), an empty rule is saved as off, editing a
+    route keeps the rules the form did not touch (a PUT replaces the whole route), the route panel
+    tells them; the zone form offers the schema's kinds (rest_area among them) and planned_stop."""
+    bump = {"stop_min_s": 60, "wrong_way_min_m": 5, "completion_radius_m": 7}
+    served: dict[str, Any] = {}
+
+    def patched_schema(rt: Route) -> None:
+        res = rt.fetch()
+        doc = res.json()
+        props = doc["components"]["schemas"]["RoutePropsIn"]["properties"]
+        for name, extra in bump.items():
+            props[name]["default"] += extra
+        served.update({k: v.get("default") for k, v in props.items()})
+        rt.fulfill(response=res, json=doc)
+
+    page = watched.page
+    page.route("**/openapi.json", patched_schema)
+    watched.login(map_server.admin_key)
+    page.evaluate("() => window.fleetfence.map.setView([52.56, 13.50], 14, {animate: false})")
+
+    page.get_by_role("button", name="Draw route").click()
+    points = [(52.558, 13.490), (52.561, 13.500), (52.559, 13.510)]
+    for lat, lon in [*points, points[-1]]:
+        x, y = watched.screen_point(lat, lon)
+        page.mouse.click(x, y)
+    page.locator("#trip-rules").wait_for()
+    labels = TRIP_RULE_LABELS
+    for name, label in labels.items():
+        want = RouteProps.model_fields[name].default
+        if want is not None:
+            want += bump.get(name, 0)
+        assert served[name] == want, name
+        shown = page.get_by_label(label, exact=True).input_value()
+        assert (float(shown) if shown else None) == want, name
+    page.get_by_label("Route id").fill("r-drawn-trip")
+    page.get_by_label("Name").fill("Drawn with trip rules")
+    page.get_by_label(labels["arrival_risk_s"], exact=True).fill("")  # off
+    page.get_by_label(labels["planned_duration_s"], exact=True).fill("1800")
+    page.get_by_label(labels["stop_radius_m"], exact=True).fill("-5")
+    page.get_by_role("button", name="Save").click()
+    page.locator("#editor-error").get_by_text("stop_radius_m").wait_for()  # the API's own message
+    assert "greater than 0" in page.locator("#editor-error").inner_text()
+    page.get_by_label(labels["stop_radius_m"], exact=True).fill("35")
+    page.screenshot(path=str(artifacts / "19-trip-rules-form.png"))
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Route r-drawn-trip saved (version 1).").wait_for()
+
+    url = f"{map_server.base}/api/v1/routes/r-drawn-trip"
+    saved = httpx.get(url, headers=map_server.viewer).json()["properties"]
+    assert saved["arrival_risk_s"] is None
+    assert saved["planned_duration_s"] == 1800
+    assert saved["stop_radius_m"] == 35
+    for name in ("stop_min_s", "wrong_way_min_m", "completion_radius_m", "wrong_way_min_fixes"):
+        assert saved[name] == served[name], name
+
+    # The panel tells the rules; editing one keeps the others, the off one stays off.
+    panel = page.locator("#route-panel")
+    expect(fact(panel, "Arrival at risk")).to_have_text("off", timeout=UI_TIMEOUT_MS)
+    expect(fact(panel, "Unplanned stop after")).to_have_text(
+        f"{served['stop_min_s']:g} s at ≤ {served['stop_speed_kmh']:g} km/h within 35 m",
+        timeout=UI_TIMEOUT_MS,
+    )
+    expect(fact(panel, "Planned trip time")).to_have_text("1800 s", timeout=UI_TIMEOUT_MS)
+    page.get_by_role("button", name="Edit route").click()
+    assert page.get_by_label(labels["arrival_risk_s"], exact=True).input_value() == ""
+    assert page.get_by_label(labels["planned_duration_s"], exact=True).input_value() == "1800"
+    page.get_by_label(labels["wrong_way_min_fixes"], exact=True).fill("5")
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Route r-drawn-trip saved (version 2).").wait_for()
+    edited = httpx.get(url, headers=map_server.viewer).json()["properties"]
+    assert edited["wrong_way_min_fixes"] == 5
+    assert {k: v for k, v in edited.items() if k not in ("wrong_way_min_fixes", "version", "updated")} == {
+        k: v for k, v in saved.items() if k not in ("wrong_way_min_fixes", "version", "updated")
+    }
+
+    # A zone that is a rest area, explicitly not a planned stop.
+    page.evaluate("() => window.fleetfence.map.setView([52.565, 13.52], 15, {animate: false})")
+    page.get_by_role("button", name="Draw zone").click()
+    corners = [(52.567, 13.515), (52.567, 13.525), (52.563, 13.520)]
+    for lat, lon in [*corners, corners[0]]:
+        x, y = watched.screen_point(lat, lon)
+        page.mouse.click(x, y)
+    kind = page.get_by_label("Kind")
+    kind.wait_for()
+    options = kind.locator("option").evaluate_all("os => os.map(o => o.value)")
+    assert options == [k.value for k in ZoneKind]
+    assert kind.input_value() == ZoneProps.model_fields["kind"].default.value
+    stop = page.get_by_label("Planned stop", exact=True)
+    assert stop.input_value() == ""  # by kind, the model's null
+    assert "rest_area" in (page.locator("#f-planned_stop-help").inner_text())
+    page.get_by_label("Zone id").fill("z-rest-no")
+    page.get_by_label("Name").fill("Lay-by, no stopping")
+    kind.select_option("rest_area")
+    stop.select_option("false")
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Zone z-rest-no saved (version 1).").wait_for()
+    zone = httpx.get(f"{map_server.base}/api/v1/zones/z-rest-no", headers=map_server.viewer).json()
+    assert (zone["properties"]["kind"], zone["properties"]["planned_stop"]) == ("rest_area", False)
+    page.screenshot(path=str(artifacts / "20-rest-area-zone.png"))
+
+    # The only console error is the browser's own report of the refused save.
+    assert len(watched.errors) == 1, watched.errors
+    assert "status of 422" in watched.errors[0]
+    assert watched.external() == []
+
+
+def test_editing_a_route_stored_before_the_trip_rules_does_not_switch_them_off(
+    map_server: MapServer, watched: Watched
+) -> None:
+    """A route stored before issue #26 has no trip-rule fields (the API returns what was stored; the
+    processor applies the defaults). Its edit form shows those defaults instead of empty fields,
+    which would save as null and switch wrong way, stops and arrival off. The stored record is
+    simulated by taking the fields out of the route list the page loads."""
+    legacy = route("r-legacy", "Stored before #26", [[13.52, 52.57], [13.53, 52.575]])
+    res = httpx.post(f"{map_server.base}/api/v1/routes", json=legacy, headers=map_server.admin)
+    assert res.status_code == 201, res.text
+
+    def without_trip_rules(rt: Route) -> None:
+        got = rt.fetch()
+        body = got.json()
+        for f in body["features"]:
+            if f["id"] == "r-legacy":
+                for name in TRIP_RULE_LABELS:
+                    f["properties"].pop(name, None)
+        rt.fulfill(response=got, json=body)
+
+    page = watched.page
+    page.route("**/api/v1/routes?limit=*", without_trip_rules)
+    watched.login(map_server.admin_key)
+    page.locator("#routes li[data-route-id='r-legacy']").click()
+    panel = page.locator("#route-panel")
+    expect(fact(panel, "Speed limit")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    for name in ("Wrong way after", "Unplanned stop after", "Arrival at risk", "Completed within"):
+        assert fact(panel, name).count() == 0, name  # not stored: nothing shown rather than a guess
+    page.get_by_role("button", name="Edit route").click()
+    for name, label in TRIP_RULE_LABELS.items():
+        want = RouteProps.model_fields[name].default
+        shown = page.get_by_label(label, exact=True).input_value()
+        assert (float(shown) if shown else None) == want, name
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Route r-legacy saved (version 2).").wait_for()
+    saved = httpx.get(f"{map_server.base}/api/v1/routes/r-legacy", headers=map_server.viewer).json()
+    for name in TRIP_RULE_LABELS:
+        assert saved["properties"][name] == RouteProps.model_fields[name].default, name
+    assert saved["properties"]["wrong_way_min_m"] is not None  # still on
+    expect(fact(panel, "Wrong way after")).to_contain_text("m back", timeout=UI_TIMEOUT_MS)
     assert watched.errors == []
     assert watched.external() == []
