@@ -12,96 +12,16 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 import shapely
 from shapely.geometry import Point, Polygon
 
 from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
-from processor.columns import empty_states
-from processor.domain import EngineConfig, RawFix
-from processor.engine import process_bucket
-from processor.master import Catalog, MasterState
-from simulator.config import Injections, ScenarioConfig, simulated_rules
-from simulator.fleet_sink import tick_rows
-from simulator.register import scenario_entities
-from simulator.scenario import Scenario, TickBatch
-from simulator.truth import TruthAlert
-from simulator.verify import ObservedAlert, compare
-from vehicle_master.models import entity_id, entity_of, to_wire
-
-FAULTY = Injections(
-    deviation=0.5, overspeed=0.5, dwell=0.5, silent=0.2, duplicate=0.03, out_of_order=0.03, late=0.03
-)
-
-
-def small(**kw: Any) -> ScenarioConfig:
-    base: dict[str, Any] = {
-        "vehicles": 24,
-        "duration_s": 420,
-        "seed": 11,
-        "routes": 3,
-        "route_length_m": 2500,
-        "inject": FAULTY,
-        "rules": simulated_rules(
-            silent_after_s=60, overspeed_min_s=5, deviation_min_fixes=3, deviation_min_s=2
-        ),
-    }
-    base.update(kw)
-    return ScenarioConfig(**base)
-
-
-def run(cfg: ScenarioConfig) -> tuple[Scenario, list[TickBatch], list[TruthAlert]]:
-    sc = Scenario(cfg)
-    batches = list(sc.ticks())
-    return sc, batches, [a for b in batches for a in b.truth]
-
-
-def master_of(sc: Scenario) -> MasterState:
-    m = MasterState()
-    for e in scenario_entities(sc):
-        m.apply(
-            {
-                "entity": entity_of(e).value,
-                "id": entity_id(e),
-                "version": 1,
-                "op": "upsert",
-                "data": to_wire(e),
-            }
-        )
-    return m
-
-
-def engine_alerts(sc: Scenario, batches: list[TickBatch], ticks_per_batch: int) -> list[ObservedAlert]:
-    """The processor's pure engine over the published messages, micro-batch by micro-batch."""
-    cfg = EngineConfig(
-        hysteresis_m=sc.cfg.assume.hysteresis_m,
-        return_min_fixes=sc.cfg.assume.return_min_fixes,
-        overspeed_hysteresis_kmh=sc.cfg.assume.overspeed_hysteresis_kmh,
-        allowed_lateness_ms=sc.cfg.assume.lateness_ms,
-    )
-    master, catalog, states = master_of(sc), Catalog(cfg), empty_states()
-    held: dict[str, list[RawFix]] = {}
-    vids = sc.vehicle_ids()
-    out: list[ObservedAlert] = []
-    max_ts = -1
-    groups = [batches[i : i + ticks_per_batch] for i in range(0, len(batches), ticks_per_batch)]
-    groups += [[]] * 3  # idle batches: the watermark catches up with the last data
-    for group in groups:
-        rows = [r for b in group for r in tick_rows(b, vids)]
-        df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "heading"])
-        df["received_ms"] = df["ts_ms"]
-        wm = max(max_ts - sc.cfg.assume.lateness_ms, 0)
-        res = process_bucket(states, held, master, df.drop(columns="heading"), wm, cfg, catalog)
-        states, held = res.states, res.held
-        for a in res.alerts:
-            out.append(
-                ObservedAlert(a.alert_id, a.vehicle_id, a.type.value, a.subject or None, a.seq, a.ts_ms)
-            )
-        if len(df):
-            max_ts = max(max_ts, int(df["ts_ms"].max()))
-    return out
+from simulator.config import Injections, ScenarioConfig
+from simulator.scenario import Scenario
+from simulator.verify import compare
+from tests.simulator.helpers import engine_alerts, run, small
 
 
 @pytest.mark.parametrize("ticks_per_batch", [1, 7])

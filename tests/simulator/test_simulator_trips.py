@@ -18,7 +18,7 @@ from simulator.trips import (
     shared_stretches,
     wrong_way_profile,
 )
-from tests.simulator.test_simulator_scenario import run, small
+from tests.simulator.helpers import run, small
 
 ONLY_TRIPS = Injections(0, 0, 0, 0, duplicate=0, out_of_order=0, late=0, wrong_way=0.25, schedule=0.25)
 

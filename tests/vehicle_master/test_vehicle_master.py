@@ -162,6 +162,16 @@ def test_write_and_event_follow_the_contract(vm: VehicleMaster) -> None:
         "deviation_min_s": 0.0,
         "overspeed_min_s": 10.0,
         "silent_after_s": 120.0,
+        # Route awareness (issue #26), at their defaults; a null planned duration: none planned.
+        "wrong_way_min_m": 100.0,
+        "wrong_way_min_fixes": 3,
+        "wrong_way_min_s": 5.0,
+        "stop_min_s": 300.0,
+        "stop_speed_kmh": 3.0,
+        "stop_radius_m": 50.0,
+        "arrival_risk_s": 600.0,
+        "planned_duration_s": None,
+        "completion_radius_m": 50.0,
     }
     [fields] = outbox_fields(vm)
     assert fields[b"key"] == b"route:r-berlin-1"
