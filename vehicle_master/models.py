@@ -85,16 +85,33 @@ class RouteProps(_Strict):
         le=100_000,
         description="Progress lost from its highest point before WRONG_DIRECTION (null: off).",
     )
-    wrong_way_min_fixes: int = Field(default=RouteRules.wrong_way_min_fixes, ge=1, le=100_000)
-    wrong_way_min_s: float = Field(default=RouteRules.wrong_way_min_s, ge=0, le=86_400)
+    wrong_way_min_fixes: int = Field(
+        default=RouteRules.wrong_way_min_fixes,
+        ge=1,
+        le=100_000,
+        description="Fixes going back before WRONG_DIRECTION.",
+    )
+    wrong_way_min_s: float = Field(
+        default=RouteRules.wrong_way_min_s,
+        ge=0,
+        le=86_400,
+        description="Seconds going back before WRONG_DIRECTION.",
+    )
     stop_min_s: float | None = Field(
         default=RouteRules.stop_min_s,
         gt=0,
         le=7 * 86_400,
         description="Standing still this long outside a stop zone raises UNPLANNED_STOP (null: off).",
     )
-    stop_speed_kmh: float = Field(default=RouteRules.stop_speed_kmh, ge=0, le=50)
-    stop_radius_m: float = Field(default=RouteRules.stop_radius_m, gt=0, le=10_000)
+    stop_speed_kmh: float = Field(
+        default=RouteRules.stop_speed_kmh,
+        ge=0,
+        le=50,
+        description="At or below this speed (km/h) a vehicle stands.",
+    )
+    stop_radius_m: float = Field(
+        default=RouteRules.stop_radius_m, gt=0, le=10_000, description="A stop stays within this many metres."
+    )
     arrival_risk_s: float | None = Field(
         default=RouteRules.arrival_risk_s,
         ge=0,
@@ -107,7 +124,12 @@ class RouteProps(_Strict):
         le=30 * 86_400,
         description="Planned trip time: the planned arrival of an assignment that gives none.",
     )
-    completion_radius_m: float = Field(default=RouteRules.completion_radius_m, gt=0, le=100_000)
+    completion_radius_m: float = Field(
+        default=RouteRules.completion_radius_m,
+        gt=0,
+        le=100_000,
+        description="Within this many metres of the route's end (past half of it): ROUTE_COMPLETED.",
+    )
 
 
 class RouteData(RouteProps):
