@@ -29,8 +29,8 @@ import pandas as pd
 from processor.columns import Fixes, StateTable
 from processor.domain import Alert, EngineConfig, Fix, RawFix, check_silence, reorder, step
 from processor.geometry import CompiledRoute, corridor_tests, inner_band_tests, route_progress
-from processor.live import assignment_ms, live_rows
-from processor.master import Catalog, MasterState, compiled_route
+from processor.live import live_rows
+from processor.master import Catalog, MasterState, assignment_ms, compiled_route
 from processor.trip import eta_ms
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import pandas as pd
 import shapely
 
 from processor.columns import StateTable
-from processor.master import Catalog, MasterState, compiled_route
+from processor.master import Catalog, MasterState, assignment_ms, compiled_route
 from processor.trip import planned_arrival_ms
 
 
@@ -123,10 +123,8 @@ def _trip_fields(
         cr = compiled_route(master, catalog, route_id)
         if data is not None and cr is not None:
             planned = planned_arrival_ms(
-                int(data.get("planned_arrival_ms") or -1)
-                if data.get("planned_arrival_ms") is not None
-                else -1,
-                int(data["planned_departure_ms"]) if data.get("planned_departure_ms") is not None else -1,
+                assignment_ms(data, "planned_arrival_ms"),
+                assignment_ms(data, "planned_departure_ms"),
                 start_ms,
                 cr.rules.planned_duration_s,
             )
@@ -141,9 +139,3 @@ def _trip_fields(
         "completed": completed,
         "off_route_m": round(off_m, 1),
     }
-
-
-def assignment_ms(data: dict[str, Any], key: str) -> int:
-    """An optional time of an assignment (its planned departure or arrival), -1 when it has none."""
-    v = data.get(key)
-    return -1 if v is None else int(v)

@@ -94,3 +94,9 @@ def compiled_route(master: MasterState, catalog: Catalog, route_id: str | None) 
 def rules_for(master: MasterState, catalog: Catalog, route_id: str | None) -> RouteRules | None:
     cr = compiled_route(master, catalog, route_id)
     return cr.rules if cr else None
+
+
+def assignment_ms(data: dict[str, Any], key: str) -> int:
+    """An optional time of an assignment (its planned departure or arrival), -1 when it has none."""
+    v = data.get(key)
+    return -1 if v is None else int(v)
