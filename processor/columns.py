@@ -31,6 +31,7 @@ INT_COLS = (
     "dir_anchor_fixes",
     "stop_since_ms",
     "stop_phase",
+    "trip_from_ms",
     "trip_start_ms",
     "eta_ms",
 )
@@ -56,6 +57,7 @@ MINUS_ONE_COLS = (
     "dir_anchor_m",
     "dir_anchor_ts_ms",
     "stop_since_ms",
+    "trip_from_ms",
     "trip_start_ms",
     "eta_ms",
 )

@@ -25,9 +25,10 @@ the route uses both ways or a route crossing itself never makes progress jump; `
   DIRECTION_RESTORED once it has gone forward as far from its lowest point. Leaving the corridor
   forgets the reference point (progress off the corridor means nothing).
 - UNPLANNED_STOP after `stop_min_s` at <= `stop_speed_kmh` within `stop_radius_m` of where the
-  stop began, unless the fix that completes that time is in a zone marked as a stop (a planned
-  stop: no alert). STOP_ENDED, with the duration, once it moves again: above the stop speed plus
-  `stop_hysteresis_kmh`, or out of the radius grown by `hysteresis_m`.
+  stop began, unless the fix that completes that time is in a zone marked as a stop, or within the
+  hysteresis band around one (a planned stop: no alert). STOP_ENDED, with the duration, once it
+  moves again: above the stop speed plus `stop_hysteresis_kmh`, or out of the radius grown by
+  `hysteresis_m`.
 - ARRIVAL_AT_RISK once the ETA (remaining distance at the trip's average speed so far, see
   `eta_ms`) is later than the planned arrival by more than `arrival_risk_s`; ARRIVAL_BACK_ON_TIME
   once it is `arrival_hysteresis_s` below that again.
@@ -83,13 +84,16 @@ class Fix:
     zones_outer: frozenset[str] = frozenset()
     # Route awareness: the progress (m along the route) of each pass of the route near the fix,
     # empty outside the corridor; the distance to the route's end; the route's length; whether the
-    # fix is in a zone marked as a stop; the assignment's planned departure and arrival (-1: none).
+    # fix is in a zone marked as a stop (or in the hysteresis band around one); the assignment's planned
+    # departure and arrival (-1: none).
     progress_m: tuple[float, ...] = ()
     end_distance_m: float = math.inf
     route_length_m: float = 0.0
     stop_zone: bool = False
     planned_departure_ms: int = -1
     planned_arrival_ms: int = -1
+    # The assignment the fix falls under, by when it became valid (-1: none): a new one is a new trip.
+    trip_from_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +175,10 @@ class VehicleState:
     stop_lat: float = 0.0
     stop_lon: float = 0.0
     stop_phase: int = 0
-    # The trip: its first fix in the corridor, the ETA of the last fix (-1: none), the arrival
-    # state, the distance driven outside the corridor, and whether the route's end was reached.
+    # The trip: its assignment (valid from; -1: none), its first fix in the corridor, the ETA of the
+    # last fix (-1: none), the arrival state, the distance driven outside the corridor, and whether
+    # the route's end was reached.
+    trip_from_ms: int = -1
     trip_start_ms: int = -1
     trip_start_m: float = 0.0
     eta_ms: int = -1
@@ -208,12 +214,16 @@ def step(
     alerts: list[Alert] = []
     switched = fix.route_id != s.route_id
     if switched:
-        # A new assignment starts a clean corridor and speed record, and a new trip; no alert for
-        # the switch.
+        # A new route starts a clean corridor and speed record, and a new trip; no alert for the
+        # switch.
         s.off_route, s.outside_fixes, s.outside_since_ms, s.inside_fixes = False, 0, -1, 0
         s.overspeed, s.over_since_ms, s.over_max_kmh = False, -1, 0.0
+    if switched or fix.trip_from_ms != s.trip_from_ms:
+        # So does a new assignment to the same route (tomorrow's run of today's route): a trip is
+        # an assignment, known by when it became valid. A changed plan (new planned times on the
+        # same assignment) keeps the trip.
         _new_trip(s)
-    s.route_id, s.route_version = fix.route_id, fix.route_version
+    s.route_id, s.route_version, s.trip_from_ms = fix.route_id, fix.route_version, fix.trip_from_ms
     if s.silent:
         gap_s = round((fix.ts_ms - state.last_ts_ms) / 1000.0, 3)
         alerts.append(

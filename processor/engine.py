@@ -8,8 +8,10 @@ cap a per-vehicle layout at ~9k events/s on two cores. Inside a bucket the work 
    reorder buffer of `domain.reorder`);
 2. resolve each fix's route from the master data as of this batch and test the whole batch against
    the corridors and the zone index in one vectorized pass (`processor.geometry`);
-3. vehicles whose fixes change nothing but position (on route, under the limit, no zone, no pending
-   condition) — the overwhelming majority — are advanced with column operations (the fast path);
+3. vehicles whose fixes raise nothing and start nothing (on route, under the limit, no zone, no
+   pending condition, no stop, no wrong way, no completion, an ETA clear of the plan) — the
+   overwhelming majority — are advanced with column operations (the fast path): their position,
+   and their trip's progress, direction reference point, start and ETA (`_advance_trips`);
    the rest are folded through `domain.step`, the reference semantics. A property test holds the
    two paths to the same result;
 4. event-time silence is checked against the watermark for every vehicle in the bucket.
@@ -241,16 +243,17 @@ def process_bucket(
     calm = ~c["off_route"][rows_u] & ~c["overspeed"][rows_u] & ~c["silent"][rows_u]
     no_zones = np.array([not z for z in c["zones"][rows_u].tolist()], dtype=bool)
     calm &= ~c["wrong_way"][rows_u] & (c["stop_since_ms"][rows_u] < 0) & ~c["at_risk"][rows_u]
+    # The trip each vehicle's fixes fall under (its assignment, by valid-from): a new one is `step`'s.
+    trip_from = np.where(route_idx >= 0, lo_u[codes], -1) if n else np.zeros(0, dtype=np.int64)
+    calm &= c["trip_from_ms"][rows_u] == (trip_from[starts] if n else trip_from)
     fast = known & (bad_count == 0) & same_route_batch & (cur_route == fix_route) & calm & no_zones
     trip = _TripColumns.of(route_list, route_idx) if n else None
     if trip is not None and fast.any():
         fast &= _trip_is_quiet(
             states,
             rows_u,
-            codes,
             starts,
             ends,
-            fast,
             ts,
             speed,
             progress,
@@ -311,6 +314,7 @@ def process_bucket(
                 bool(stop_zones & zones_outer.get(i, set())),
                 int(dep_u[k]),
                 int(arr_u[k]),
+                int(trip_from[i]),
             )
             s, out = step(s, f, cr.rules if cr else None, cfg)
             if out and f.ts_ms < watermark_ms:
@@ -416,10 +420,8 @@ def _trip_plan(
 def _trip_is_quiet(
     states: StateTable,
     rows_u: np.ndarray,
-    codes: np.ndarray,
     starts: np.ndarray,
     ends: np.ndarray,
-    fast: np.ndarray,
     ts: np.ndarray,
     speed: np.ndarray,
     progress: np.ndarray,

@@ -309,7 +309,7 @@ move = st.tuples(
 @given(
     st.lists(move, min_size=1, max_size=150),
     st.integers(min_value=1, max_value=5),
-    st.sampled_from(["none", "arrival", "duration"]),
+    st.sampled_from(["none", "arrival", "duration", "out_and_back"]),
 )
 @example(
     [("a", 12.0, 0.0, 40.0)] * 60 + [("a", -25.0, 0.0, 40.0)] * 6 + [("a", 0.0, 0.0, 0.0)] * 30, 3, "arrival"
@@ -327,7 +327,10 @@ def test_fast_path_equals_the_reference_fold_with_route_awareness(
     # No plan, a planned arrival on the assignment, or a planned duration on the route (the trip's
     # planned arrival then hangs on when its trip started, which the fast path also replays).
     sched = {"planned_arrival_ms": T0 + 30_000} if plan == "arrival" else {}
+    # ... or a street the route drives both ways, where fixes near two passes take the slow path.
     route = straight_route(planned_duration_s=25.0) if plan == "duration" else straight_route()
+    if plan == "out_and_back":
+        route = out_and_back_route()
     m = master(route, sched)
     fast_alerts, fast_states, fast, _ = run_engine(batches, m)
     slow_alerts, slow_states, none, _ = run_engine(batches, m, force_slow=True)
@@ -433,3 +436,45 @@ def test_replaying_any_batches_again_raises_nothing_new(
         assert r2.alerts == []
         assert r2.accepted == 0
         assert [states.state(v) for v in states.ids] == before
+
+
+def test_a_new_assignment_to_the_same_route_starts_a_new_trip() -> None:
+    """Tomorrow's run of today's route: completed yesterday, it is a new trip once reassigned;
+    a new plan on the same assignment keeps the trip."""
+    end = [float(x) for x in range(2600, 3001, 20)]
+    m = master(straight_route())
+    alerts, states, _, _ = run_engine([frame(drive("a", end))], m)
+    assert types(alerts) == [AlertType.ROUTE_COMPLETED]
+    # Same assignment, a new plan: still completed, nothing new.
+    again = frame(drive("a", end + end))
+    m.apply(
+        {
+            "entity": "assignment",
+            "id": "a",
+            "version": 2,
+            "op": "upsert",
+            "data": {
+                "vehicle_id": "a",
+                "route_id": "r1",
+                "valid_from_ms": 0,
+                "planned_arrival_ms": T0 + 10**7,
+            },
+        }
+    )
+    r = process_bucket(states, {}, m, again.iloc[len(end) :], 0, CFG, Catalog(CFG))
+    assert r.alerts == []
+    assert r.states.state("a").completed
+    # Reassigned: the next drive to the end completes a new trip.
+    m.apply(
+        {
+            "entity": "assignment",
+            "id": "a",
+            "version": 3,
+            "op": "upsert",
+            "data": {"vehicle_id": "a", "route_id": "r1", "valid_from_ms": T0},
+        }
+    )
+    third = frame(drive("a", end + end + end)).iloc[2 * len(end) :]
+    r = process_bucket(r.states, r.held, m, third, 0, CFG, Catalog(CFG))
+    assert types(r.alerts) == [AlertType.ROUTE_COMPLETED]
+    assert r.states.state("a").trip_from_ms == T0
