@@ -104,7 +104,7 @@ ASSIGNMENT_OUT_EXAMPLE: dict[str, Any] = {
     "updated": UPDATED_EXAMPLE,
 }
 ALERT_EXAMPLE: dict[str, Any] = {  # docs/contracts.md, Kafka fleet.alerts
-    "alert_id": "5f1c0e9a7d3b2a11c0ffee42",
+    "alert_id": "e4d18839cd0ee1adf3cd5858",  # alert_id("truck-042", "ROUTE_DEVIATION", 1817)
     "type": "ROUTE_DEVIATION",
     "vehicle_id": "truck-042",
     "route_id": "r-berlin-1",
@@ -114,7 +114,7 @@ ALERT_EXAMPLE: dict[str, Any] = {  # docs/contracts.md, Kafka fleet.alerts
     "ts": "2026-11-22T04:15:30.250Z",
     "lat": 52.5201,
     "lon": 13.4049,
-    "details": {"distance_m": 212.4, "outside_fixes": 3, "outside_s": 2.0},
+    "details": {"outside_fixes": 3, "outside_s": 2.0},
 }
 LIVE_EXAMPLE: dict[str, Any] = {
     "vehicle_id": "truck-042",
