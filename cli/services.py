@@ -156,12 +156,21 @@ def gateway_cmd() -> None:
 
 @app.command("processor")
 @friendly_errors
-def processor_cmd() -> None:
+def processor_cmd(
+    standby: Annotated[
+        bool,
+        typer.Option(
+            "--standby",
+            help="A warm standby: start Spark and its Python workers, then wait for the checkpoint's "
+            "lease and take over the moment the active driver's lease expires.",
+        ),
+    ] = False,
+) -> None:
     """Run the PySpark geofencing job (FLEETFENCE_PROCESSOR_* settings) until Ctrl-C/SIGTERM."""
     from processor.service import run_processor
     from processor.settings import ProcessorSettings
 
-    s = ProcessorSettings()
+    s = ProcessorSettings(processor_standby=True) if standby else ProcessorSettings()
     configure_logging(s.log_level, s.log_json)
     run_processor(s)
 

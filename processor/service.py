@@ -13,16 +13,19 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
+import redis
 from prometheus_client import Counter, Gauge
 
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import ProcessorError
 from processor.job import checkpoint_sink_id, start_query
+from processor.lease import CheckpointLease, LeaseLostError, lease_key
 from processor.markers import BatchLedger, MarkerReader
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark import build_session, service_master
@@ -36,6 +39,12 @@ INPUT_RATE = Gauge(
     "fleetfence_processor_input_rows_per_s", "Telemetry records per second in the last micro-batch"
 )
 STATE_ROWS = Gauge("fleetfence_processor_state_rows", "Rows in the state store (buckets x variables)")
+ROLE = Gauge(
+    "fleetfence_processor_active", "1 while this driver holds the checkpoint and runs the query, 0 on standby"
+)
+TAKEOVERS = Counter(
+    "fleetfence_processor_takeovers_total", "Times this driver took the checkpoint (lease acquired)"
+)
 
 
 def _observe(progress: dict[str, Any], telemetry_topic: str) -> None:
@@ -77,6 +86,28 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
     spark = build_session(
         app_name="fleetfence-processor", master=master, shuffle_partitions=s.processor_shuffle_partitions
     )
+    lease = checkpoint_lease(s)
+    try:
+        if s.processor_standby:
+            warm_python_workers(spark)
+            logger.info("standby ready: Spark and its Python workers are up checkpoint=%s", s.checkpoint)
+        if lease is not None:
+            ROLE.set(0)
+            if not lease.wait_acquire(stop):
+                return
+            lease.start_renewing()
+        ROLE.set(1)
+        TAKEOVERS.inc()
+        _query_loop(spark, s, stop, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+        spark.stop()
+
+
+def _query_loop(
+    spark: Any, s: ProcessorSettings, stop: threading.Event, lease: CheckpointLease | None
+) -> None:
     # Open the marker tail before the query starts: every batch this run commits is counted.
     ledger = BatchLedger(checkpoint_sink_id(spark, s))
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
@@ -85,6 +116,8 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
 
     def step() -> bool:
         nonlocal last_batch
+        if lease is not None and lease.lost.is_set():
+            raise LeaseLostError(f"the checkpoint's lease {lease.key} is no longer this driver's: stopping")
         done = bool(q.awaitTermination(0.5))
         latest = q.lastProgress
         if latest and latest["batchId"] > last_batch:
@@ -118,7 +151,27 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
             ledger.marker(m)
         ledger.flush(now=float("inf"))
         reader.close()
-        spark.stop()
+
+
+def checkpoint_lease(s: ProcessorSettings) -> CheckpointLease | None:
+    """The checkpoint's lease in Redis, or None when leasing is off (FLEETFENCE_PROCESSOR_LEASE_TTL_MS=0)."""
+    if s.processor_lease_ttl_ms <= 0:
+        return None
+    client = redis.Redis.from_url(s.redis_dsn, socket_timeout=max(s.processor_lease_ttl_ms / 4000, 0.2))
+    return CheckpointLease(client, lease_key(s.redis_prefix, s.checkpoint), s.processor_lease_ttl_ms)
+
+
+def warm_python_workers(spark: Any) -> None:
+    """Start Spark's Python workers and import the engine in them, so a takeover pays neither (the
+    workers are reused: `spark.python.worker.reuse`)."""
+
+    def load(batches: Iterator[Any]) -> Iterator[Any]:
+        import processor.stateful  # noqa: F401  (the operator's imports: numpy, pandas, shapely, h3)
+
+        yield from batches
+
+    parts = max(int(spark.sparkContext.defaultParallelism), 1)
+    spark.range(parts, numPartitions=parts).mapInPandas(load, "id long").collect()
 
 
 def unseen_progress(recent: list[dict[str, Any]], last_batch: int) -> list[dict[str, Any]]:

@@ -59,6 +59,15 @@ class ProcessorSettings(Settings):
         gt=0,
         description="The slowest average speed an ETA assumes.",
     )
+    processor_lease_ttl_ms: int = Field(
+        default=2000,
+        ge=0,
+        description="The checkpoint lease in Redis (processor.lease): a standby takes over this long after "
+        "the active driver died; 0 = no lease (one driver per checkpoint is then the operator's promise).",
+    )
+    processor_standby: bool = Field(
+        default=False, description="Start as a warm standby: Spark up, then wait for the checkpoint's lease."
+    )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
     processor_shuffle_partitions: int | None = Field(default=None, ge=1)
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
