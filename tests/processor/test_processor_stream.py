@@ -132,8 +132,12 @@ def received(s: Settings, n: int) -> Callable[[], bool]:
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
+    """Three SIGKILLs of the active driver mid-stream: the first taken over by a warm standby
+    (`--standby`), the second by the next standby, which is itself killed the moment it takes the
+    checkpoint's lease (a kill during takeover) and restarted cold, the third restarted cold."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     ps = processor_settings(settings, tmp_path, processor_max_events_per_batch=60)
+    standby_ps = ps.model_copy(update={"processor_standby": True})
     fixes = scenario(90, trips=True)
     expected = expected_alerts(fixes, ps.engine_config(), master_events(trips=True))
     # The route-awareness alerts are in the stream the crashes cut through.
@@ -155,10 +159,17 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
     on_air = [f for f in fixes if not (f.vehicle_id == "v1" and 15 <= f.seq < 60)]
     chunks = [[f for f in on_air if 15_000 * i <= f.ts_ms - T0 < 15_000 * (i + 1)] for i in range(6)]
     assert sum(map(len, chunks)) == len(on_air)
-    log = tmp_path / "processor.log"
+    logs = iter(tmp_path / f"processor-{n}.log" for n in range(10))
     kills = 0
     sent = 0
-    proc = spawn_processor(ps, log)
+    active = spawn_processor(ps, next(logs))
+    standby_log = next(logs)
+    standby = spawn_processor(standby_ps, standby_log)
+    procs = [active, standby]
+
+    def logged(log: Path, text: str) -> Callable[[], bool]:
+        return lambda: log.exists() and text in log.read_text(errors="replace")
+
     try:
         for i, chunk in enumerate(chunks):
             produce_telemetry(settings, chunk)
@@ -168,14 +179,30 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
                 wait_for(received(settings, sent), 240, "the fleet's first minute to be read")
                 produce_telemetry(settings, stored)
                 sent += len(stored)
-            if i in (1, 3, 5):
-                # Kill once the job is mid-stream: some batches committed, more in flight.
-                wait_for(committed_batches(settings, kills + 1), 180, "a committed batch")
-                wait_for(lambda: rng.random() < 0.5, 5, "a random moment", interval_s=0.1)
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-                kills += 1
-                proc = spawn_processor(ps, log)
+            if i not in (1, 3, 5):
+                continue
+            # Kill once the job is mid-stream: some batches committed, more in flight.
+            wait_for(committed_batches(settings, kills + 1), 180, "a committed batch")
+            if i in (1, 3):
+                wait_for(logged(standby_log, "standby ready"), 180, "the standby to be warm")
+            wait_for(lambda: rng.random() < 0.5, 5, "a random moment", interval_s=0.1)
+            os.killpg(active.pid, signal.SIGKILL)
+            active.wait(30)
+            kills += 1
+            if i == 1:
+                # The warm standby takes over; a new standby waits behind it.
+                active, standby_log = standby, next(logs)
+                standby = spawn_processor(standby_ps, standby_log)
+            elif i == 3:
+                # The standby takes the lease and is killed at once, before its first batch: the
+                # checkpoint and the open transaction are left to a cold restart.
+                wait_for(logged(standby_log, "lease acquired"), 60, "the standby to take over")
+                os.killpg(standby.pid, signal.SIGKILL)
+                standby.wait(30)
+                active = spawn_processor(ps, next(logs))
+            else:
+                active = spawn_processor(ps, next(logs))
+            procs += [active, standby]
         got = wait_for(
             lambda: (a := committed_alerts(settings)) and len(a) >= len(expected) and a,
             240,
@@ -190,4 +217,5 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
         assert {a["type"] for a in v1} >= {AlertType.ROUTE_DEVIATION, AlertType.ROUTE_RETURN}
         assert all(a["seq"] < 49 and a.get("late") is True for a in v1), v1
     finally:
-        stop_process_group(proc)
+        for p in procs:
+            stop_process_group(p)
