@@ -32,16 +32,14 @@ def checkpoint_sink_id(spark: Any, s: ProcessorSettings) -> str:
     return sink_id_for(HadoopCheckpointFiles(spark, s.checkpoint))
 
 
-def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
-    """Build and start the streaming query; returns the StreamingQuery."""
-    from processor.kafka_sink import SINK_NAME
+def _job(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: str) -> tuple[Any, Any]:
+    """The job's dataframe up to the sink (source, watermark, stateful operator), and the
+    checkpoint's files."""
     from processor.rows import OUTPUT_DDL
     from processor.source import processor_input
     from processor.stateful import GeofenceProcessor
 
-    register_sink(spark)
     t = s.topics
-    checkpoint = s.checkpoint
     files = HadoopCheckpointFiles(spark, checkpoint)
     keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
     src = processor_input(
@@ -51,7 +49,7 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
         master_topic=t.master,
         buckets=s.processor_buckets,
         bucket_keys=keys,
-        starting_offsets=s.processor_starting_offsets,
+        starting_offsets=starting_offsets,
         max_events_per_batch=s.processor_max_events_per_batch,
     )
     lateness = f"{int(s.processor_lateness_s * 1000)} milliseconds"
@@ -65,6 +63,33 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
             timeMode="EventTime",
         )
     )
+    return out, files
+
+
+def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> None:
+    """Run the job once, on a scratch checkpoint, from the latest telemetry (so it reads only the
+    master data), into Spark's `noop` sink: a standby's JVM then has the job's plan compiled, the
+    Kafka source, RocksDB and the stateful operator's Python runners loaded, and writes nothing."""
+    out, _files = _job(spark, s, scratch_checkpoint, "latest")
+    q = (
+        out.writeStream.format("noop")
+        .queryName("fleetfence-processor-warm-up")
+        .option("checkpointLocation", scratch_checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    logger.info("warm-up query done batches=%d", len(q.recentProgress))
+
+
+def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
+    """Build and start the streaming query; returns the StreamingQuery."""
+    from processor.kafka_sink import SINK_NAME
+
+    register_sink(spark)
+    t = s.topics
+    checkpoint = s.checkpoint
+    out, files = _job(spark, s, checkpoint, s.processor_starting_offsets)
     writer = (
         out.writeStream.format(SINK_NAME)
         .queryName(query_name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -24,7 +25,7 @@ from prometheus_client import Counter, Gauge
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import ProcessorError
-from processor.job import checkpoint_sink_id, start_query
+from processor.job import checkpoint_sink_id, start_query, warm_up_query
 from processor.lease import CheckpointLease, LeaseLostError, lease_key
 from processor.markers import BatchLedger, MarkerReader
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
@@ -90,7 +91,11 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
     try:
         if s.processor_standby:
             warm_python_workers(spark)
-            logger.info("standby ready: Spark and its Python workers are up checkpoint=%s", s.checkpoint)
+            with tempfile.TemporaryDirectory(prefix="fleetfence-warm-up-") as scratch:
+                warm_up_query(spark, s, scratch)
+            logger.info(
+                "standby ready: Spark, the job and its Python workers are up checkpoint=%s", s.checkpoint
+            )
         if lease is not None:
             ROLE.set(0)
             if not lease.wait_acquire(stop):

@@ -1,0 +1,354 @@
+"""Failover benchmark: SIGKILL the processor under a steady stream, cold restart vs warm standby.
+
+    .venv/bin/python bench/failover.py --kills 10 [--record]
+
+A private embedded Kafka broker and Redis; a producer writes a steady stream of canonical telemetry
+(`--vehicles` vehicles at 1 Hz, each leaving and rejoining its corridor every `--cycle-s`, so
+alerts keep coming); a read_committed consumer stamps each alert with the moment it saw it. Then,
+for each mode, `--kills` times at a random moment: SIGKILL the active driver's process group, and
+measure from the kill to the first committed alert whose triggering fix was published after the
+kill (its fix's `received_ms`).
+- cold: the supervisor (this script) starts a new `python -m processor` at once; it waits out the
+  dead driver's lease (`FLEETFENCE_PROCESSOR_LEASE_TTL_MS`), starts Spark and restores the state;
+- warm: a standby (`--standby`) has Spark and its Python workers up and takes over when the lease
+  expires; a new standby is started behind it and is warm before the next kill.
+Every run ends by checking the alerts against the pure engine over everything produced: lost and
+duplicated must both be 0. Prints a table (p50/p99/max per mode, the ratio) and records it in
+docs/benchmarks.md with --record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import orjson
+import pandas as pd
+from confluent_kafka import Consumer, Producer
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import write_section
+from embedded import infra
+from fleetfence.contracts import master_key, utc_now_ms
+from fleetfence.geo import LocalProjection
+from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.service import stop_process_group
+from fleetfence.settings import Settings
+from fleetfence.testing import wait_for
+from processor.columns import empty_states
+from processor.engine import process_bucket
+from processor.master import Catalog, MasterState
+from processor.settings import ProcessorSettings
+
+console = Console()
+LINE = [[13.0, 52.5], [13.2, 52.5]]  # ~13.6 km east-west
+PROJ = LocalProjection(13.1, 52.5)
+
+
+def master_events(vehicles: int) -> list[dict[str, Any]]:
+    route = {
+        "route_id": "r1",
+        "name": "failover",
+        "geometry": {"type": "LineString", "coordinates": LINE},
+        "corridor_width_m": 100,
+        "speed_limit_kmh": 200,
+        "deviation_min_fixes": 2,
+        "silent_after_s": 3600,
+    }
+    ev: list[dict[str, Any]] = [{"entity": "route", "id": "r1", "version": 1, "op": "upsert", "data": route}]
+    for v in range(vehicles):
+        data = {"vehicle_id": f"f{v:04d}", "route_id": "r1", "valid_from_ms": 0, "valid_to_ms": None}
+        ev.append({"entity": "assignment", "id": f"f{v:04d}", "version": 1, "op": "upsert", "data": data})
+    return ev
+
+
+@dataclass
+class Stream:
+    """The steady telemetry stream: every fix produced, with the wall time it was handed over."""
+
+    s: Settings
+    vehicles: int
+    cycle_s: int
+    fixes: list[dict[str, Any]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def fix(self, v: int, seq: int) -> dict[str, Any]:
+        # Along the line at 20 m/s; out of the corridor for 3 fixes of every cycle (staggered).
+        x = -6000.0 + (seq * 20.0) % 12000.0
+        phase = (seq + v * 7) % self.cycle_s
+        y = 300.0 if phase < 3 else 0.0
+        lon, lat = PROJ.inverse(np.array([x]), np.array([y]))
+        now = utc_now_ms()
+        return {
+            "vehicle_id": f"f{v:04d}",
+            "seq": seq,
+            "ts_ms": now,
+            "lat": float(lat[0]),
+            "lon": float(lon[0]),
+            "speed_kmh": 72.0,
+            "received_ms": now,
+        }
+
+    def run(self) -> None:
+        p = Producer(producer_config(self.s.bootstrap_servers, **{"linger.ms": 5}))
+        seq = 0
+        next_tick = time.monotonic()
+        while not self.stop.is_set():
+            for v in range(self.vehicles):
+                f = self.fix(v, seq)
+                p.produce(self.s.topics.telemetry, key=f["vehicle_id"].encode(), value=orjson.dumps(f))
+                self.fixes.append(f)
+            p.poll(0)
+            seq += 1
+            next_tick += 1.0
+            self.stop.wait(max(next_tick - time.monotonic(), 0))
+        p.flush(30)
+
+
+class AlertClock:
+    """Every committed alert, with the wall time a read_committed consumer first saw it."""
+
+    def __init__(self, s: Settings) -> None:
+        self.seen: list[tuple[float, dict[str, Any]]] = []
+        self.stop = threading.Event()
+        self.c = Consumer(
+            {
+                "bootstrap.servers": s.bootstrap_servers,
+                "group.id": f"failover-{os.getpid()}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        self.c.subscribe([s.topics.alerts])
+
+    def first_after(self, killed_ms: float) -> Callable[[], float | None]:
+        """A check: ms from the kill to the first alert seen of a fix published after it."""
+
+        def check() -> float | None:
+            for seen_ms, a in list(self.seen):
+                if seen_ms > killed_ms and a.get("trigger_received_ms", 0) > killed_ms:
+                    return seen_ms - killed_ms
+            return None
+
+        return check
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for m in self.c.consume(500, 0.05):
+                if m.error() is None and m.value():
+                    self.seen.append((time.time() * 1000, orjson.loads(m.value())))
+        self.c.close()
+
+
+def spawn(ps: ProcessorSettings, log: Path, standby: bool) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        **{
+            f"FLEETFENCE_{k.upper()}": str(v)
+            for k, v in ps.model_dump(exclude={"topics"}).items()
+            if v is not None
+        },
+        "FLEETFENCE_PROCESSOR_STANDBY": str(standby).lower(),
+        "FLEETFENCE_PROCESSOR_METRICS_PORT": "0",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "processor"],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def ready(log: Path) -> Callable[[], bool]:
+    """A check: the standby logging to `log` has Spark and its Python workers up."""
+    return lambda: log.exists() and "standby ready" in log.read_text(errors="replace")
+
+
+def expected_ids(fixes: list[dict[str, Any]], vehicles: int, ps: ProcessorSettings) -> set[str]:
+    m = MasterState()
+    for e in master_events(vehicles):
+        m.apply(e)
+    cfg = ps.engine_config()
+    r = process_bucket(empty_states(), {}, m, pd.DataFrame(fixes), 0, cfg, Catalog(cfg), force_slow=False)
+    return {a.alert_id for a in r.alerts}
+
+
+def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) -> dict[str, Any]:
+    s = base.model_copy(update={"topic_prefix": f"{mode}."})
+    ensure_topics(s.bootstrap_servers, topic_specs(s))
+    p = Producer(producer_config(s.bootstrap_servers))
+    for e in master_events(args.vehicles):
+        p.produce(s.topics.master, key=master_key(e["entity"], e["id"]), value=orjson.dumps(e))
+    p.flush(30)
+    ps = ProcessorSettings(
+        **{
+            **s.model_dump(exclude={"topics"}),
+            "processor_checkpoint": str(work / mode / "cp"),
+            "processor_buckets": 4,
+            "processor_trigger_ms": 100,
+            "processor_live_state": False,
+            "redis_prefix": f"{mode}.ff:",
+            "processor_spark_master": f"local[{args.cores}]",
+            "processor_lease_ttl_ms": args.lease_ttl_ms,
+        }
+    )
+    logs = (work / mode / f"processor-{n}.log" for n in range(1000))
+    (work / mode).mkdir(parents=True, exist_ok=True)
+    stream = Stream(s, args.vehicles, args.cycle_s)
+    clock = AlertClock(s)
+    threads = [
+        threading.Thread(target=stream.run, daemon=True),
+        threading.Thread(target=clock.run, daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    rng = random.Random(args.seed)
+    active = spawn(ps, next(logs), standby=False)
+    procs = [active]
+    standby_log = next(logs)
+    standby = spawn(ps, standby_log, standby=True) if mode == "warm" else None
+    if standby is not None:
+        procs.append(standby)
+    takeovers: list[float] = []
+    try:
+        wait_for(lambda: len(clock.seen) > 0, 300, f"{mode}: the first alert")
+        for k in range(args.kills):
+            if standby is not None:
+                wait_for(ready(standby_log), 300, f"{mode}: the standby to be warm")
+            # A random moment of steady running: alerts flowing from the active driver.
+            time.sleep(rng.uniform(args.min_gap_s, args.max_gap_s))
+            killed_ms = time.time() * 1000
+            os.killpg(active.pid, signal.SIGKILL)
+            active.wait(30)
+            active = standby if standby is not None else spawn(ps, next(logs), standby=False)
+            procs.append(active)
+            took = wait_for(clock.first_after(killed_ms), 300, f"{mode}: the first alert after kill {k + 1}")
+            takeovers.append(float(took) / 1000)
+            if standby is not None:
+                # The next standby starts once the takeover is done: on this one box it would
+                # otherwise take the cores from the takeover (a real standby has a machine of its own).
+                standby_log = next(logs)
+                standby = spawn(ps, standby_log, standby=True)
+                procs.append(standby)
+            console.print(
+                f"  {mode} kill {k + 1}/{args.kills}: first new alert after {float(took) / 1000:.2f} s"
+            )
+        stream.stop.set()
+        threads[0].join(30)
+        want = expected_ids(stream.fixes, args.vehicles, ps)
+        wait_for(lambda: {a["alert_id"] for _, a in clock.seen} >= want, 300, f"{mode}: every expected alert")
+        got = [a["alert_id"] for _, a in clock.seen]
+    finally:
+        stream.stop.set()
+        clock.stop.set()
+        for proc in procs:
+            stop_process_group(proc)
+    return {
+        "mode": mode,
+        "takeover_s": takeovers,
+        "expected": len(want),
+        "lost": len(want - set(got)),
+        "duplicated": len(got) - len(set(got)),
+        "unexpected": len(set(got) - want),
+    }
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--vehicles", type=int, default=50)
+    ap.add_argument("--cycle-s", type=int, default=12, help="each vehicle leaves its corridor once per cycle")
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--lease-ttl-ms", type=int, default=2000)
+    ap.add_argument("--min-gap-s", type=float, default=8.0)
+    ap.add_argument("--max-gap-s", type=float, default=20.0)
+    ap.add_argument("--modes", default="cold,warm")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--record", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ff-failover-"))
+    base = Settings(**infra.private_fields(work / "state"))
+    infra.up(base, create_topics=False)
+    results = []
+    try:
+        for mode in args.modes.split(","):
+            console.print(f"[bold]{mode}[/]: {args.kills} kills under {args.vehicles} fixes/s")
+            results.append(run_mode(mode, args, base, work))
+    finally:
+        infra.down(base)
+    t = Table(
+        title=f"failover: SIGKILL -> first committed alert of a fix published after it ({args.kills} kills)"
+    )
+    for col in ("mode", "p50 s", "p99 s", "max s", "mean s", "alerts", "lost", "duplicated", "unexpected"):
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for r in results:
+        xs = r["takeover_s"]
+        t.add_row(
+            r["mode"],
+            f"{pct(xs, 50):.2f}",
+            f"{pct(xs, 99):.2f}",
+            f"{max(xs):.2f}",
+            f"{statistics.mean(xs):.2f}",
+            str(r["expected"]),
+            str(r["lost"]),
+            str(r["duplicated"]),
+            str(r["unexpected"]),
+        )
+    console.print(t)
+    by = {r["mode"]: r for r in results}
+    ratio = ""
+    if "cold" in by and "warm" in by:
+        warm, cold = pct(by["warm"]["takeover_s"], 50), pct(by["cold"]["takeover_s"], 50)
+        ratio = f"warm standby / cold restart, p50: {warm / cold:.2f}"
+        console.print(ratio)
+    if args.record:
+        cmd = "python bench/failover.py " + " ".join(sys.argv[1:])
+        lines = [
+            "## Failover: cold restart vs warm standby (bench/failover.py)",
+            "",
+            f"`{cmd}` on {datetime.now(UTC).date().isoformat()}: {args.vehicles} vehicles at 1 Hz, "
+            f"local[{args.cores}], lease ttl {args.lease_ttl_ms} ms, {args.kills} SIGKILLs per mode at "
+            f"random moments ({args.min_gap_s:.0f}-{args.max_gap_s:.0f} s apart); measured from the kill "
+            "to the first committed alert of a fix published after it.",
+            "",
+            "| mode | p50 s | p99 s | max s | mean s | alerts | lost | duplicated | unexpected |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in results:
+            xs = r["takeover_s"]
+            lines.append(
+                f"| {r['mode']} | {pct(xs, 50):.2f} | {pct(xs, 99):.2f} | {max(xs):.2f} | "
+                f"{statistics.mean(xs):.2f} | {r['expected']} | {r['lost']} | {r['duplicated']} | "
+                f"{r['unexpected']} |"
+            )
+        lines += ["", ratio, ""] if ratio else [""]
+        write_section("## Failover: cold restart vs warm standby", lines)
+    bad = [r for r in results if r["lost"] or r["duplicated"] or r["unexpected"]]
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
