@@ -1,6 +1,6 @@
 """Processor benchmark: FleetFence's Spark job vs the naive loop vs quixstreams, in one run.
 
-    .venv/bin/python bench/processor.py --vehicles 10000 --fixes 60 [--record]
+    .venv/bin/python bench/processor.py --vehicles 10000 --fixes 60 [--route-rules both] [--record]
 
 Every contender reads the same pre-loaded `fleet.telemetry` topic on a private embedded Apache
 Kafka broker, in its own process (so each gets the whole box in turn), and produces deviation
@@ -8,6 +8,16 @@ alerts. Reported:
 sustained events/s (after warm-up), ratios, and the alert counts (which must agree). A second
 phase drives the Spark job at half its measured rate with live timestamps and reports the
 event→alert latency p50/p99 (alert commit time minus the fix's ingest time).
+
+Route awareness (issue #26) is master data, so `--route-rules` picks the master data the Spark job
+reads (bench/workload.py): `off` (the routes' wrong-way, stop and arrival rules null, no planned
+times), `on` (the rules' defaults, planned departure and arrival on every assignment, `--late-share`
+of the trips planned so early that ARRIVAL_AT_RISK fires) or `both`: the same telemetry under a
+second topic prefix, and the Spark contender run once with each, side by side (`--repeats` times,
+alternating the order), with the on/off ratio of throughput and CPU per event. The peers only do
+deviations: deviation alerts are compared across every contender, the route-awareness alerts of the
+Spark runs are reported apart. `--baseline-tree` adds the Spark contender of another checkout (say,
+the commit before #26) on the same topic: what the rules cost against no route awareness at all.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +45,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench import workload as wl
+from bench.common import BENCHMARKS_MD
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
 from embedded import infra
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
@@ -42,6 +54,12 @@ from fleetfence.settings import Settings
 console = Console()
 PARTITIONS = 4
 COMPRESSION = os.environ.get("FF_BENCH_COMPRESSION", "lz4")
+DEVIATION_TYPES = ("ROUTE_DEVIATION", "ROUTE_RETURN")  # what every contender raises
+GUARANTEE = {
+    "naive": "at-least-once, no checkpoint",
+    "quix": "exactly-once (RocksDB)",
+    "spark": "exactly-once (Spark state + Kafka txn), Spark's Kafka connector",
+}
 
 
 def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], label: str) -> None:
@@ -100,6 +118,7 @@ def contender_spark(
     seen = 0
     ends: list[tuple[float, int]] = []  # (time, events so far) at the end of each batch
     cpus: list[tuple[float, float]] = []  # CPU snapshots taken when each batch end was seen
+    progress: list[Any] = []
     last_batch = -1
     while seen < total:
         if q.exception() is not None:
@@ -111,6 +130,7 @@ def contender_spark(
                 seen += rows
                 ends.append((time.perf_counter(), seen))
                 cpus.append(cpu())
+                progress.append(p)
         time.sleep(0.2)
     q.stop()
     spark.stop()
@@ -124,7 +144,10 @@ def contender_spark(
     t_first = data[0][0]
     t_warm, n_warm, cpu_warm = next((d for d in data if d[1] >= warmup_events(args, total)), data[0])
     t_end, _, cpu_end = data[-1]
+    # Where the measured batches' time went (Spark's durationMs phases, median per batch).
+    measured = [p for (t, _), p in zip(ends, progress, strict=True) if t > t_warm]
     return {
+        "phases": batch_phases(measured, s.topics.telemetry),
         "events": seen,
         "seconds": t_end - t_warm,
         "sustained_events": seen - n_warm,
@@ -140,11 +163,6 @@ def warmup_events(args: argparse.Namespace, total: int) -> int:
     for days: its steady state is what counts, and the JVM's JIT was measured compiling through the
     first ~40 s of a run (docs/benchmarks.md), which the Python contenders never pay."""
     return int(total * args.warmup_share)
-
-
-def count_alerts(s: Settings, topic: str) -> int:
-    """Committed alert records (offsets would also count the transaction markers)."""
-    return len(read_alerts(s, topic))
 
 
 def read_alerts(s: Settings, topic: str) -> list[Any]:
@@ -199,17 +217,25 @@ def run_child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def run_contender(args: argparse.Namespace, s: Settings, name: str) -> dict[str, Any]:
-    """Run one contender in a child process against the pre-loaded broker; its RESULT line."""
+def run_contender(
+    args: argparse.Namespace, s: Settings, name: str, tree: Path | None = None
+) -> dict[str, Any]:
+    """Run one contender in a child process against the pre-loaded broker (the topics under
+    `s.topic_prefix`); its RESULT line. With `tree`, the child is that checkout's own
+    bench/processor.py, run from it with it first on the path (the Spark job's Python workers
+    included), so its processor is the one measured."""
+    script = tree / "bench" / "processor.py" if tree is not None else Path(__file__)
     cmd = [
         sys.executable,
-        __file__,
+        str(script),
         "--child",
         name,
         "--bootstrap",
         s.bootstrap_servers,
         "--redis",
         s.redis_dsn,
+        "--prefix",
+        s.topic_prefix,
         "--vehicles",
         str(args.vehicles),
         "--fixes",
@@ -235,15 +261,19 @@ def run_contender(args: argparse.Namespace, s: Settings, name: str) -> dict[str,
     for kv in getattr(args, "spark_conf", []):
         cmd += ["--spark-conf", kv]
     spark = name.startswith("spark")
-    before = count_alerts(s, s.topics.alerts) if spark else 0
-    with console.status(f"running {name}…"):
+    before = alert_types(s) if spark else Counter()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    with console.status(f"running {name}{f' from {tree}' if tree else ''}…"):
         out = subprocess.run(
             cmd,
             check=False,
             capture_output=True,
             text=True,
             timeout=3600,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            env=env,
+            cwd=tree,
         )
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
@@ -251,13 +281,44 @@ def run_contender(args: argparse.Namespace, s: Settings, name: str) -> dict[str,
         raise SystemExit(f"{name} failed")
     res: dict[str, Any] = json.loads(line[7:])
     if spark:
-        # Delta: several Spark runs (bench/scaleout.py) share the alert topic, each with a fresh checkpoint.
-        res["alerts"] = count_alerts(s, s.topics.alerts) - before
+        # Delta: several Spark runs (bench/scaleout.py, --repeats) share the alert topic, each with
+        # a fresh checkpoint.
+        types = alert_types(s)
+        types.subtract(before)
+        res["alert_types"] = {k: v for k, v in sorted(types.items()) if v}
+        res["alerts"] = sum(res["alert_types"].values())
+    else:
+        res["alert_types"] = {"ROUTE_DEVIATION+ROUTE_RETURN": res["alerts"]}
     return res
 
 
-def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: float) -> dict[str, Any]:
-    """Drive the Spark job live at `rate` events/s; measure alert commit time - fix ingest time."""
+def alert_types(s: Settings) -> Counter[str]:
+    """Committed alerts on the prefix's alert topic, by type."""
+    return Counter(str(orjson.loads(m.value())["type"]) for m in read_alerts(s, s.topics.alerts))
+
+
+def deviation_alerts(res: dict[str, Any]) -> int:
+    """Alerts every contender raises (the peers only do deviations)."""
+    types: dict[str, int] = res.get("alert_types", {})
+    if "ROUTE_DEVIATION+ROUTE_RETURN" in types:
+        return types["ROUTE_DEVIATION+ROUTE_RETURN"]
+    return sum(types.get(t, 0) for t in DEVIATION_TYPES)
+
+
+def route_alerts(res: dict[str, Any]) -> str:
+    """The route-awareness alerts of a Spark run, by type (everything but deviations)."""
+    types: dict[str, int] = res.get("alert_types", {})
+    other = {k: v for k, v in types.items() if k not in DEVIATION_TYPES and "+" not in k}
+    return ", ".join(f"{k} {v}" for k, v in other.items()) or "-"
+
+
+def latency_phase(
+    args: argparse.Namespace, s: Settings, rate: float, seconds: float, route_rules: str = "default"
+) -> dict[str, Any]:
+    """Drive the Spark job live at `rate` events/s; measure alert commit time - fix ingest time.
+
+    `route_rules` as in `Workload.master_for`, without planned times (`default`: the rules'
+    defaults) since the live fixes carry the send time, not the workload's."""
     from processor.job import start_query
     from processor.settings import ProcessorSettings
     from processor.spark import build_session
@@ -273,7 +334,7 @@ def latency_phase(args: argparse.Namespace, s: Settings, rate: float, seconds: f
     produce_all(
         s.bootstrap_servers,
         ls.topics.master,
-        [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in w.master],
+        [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in w.master_for(route_rules)],
         "master data",
     )
     ps = ProcessorSettings(
@@ -435,6 +496,24 @@ def main() -> None:
     ap.add_argument("--trigger-ms", type=int, default=200)
     ap.add_argument("--live", action=argparse.BooleanOptionalAction, default=True, help="live state to Redis")
     ap.add_argument("--contenders", default="naive,quix,spark")
+    ap.add_argument(
+        "--route-rules",
+        choices=("off", "on", "both"),
+        default="on",
+        help="the route-awareness rules in the Spark job's master data; both: one Spark run with each",
+    )
+    ap.add_argument(
+        "--late-share",
+        type=float,
+        default=0.01,
+        help="with the rules on: share of trips planned to arrive 15-30 min before their ETA",
+    )
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each Spark configuration, alternating")
+    ap.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also run the Spark contender of this checkout (e.g. `git worktree add /tmp/pre26 03964a9~1`)",
+    )
     ap.add_argument("--latency-s", type=float, default=60.0, help="0 skips the latency phase")
     ap.add_argument(
         "--latency-rate", type=float, help="events/s of the latency phase (default: half the Spark rate)"
@@ -458,6 +537,7 @@ def main() -> None:
         run_child(args)
         return
 
+    modes = ["off", "on"] if args.route_rules == "both" else [args.route_rules]
     state = Path(tempfile.mkdtemp(prefix="ff-bench-"))
     s = Settings(
         **infra.private_fields(state),
@@ -465,65 +545,168 @@ def main() -> None:
     )
     infra.up(s, create_topics=False)
     try:
-        ensure_topics(s.bootstrap_servers, topic_specs(s))
         w = wl.build(args.vehicles, args.fixes, args.routes, seed=args.seed)
         console.print(f"workload: {len(w):,} fixes, {args.vehicles:,} vehicles, {args.routes} routes")
-        produce_all(
-            s.bootstrap_servers,
-            s.topics.master,
-            [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in w.master],
-            "master data",
-        )
-        produce_all(s.bootstrap_servers, s.topics.telemetry, w.records(), "telemetry")
-        results: dict[str, dict[str, Any]] = {}
-        for name in [c for c in args.contenders.split(",") if c]:
-            ensure_topics(s.bootstrap_servers, [type(topic_specs(s)[0])(f"out.{name}", PARTITIONS)])
-            res = run_contender(args, s, name)
-            results[name] = res
-        table = Table(title=f"processor: {len(w):,} events, {args.vehicles:,} vehicles, local[{args.cores}]")
-        for col in (
-            "contender",
-            "guarantee",
-            "events/s (sustained)",
-            "vs naive",
-            "vs quix",
-            "CPU µs/event own / broker",
-            "alerts",
-        ):
-            table.add_column(col)
-        rate = {k: (v.get("sustained_events", v["events"]) / v["seconds"]) for k, v in results.items()}
-        guarantee = {
-            "naive": "at-least-once, no checkpoint",
-            "quix": "exactly-once (RocksDB)",
-            "spark": "exactly-once (Spark state + Kafka txn), Spark's Kafka connector",
+        # One topic prefix per master data set (the first mode keeps the plain names), each with
+        # the same telemetry.
+        prefixed = {
+            m: s.model_copy(update={"topic_prefix": "" if k == 0 else f"{m}."}) for k, m in enumerate(modes)
         }
-        for k, v in results.items():
-            table.add_row(
-                k,
-                guarantee[k],
-                f"{rate[k]:,.0f}",
-                f"{rate[k] / rate['naive']:.2f}" if "naive" in rate else "-",
-                f"{rate[k] / rate['quix']:.2f}" if "quix" in rate else "-",
-                cpu_per_event(v),
-                str(v["alerts"]),
+        for m, ms in prefixed.items():
+            ensure_topics(ms.bootstrap_servers, topic_specs(ms))
+            produce_all(
+                ms.bootstrap_servers,
+                ms.topics.master,
+                [
+                    (f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e))
+                    for e in w.master_for(m, args.late_share)
+                ],
+                f"master data, route rules {m}",
             )
-        console.print(table)
+            produce_all(ms.bootstrap_servers, ms.topics.telemetry, w.records(), f"telemetry ({m})")
+        first = prefixed[modes[0]]
+        runs: list[tuple[str, str, dict[str, Any]]] = []  # (contender, route rules, result)
+        for name in [c for c in args.contenders.split(",") if c]:
+            if name != "spark":
+                topic = first.topic_prefix + f"out.{name}"
+                ensure_topics(s.bootstrap_servers, [type(topic_specs(s)[0])(topic, PARTITIONS)])
+                runs.append((name, "-", run_contender(args, first, name)))
+                continue
+            configs: list[tuple[str, Settings, Path | None]] = [(m, prefixed[m], None) for m in modes]
+            if args.baseline_tree:
+                base = prefixed.get("off", first)
+                configs.append((tree_label(args.baseline_tree), base, args.baseline_tree.resolve()))
+            for r in range(args.repeats):
+                for label, ms, tree in configs if r % 2 == 0 else configs[::-1]:
+                    res = run_contender(args, ms, name, tree)
+                    console.print(
+                        f"  spark, rules {label}: {rate_of(res):,.0f} events/s, {cpu_per_event(res)}"
+                    )
+                    runs.append((name, label, res))
+        console.print(results_table(runs, len(w), args))
+        summary = comparison(runs)
+        for line in summary:
+            console.print(line)
         lat: dict[str, Any] = {}
-        half = args.latency_rate or (rate["spark"] / 2 if "spark" in rate else 0.0)
+        spark_rates = [rate_of(r) for c, m, r in runs if c == "spark" and m == modes[-1]]
+        half = args.latency_rate or (statistics.median(spark_rates) / 2 if spark_rates else 0.0)
         if half > 0 and args.latency_s > 0:
-            lat = latency_phase(args, s, half, args.latency_s)
+            lat = latency_phase(args, s, half, args.latency_s, "off" if modes == ["off"] else "default")
             console.print(
                 f"latency at {lat['rate']:,.0f} ev/s: p50 {lat.get('p50_ms')} ms, "
                 f"p99 {lat.get('p99_ms')} ms over {lat['alerts']} alerts; broker "
                 f"{lat.get('broker_cores')} cores; median batch phases (ms): "
                 + ", ".join(f"{k} {v:,.0f}" for k, v in lat.get("phases", {}).items())
             )
-        summary = {"results": results, "rates": rate, "latency": lat, "args": vars(args)}
-        console.print_json(json.dumps(summary, default=str))
+        out = {"runs": [{"contender": c, "route_rules": m, **r} for c, m, r in runs], "latency": lat}
+        console.print_json(json.dumps({**out, "args": vars(args)}, default=str))
         if args.record:
-            record(args, rate, results, lat, len(w))
+            record(args, runs, summary, lat, len(w))
     finally:
         infra.down(s)
+
+
+def tree_label(tree: Path) -> str:
+    """A checkout's commit, to name its Spark contender."""
+    out = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return f"none (tree {out.stdout.strip() or tree.name})"
+
+
+def rate_of(res: dict[str, Any]) -> float:
+    """Sustained events/s of one run."""
+    return float(res.get("sustained_events", res["events"]) / res["seconds"])
+
+
+def cpu_us(res: dict[str, Any]) -> float:
+    """The contender's own CPU µs per measured event."""
+    own = float(res.get("cpu_s", (0.0, 0.0))[0])
+    return own / max(1, int(res.get("sustained_events", res["events"]))) * 1e6
+
+
+def _median_of(runs: list[tuple[str, str, dict[str, Any]]], contender: str, rules: str) -> float | None:
+    rates = [rate_of(r) for c, m, r in runs if c == contender and m == rules]
+    return statistics.median(rates) if rates else None
+
+
+def results_table(runs: list[tuple[str, str, dict[str, Any]]], n: int, args: argparse.Namespace) -> Table:
+    table = Table(title=f"processor: {n:,} events, {args.vehicles:,} vehicles, local[{args.cores}]")
+    for col in (
+        "contender",
+        "route rules",
+        "guarantee",
+        "events/s (sustained)",
+        "vs naive",
+        "vs quix",
+        "vs spark, rules off",
+        "CPU µs/event own / broker",
+        "deviation alerts",
+        "route-awareness alerts",
+    ):
+        table.add_column(col)
+    for row in table_rows(runs):
+        table.add_row(*row)
+    return table
+
+
+def table_rows(runs: list[tuple[str, str, dict[str, Any]]]) -> list[list[str]]:
+    """One row per run: what the console table and the recorded table show."""
+    naive, quix = _median_of(runs, "naive", "-"), _median_of(runs, "quix", "-")
+    off = _median_of(runs, "spark", "off")
+    rows = []
+    for c, m, r in runs:
+        rate = rate_of(r)
+        rows.append(
+            [
+                c,
+                m,
+                GUARANTEE.get(c, ""),
+                f"{rate:,.0f}",
+                f"{rate / naive:.2f}" if naive else "-",
+                f"{rate / quix:.2f}" if quix else "-",
+                f"{rate / off:.3f}" if off and c == "spark" else "-",
+                cpu_per_event(r),
+                str(deviation_alerts(r)),
+                route_alerts(r) if c == "spark" else "-",
+            ]
+        )
+    return rows
+
+
+def comparison(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """The side-by-side reading: rules on against off (and against a baseline tree), medians over
+    the repeats; and whether every contender raised the same deviation alerts."""
+    lines = []
+    spark = [(m, r) for c, m, r in runs if c == "spark"]
+    by_rules: dict[str, list[dict[str, Any]]] = {}
+    for m, r in spark:
+        by_rules.setdefault(m, []).append(r)
+    med = {m: statistics.median(rate_of(r) for r in rs) for m, rs in by_rules.items()}
+    cpu = {m: statistics.median(cpu_us(r) for r in rs) for m, rs in by_rules.items()}
+    if "off" in med and "on" in med:
+        lines.append(
+            f"Spark, route rules on / off: throughput x{med['on'] / med['off']:.3f} "
+            f"({med['on']:,.0f} / {med['off']:,.0f} events/s), own CPU per event "
+            f"x{cpu['on'] / cpu['off']:.3f} ({cpu['on']:.1f} / {cpu['off']:.1f} µs), medians over "
+            f"{len(by_rules['on'])} / {len(by_rules['off'])} runs"
+        )
+    for m, base in med.items():
+        if not m.startswith("none"):
+            continue
+        for other in ("off", "on"):
+            if other in med:
+                lines.append(
+                    f"Spark, route rules {other} / {m}: throughput x{med[other] / base:.3f}, "
+                    f"own CPU per event x{cpu[other] / cpu[m]:.3f} ({cpu[other]:.1f} / {cpu[m]:.1f} µs)"
+                )
+    counts = {deviation_alerts(r) for _, _, r in runs}
+    lines.append(
+        f"deviation alerts agree across all {len(runs)} runs: {counts.pop()}"
+        if len(counts) == 1
+        else f"[bold red]deviation alerts DISAGREE: {sorted(counts)}[/]"
+    )
+    return lines
 
 
 def cpu_per_event(res: dict[str, Any]) -> str:
@@ -533,36 +716,62 @@ def cpu_per_event(res: dict[str, Any]) -> str:
     return f"{own / n * 1e6:.1f} / {broker / n * 1e6:.1f}"
 
 
+SECTION = "## Processor (bench/processor.py)"
+
+
 def record(
-    args: argparse.Namespace, rate: dict[str, float], results: dict[str, Any], lat: dict[str, Any], n: int
+    args: argparse.Namespace,
+    runs: list[tuple[str, str, dict[str, Any]]],
+    summary: list[str],
+    lat: dict[str, Any],
+    n: int,
 ) -> None:
-    doc = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+    """Write the run into the processor section of docs/benchmarks.md, above its earlier runs."""
+    cmd = " ".join(a if " " not in a else f"'{a}'" for a in sys.argv[1:])
     lines = [
-        f"\n### Processor run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n",
-        f"`.venv/bin/python bench/processor.py --vehicles {args.vehicles} --fixes {args.fixes} "
-        f"--routes {args.routes} --buckets {args.buckets} --batch {args.batch} "
-        f"--latency-s {args.latency_s:g} --contenders {args.contenders} --record`: {n:,} events, "
-        f"local[{args.cores}]; each contender "
+        f"### Processor run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "",
+        f"`.venv/bin/python bench/processor.py {cmd}`: {n:,} events, local[{args.cores}]; each contender "
         f"timed after its first {args.warmup_share:.0%} of the events; CPU per measured event of the "
-        "contender's processes (Spark: driver, JVM and Python workers) and of the broker\n",
-        "| contender | events/s | vs naive | vs quix | CPU µs/event own / broker | alerts |",
-        "|---|---|---|---|---|---|",
+        "contender's processes (Spark: driver, JVM and Python workers) and of the broker; load average "
+        f"{os.getloadavg()[0]:.1f} at the end",
+        "",
+        "| contender | route rules | events/s | vs naive | vs quix | vs spark, rules off "
+        "| CPU µs/event own / broker | deviation alerts | route-awareness alerts |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for k, v in results.items():
-        lines.append(
-            f"| {k} | {rate[k]:,.0f} | {rate[k] / rate.get('naive', rate[k]):.2f} | "
-            f"{rate[k] / rate.get('quix', rate[k]):.2f} | {cpu_per_event(v)} | {v['alerts']} |"
-        )
+    for row in table_rows(runs):
+        del row[2]  # the guarantee: the section's text says it
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.extend(f"- {x.replace('[bold red]', '**').replace('[/]', '**')}." for x in summary)
     if lat:
         lines.append(
             f"\nEvent→alert latency at half load ({lat['rate']:,.0f} ev/s, trigger {args.trigger_ms} ms): "
             f"p50 {lat.get('p50_ms')} ms, p99 {lat.get('p99_ms')} ms ({lat['alerts']} alerts); the "
             f"broker used {lat.get('broker_cores')} cores; median micro-batch phases (ms): "
             + ", ".join(f"{k} {v:,.0f}" for k, v in lat.get("phases", {}).items())
-            + ".\n"
+            + "."
         )
-    with doc.open("a") as f:
-        f.write("\n".join(lines) + "\n")
+    lines.append("")
+    insert_run(BENCHMARKS_MD, lines)
+
+
+def insert_run(doc: Path, lines: list[str]) -> None:
+    """Put a run's lines in the processor section, before its first `### ` subsection (its runs,
+    newest first), or at the section's end; the section is created when missing."""
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    block = "\n".join(lines) + "\n"
+    if SECTION not in text:
+        doc.write_text(text.rstrip("\n") + "\n\n" + SECTION + "\n\n" + block)
+        return
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    end = len(text) if end < 0 else end + 1
+    sub = text.find("\n### ", start, end)
+    at = end if sub < 0 else sub + 1
+    head = text[:at] if text[:at].endswith("\n\n") else text[:at].rstrip("\n") + "\n\n"
+    doc.write_text(head + block + text[at:])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,15 @@
 """A reproducible fleet workload for benchmarks: routes, assignments and canonical telemetry.
 
 Vectorized with numpy so a million fixes take a second or two to build: vehicles drive their route
-at 1 Hz; a share of them leave the corridor for a while (300 m off) and come back, so every
-contender has real alerts to produce and the alert counts can be compared.
+forward at 1 Hz and a steady speed; a share of them leave the corridor for a while (300 m off) and
+come back, so every contender has real alerts to produce and the alert counts can be compared.
+
+The route-awareness rules (issue #26) are master data, so one telemetry stream serves two master
+data sets (`Workload.master_for`): `off`, the routes' wrong-way, stop and arrival rules set to null
+and no planned times; `on`, the rules' defaults and assignments with a planned departure and arrival
+(on time for most vehicles, `late_share` of them planned so early that ARRIVAL_AT_RISK fires once
+the ETA warms up). The vehicles never stop (>= 30 km/h), never turn back and stay clear of their
+route's end, so the only route-awareness alerts are the late vehicles' ARRIVAL_AT_RISK.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from fleetfence.geo import LocalProjection
 
 T0_MS = 1_795_000_000_000
 CENTER = (13.40, 52.52)
+# A route's master data with the route-awareness rules switched off (fleetfence.rules.RouteRules).
+ROUTE_RULES_OFF: dict[str, Any] = {"wrong_way_min_m": None, "stop_min_s": None, "arrival_risk_s": None}
 
 
 @dataclass
@@ -31,6 +40,42 @@ class Workload:
     lat: np.ndarray
     lon: np.ndarray
     speed_kmh: np.ndarray
+    # Per vehicle (in id order): its first fix's time and its expected arrival at the route's end
+    # at its steady speed (epoch ms), what the `on` master data plans its trip from.
+    departure_ms: np.ndarray | None = None
+    arrival_ms: np.ndarray | None = None
+    seed: int = 1
+
+    def master_for(self, route_rules: str, late_share: float = 0.01) -> list[dict[str, Any]]:
+        """The master data of this workload with the route-awareness rules `off` or `on` (see the
+        module's doc); `default` is `master` itself (today's defaults, no planned times)."""
+        if route_rules == "default":
+            return self.master
+        if route_rules not in ("off", "on"):
+            raise ValueError(f"route_rules must be off, on or default, not {route_rules!r}")
+        off = route_rules == "off"
+        out = [
+            {**e, "data": {**e["data"], **ROUTE_RULES_OFF}} if e["entity"] == "route" and off else e
+            for e in self.master
+        ]
+        if off:
+            return out
+        if self.departure_ms is None or self.arrival_ms is None:
+            raise ValueError("this workload has no trip times")
+        rng = np.random.default_rng(self.seed + 7919)
+        n = len(self.departure_ms)
+        late = rng.random(n) < late_share
+        # On time: planned 0-10 min after the expected arrival. Late: 15-30 min before it, beyond
+        # the default arrival_risk_s (600 s) whatever the ETA's rounding.
+        slack_s = np.where(late, -rng.uniform(900, 1800, n), rng.uniform(0, 600, n))
+        planned = (self.arrival_ms + slack_s * 1000).astype(np.int64)
+        dep, arr = self.departure_ms.tolist(), planned.tolist()
+        for j, e in enumerate(out):
+            if e["entity"] == "assignment":
+                k = int(e["id"].rsplit("-", 1)[1])  # veh-000123
+                times = {"planned_departure_ms": dep[k], "planned_arrival_ms": arr[k]}
+                out[j] = {**e, "data": {**e["data"], **times}}
+        return out
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -129,7 +174,6 @@ def build(
         for v, r in assignment.items()
     ]
 
-    n_vehicles * fixes_per_vehicle
     k = np.tile(np.arange(fixes_per_vehicle), n_vehicles)  # fix index per vehicle
     vi = np.repeat(np.arange(n_vehicles), fixes_per_vehicle)
     speed = rng.uniform(30, 60, n_vehicles)[vi]
@@ -147,6 +191,11 @@ def build(
     ts = T0_MS + k * 1000 + (vi % 1000)
     # Time order across the fleet, like a live stream.
     order = np.lexsort((vi, k))
+    v_speed = speed[::fixes_per_vehicle] / 3.6 if fixes_per_vehicle else np.ones(n_vehicles)
+    v_len = lengths[route_of]
+    v_start = start[::fixes_per_vehicle] * v_len if fixes_per_vehicle else np.zeros(n_vehicles)
+    departure = T0_MS + np.arange(n_vehicles) % 1000
+    arrival = departure + ((v_len - v_start) / v_speed * 1000).astype(np.int64)
     return Workload(
         master,
         routes,
@@ -157,4 +206,7 @@ def build(
         lat[order],
         lon[order],
         speed[order],
+        departure.astype(np.int64),
+        arrival.astype(np.int64),
+        seed,
     )
