@@ -9,7 +9,10 @@ data sets (`Workload.master_for`): `off`, the routes' wrong-way, stop and arriva
 and no planned times; `on`, the rules' defaults and assignments with a planned departure and arrival
 (on time for most vehicles, `late_share` of them planned so early that ARRIVAL_AT_RISK fires once
 the ETA warms up). The vehicles never stop (>= 30 km/h), never turn back and stay clear of their
-route's end, so the only route-awareness alerts are the late vehicles' ARRIVAL_AT_RISK.
+route's end. Their route-awareness alerts: the late trips' ARRIVAL_AT_RISK, and a WRONG_DIRECTION
+and DIRECTION_RESTORED where a deviation (300 m north) lands in the corridor of an earlier stretch
+of the same route: no deviation then, for any contender, but progress jumps back (seed 1, 10,000
+vehicles: 48 such, against 445 deviations).
 """
 
 from __future__ import annotations
