@@ -329,18 +329,27 @@ def _new_trip(s: VehicleState) -> None:
     s.completed = False
 
 
+# How much further back than forward a pass may lie and still be taken as the continuation: at the
+# tip of a U-turn on one street both legs are about equally near the previous progress, and a vehicle
+# following its route is on the leg ahead.
+FORWARD_BIAS_M = 50.0
+
+
 def continue_progress(candidates: tuple[float, ...], previous_m: float) -> float | None:
-    """Of the route's passes near a fix, the progress that continues the previous one (the nearest
-    to it). Continuity is what keeps a street the route drives both ways, or a crossing, from
-    making progress jump to the other pass. With no previous progress a fix near several passes is
-    not placed at all (None): a vehicle driving east on a street the route uses eastbound and later
-    westbound is either on time on the first pass or wrong-way on the second, and only where it
-    came from can tell; the first fix near a single pass places it."""
+    """Of the route's passes near a fix, the progress that continues the previous one: the nearest
+    to it, a pass behind counting `FORWARD_BIAS_M` further than it is. Continuity is what keeps a
+    street the route drives both ways, or a crossing, from making progress jump to the other pass.
+    With no previous progress a fix near several passes is not placed at all (None): a vehicle
+    driving east on a street the route uses eastbound and later westbound is either on time on the
+    first pass or wrong-way on the second, and only where it came from can tell; the first fix near
+    a single pass places it."""
     if len(candidates) == 1:
         return candidates[0]
     if previous_m < 0:
         return None
-    return min(candidates, key=lambda p: (abs(p - previous_m), p))
+    return min(
+        candidates, key=lambda p: (p - previous_m if p >= previous_m else previous_m - p + FORWARD_BIAS_M, p)
+    )
 
 
 def _route_awareness(

@@ -197,6 +197,12 @@ def distance_and_progress_m(
     return shapely.distance(route.line_m, pts), shapely.line_locate_point(route.line_m, pts)
 
 
+# Near-ties inside a pass (fractions of the corridor's half width): points within _TIE of the
+# nearest, more than _LEG apart along the route, are separate legs.
+_TIE = 0.25
+_LEG = 0.5
+
+
 def route_progress(
     routes: Sequence[CompiledRoute | None],
     route_index: np.ndarray,
@@ -209,7 +215,8 @@ def route_progress(
 
     A "pass" is a stretch of the route near the fix: the nearest points of the segments within half
     the corridor width, grouped where they lie within a corridor's width of each other along the
-    route (a hairpin's two legs are neighbouring segments yet two passes). Most fixes are near one
+    route (a hairpin's two legs are neighbouring segments yet two passes), and within a pass, the
+    near-equally near points of a U-turn's two legs kept apart. Most fixes are near one
     pass and get its nearest point's progress (NaN elsewhere); a fix where the route uses the same
     street twice (out and back, or a crossing) is near several, and gets all of their progress
     values, sorted, in the dict: which one continues the vehicle's
@@ -255,6 +262,17 @@ def route_progress(
         if len(pi) > 1:
             new[1:] = (pi[1:] != pi[:-1]) | (prog[1:] - prog[:-1] > 2.0 * half)
         run = np.cumsum(new) - 1
+        # Inside a pass, points about as near as its nearest one but far apart along the route are
+        # the two legs of a U-turn on one street (out and back meet at the turn): which leg the
+        # vehicle is on is continuity's call, so they stay apart; a bend's neighbouring segments
+        # give near points close along the route and stay one pass.
+        starts = np.flatnonzero(new)
+        near = dist <= np.minimum.reduceat(dist, starts)[run] + _TIE * half
+        pi, dist, prog, run = pi[near], dist[near], prog[near], run[near]
+        leg = np.ones(len(pi), dtype=bool)
+        if len(pi) > 1:
+            leg[1:] = (run[1:] != run[:-1]) | (prog[1:] - prog[:-1] > _LEG * half)
+        run = np.cumsum(leg) - 1
         best = np.lexsort((dist, run))
         first = np.ones(len(best), dtype=bool)
         first[1:] = run[best[1:]] != run[best[:-1]]

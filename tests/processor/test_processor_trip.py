@@ -107,15 +107,18 @@ def test_no_direction_alert_under_jitter_below_half_the_threshold(
 
 def test_progress_continues_along_the_pass_it_was_on() -> None:
     assert continue_progress((300.0, 1700.0), 310.0) == 300.0
+    # At the tip of a U-turn both legs are as near: the one ahead continues the route.
+    assert continue_progress((1980.0, 2020.0), 2000.0) == 2020.0
+    assert continue_progress((1940.0, 2020.0), 1995.0) == 2020.0
     assert continue_progress((300.0, 1700.0), 1690.0) == 1700.0
     # No progress to continue from: a fix near two passes is not placed; near one, it is.
     assert continue_progress((300.0, 1700.0), -1.0) is None
     assert continue_progress((300.0,), -1.0) == 300.0
 
 
-def out_and_back_route() -> dict[str, Any]:
-    """East 2 km, then back west along the very same street: every point is near two passes."""
-    lon, lat = PROJ.inverse(np.array([0.0, 1000.0, 2000.0, 1000.0, 0.0]), np.zeros(5))
+def route_data(xs: list[float], **rules: Any) -> dict[str, Any]:
+    """Route r1 through these points of an east-west line (metres), with short thresholds."""
+    lon, lat = PROJ.inverse(np.array(xs), np.zeros(len(xs)))
     return {
         "route_id": "r1",
         "geometry": {
@@ -125,9 +128,24 @@ def out_and_back_route() -> dict[str, Any]:
         "corridor_width_m": 100.0,
         "speed_limit_kmh": 90.0,
         "wrong_way_min_m": 60.0,
+        "wrong_way_min_fixes": 3,
+        "wrong_way_min_s": 2.0,
         "stop_min_s": 20.0,
+        "stop_radius_m": 30.0,
+        "arrival_risk_s": 60.0,
         "completion_radius_m": 40.0,
+        **rules,
     }
+
+
+def out_and_back_route() -> dict[str, Any]:
+    """East 2 km, then back west along the very same street: every point is near two passes."""
+    return route_data([0.0, 1000.0, 2000.0, 1000.0, 0.0])
+
+
+def straight_route(**rules: Any) -> dict[str, Any]:
+    """East 3 km."""
+    return route_data([0.0, 3000.0], **rules)
 
 
 def test_route_progress_finds_both_passes_of_a_street_driven_both_ways() -> None:
@@ -168,27 +186,6 @@ def master(
         }
         m.apply({"entity": "assignment", "id": v, "version": 1, "op": "upsert", "data": data})
     return m
-
-
-def straight_route(**rules: Any) -> dict[str, Any]:
-    lon, lat = PROJ.inverse(np.array([0.0, 3000.0]), np.zeros(2))
-    return {
-        "route_id": "r1",
-        "geometry": {
-            "type": "LineString",
-            "coordinates": [[float(x), float(y)] for x, y in zip(lon, lat, strict=True)],
-        },
-        "corridor_width_m": 100.0,
-        "speed_limit_kmh": 90.0,
-        "wrong_way_min_m": 60.0,
-        "wrong_way_min_fixes": 3,
-        "wrong_way_min_s": 2.0,
-        "stop_min_s": 20.0,
-        "stop_radius_m": 30.0,
-        "arrival_risk_s": 60.0,
-        "completion_radius_m": 40.0,
-        **rules,
-    }
 
 
 def frame(track: list[tuple[str, float, float, float]]) -> pd.DataFrame:
