@@ -248,22 +248,11 @@ def process_bucket(
     calm &= c["trip_from_ms"][rows_u] == (trip_from[starts] if n else trip_from)
     fast = known & (bad_count == 0) & same_route_batch & (cur_route == fix_route) & calm & no_zones
     trip = _TripColumns.of(route_list, route_idx) if n else None
+    plan = None
     if trip is not None and fast.any():
-        fast &= _trip_is_quiet(
-            states,
-            rows_u,
-            starts,
-            ends,
-            ts,
-            speed,
-            progress,
-            passes,
-            end_dist,
-            trip,
-            dep_u,
-            arr_u,
-            cfg,
-        )
+        # Computed once: it decides who stays on the fast path, and then advances them.
+        plan = _trip_plan(states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg)
+        fast &= _trip_is_quiet(states, rows_u, starts, speed, progress, passes, end_dist, trip, plan)
     if force_slow:
         fast[:] = False
     # The inner band only matters to vehicles folded fix by fix.
@@ -285,8 +274,8 @@ def process_bucket(
         versions = np.array([cr.version for cr in route_list] + [0], dtype=np.int64)
         c["route_version"][fr] = versions[r_last[fast]]
         touched[fr] = True
-        if trip is not None:
-            _advance_trips(states, rows_u, starts, ends, fast, r_last, ts, progress, trip, dep_u, arr_u, cfg)
+        if plan is not None:
+            _advance_trips(states, rows_u, starts, ends, fast, r_last, ts, plan)
 
     # ---- slow path: the reference state machine, fix by fix.
     for k in np.flatnonzero(~fast).tolist():
@@ -380,6 +369,19 @@ def _group_first_max(
     return np.minimum.reduceat(pos, starts)
 
 
+@dataclass
+class _TripPlan:
+    """Per fix, what `domain.step` would compute for vehicles whose fixes all have one known
+    progress: the direction's running reference point, the progress (-1 where unknown), the ETA and
+    the planned arrival; and each fix's vehicle group."""
+
+    running: np.ndarray
+    progress: np.ndarray
+    eta: np.ndarray
+    planned: np.ndarray
+    group_of: np.ndarray
+
+
 def _trip_plan(
     states: StateTable,
     rows_u: np.ndarray,
@@ -391,10 +393,8 @@ def _trip_plan(
     dep_u: np.ndarray,
     arr_u: np.ndarray,
     cfg: EngineConfig,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """What `domain.step` would compute for every fix of vehicles whose fixes all have one known
-    progress: the direction's running reference point, the trip's start, the ETA and the planned
-    arrival (per fix; the fast path uses them only for vehicles it keeps)."""
+) -> _TripPlan:
+    """The trip plan of every fix (the fast path uses it only for vehicles it keeps)."""
     c = states.cols
     group_of = np.repeat(np.arange(len(starts)), ends - starts)
     pf = np.nan_to_num(progress, nan=-1.0)
@@ -414,23 +414,19 @@ def _trip_plan(
         -1,
     )
     planned = np.where(arr_u[group_of] >= 0, arr_u[group_of], from_duration)
-    return running, pf, eta, planned, group_of
+    return _TripPlan(running, pf, eta, planned, group_of)
 
 
 def _trip_is_quiet(
     states: StateTable,
     rows_u: np.ndarray,
     starts: np.ndarray,
-    ends: np.ndarray,
-    ts: np.ndarray,
     speed: np.ndarray,
     progress: np.ndarray,
     passes: dict[int, tuple[float, ...]],
     end_dist: np.ndarray,
     trip: _TripColumns,
-    dep_u: np.ndarray,
-    arr_u: np.ndarray,
-    cfg: EngineConfig,
+    plan: _TripPlan,
 ) -> np.ndarray:
     """Per vehicle: True when none of its fixes can change the route-awareness state machines beyond
     what `_advance_trips` replays in columns (no alert can fire, no stop can begin)."""
@@ -439,9 +435,7 @@ def _trip_is_quiet(
     if passes:
         bad[list(passes)] = True
     bad |= trip.stop_on & (speed <= trip.stop_speed_kmh)
-    running, pf, eta, planned, group_of = _trip_plan(
-        states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg
-    )
+    running, pf, eta, planned, group_of = plan.running, plan.progress, plan.eta, plan.planned, plan.group_of
     live = has_route & ~states.cols["completed"][rows_u][group_of]
     bad |= live & (running - pf >= trip.wrong_way_min_m)
     bad |= live & (pf >= trip.length_m / 2) & (end_dist <= trip.completion_radius_m)
@@ -458,18 +452,12 @@ def _advance_trips(
     fast: np.ndarray,
     r_last: np.ndarray,
     ts: np.ndarray,
-    progress: np.ndarray,
-    trip: _TripColumns,
-    dep_u: np.ndarray,
-    arr_u: np.ndarray,
-    cfg: EngineConfig,
+    plan: _TripPlan,
 ) -> None:
     """The fast path's route awareness: progress, the direction's reference point, the trip's start
     and ETA, exactly as folding `domain.step` over quiet fixes leaves them."""
     c = states.cols
-    _running, pf, eta, _planned, group_of = _trip_plan(
-        states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg
-    )
+    pf, eta, group_of = plan.progress, plan.eta, plan.group_of
     last = ends - 1
     sel = fast & (r_last >= 0)
     if not sel.any():

@@ -43,11 +43,13 @@ def live_rows(
         lines = np.array([cr.line_m for cr in crs], dtype=object)[ri]
         length = np.array([cr.length_m for cr in crs])[ri]
         pts = shapely.points((lon[ok] - lon0) * kx, (lat[ok] - lat0) * ky)
-        p = shapely.line_locate_point(lines, pts)
         # The state machine's progress where it has one: it follows the pass the vehicle is on, where
-        # the nearest point of the whole line may lie on another pass of the same street.
-        kept = c["progress_m"][rows][ok]
-        p = np.where(kept >= 0, kept, p)
+        # the nearest point of the whole line may lie on another pass of the same street (and costs
+        # nothing, where locating a point on a long line costs ~17 us). Located only where it has none.
+        p = c["progress_m"][rows][ok].copy()
+        none = p < 0
+        if none.any():
+            p[none] = shapely.line_locate_point(lines[none], pts[none])
         progress[ok], dist[ok] = p, shapely.distance(lines, pts)
         ratio[ok] = np.where(length > 0, p / np.maximum(length, 1e-9), 0.0)
     cols = [
