@@ -758,8 +758,8 @@ def record(
 
 
 def insert_run(doc: Path, lines: list[str]) -> None:
-    """Put a run's lines in the processor section, before its first `### ` subsection (its runs,
-    newest first), or at the section's end; the section is created when missing."""
+    """Put a run's lines in the processor section, above its newest `### Processor run` (runs are
+    kept newest first), or at the section's end; the section is created when missing."""
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     block = "\n".join(lines) + "\n"
     if SECTION not in text:
@@ -768,7 +768,7 @@ def insert_run(doc: Path, lines: list[str]) -> None:
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     end = len(text) if end < 0 else end + 1
-    sub = text.find("\n### ", start, end)
+    sub = text.find("\n### Processor run", start, end)
     at = end if sub < 0 else sub + 1
     head = text[:at] if text[:at].endswith("\n\n") else text[:at].rstrip("\n") + "\n\n"
     doc.write_text(head + block + text[at:])
