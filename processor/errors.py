@@ -16,3 +16,7 @@ class ProcessorError(FleetFenceError):
 class LateReadBackError(ProcessorError):
     """The original record of a fix beyond the lateness bound is on the telemetry topic but could
     not be read back in time: the sink's task fails and Spark retries it."""
+
+
+class LeaseLostError(ProcessorError):
+    """This driver no longer holds the checkpoint's lease (processor.lease): it must stop its query."""

@@ -29,18 +29,12 @@ from collections.abc import Callable
 
 import redis
 
-from processor.errors import ProcessorError
-
 logger = logging.getLogger(__name__)
 
 # Renew the lease only if this owner still holds it; release likewise. Atomic in Redis.
 _IF_OWNER = "if redis.call('get', KEYS[1]) == ARGV[1] then return {} else return 0 end"
 _RENEW = _IF_OWNER.format("redis.call('pexpire', KEYS[1], ARGV[2])")
 _RELEASE = _IF_OWNER.format("redis.call('del', KEYS[1])")
-
-
-class LeaseLostError(ProcessorError):
-    """This driver no longer holds the checkpoint's lease: it must stop its query."""
 
 
 def lease_key(redis_prefix: str, checkpoint: str) -> str:

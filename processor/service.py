@@ -24,9 +24,9 @@ from prometheus_client import Counter, Gauge
 
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
-from processor.errors import ProcessorError
+from processor.errors import LeaseLostError, ProcessorError
 from processor.job import checkpoint_sink_id, start_query, warm_up_query
-from processor.lease import CheckpointLease, LeaseLostError, lease_key
+from processor.lease import CheckpointLease, lease_key
 from processor.markers import BatchLedger, MarkerReader
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark import build_session, service_master
