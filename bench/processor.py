@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,48 @@ def latency_phase(
 
     `route_rules` as in `Workload.master_for`, without planned times (`default`: the rules'
     defaults) since the live fixes carry the send time, not the workload's."""
+    cfg = LiveConfig(
+        routes=args.routes,
+        seed=args.seed,
+        cores=args.cores,
+        buckets=args.buckets,
+        trigger_ms=args.trigger_ms,
+        live=args.live,
+        spark_conf=dict(kv.split("=", 1) for kv in args.spark_conf),
+        route_rules=route_rules,
+    )
+    return live_latency(s, rate, seconds, cfg)
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """What the live latency phase varies: the job's settings and Spark's, and the live workload.
+
+    bench/latency.py runs one of these per variant, side by side; `latency_phase` builds it from
+    this bench's arguments."""
+
+    routes: int = 300
+    seed: int = 1
+    cores: int = 2
+    buckets: int = 16
+    trigger_ms: int = 200
+    live: bool = True
+    max_events_per_batch: int = 0  # 0 = no cap (the live batches stay far below the default)
+    shuffle_partitions: int | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    route_rules: str = "default"
+    vehicles: int | None = None  # default: one vehicle per event/s (1 Hz), at most 20k
+    warmup_s: float = 0.0  # alerts of fixes sent in the first seconds are not counted
+    checkpoint: str | None = None  # default: a fresh temp folder
+    local_dir: Path | None = None  # Spark's scratch space; default Spark's own
+
+
+def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> dict[str, Any]:
+    """Drive the Spark job live at `rate` events/s for `seconds`; alert commit time - fix ingest
+    time over the deviation alerts, Spark's median micro-batch phases, the broker's cores.
+
+    The topics are `s`'s under a `lat.` prefix, so a caller that runs this several times on one
+    broker gives each run its own `s.topic_prefix` (the alerts read back are the whole topic)."""
     from processor.job import start_query
     from processor.settings import ProcessorSettings
     from processor.spark import build_session
@@ -328,31 +371,33 @@ def latency_phase(
     ensure_topics(s.bootstrap_servers, topic_specs(ls))
     # 1 Hz per vehicle up to 20k vehicles, faster fixes beyond: the workload is built up front, and
     # one vehicle per event/s at 56k events/s (5M records) did not fit in memory with its encodings.
-    n_vehicles = max(100, min(int(rate), 20_000))
+    n_vehicles = cfg.vehicles or max(100, min(int(rate), 20_000))
     fixes = math.ceil(rate * (seconds + 10) / n_vehicles)
-    w = wl.build(n_vehicles, fixes, args.routes, seed=args.seed + 1, deviating_share=0.2)
+    w = wl.build(n_vehicles, fixes, cfg.routes, seed=cfg.seed + 1, deviating_share=0.2)
     produce_all(
         s.bootstrap_servers,
         ls.topics.master,
-        [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in w.master_for(route_rules)],
+        [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in w.master_for(cfg.route_rules)],
         "master data",
     )
     ps = ProcessorSettings(
         **{
             **ls.model_dump(exclude={"topics"}),
-            "processor_checkpoint": tempfile.mkdtemp(),
-            "processor_buckets": args.buckets,
-            "processor_trigger_ms": args.trigger_ms,
-            "processor_max_events_per_batch": 0,
-            "processor_live_state": args.live,
+            "processor_checkpoint": cfg.checkpoint or tempfile.mkdtemp(),
+            "processor_buckets": cfg.buckets,
+            "processor_trigger_ms": cfg.trigger_ms,
+            "processor_max_events_per_batch": cfg.max_events_per_batch,
+            "processor_live_state": cfg.live,
             "redis_prefix": "benchlat:",
             "processor_starting_offsets": "latest",
         }
     )
     spark = build_session(
         app_name="bench-latency",
-        master=f"local[{args.cores}]",
-        extra_conf=dict(kv.split("=", 1) for kv in args.spark_conf),
+        master=f"local[{cfg.cores}]",
+        local_dir=cfg.local_dir,
+        shuffle_partitions=cfg.shuffle_partitions,
+        extra_conf=dict(cfg.spark_conf),
     )
     q = start_query(spark, ps)
     try:
@@ -360,6 +405,8 @@ def latency_phase(
         recs = LazyRecords(w)
         # Wait for the first (empty) batch so start-up does not count as latency.
         while not q.recentProgress:
+            if q.exception() is not None:
+                raise RuntimeError(q.exception())
             time.sleep(0.2)
         bpid = broker_pid(int(s.bootstrap_servers.rsplit(":", 1)[1]))
         t0 = time.time()
@@ -385,27 +432,32 @@ def latency_phase(
             if last and telemetry_end(last, ls.topics.telemetry) >= sent:
                 break
             time.sleep(0.2)
-        phases = batch_phases(q.recentProgress, ls.topics.telemetry)
+        progress = q.recentProgress
+        phases = batch_phases(progress, ls.topics.telemetry)
         # The broker's share of the box while it serves the live load and the read tasks' fetches.
         broker_cores = ((pid_cpu_s(bpid) if bpid else 0.0) - broker0) / (time.time() - t0)
     finally:
         q.stop()
         spark.stop()
+    counted_from = int((t0 + cfg.warmup_s) * 1000)
     lat = []
     for m in read_alerts(ls, ls.topics.alerts):
         a = orjson.loads(m.value())
-        if a["type"] in ("ROUTE_DEVIATION", "ROUTE_RETURN"):
+        if a["type"] in ("ROUTE_DEVIATION", "ROUTE_RETURN") and a["trigger_received_ms"] >= counted_from:
             lat.append(m.timestamp()[1] - a["trigger_received_ms"])
     lat.sort()
     if not lat:
-        return {"rate": rate, "alerts": 0}
+        return {"rate": rate, "alerts": 0, "sent": sent, "phases": phases}
     return {
         "rate": rate,
+        "sent": sent,
         "alerts": len(lat),
         "p50_ms": lat[len(lat) // 2],
         "p99_ms": lat[int(len(lat) * 0.99)],
+        "max_ms": lat[-1],
         "phases": phases,
         "broker_cores": round(broker_cores, 2),
+        "batches_total": len(progress),
     }
 
 
