@@ -175,4 +175,26 @@ def processor_cmd(
     run_processor(s)
 
 
+@app.command("rebucket")
+@friendly_errors
+def rebucket_cmd(
+    to: Annotated[str, typer.Option("--to", help="The new checkpoint location (empty or absent).")],
+    buckets: Annotated[int, typer.Option("--buckets", min=1, max=4096, help="Its bucket count.")],
+) -> None:
+    """Move the processor checkpoint's state (FLEETFENCE_PROCESSOR_CHECKPOINT) to a new bucket count
+    in a new checkpoint, offline: the processor must be stopped (processor.rebucket)."""
+    from processor.service import run_rebucket
+    from processor.settings import ProcessorSettings
+
+    s = ProcessorSettings()
+    configure_logging(s.log_level, s.log_json)
+    seed = run_rebucket(s, to, buckets)
+    console.print(
+        f"[green]re-bucketed[/] {seed.vehicles:,} vehicles at batch {seed.batch_id} of {seed.source} "
+        f"into {buckets} buckets at {to}; the old checkpoint is retired.\n"
+        f"Start the processor with FLEETFENCE_PROCESSOR_CHECKPOINT={to} "
+        f"FLEETFENCE_PROCESSOR_BUCKETS={buckets}."
+    )
+
+
 # --------------------------------------------------------------------------- simulator (issue 7)

@@ -45,6 +45,10 @@ class CheckpointFiles(Protocol):
         """Whether the sub-folder exists and holds anything (e.g. Spark's `offsets` log)."""
         ...
 
+    def entries(self, folder: str) -> list[str]:
+        """The names in the sub-folder (none if it does not exist)."""
+        ...
+
 
 class LocalCheckpointFiles:
     """A checkpoint on the local file system (a plain path or a `file:` URI)."""
@@ -72,6 +76,10 @@ class LocalCheckpointFiles:
     def has_entries(self, folder: str) -> bool:
         d = self.root / folder
         return d.is_dir() and any(d.iterdir())
+
+    def entries(self, folder: str) -> list[str]:
+        d = self.root / folder
+        return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
 
 class HadoopCheckpointFiles:
@@ -129,6 +137,12 @@ class HadoopCheckpointFiles:
     def has_entries(self, folder: str) -> bool:
         d = self._path(folder)
         return bool(self._fs.exists(d)) and len(self._fs.listStatus(d)) > 0
+
+    def entries(self, folder: str) -> list[str]:
+        d = self._path(folder)
+        if not self._fs.exists(d):
+            return []
+        return sorted(str(st.getPath().getName()) for st in self._fs.listStatus(d))
 
 
 SINK_ID_FILE = "fleetfence-sink-id"

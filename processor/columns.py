@@ -140,6 +140,22 @@ class StateTable:
     def states(self) -> list[VehicleState]:
         return [self.get(i) for i in range(len(self))]
 
+    def take(self, rows: np.ndarray) -> StateTable:
+        """The vehicles at these row positions, as a new table (their columns copied)."""
+        return StateTable([self.ids[i] for i in rows], {c: arr[rows] for c, arr in self.cols.items()})
+
+
+def concat_states(tables: list[StateTable]) -> StateTable:
+    """One table of every vehicle of these tables (a vehicle must be in only one of them). Tables
+    written before a column existed already have it filled in by `StateTable.__init__`."""
+    tables = [t for t in tables if len(t)]
+    if not tables:
+        return StateTable()
+    ids = [v for t in tables for v in t.ids]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a vehicle is in more than one of the tables")
+    return StateTable(ids, {c: np.concatenate([t.cols[c] for t in tables]) for c in tables[0].cols})
+
 
 def empty_states() -> StateTable:
     return StateTable()

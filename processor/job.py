@@ -15,6 +15,7 @@ from typing import Any
 
 from processor.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.layout import checkpoint_layout
+from processor.rebucket import read_seed, refuse_retired, seed_state
 from processor.settings import ProcessorSettings
 
 logger = logging.getLogger(__name__)
@@ -34,13 +35,16 @@ def checkpoint_sink_id(spark: Any, s: ProcessorSettings) -> str:
 
 def _job(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: str) -> tuple[Any, Any]:
     """The job's dataframe up to the sink (source, watermark, stateful operator), and the
-    checkpoint's files."""
+    checkpoint's files. A re-bucketed checkpoint (`processor.rebucket`) starts from its seed: the
+    seed state as the operator's initial state, Kafka at the old checkpoint's end offsets."""
     from processor.rows import OUTPUT_DDL
     from processor.source import processor_input
     from processor.stateful import GeofenceProcessor
 
     t = s.topics
     files = HadoopCheckpointFiles(spark, checkpoint)
+    refuse_retired(files)
+    seed = read_seed(files)
     keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
     src = processor_input(
         spark,
@@ -49,7 +53,8 @@ def _job(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: st
         master_topic=t.master,
         buckets=s.processor_buckets,
         bucket_keys=keys,
-        starting_offsets=starting_offsets,
+        starting_offsets=seed.starting_offsets(t.telemetry) if seed else starting_offsets,
+        master_starting_offsets=seed.starting_offsets(t.master) if seed else "earliest",
         max_events_per_batch=s.processor_max_events_per_batch,
     )
     lateness = f"{int(s.processor_lateness_s * 1000)} milliseconds"
@@ -57,10 +62,13 @@ def _job(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: st
         src.withWatermark("ts", lateness)
         .groupBy("bucket")
         .transformWithStateInPandas(
-            statefulProcessor=GeofenceProcessor(s.engine_config()),
+            statefulProcessor=GeofenceProcessor(s.engine_config(), seed.watermark_ms if seed else 0),
             outputStructType=OUTPUT_DDL,
             outputMode="Append",
             timeMode="EventTime",
+            # Spark applies an initial state in a checkpoint's first batch only; passed on every
+            # start so the plan is the same whichever batch a restart resumes at.
+            initialState=seed_state(spark, checkpoint) if seed else None,
         )
     )
     return out, files
@@ -82,8 +90,11 @@ def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> 
     logger.info("warm-up query done batches=%d", len(q.recentProgress))
 
 
-def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor") -> Any:
-    """Build and start the streaming query; returns the StreamingQuery."""
+def start_query(
+    spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor", *, available_now: bool = False
+) -> Any:
+    """Build and start the streaming query; returns the StreamingQuery. `available_now` processes
+    what Kafka holds at the start and then stops, its last batch committed (`processor.rebucket`)."""
     from processor.kafka_sink import SINK_NAME
 
     register_sink(spark)
@@ -104,7 +115,9 @@ def start_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-
     )
     if s.processor_live_state:
         writer = writer.option("redisUrl", s.redis_dsn)
-    if s.processor_trigger_ms > 0:
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    elif s.processor_trigger_ms > 0:
         writer = writer.trigger(processingTime=f"{s.processor_trigger_ms} milliseconds")
     q = writer.start()
     logger.info("processor started query=%s checkpoint=%s", q.id, checkpoint)

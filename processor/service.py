@@ -16,18 +16,35 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import redis
 from prometheus_client import Counter, Gauge
 
+from fleetfence.errors import ConfigError
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
+from processor.checkpoint_files import HadoopCheckpointFiles
 from processor.errors import LeaseLostError, ProcessorError
 from processor.job import checkpoint_sink_id, start_query, warm_up_query
+from processor.layout import LAYOUT_FILE
 from processor.lease import CheckpointLease, lease_key
 from processor.markers import BatchLedger, MarkerReader
+from processor.rebucket import (
+    RETIRED_FILE,
+    SEED_FILE,
+    Seed,
+    batch_end_offsets,
+    last_committed_batch,
+    read_bucket_states,
+    read_seed,
+    refuse_retired,
+    split_buckets,
+    state_bytes,
+    write_seed,
+)
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark import build_session, service_master
 
@@ -48,8 +65,8 @@ TAKEOVERS = Counter(
 )
 
 
-def _observe(progress: dict[str, Any], telemetry_topic: str) -> None:
-    events = telemetry_events(progress, telemetry_topic)
+def _observe(progress: dict[str, Any], telemetry_topic: str, first_start: dict[str, int] | None) -> None:
+    events = telemetry_events(progress, telemetry_topic, first_start)
     BATCHES.inc()
     INPUT_ROWS.inc(events)
     BATCH_MS.set(progress.get("durationMs", {}).get("triggerExecution", 0))
@@ -115,6 +132,8 @@ def _query_loop(
 ) -> None:
     # Open the marker tail before the query starts: every batch this run commits is counted.
     ledger = BatchLedger(checkpoint_sink_id(spark, s))
+    seed = read_seed(HadoopCheckpointFiles(spark, s.checkpoint))
+    first_start = seed.offsets.get(s.topics.telemetry) if seed else None
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
     q = start_query(spark, s)
     last_batch = -1
@@ -135,7 +154,7 @@ def _query_loop(
             )
             for p in new:
                 last_batch = p["batchId"]
-                _observe(p, s.topics.telemetry)
+                _observe(p, s.topics.telemetry, first_start)
                 ledger.progress(p)
         for m in reader.poll():
             ledger.marker(m)
@@ -156,6 +175,75 @@ def _query_loop(
             ledger.marker(m)
         ledger.flush(now=float("inf"))
         reader.close()
+
+
+def run_rebucket(s: ProcessorSettings, target: str, buckets: int) -> Seed:
+    """Move the checkpoint's vehicle state to `buckets` buckets in the new checkpoint `target`
+    (the steps and why: processor.rebucket). The processor must be stopped: its lease is taken
+    for the whole run, so none can start on the old checkpoint meanwhile."""
+    lease = checkpoint_lease(s)
+    if lease is not None:
+        if not lease.try_acquire():
+            raise ConfigError(
+                f"a processor holds the checkpoint {s.checkpoint} (lease {lease.key}, {lease.holder()}): "
+                "stop it before re-bucketing"
+            )
+        lease.start_renewing()
+    spark = None
+    try:
+        spark = build_session(
+            app_name="fleetfence-rebucket",
+            master=service_master(s.processor_spark_master),
+            shuffle_partitions=s.processor_shuffle_partitions,
+        )
+        old, new = HadoopCheckpointFiles(spark, s.checkpoint), HadoopCheckpointFiles(spark, target)
+        refuse_retired(old)
+        if not old.has_entries("offsets"):
+            raise ConfigError(f"no processor checkpoint at {s.checkpoint}")
+        if new.read(LAYOUT_FILE) is not None or new.has_entries("offsets") or new.read(SEED_FILE) is not None:
+            raise ConfigError(f"the new checkpoint {target} is not empty")
+        layout = old.read(LAYOUT_FILE)
+        old_buckets = len(orjson.loads(layout)["keys"]) if layout else s.processor_buckets
+        drain = s.model_copy(update={"processor_buckets": old_buckets})
+        logger.info("rebucket: draining checkpoint=%s buckets=%d", s.checkpoint, old_buckets)
+        q = start_query(spark, drain, "fleetfence-rebucket-drain", available_now=True)
+        while not q.awaitTermination(0.5):
+            if lease is not None and lease.lost.is_set():
+                q.stop()
+                raise LeaseLostError(f"the checkpoint's lease {lease.key} was lost while draining")
+        if q.exception() is not None:
+            raise ProcessorError(f"draining the checkpoint failed: {q.exception()}")
+        batch, watermark_ms = last_committed_batch(old)
+        state = read_bucket_states(spark, s.checkpoint, batch)
+        vehicles, size = state_bytes(state.values())
+        seed = Seed(
+            source=s.checkpoint,
+            batch_id=batch,
+            buckets=buckets,
+            watermark_ms=watermark_ms,
+            offsets=batch_end_offsets(old, batch),
+            vehicles=vehicles,
+        )
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        write_seed(spark, new, seed, split_buckets(list(state.values()), buckets), partitions)
+        at = datetime.now(UTC).isoformat()
+        old.create(RETIRED_FILE, orjson.dumps({"to": target, "at": at, "buckets": buckets}).decode())
+        logger.info(
+            "rebucket: done from=%s batch=%d buckets=%d->%d vehicles=%d state_bytes=%d to=%s",
+            s.checkpoint,
+            batch,
+            old_buckets,
+            buckets,
+            vehicles,
+            size,
+            target,
+        )
+        return seed
+    finally:
+        if lease is not None:
+            lease.release()
+        if spark is not None:
+            spark.stop()
 
 
 def checkpoint_lease(s: ProcessorSettings) -> CheckpointLease | None:
@@ -193,12 +281,13 @@ def unseen_progress(recent: list[dict[str, Any]], last_batch: int) -> list[dict[
     return [out[b] for b in sorted(out)]
 
 
-def telemetry_events(progress: Any, telemetry_topic: str) -> int:
+def telemetry_events(progress: Any, telemetry_topic: str, first_start: dict[str, int] | None = None) -> int:
     """Telemetry records a micro-batch read, from its Kafka offsets (a stream row is a whole chunk).
 
     Spark's Kafka source reports offsets as {topic: {partition: offset}}. The first batch of a
-    new checkpoint has no start offset; it is counted from offset 0, which is exact unless retention
-    already removed the topic's first records (transaction markers count as records too).
+    new checkpoint has no start offset; it is counted from `first_start` (a re-bucketed
+    checkpoint's seed offsets) or else from offset 0, which is exact unless retention already
+    removed the topic's first records (transaction markers count as records too).
     """
     total = 0
     for src in progress["sources"] or []:
@@ -207,7 +296,7 @@ def telemetry_events(progress: Any, telemetry_topic: str) -> int:
         end = orjson.loads(end) if isinstance(end, str) else end
         if not isinstance(end, dict):
             continue
-        begin = start.get(telemetry_topic, {}) if isinstance(start, dict) else {}
+        begin = start.get(telemetry_topic, {}) if isinstance(start, dict) else (first_start or {})
         for p, e in end.get(telemetry_topic, {}).items():
             total += int(e) - int(begin.get(p, 0))
     return total

@@ -8,9 +8,11 @@ Two sources in one query, each with its offsets in the checkpoint's offset log: 
 exactly the records of an unfinished micro-batch, and a replay sees the same route versions as the
 first run, because master changes travel through the same checkpointed batches as telemetry. Master
 data always starts at the beginning of its (compacted) topic: the processor needs every route its
-vehicles refer to. Both read `read_committed`, so aborted transactions and their markers never
-reach the job. The parse is one vectorized Python pass per Kafka partition range
-(`processor.parse`), so the JVM moves a few Arrow chunks per bucket instead of one row per fix.
+vehicles refer to (a re-bucketed checkpoint, `processor.rebucket`, starts both topics where the old
+checkpoint ended: its seed state holds the master data read until then). Both read
+`read_committed`, so aborted transactions and their markers never reach the job. The parse is one
+vectorized Python pass per Kafka partition range (`processor.parse`), so the JVM moves a few Arrow
+chunks per bucket instead of one row per fix.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def processor_input(
     bucket_keys: list[int],
     starting_offsets: str,
     max_events_per_batch: int,
+    master_starting_offsets: str = "earliest",
 ) -> Any:
     """The rows the stateful operator folds (processor.parse.SCHEMA_DDL), from both topics."""
     if len(bucket_keys) != buckets:
@@ -74,7 +77,9 @@ def processor_input(
         starting_offsets=starting_offsets,
         max_offsets_per_trigger=max_events_per_batch,
     ).select(*cols)
-    master = kafka_stream(spark, bootstrap, [master_topic], compacted=True).select(*cols)
+    master = kafka_stream(
+        spark, bootstrap, [master_topic], starting_offsets=master_starting_offsets, compacted=True
+    ).select(*cols)
     parse_telemetry = record_parser(telemetry_topic, False, buckets, bucket_keys)
     parse_master = record_parser(master_topic, True, buckets, bucket_keys)
     return telemetry.mapInArrow(parse_telemetry, SCHEMA_DDL).unionByName(

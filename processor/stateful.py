@@ -78,8 +78,11 @@ def _digest(blob: bytes) -> str:
 
 
 class GeofenceProcessor(StatefulProcessor):
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, watermark_floor_ms: int = 0) -> None:
         self.cfg = cfg
+        # A re-bucketed checkpoint's Spark watermark starts again from nothing; the engine keeps
+        # judging lateness and releasing held fixes from the old checkpoint's (processor.rebucket).
+        self.watermark_floor_ms = watermark_floor_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -94,6 +97,22 @@ class GeofenceProcessor(StatefulProcessor):
         frames = list(rows)
         df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         yield self._run(df, timerValues.getCurrentWatermarkInMs())
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
+        """A re-bucketed checkpoint's first batch: this bucket's seed state (processor.rebucket);
+        `transformWithStateInPandas` hands it over as a pandas DataFrame of one row."""
+        row = initialState.iloc[0]
+        vehicles, master_blob = bytes(row["vehicles"]), bytes(row["master"])
+        master: MasterState = load_state(master_blob)
+        digest = _digest(master_blob)
+        _MASTER_CACHE.setdefault(digest, master)
+        states, held = load_state(vehicles)
+        self.vehicles.update((vehicles,))
+        self.master.update((master_blob,))
+        timer = self._next_timer(states, held, master)
+        if timer > 0:
+            self.handle.registerTimer(timer)
+        self.meta.update((digest, timer))
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -124,7 +143,7 @@ class GeofenceProcessor(StatefulProcessor):
         return cached, digest, timer_ms
 
     def _run(self, df: pd.DataFrame | None, watermark_ms: int) -> pd.DataFrame:
-        wm = max(int(watermark_ms), 0)
+        wm = max(int(watermark_ms), 0, self.watermark_floor_ms)
         master, digest, timer_ms = self._load_master()
         out: list[tuple[str, str, bytes, int, str | None]] = []
         stats = {"received": 0, "invalid": 0, "accepted": 0, "duplicates": 0, "master_events": 0}

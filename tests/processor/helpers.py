@@ -170,10 +170,23 @@ def expected_alerts(
 ) -> dict[str, dict[str, Any]]:
     """The reference: the pure engine over all fixes in one batch (no watermark, so no silence),
     against `master` (default `master_events()`)."""
+    r = process_bucket(
+        empty_states(), {}, master_state(master), fixes_frame(fixes), 0, cfg, Catalog(cfg), force_slow=True
+    )
+    return {a.alert_id: a.to_dict() for a in r.alerts}
+
+
+def master_state(master: list[dict[str, Any]] | None = None) -> MasterState:
+    """`master` (default `master_events()`) folded as the processor folds it."""
     m = MasterState()
     for e in master if master is not None else master_events():
         m.apply(e)
-    df = pd.DataFrame(
+    return m
+
+
+def fixes_frame(fixes: list[Telemetry]) -> pd.DataFrame:
+    """Fixes as the engine's input frame."""
+    return pd.DataFrame(
         [
             {
                 "vehicle_id": f.vehicle_id,
@@ -185,10 +198,9 @@ def expected_alerts(
                 "received_ms": f.received_ms,
             }
             for f in fixes
-        ]
+        ],
+        columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"],
     )
-    r = process_bucket(empty_states(), {}, m, df, 0, cfg, Catalog(cfg), force_slow=True)
-    return {a.alert_id: a.to_dict() for a in r.alerts}
 
 
 def committed_alerts(s: Settings) -> list[dict[str, Any]]:
@@ -199,10 +211,10 @@ def markers(s: Settings) -> list[dict[str, Any]]:
     return [orjson.loads(m.value()) for m in read_all(s, s.topics.processor_commits, 1)]
 
 
-def spawn_processor(
-    ps: ProcessorSettings, log: Path, spark_master: str = "local[2]"
-) -> subprocess.Popen[bytes]:
-    env = {
+def processor_env(ps: ProcessorSettings, spark_master: str = "local[2]") -> dict[str, str]:
+    """The environment that gives a child process (`python -m processor`, `fleetfence ...`) these
+    settings."""
+    return {
         **os.environ,
         **{
             f"FLEETFENCE_{k.upper()}": str(v)
@@ -211,9 +223,14 @@ def spawn_processor(
         },
         "FLEETFENCE_PROCESSOR_SPARK_MASTER": spark_master,
     }
+
+
+def spawn_processor(
+    ps: ProcessorSettings, log: Path, spark_master: str = "local[2]"
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "processor"],
-        env=env,
+        env=processor_env(ps, spark_master),
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
