@@ -138,6 +138,10 @@ class HadoopCheckpointFiles:
         d = self._path(folder)
         return bool(self._fs.exists(d)) and len(self._fs.listStatus(d)) > 0
 
+    def delete(self, name: str) -> None:
+        """Remove a file or a folder (recursively), if it exists."""
+        self._fs.delete(self._path(name), True)
+
     def entries(self, folder: str) -> list[str]:
         d = self._path(folder)
         if not self._fs.exists(d):

@@ -15,7 +15,7 @@ from typing import Any
 
 from processor.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.layout import checkpoint_layout
-from processor.rebucket import read_seed, refuse_retired, seed_state
+from processor.rebucket import read_seed, refuse_incomplete, refuse_retired, seed_state
 from processor.settings import ProcessorSettings
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ def _job(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: st
     files = HadoopCheckpointFiles(spark, checkpoint)
     refuse_retired(files)
     seed = read_seed(files)
+    refuse_incomplete(files, seed)
     keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
     src = processor_input(
         spark,

@@ -198,6 +198,16 @@ def refuse_retired(files: CheckpointFiles) -> None:
         )
 
 
+def refuse_incomplete(files: CheckpointFiles, seed: Seed | None) -> None:
+    """A seed state without its seed file is a re-bucketing cut short: started as a new checkpoint
+    it would read Kafka from the beginning and alert everything again."""
+    if seed is None and files.has_entries(SEED_STATE):
+        raise ConfigError(
+            f"the checkpoint {files.location} is an unfinished re-bucketing: run `fleetfence rebucket` "
+            "with the same --to again"
+        )
+
+
 # ----------------------------------------------------------------------------- Spark
 
 
@@ -227,12 +237,10 @@ def read_bucket_states(spark: Any, location: str, batch_id: int) -> dict[int, Bu
 def write_seed(
     spark: Any, target: HadoopCheckpointFiles, seed: Seed, state: list[BucketState], partitions: int
 ) -> None:
-    """The new checkpoint: its bucket layout, its seed state (Parquet) and last its seed file, so a
-    checkpoint with a seed file is a complete one."""
+    """The new checkpoint: its seed state (Parquet), its bucket layout and last its seed file, so a
+    checkpoint with a seed file is a complete one, and one with only a seed state is refused by the
+    processor (`refuse_incomplete`) and cleared by the next run of the command."""
     keys = balanced_keys(seed.buckets, partitions)
-    layout = json.dumps({"buckets": seed.buckets, "partitions": partitions, "keys": keys})
-    if not target.create(LAYOUT_FILE, layout):
-        raise ConfigError(f"the checkpoint {target.location} already has a bucket layout")
     rows = [
         (
             keys[n],
@@ -243,6 +251,9 @@ def write_seed(
     ]
     path = f"{target.location.rstrip('/')}/{SEED_STATE}"
     spark.createDataFrame(rows, SEED_STATE_DDL).coalesce(1).write.mode("error").parquet(path)
+    layout = json.dumps({"buckets": seed.buckets, "partitions": partitions, "keys": keys})
+    if not target.create(LAYOUT_FILE, layout):
+        raise ConfigError(f"the checkpoint {target.location} already has a bucket layout")
     if not target.create(SEED_FILE, seed.to_json()):
         raise ConfigError(f"the checkpoint {target.location} already has a seed")
 

@@ -23,13 +23,16 @@ from processor.layout import balanced_keys
 from processor.lease import CheckpointLease, lease_key
 from processor.master import Catalog
 from processor.rebucket import (
+    SEED_STATE,
     BucketState,
+    Seed,
     batch_end_offsets,
     last_committed_batch,
     master_for_bucket,
     merge_masters,
     read_bucket_states,
     read_seed,
+    refuse_incomplete,
     split_buckets,
 )
 from processor.service import run_rebucket
@@ -137,6 +140,18 @@ def test_an_unfinished_batch_or_a_missing_checkpoint_is_refused(tmp_path: Path) 
     assert batch_end_offsets(files, 1) == {"t.telemetry": {"0": 9, "1": 7}, "t.master": {"0": 3}}
 
 
+def test_a_seed_state_without_its_seed_is_an_unfinished_rebucketing(tmp_path: Path) -> None:
+    files = LocalCheckpointFiles(str(tmp_path / "cp"))
+    refuse_incomplete(files, None)  # a new checkpoint
+    (files.root / SEED_STATE).mkdir(parents=True)
+    (files.root / SEED_STATE / "part-0.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ConfigError, match="unfinished re-bucketing"):
+        refuse_incomplete(files, None)
+    seed = Seed("old", 3, 4, 0, {"t": {"0": 1}}, 6)
+    assert Seed.from_json(seed.to_json()) == seed
+    refuse_incomplete(files, seed)
+
+
 def test_a_running_processor_keeps_its_checkpoint_from_being_rebucketed(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -188,6 +203,10 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
     r = subprocess.run(cmd, env=processor_env(old), capture_output=True, timeout=300, check=False)
     assert r.returncode == 0, (r.stdout + r.stderr).decode(errors="replace")[-4000:]
     assert records_read() == len(first) + len(drained)
+    # Run again (as after an interruption): it sees the work done and changes nothing.
+    again = subprocess.run(cmd, env=processor_env(old), capture_output=True, timeout=300, check=False)
+    assert again.returncode == 0, (again.stdout + again.stderr).decode(errors="replace")[-4000:]
+    assert b"rebucket: already done" in again.stdout + again.stderr
     seed = read_seed(LocalCheckpointFiles(new.checkpoint))
     assert seed is not None
     assert (seed.buckets, seed.vehicles) == (3, 6)
