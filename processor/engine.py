@@ -209,7 +209,9 @@ def process_bucket(
     limits = np.array([cr.rules.speed_limit_kmh for cr in route_list] + [np.inf], dtype=np.float64)[route_idx]
 
     has_route = route_idx >= 0
-    progress, passes, end_dist = route_progress(route_list, route_idx, lon, lat, in_corr & has_route)
+    progress, passes, end_dist = route_progress(
+        route_list, route_idx, lon, lat, in_corr & has_route, catalog.route_set()
+    )
 
     zindex = catalog.zone_index(master)
     stop_zones = {z.zone_id for z in zindex.zones if z.planned_stop}

@@ -13,7 +13,14 @@ from typing import Any
 
 from fleetfence.rules import RouteRules
 from processor.domain import EngineConfig
-from processor.geometry import CompiledRoute, CompiledZone, ZoneIndex, compile_route, compile_zone
+from processor.geometry import (
+    CompiledRoute,
+    CompiledZone,
+    RouteSetIndex,
+    ZoneIndex,
+    compile_route,
+    compile_zone,
+)
 
 
 @dataclass
@@ -57,6 +64,7 @@ class Catalog:
         self._routes: dict[tuple[str, int], CompiledRoute] = {}
         self._zone_index: tuple[tuple[tuple[str, int], ...], ZoneIndex] | None = None
         self._zones: dict[tuple[str, int], CompiledZone] = {}
+        self._route_set: tuple[int, RouteSetIndex] | None = None
 
     def route(self, route_id: str, version: int, data: dict[str, Any]) -> CompiledRoute:
         key = (route_id, version)
@@ -65,6 +73,14 @@ class Catalog:
             r = compile_route(route_id, version, data, self.cfg.hysteresis_m)
             self._routes[key] = r
         return r
+
+    def route_set(self) -> RouteSetIndex:
+        """One R-tree over the segments of every route version compiled here (`route_progress`),
+        rebuilt only when a route was compiled since: a worker compiles its fleet's routes in its
+        first batches, and a batch then finds every pass of every fix with one query."""
+        if self._route_set is None or self._route_set[0] != len(self._routes):
+            self._route_set = (len(self._routes), RouteSetIndex.of(self._routes.values()))
+        return self._route_set[1]
 
     def zone_index(self, master: MasterState) -> ZoneIndex:
         key = master.zone_key()

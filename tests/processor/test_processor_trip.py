@@ -166,6 +166,30 @@ def test_route_progress_finds_both_passes_of_a_street_driven_both_ways() -> None
     assert np.isinf(end[2])
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300))
+@example(seed=1, n=300)  # every route past the own-tree threshold
+def test_a_fixs_passes_do_not_depend_on_the_batch_it_came_in(seed: int, n: int) -> None:
+    """A route with many fixes in a batch is searched in its own R-tree, the others in the shared
+    one of every route (`RouteSetIndex`): each fix gets the same passes either way."""
+    rng = np.random.default_rng(seed)
+    routes = [
+        compile_route("r1", 1, out_and_back_route(), 15.0),
+        compile_route("r2", 1, straight_route(), 15.0),
+        compile_route("r3", 1, route_data([0.0, 800.0, 400.0, 1200.0]), 15.0),
+    ]
+    x, y = rng.uniform(-100.0, 3100.0, n), rng.normal(0.0, 20.0, n)
+    lon, lat = PROJ.inverse(x, y)
+    ridx = rng.integers(0, len(routes), n)
+    mask = rng.random(n) < 0.9
+    together = route_progress(routes, ridx, lon, lat, mask)
+    for i in range(n):
+        one = route_progress(routes, ridx[i : i + 1], lon[i : i + 1], lat[i : i + 1], mask[i : i + 1])
+        assert np.array_equal(one[0], together[0][i : i + 1], equal_nan=True)
+        assert one[1].get(0) == together[1].get(i)
+        assert one[2][0] == together[2][i]
+
+
 # --------------------------------------------------------------------------- engine
 
 
