@@ -12,6 +12,7 @@ import pandas as pd
 import shapely
 
 from processor.columns import StateTable
+from processor.geometry import CompiledRoute
 from processor.master import Catalog, MasterState, assignment_ms, compiled_route
 from processor.trip import planned_arrival_ms
 
@@ -77,6 +78,7 @@ def live_rows(
     ]
     zones = c["zones"][rows].tolist()
     rl = routes.tolist()
+    route_of = [compiled[i] if i >= 0 else None for i in codes.tolist()]
     prog, rat, dis = np.round(progress, 1).tolist(), np.round(ratio, 4).tolist(), np.round(dist, 1).tolist()
     out = []
     for k, row in enumerate(rows.tolist()):
@@ -99,7 +101,7 @@ def live_rows(
                 "distance_m": None if dis[k] != dis[k] else dis[k],
                 "zones": sorted(zones[k]) if zones[k] else [],
                 "unassigned_fixes": cols[9][k],
-                **_trip_fields(master, catalog, states.ids[row], rid, cols, k),
+                **_trip_fields(master, route_of[k], states.ids[row], cols, k),
             }
         )
     return out
@@ -110,20 +112,20 @@ STOP_LABEL = {0: None, 1: "unplanned", 2: "planned"}
 
 def _trip_fields(
     master: MasterState,
-    catalog: Catalog,
+    cr: CompiledRoute | None,
     vehicle_id: str,
-    route_id: str | None,
     cols: list[list[Any]],
     k: int,
 ) -> dict[str, Any]:
-    """The trip part of a live row: direction, stop, ETA and delay against the plan, completion."""
-    wrong_way, stop_phase, stop_since, eta, at_risk, completed, off_m, start_ms = (c[k] for c in cols[10:18])
+    """The trip part of a live row: direction, stop, ETA and delay against the plan, completion.
+    `cr`: the vehicle's route, compiled (None without one)."""
+    wrong_way, stop_phase, stop_since, eta = cols[10][k], cols[11][k], cols[12][k], cols[13][k]
+    at_risk, completed, off_m, start_ms = cols[14][k], cols[15][k], cols[16][k], cols[17][k]
     planned = -1
-    if route_id is not None:
+    if cr is not None:
         a = master.assignments.get(vehicle_id)
         data = a[1] if a is not None else None
-        cr = compiled_route(master, catalog, route_id)
-        if data is not None and cr is not None:
+        if data is not None:
             planned = planned_arrival_ms(
                 assignment_ms(data, "planned_arrival_ms"),
                 assignment_ms(data, "planned_departure_ms"),
