@@ -1,0 +1,489 @@
+"""State at scale: bytes of state per vehicle, and what a micro-batch costs when many vehicles are
+registered and few of them report (issue #23).
+
+    .venv/bin/python bench/state_scale.py --registered 100000 --registered 1000000 \
+        --reporting 0.01 --reporting 0.1 [--buckets 16] [--rounds 4] [--phases engine,spark] [--record]
+
+A national fleet is mostly calm or parked: every registered vehicle has a row in its bucket's state
+blob, and a blob is read and written whole by every micro-batch that touches its bucket
+(docs/architecture.md, "Logically per vehicle, physically per bucket"). So a batch's cost grows with
+the vehicles registered, not only with the fixes it carries. Two views, each against a baseline in
+the same run:
+
+- `engine`: one bucket exactly as the stateful operator handles it (unpickle the blob, advance it by
+  the reporters' fixes with `processor.engine.process_bucket`, pickle it back), with N/buckets
+  vehicles registered in it against only its reporters registered: what the idle vehicles of a
+  bucket cost a batch, phase by phase, and the blob's bytes per calm vehicle. No Spark, no Kafka.
+- `spark`: the real job on local[2] (Spark's Kafka source, `transformWithStateInPandas` on
+  RocksDB, the exactly-once sink, live state to Redis) on the embedded broker: N vehicles
+  registered (one fix each), then bursts of `reporting`·N fixes, each committed in one Kafka
+  transaction so it is read as one micro-batch; the burst's micro-batch against the same burst
+  when only its reporters are registered. State bytes per vehicle from the checkpoint (Spark's
+  `statestore` reader: the vehicles blob and the master data blob of every bucket) and RocksDB's
+  own figures from the query's progress.
+
+The first round of every configuration warms up (JIT, worker caches) and is not counted; the
+others' median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import orjson
+from confluent_kafka import Producer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from bench import workload as wl
+from bench.common import write_section
+from embedded import infra
+from fleetfence.contracts import bucket_of
+from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.settings import Settings
+from processor.columns import Fixes, empty_states
+from processor.domain import EngineConfig
+from processor.engine import process_bucket
+from processor.master import Catalog, MasterState
+from processor.rebucket import master_for_bucket
+
+console = Console(width=170)
+PARTITIONS = 4
+SECTION = "## State at scale (bench/state_scale.py)"
+
+
+def median_ms(xs: list[float]) -> float:
+    return round(statistics.median(xs) * 1000, 1) if xs else float("nan")
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def fleet_master(w: wl.Workload) -> MasterState:
+    m = MasterState()
+    for e in w.master:
+        m.apply(e)
+    return m
+
+
+def step_fixes(w: wl.Workload, n: int, step: int, vehicles: np.ndarray) -> Fixes:
+    """Fix number `step` of the given vehicles (the workload is time-major: step k of every vehicle
+    is the k-th slice of n records)."""
+    rows = step * n + vehicles
+    assert (w.seq[rows] == step).all(), "the workload is not time-major"
+    return Fixes(
+        w.vehicle[rows],
+        w.seq[rows],
+        w.ts_ms[rows],
+        w.lat[rows],
+        w.lon[rows],
+        w.speed_kmh[rows],
+        w.ts_ms[rows],
+    )
+
+
+def vehicle_index(w: wl.Workload, n: int) -> np.ndarray:
+    """The vehicles in the order of each step's slice (vehicle ids of step 0)."""
+    return w.vehicle[:n]
+
+
+def master_bytes(masters: list[MasterState]) -> dict[str, int]:
+    """The master data blobs' bytes: routes and zones (every bucket holds all of them, whatever its
+    vehicles) apart from assignments and vehicle records (each in its vehicle's bucket only)."""
+    shared = sum(len(pickle.dumps((m.routes, m.zones), protocol=5)) for m in masters)
+    own = sum(len(pickle.dumps((m.assignments, m.vehicles), protocol=5)) for m in masters)
+    return {"routes_bytes": shared, "assign_bytes": own}
+
+
+def engine_bucket(
+    w: wl.Workload, n: int, buckets: int, registered: np.ndarray, reporters: np.ndarray, rounds: int
+) -> dict[str, Any]:
+    """One bucket: register `registered` (step 0), then `rounds` batches of the reporters' next fixes,
+    each through unpickle -> process_bucket -> pickle, timed phase by phase."""
+    cfg = EngineConfig()
+    cat = Catalog(cfg)
+    master = master_for_bucket(fleet_master(w), 0, buckets)
+    reg = process_bucket(empty_states(), {}, master, step_fixes(w, n, 0, registered), 0, cfg, cat)
+    blob = pickle.dumps((reg.states, reg.held), protocol=5)
+    size = len(blob)
+    t_load, t_engine, t_dump = [], [], []
+    for r in range(1, rounds + 1):
+        fx = step_fixes(w, n, r, reporters)
+        t0 = time.perf_counter()
+        states, held = pickle.loads(blob)
+        t1 = time.perf_counter()
+        res = process_bucket(states, held, master, fx, 0, cfg, cat)
+        t2 = time.perf_counter()
+        blob = pickle.dumps((res.states, res.held), protocol=5)
+        t3 = time.perf_counter()
+        if r > 1:  # the first round warms the catalog and the allocator
+            t_load.append(t1 - t0)
+            t_engine.append(t2 - t1)
+            t_dump.append(t3 - t2)
+    total = [a + b + c for a, b, c in zip(t_load, t_engine, t_dump, strict=True)]
+    return {
+        "registered": len(registered),
+        "reporters": len(reporters),
+        "blob_bytes": size,
+        **master_bytes([master]),
+        "load_ms": median_ms(t_load),
+        "engine_ms": median_ms(t_engine),
+        "dump_ms": median_ms(t_dump),
+        "total_ms": median_ms(total),
+    }
+
+
+def engine_view(args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    for n in args.registered:
+        w = wl.build(n, args.rounds + 1, args.routes, seed=args.seed)
+        ids = vehicle_index(w, n).tolist()
+        in_bucket = np.fromiter((i for i, v in enumerate(ids) if bucket_of(v, args.buckets) == 0), np.int64)
+        for p in args.reporting:
+            k = max(1, int(len(in_bucket) * p))
+            reporters = in_bucket[:k]
+            full = engine_bucket(w, n, args.buckets, in_bucket, reporters, args.rounds)
+            base = engine_bucket(w, n, args.buckets, reporters, reporters, args.rounds)
+            out.append({"fleet": n, "reporting": p, "full": full, "base": base})
+            console.print(
+                f"engine: fleet {n:,}, bucket 0 of {args.buckets}: {len(in_bucket):,} registered, {k:,} "
+                f"report: {full['total_ms']} ms vs {base['total_ms']} ms with only the reporters"
+            )
+    return out
+
+
+def engine_table(rows: list[dict[str, Any]], buckets: int) -> Table:
+    t = Table(title=f"one bucket of {buckets} per batch: registered vs only the reporters (median ms)")
+    for c in ENGINE_COLUMNS:
+        t.add_column(c, justify="right")
+    for r in engine_rows(rows):
+        t.add_row(*r)
+    return t
+
+
+ENGINE_COLUMNS = (
+    "fleet",
+    "vehicles in the bucket",
+    "report",
+    "unpickle ms",
+    "engine ms",
+    "pickle ms",
+    "total ms",
+    "only reporters: total ms",
+    "ratio",
+    "blob B/vehicle",
+    "assignment B/vehicle",
+    "routes MiB/bucket",
+)
+
+
+def engine_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        f, b = r["full"], r["base"]
+        out.append(
+            [
+                f"{r['fleet']:,}",
+                f"{f['registered']:,}",
+                f"{f['reporters']:,} ({r['reporting']:.0%})",
+                f"{f['load_ms']}",
+                f"{f['engine_ms']}",
+                f"{f['dump_ms']}",
+                f"{f['total_ms']}",
+                f"{b['total_ms']}",
+                f"{f['total_ms'] / b['total_ms']:.2f}" if b["total_ms"] else "-",
+                f"{f['blob_bytes'] / f['registered']:.0f}",
+                f"{f['assign_bytes'] / f['registered']:.0f}",
+                f"{f['routes_bytes'] / 2**20:.1f}",
+            ]
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- spark
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], label: str) -> None:
+    p = Producer(producer_config(bootstrap, **{"linger.ms": 20, "batch.num.messages": 20000}))
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task(label, total=len(records))
+        for i, (k, v) in enumerate(records):
+            while True:
+                try:
+                    p.produce(topic, key=k, value=v)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            if i % 5000 == 0:
+                p.poll(0)
+                prog.update(task, completed=i)
+        p.flush(300)
+
+
+def produce_in_one_transaction(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    """A burst committed atomically: a read_committed reader sees all of it or none, so it lands in
+    one micro-batch."""
+    p = Producer(producer_config(bootstrap, **{"transactional.id": f"bench-burst-{uuid.uuid4().hex[:8]}"}))
+    p.init_transactions(30)
+    p.begin_transaction()
+    for k, v in records:
+        while True:
+            try:
+                p.produce(topic, key=k, value=v)
+                break
+            except BufferError:
+                p.poll(0.05)
+    p.commit_transaction(120)
+
+
+def telemetry_end(progress: dict[str, Any], topic: str) -> int:
+    total = 0
+    for src in progress.get("sources") or []:
+        end = src.get("endOffset")
+        end = orjson.loads(end) if isinstance(end, str) else end
+        if isinstance(end, dict):
+            total += sum(int(x) for x in end.get(topic, {}).values())
+    return total
+
+
+def topic_end(bootstrap: str, topic: str) -> int:
+    """The sum of the topic's end offsets (transaction markers included, as the source counts)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
+    finally:
+        c.close()
+
+
+def read_up_to(q: Any, topic: str, end: int) -> bool:
+    return bool(q.lastProgress) and telemetry_end(q.lastProgress, topic) >= end
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while not check():
+        if time.time() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def spark_config(
+    spark: Any, s: Settings, w: wl.Workload, n: int, registered: int, bursts: list[int], buckets: int
+) -> dict[str, Any]:
+    """One checkpoint: `registered` vehicles register, then each burst (a size: the first that many
+    vehicles' next fix) is one transaction; the micro-batches that read each burst, timed."""
+    from processor.checkpoint_files import LocalCheckpointFiles
+    from processor.job import start_query
+    from processor.rebucket import last_committed_batch, read_bucket_states, state_bytes
+    from processor.service import telemetry_events
+    from processor.settings import ProcessorSettings
+
+    prefix = f"scale{uuid.uuid4().hex[:6]}."
+    ps_ = s.model_copy(update={"topic_prefix": prefix})
+    ensure_topics(s.bootstrap_servers, topic_specs(ps_))
+    t = ps_.topics
+    vids = set(w.vehicle[:registered].tolist())
+    master = [e for e in w.master if e["entity"] != "assignment" or e["id"] in vids]
+    produce(
+        s.bootstrap_servers,
+        t.master,
+        [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in master],
+        "master",
+    )
+    produce(s.bootstrap_servers, t.telemetry, w.records(0, registered), f"registering {registered:,}")
+    checkpoint = tempfile.mkdtemp(prefix="ff-scale-cp-")
+    ps = ProcessorSettings(
+        **{
+            **ps_.model_dump(exclude={"topics"}),
+            "processor_checkpoint": checkpoint,
+            "processor_buckets": buckets,
+            "redis_prefix": f"{prefix}ff:",
+        }
+    )
+    q = start_query(spark, ps)
+    batches: list[dict[str, Any]] = []
+    try:
+        with console.status(f"registering {registered:,} vehicles"):
+            done = topic_end(s.bootstrap_servers, t.telemetry)
+            wait_until(lambda: read_up_to(q, t.telemetry, done), 1800, "registration")
+        for step, k in enumerate(bursts, start=1):
+            before = q.lastProgress["batchId"]
+            produce_in_one_transaction(s.bootstrap_servers, t.telemetry, w.records(step * n, step * n + k))
+            done = topic_end(s.bootstrap_servers, t.telemetry)
+            wait_until(partial(read_up_to, q, t.telemetry, done), 600, f"burst {step}")
+            mine = [
+                p for p in q.recentProgress if p["batchId"] > before and telemetry_events(p, t.telemetry) > 0
+            ]
+            batches.append(
+                {
+                    "fixes": k,
+                    "batches": len(mine),
+                    "trigger_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in mine),
+                    "add_batch_ms": sum(p["durationMs"].get("addBatch", 0) for p in mine),
+                    "state": (mine[-1].get("stateOperators") or [{}])[0] if mine else {},
+                }
+            )
+    finally:
+        q.stop()
+    batch, _ = last_committed_batch(LocalCheckpointFiles(checkpoint))
+    state = read_bucket_states(spark, checkpoint, batch)
+    vehicles, blob = state_bytes(state.values())
+    return {
+        "registered": registered,
+        "vehicles": vehicles,
+        "blob_bytes": blob,
+        **master_bytes([b.master for b in state.values()]),
+        "bursts": batches,
+    }
+
+
+def spark_view(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from processor.spark import build_session
+
+    state_dir = Path(tempfile.mkdtemp(prefix="ff-scale-"))
+    s = Settings(**infra.private_fields(state_dir), telemetry_partitions=PARTITIONS)
+    infra.up(s, create_topics=False)
+    spark = build_session(app_name="bench-state-scale", master=f"local[{args.cores}]")
+    out = []
+    try:
+        for n in args.registered:
+            w = wl.build(n, args.rounds * len(args.reporting) + 1, args.routes, seed=args.seed)
+            sizes = [max(1, int(n * p)) for p in args.reporting]
+            bursts = [k for _ in range(args.rounds) for k in sizes]
+            for k in sizes:
+                base = spark_config(spark, s, w, n, k, [k] * args.rounds, args.buckets)
+                console.print(
+                    f"spark: only {k:,} registered: bursts {[b['trigger_ms'] for b in base['bursts']]} ms"
+                )
+                out.append({"fleet": n, "fixes": k, "kind": "base", **base})
+            full = spark_config(spark, s, w, n, n, bursts, args.buckets)
+            timed = [(b["fixes"], b["trigger_ms"]) for b in full["bursts"]]
+            console.print(f"spark: {n:,} registered: bursts {timed} ms")
+            out.append({"fleet": n, "fixes": 0, "kind": "full", **full})
+    finally:
+        spark.stop()
+        infra.down(s)
+    return out
+
+
+def spark_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Per fleet size and burst size: the burst's micro-batch with the fleet registered against only
+    its reporters registered (medians, the first round not counted)."""
+    out = []
+    for full in (r for r in rows if r["kind"] == "full"):
+        n = full["fleet"]
+        for base in (r for r in rows if r["kind"] == "base" and r["fleet"] == n):
+            k = base["fixes"]
+            f_ms = [b["trigger_ms"] for b in full["bursts"] if b["fixes"] == k][1:]
+            f_add = [b["add_batch_ms"] for b in full["bursts"] if b["fixes"] == k][1:]
+            b_ms = [b["trigger_ms"] for b in base["bursts"]][1:]
+            fm, bm = statistics.median(f_ms), statistics.median(b_ms)
+            st = full["bursts"][-1]["state"]
+            cm = st.get("customMetrics") or {}
+            out.append(
+                [
+                    f"{n:,}",
+                    f"{k:,} ({k / n:.0%})",
+                    f"{fm:,.0f}",
+                    f"{statistics.median(f_add):,.0f}",
+                    f"{bm:,.0f}",
+                    f"{fm / bm:.2f}",
+                    f"{full['blob_bytes'] / full['vehicles']:.0f}",
+                    f"{full['assign_bytes'] / full['vehicles']:.0f}",
+                    f"{full['routes_bytes'] / 2**20:.1f}",
+                    f"{cm.get('rocksdbSstFileSize', 0) / full['vehicles']:.0f}" if cm else "-",
+                    f"{st.get('memoryUsedBytes', 0) / 2**20:,.0f}",
+                ]
+            )
+    return out
+
+
+SPARK_COLUMNS = (
+    "registered",
+    "burst fixes",
+    "batch ms",
+    "addBatch ms",
+    "only reporters: batch ms",
+    "ratio",
+    "vehicles blob B/vehicle",
+    "assignment B/vehicle",
+    "routes MiB (all buckets)",
+    "RocksDB SST B/vehicle",
+    "state memory MiB",
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--registered", type=int, action="append", help="fleet sizes (repeatable)")
+    ap.add_argument("--reporting", type=float, action="append", help="share reporting per batch (repeatable)")
+    ap.add_argument("--buckets", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=4, help="bursts per size; the first warms up")
+    ap.add_argument("--routes", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--phases", default="engine,spark")
+    ap.add_argument("--record", action="store_true", help="write the results into docs/benchmarks.md")
+    args = ap.parse_args()
+    args.registered = args.registered or [100_000, 1_000_000]
+    args.reporting = args.reporting or [0.01, 0.1]
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2 (the first warms up)")
+    phases = set(args.phases.split(","))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    started = datetime.now(UTC)
+    load0 = os.getloadavg()[0]
+    lines = [SECTION, ""]
+    cmd = ".venv/bin/python bench/state_scale.py " + " ".join(sys.argv[1:])
+    lines += [f"`{cmd}` ({started:%Y-%m-%d %H:%M} UTC, load average {load0:.1f} at the start)", ""]
+    if "engine" in phases:
+        rows = engine_view(args)
+        console.print(engine_table(rows, args.buckets))
+        lines += [f"Engine, one bucket of {args.buckets} (median of {args.rounds - 1} batches):", ""]
+        lines += table_md(list(ENGINE_COLUMNS), engine_rows(rows))
+    if "spark" in phases:
+        srows = spark_view(args)
+        t = Table(title="Spark, local[2]: a burst's micro-batch, the fleet registered vs only its reporters")
+        for c in SPARK_COLUMNS:
+            t.add_column(c, justify="right")
+        for r in spark_rows(srows):
+            t.add_row(*r)
+        console.print(t)
+        lines += [
+            "",
+            f"Spark, local[{args.cores}], {args.buckets} buckets (median of {args.rounds - 1} bursts):",
+            "",
+        ]
+        lines += table_md(list(SPARK_COLUMNS), spark_rows(srows))
+    if args.record:
+        write_section(SECTION, [*lines, ""])
+        console.print(f"recorded in docs/benchmarks.md ({SECTION})")
+
+
+def table_md(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
+
+
+if __name__ == "__main__":
+    main()
