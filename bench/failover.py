@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,33 @@ def expected_ids(fixes: list[dict[str, Any]], vehicles: int, ps: ProcessorSettin
     return {a.alert_id for a in r.alerts}
 
 
+PHASES = {
+    "lease": "lease acquired",
+    "query": "processor started",
+    "first_batch": "first batch after start",
+}
+
+
+def takeover_phases(log: Path, killed_ms: float) -> dict[str, float] | None:
+    """Seconds from the kill to each step of the takeover in the new driver's log (lease, query
+    started, first batch done) and that first batch's own phases (ms), once they are all there."""
+    if not log.exists():
+        return None
+    out: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if not line.startswith("ts="):
+            continue
+        at = datetime.fromisoformat(line[3 : line.index(" ")]).timestamp() * 1000
+        for key, text in PHASES.items():
+            if text in line and at >= killed_ms and key not in out:
+                out[key] = (at - killed_ms) / 1000
+                if key == "first_batch":  # its phases: `addBatch_ms=1234` and the like
+                    for name, _, value in (w.partition("=") for w in line.split()):
+                        if name.endswith("_ms") and value.isdigit():
+                            out["batch." + name.removesuffix("_ms")] = float(value)
+    return out if all(k in out for k in PHASES) else None
+
+
 def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) -> dict[str, Any]:
     s = base.model_copy(update={"topic_prefix": f"{mode}."})
     ensure_topics(s.bootstrap_servers, topic_specs(s))
@@ -222,13 +250,15 @@ def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) ->
     for t in threads:
         t.start()
     rng = random.Random(args.seed)
-    active = spawn(ps, next(logs), standby=False)
+    active_log = next(logs)
+    active = spawn(ps, active_log, standby=False)
     procs = [active]
     standby_log = next(logs)
     standby = spawn(ps, standby_log, standby=True) if mode == "warm" else None
     if standby is not None:
         procs.append(standby)
     takeovers: list[float] = []
+    phases: list[dict[str, float]] = []
     try:
         wait_for(lambda: len(clock.seen) > 0, 300, f"{mode}: the first alert")
         for k in range(args.kills):
@@ -239,10 +269,16 @@ def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) ->
             killed_ms = time.time() * 1000
             os.killpg(active.pid, signal.SIGKILL)
             active.wait(30)
-            active = standby if standby is not None else spawn(ps, next(logs), standby=False)
+            if standby is not None:
+                active, active_log = standby, standby_log
+            else:
+                active_log = next(logs)
+                active = spawn(ps, active_log, standby=False)
             procs.append(active)
             took = wait_for(clock.first_after(killed_ms), 300, f"{mode}: the first alert after kill {k + 1}")
             takeovers.append(float(took) / 1000)
+            logged = partial(takeover_phases, active_log, killed_ms)
+            phases.append(wait_for(logged, 60, f"{mode}: the takeover's log lines"))
             if standby is not None:
                 # The next standby starts once the takeover is done: on this one box it would
                 # otherwise take the cores from the takeover (a real standby has a machine of its own).
@@ -265,6 +301,7 @@ def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) ->
     return {
         "mode": mode,
         "takeover_s": takeovers,
+        "phases": phases,
         "expected": len(want),
         "lost": len(want - set(got)),
         "duplicated": len(got) - len(set(got)),
@@ -318,6 +355,9 @@ def main() -> None:
             str(r["unexpected"]),
         )
     console.print(t)
+    phase_lines = phase_table(results)
+    for line in phase_lines:
+        console.print(line)
     by = {r["mode"]: r for r in results}
     ratio = ""
     if "cold" in by and "warm" in by:
@@ -345,9 +385,28 @@ def main() -> None:
                 f"{r['unexpected']} |"
             )
         lines += ["", ratio, ""] if ratio else [""]
+        lines += [*phase_lines, ""]
         write_section("## Failover: cold restart vs warm standby", lines)
     bad = [r for r in results if r["lost"] or r["duplicated"] or r["unexpected"]]
     sys.exit(1 if bad else 0)
+
+
+def phase_table(results: list[dict[str, Any]]) -> list[str]:
+    """Where a takeover's time goes (medians over the kills, from the new driver's log): seconds from
+    the kill to the lease, to the query's start, to its first micro-batch done, and that batch's own
+    phases in ms (Spark's durationMs)."""
+    keys = ["lease", "query", "first_batch"]
+    extra = sorted({k for r in results for p in r["phases"] for k in p if k.startswith("batch.")})
+    head = ["mode", "kill->lease s", "kill->query started s", "kill->first batch done s"] + [
+        k.removeprefix("batch.") + " ms" for k in extra
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        ps = r["phases"]
+        cells = [r["mode"]] + [f"{statistics.median([p[k] for p in ps]):.2f}" for k in keys]
+        cells += [f"{statistics.median([p.get(k, 0.0) for p in ps]):,.0f}" for k in extra]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 if __name__ == "__main__":

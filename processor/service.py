@@ -76,6 +76,28 @@ def _observe(progress: dict[str, Any], telemetry_topic: str, first_start: dict[s
     STATE_ROWS.set(ops[0].get("numRowsTotal", 0))
 
 
+def _log_first_batch(p: dict[str, Any]) -> None:
+    """The first micro-batch of a start, phase by phase: after a crash or a takeover it restores
+    the state and re-runs the unfinished batch, and is what holds alerts back (docs/benchmarks.md,
+    "Failover"). One line, so an operator sees where a slow recovery spent its time."""
+    phases = " ".join(f"{k}_ms={v}" for k, v in sorted((p.get("durationMs") or {}).items()))
+    op = (p.get("stateOperators") or [{}])[0]
+    custom = op.get("customMetrics") or {}
+    state = " ".join(
+        f"{k}={custom[k]}"
+        for k in sorted(custom)
+        if k.startswith(("rocksdbCommit", "rocksdbLoad", "rocksdbFilesCopied", "rocksdbSstFileSize"))
+    )
+    logger.info(
+        "first batch after start batch_id=%s %s state_rows=%s state_memory_bytes=%s %s",
+        p.get("batchId"),
+        phases,
+        op.get("numRowsTotal"),
+        op.get("memoryUsedBytes"),
+        state,
+    )
+
+
 def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> None:
     """Start Spark and the query; block until `stop` is set, a signal arrives, or the query fails."""
     with stop_on_signals(stop) as event:
@@ -153,6 +175,8 @@ def _query_loop(
                 else unseen_progress(q.recentProgress, last_batch)
             )
             for p in new:
+                if last_batch < 0:
+                    _log_first_batch(p)
                 last_batch = p["batchId"]
                 _observe(p, s.topics.telemetry, first_start)
                 ledger.progress(p)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
+import pytest
 
-from processor.service import telemetry_events, unseen_progress
+from processor.service import _log_first_batch, telemetry_events, unseen_progress
 
 TOPIC = "fleet.telemetry"
 
@@ -47,3 +49,30 @@ def test_first_batch_counts_from_offset_zero_and_ignores_other_topics() -> None:
     p = report(0, None, {"0": 4, "1": 6})
     assert telemetry_events(p, TOPIC) == 10
     assert telemetry_events(p, "other.topic") == 0
+
+
+def test_a_seeded_checkpoints_first_batch_counts_from_the_seed_offsets() -> None:
+    p = report(0, None, {"0": 105, "1": 70})
+    assert telemetry_events(p, TOPIC, {"0": 100, "1": 60}) == 15
+    assert telemetry_events(report(1, {"0": 105, "1": 70}, {"0": 110, "1": 70}), TOPIC, {"0": 100}) == 5
+
+
+def test_the_first_batch_of_a_start_is_logged_phase_by_phase(caplog: pytest.LogCaptureFixture) -> None:
+    p = {
+        **report(7, {"0": 1}, {"0": 2}),
+        "durationMs": {"addBatch": 6100, "queryPlanning": 300, "triggerExecution": 7000},
+        "stateOperators": [
+            {
+                "numRowsTotal": 12,
+                "memoryUsedBytes": 4096,
+                "customMetrics": {"rocksdbCommitFileSyncLatencyMs": 9},
+            }
+        ],
+    }
+    with caplog.at_level(logging.INFO, logger="processor.service"):
+        _log_first_batch(p)
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("first batch after start batch_id=7 ")
+    for part in ("addBatch_ms=6100", "queryPlanning_ms=300", "triggerExecution_ms=7000", "state_rows=12"):
+        assert part in line.split()
+    assert "rocksdbCommitFileSyncLatencyMs=9" in line
