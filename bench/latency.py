@@ -199,6 +199,7 @@ def table_rows(
         "p99 per repeat",
         *(f"{p} ms" for p in PHASES),
         "rows/batch",
+        "drain s",
         "alerts",
         "load",
     ]
@@ -229,6 +230,7 @@ def table_rows(
                 " ".join(str(r.get("p99_ms", r.get("error", "-"))) for r in rs),
                 *(fmt(phase_of(rs, p)) for p in PHASES),
                 fmt(phase_of(rs, "rows")),
+                fmt(median_of(rs, "drain_s"), ".1f"),
                 fmt(median_of(rs, "alerts")),
                 f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-",
             ]

@@ -425,6 +425,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
                 prog.update(task, completed=time.time() - t0)
                 time.sleep(0.005)  # pacing of the load generator, not synchronisation
         p.flush(30)
+        t_sent = time.time()
         # Until the query has committed a batch that ends at everything we sent.
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -432,6 +433,8 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
             if last and telemetry_end(last, ls.topics.telemetry) >= sent:
                 break
             time.sleep(0.2)
+        # How long the job took to catch up once the load stopped: a backlog shows here.
+        drain_s = time.time() - t_sent
         progress = q.recentProgress
         phases = batch_phases(progress, ls.topics.telemetry)
         # The broker's share of the box while it serves the live load and the read tasks' fetches.
@@ -458,6 +461,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
         "phases": phases,
         "broker_cores": round(broker_cores, 2),
         "batches_total": len(progress),
+        "drain_s": round(drain_s, 1),
     }
 
 
