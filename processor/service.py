@@ -201,10 +201,11 @@ def _query_loop(
         reader.close()
 
 
-def run_rebucket(s: ProcessorSettings, target: str, buckets: int) -> Seed:
+def run_rebucket(s: ProcessorSettings, target: str, buckets: int, spark: Any = None) -> Seed:
     """Move the checkpoint's vehicle state to `buckets` buckets in the new checkpoint `target`
     (the steps and why: processor.rebucket). The processor must be stopped: its lease is taken
-    for the whole run, so none can start on the old checkpoint meanwhile."""
+    for the whole run, so none can start on the old checkpoint meanwhile. Runs on `spark` when
+    given (left running), else on a session of its own."""
     lease = checkpoint_lease(s)
     if lease is not None:
         if not lease.try_acquire():
@@ -213,19 +214,20 @@ def run_rebucket(s: ProcessorSettings, target: str, buckets: int) -> Seed:
                 "stop it before re-bucketing"
             )
         lease.start_renewing()
-    spark = None
+    own = None
     try:
-        spark = build_session(
-            app_name="fleetfence-rebucket",
-            master=service_master(s.processor_spark_master),
-            shuffle_partitions=s.processor_shuffle_partitions,
-        )
+        if spark is None:
+            spark = own = build_session(
+                app_name="fleetfence-rebucket",
+                master=service_master(s.processor_spark_master),
+                shuffle_partitions=s.processor_shuffle_partitions,
+            )
         return _rebucket(spark, s, target, buckets, lease)
     finally:
         if lease is not None:
             lease.release()
-        if spark is not None:
-            spark.stop()
+        if own is not None:
+            own.stop()
 
 
 def _rebucket(
