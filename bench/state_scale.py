@@ -291,9 +291,8 @@ def spark_config(
 ) -> dict[str, Any]:
     """One checkpoint: `registered` vehicles register, then each burst (a size: the first that many
     vehicles' next fix) is one transaction; the micro-batches that read each burst, timed."""
-    from processor.checkpoint_files import LocalCheckpointFiles
     from processor.job import start_query
-    from processor.rebucket import last_committed_batch, read_bucket_states, state_bytes
+    from processor.rebucket import read_bucket_states, state_bytes
     from processor.service import telemetry_events
     from processor.settings import ProcessorSettings
 
@@ -344,7 +343,8 @@ def spark_config(
             )
     finally:
         q.stop()
-    batch, _ = last_committed_batch(LocalCheckpointFiles(checkpoint))
+    # The last batch that reported progress is committed; a no-data batch the stop cut short is not.
+    batch = int(q.lastProgress["batchId"])
     state = read_bucket_states(spark, checkpoint, batch)
     vehicles, blob = state_bytes(state.values())
     return {
