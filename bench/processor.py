@@ -72,16 +72,21 @@ def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], 
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task(label, total=len(records))
         for i, (k, v) in enumerate(records):
-            while True:
-                try:
-                    p.produce(topic, key=k, value=v)
-                    break
-                except BufferError:
-                    p.poll(0.05)
+            produce_one(p, topic, k, v)
             if i % 5000 == 0:
                 p.poll(0)
                 prog.update(task, completed=i)
         p.flush(120)
+
+
+def produce_one(p: Producer, topic: str, key: bytes, value: bytes) -> None:
+    """Produce, waiting for room when the client's queue is full (a bench outruns the broker)."""
+    while True:
+        try:
+            p.produce(topic, key=key, value=value)
+            return
+        except BufferError:
+            p.poll(0.05)
 
 
 def contender_spark(

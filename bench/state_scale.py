@@ -48,11 +48,11 @@ import numpy as np
 import orjson
 from confluent_kafka import Producer
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from bench import workload as wl
 from bench.common import write_section
+from bench.processor import produce_all, produce_one, telemetry_end
 from embedded import infra
 from fleetfence.contracts import bucket_of
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
@@ -219,23 +219,6 @@ def engine_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 # ----------------------------------------------------------------------------- spark
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], label: str) -> None:
-    p = Producer(producer_config(bootstrap, **{"linger.ms": 20, "batch.num.messages": 20000}))
-    with Progress(console=console, transient=True) as prog:
-        task = prog.add_task(label, total=len(records))
-        for i, (k, v) in enumerate(records):
-            while True:
-                try:
-                    p.produce(topic, key=k, value=v)
-                    break
-                except BufferError:
-                    p.poll(0.05)
-            if i % 5000 == 0:
-                p.poll(0)
-                prog.update(task, completed=i)
-        p.flush(300)
-
-
 def produce_in_one_transaction(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
     """A burst committed atomically: a read_committed reader sees all of it or none, so it lands in
     one micro-batch."""
@@ -243,23 +226,8 @@ def produce_in_one_transaction(bootstrap: str, topic: str, records: list[tuple[b
     p.init_transactions(30)
     p.begin_transaction()
     for k, v in records:
-        while True:
-            try:
-                p.produce(topic, key=k, value=v)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce_one(p, topic, k, v)
     p.commit_transaction(120)
-
-
-def telemetry_end(progress: dict[str, Any], topic: str) -> int:
-    total = 0
-    for src in progress.get("sources") or []:
-        end = src.get("endOffset")
-        end = orjson.loads(end) if isinstance(end, str) else end
-        if isinstance(end, dict):
-            total += sum(int(x) for x in end.get(topic, {}).values())
-    return total
 
 
 def topic_end(bootstrap: str, topic: str) -> int:
@@ -302,13 +270,13 @@ def spark_config(
     t = ps_.topics
     vids = set(w.vehicle[:registered].tolist())
     master = [e for e in w.master if e["entity"] != "assignment" or e["id"] in vids]
-    produce(
+    produce_all(
         s.bootstrap_servers,
         t.master,
         [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in master],
         "master",
     )
-    produce(s.bootstrap_servers, t.telemetry, w.records(0, registered), f"registering {registered:,}")
+    produce_all(s.bootstrap_servers, t.telemetry, w.records(0, registered), f"registering {registered:,}")
     checkpoint = tempfile.mkdtemp(prefix="ff-scale-cp-")
     ps = ProcessorSettings(
         **{
