@@ -117,13 +117,6 @@ def run(
     }
 
 
-def master_state(events: list[dict[str, Any]]) -> MasterState:
-    m = MasterState()
-    for e in events:
-        m.apply(e)
-    return m
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vehicles", type=int, default=10000)
@@ -141,7 +134,7 @@ def main() -> None:
     w = wl.build(args.vehicles, args.fixes, args.routes, seed=args.seed)
     parts = batches(w, args.batch, args.buckets)
     cfg = EngineConfig()
-    masters = {m: master_state(w.master_for(m, args.late_share)) for m in MODES}
+    masters = {m: MasterState.of(w.master_for(m, args.late_share)) for m in MODES}
     console.print(
         f"workload: {len(w):,} fixes, {args.vehicles:,} vehicles, {args.routes} routes; "
         f"{len(parts)} batches x {args.buckets} buckets"

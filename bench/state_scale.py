@@ -36,7 +36,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -57,6 +56,7 @@ from embedded import infra
 from fleetfence.contracts import bucket_of
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import wait_for
 from processor.columns import Fixes, empty_states
 from processor.domain import EngineConfig
 from processor.engine import process_bucket
@@ -76,10 +76,7 @@ def median_ms(xs: list[float]) -> float:
 
 
 def fleet_master(w: wl.Workload) -> MasterState:
-    m = MasterState()
-    for e in w.master:
-        m.apply(e)
-    return m
+    return MasterState.of(w.master)
 
 
 def step_fixes(w: wl.Workload, n: int, step: int, vehicles: np.ndarray) -> Fixes:
@@ -246,14 +243,6 @@ def read_up_to(q: Any, topic: str, end: int) -> bool:
     return bool(q.lastProgress) and telemetry_end(q.lastProgress, topic) >= end
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while not check():
-        if time.time() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
 def spark_config(
     spark: Any, s: Settings, w: wl.Workload, n: int, registered: int, bursts: list[int], buckets: int
 ) -> dict[str, Any]:
@@ -291,12 +280,12 @@ def spark_config(
     try:
         with console.status(f"registering {registered:,} vehicles"):
             done = topic_end(s.bootstrap_servers, t.telemetry)
-            wait_until(lambda: read_up_to(q, t.telemetry, done), 1800, "registration")
+            wait_for(lambda: read_up_to(q, t.telemetry, done), 1800, "registration")
         for step, k in enumerate(bursts, start=1):
             before = q.lastProgress["batchId"]
             produce_in_one_transaction(s.bootstrap_servers, t.telemetry, w.records(step * n, step * n + k))
             done = topic_end(s.bootstrap_servers, t.telemetry)
-            wait_until(partial(read_up_to, q, t.telemetry, done), 600, f"burst {step}")
+            wait_for(partial(read_up_to, q, t.telemetry, done), 600, f"burst {step}")
             mine = [
                 p for p in q.recentProgress if p["batchId"] > before and telemetry_events(p, t.telemetry) > 0
             ]

@@ -8,6 +8,7 @@ which is safe because a version never changes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,14 @@ class MasterState:
     zones: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
     assignments: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
     vehicles: dict[str, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
+
+    @staticmethod
+    def of(events: Iterable[dict[str, Any]]) -> MasterState:
+        """The state these `fleet.master` change events fold into, in order."""
+        m = MasterState()
+        for e in events:
+            m.apply(e)
+        return m
 
     def apply(self, event: dict[str, Any]) -> bool:
         """Apply one `fleet.master` change event; False when it is stale or unknown."""

@@ -178,10 +178,7 @@ def expected_alerts(
 
 def master_state(master: list[dict[str, Any]] | None = None) -> MasterState:
     """`master` (default `master_events()`) folded as the processor folds it."""
-    m = MasterState()
-    for e in master if master is not None else master_events():
-        m.apply(e)
-    return m
+    return MasterState.of(master if master is not None else master_events())
 
 
 def fixes_frame(fixes: list[Telemetry]) -> pd.DataFrame:
