@@ -14,7 +14,8 @@ per-repeat p99 ratios (a knob only wins if it wins in every alternation).
 
 A variant is `name[:key=value,key=value...]`; keys: `trigger_ms`, `buckets`, `shuffle_partitions`,
 `live` (0/1: live state to Redis), `max_events` (the batch cap), `vehicles` (live vehicles, default
-one per event/s), `conf.<spark key>` (any Spark setting). A value may hold commas: a segment without
+one per event/s), `state_api` (transformWithState, the job's, or applyInPandasWithState:
+bench/state_api.py), `conf.<spark key>` (any Spark setting). A value may hold commas: a segment without
 `=` belongs to the previous value. The live machinery is bench/processor.py's `live_latency`.
 """
 
@@ -41,6 +42,7 @@ from rich.table import Table
 
 from bench.common import BENCHMARKS_MD
 from bench.processor import LiveConfig, live_latency
+from bench.state_api import STATE_APIS
 from embedded import infra
 from fleetfence.settings import Settings
 
@@ -64,7 +66,7 @@ class Variant:
         return ", ".join(f"{k}={v}" for k, v in self.settings.items()) or "defaults"
 
 
-KEYS = ("trigger_ms", "buckets", "shuffle_partitions", "live", "max_events", "vehicles")
+KEYS = ("trigger_ms", "buckets", "shuffle_partitions", "live", "max_events", "vehicles", "state_api")
 
 
 def parse_variant(spec: str) -> Variant:
@@ -99,6 +101,10 @@ def live_config(base: LiveConfig, v: Variant) -> LiveConfig:
             changes["live"] = val.lower() in ("1", "true", "on", "yes")
         elif k == "max_events":
             changes["max_events_per_batch"] = int(val)
+        elif k == "state_api":
+            if val not in STATE_APIS:
+                raise argparse.ArgumentTypeError(f"state_api={val!r}: one of {', '.join(STATE_APIS)}")
+            changes["state_api"] = val
         else:
             changes[k] = int(val)
     return replace(base, spark_conf=conf, **changes)

@@ -48,6 +48,7 @@ from rich.table import Table
 from bench import workload as wl
 from bench.common import BENCHMARKS_MD
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
+from bench.state_api import APPLY_IN_PANDAS_WITH_STATE, group_state_stage
 from embedded import infra
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
@@ -359,6 +360,7 @@ class LiveConfig:
     warmup_s: float = 0.0  # alerts of fixes sent in the first seconds are not counted
     checkpoint: str | None = None  # default: a fresh temp folder
     local_dir: Path | None = None  # Spark's scratch space; default Spark's own
+    state_api: str = "transformWithState"  # or applyInPandasWithState (bench/state_api.py)
 
 
 def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> dict[str, Any]:
@@ -404,7 +406,9 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
         shuffle_partitions=cfg.shuffle_partitions,
         extra_conf=dict(cfg.spark_conf),
     )
-    q = start_query(spark, ps)
+    q = start_query(
+        spark, ps, stage=group_state_stage if cfg.state_api == APPLY_IN_PANDAS_WITH_STATE else None
+    )
     try:
         p = Producer(producer_config(s.bootstrap_servers, **{"linger.ms": 5}))
         recs = LazyRecords(w)

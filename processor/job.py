@@ -11,14 +11,21 @@ the stateful operator and the sink are plain Spark plan nodes, the checkpoint is
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from fleetfence.errors import ConfigError
 from processor.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.layout import checkpoint_layout
 from processor.rebucket import read_seed, refuse_incomplete, refuse_retired, seed_state
 from processor.settings import ProcessorSettings
 
 logger = logging.getLogger(__name__)
+
+Stage = Callable[[Any, ProcessorSettings], Any]
+"""A stateful operator for the job: (the input grouped by bucket, settings) -> the rows for the sink
+(processor.rows.OUTPUT_DDL). The job's own is `GeofenceProcessor` under `transformWithStateInPandas`;
+bench/state_api.py passes one under `applyInPandasWithState` to measure the two APIs side by side."""
 
 
 def register_sink(spark: Any) -> None:
@@ -33,7 +40,9 @@ def checkpoint_sink_id(spark: Any, s: ProcessorSettings) -> str:
     return sink_id_for(HadoopCheckpointFiles(spark, s.checkpoint))
 
 
-def _job(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: str) -> tuple[Any, Any]:
+def _job(
+    spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: str, stage: Stage | None = None
+) -> tuple[Any, Any]:
     """The job's dataframe up to the sink (source, watermark, stateful operator), and the
     checkpoint's files. A re-bucketed checkpoint (`processor.rebucket`) starts from its seed: the
     seed state as the operator's initial state, Kafka at the old checkpoint's end offsets."""
@@ -59,18 +68,19 @@ def _job(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: st
         max_events_per_batch=s.processor_max_events_per_batch,
     )
     lateness = f"{int(s.processor_lateness_s * 1000)} milliseconds"
-    out = (
-        src.withWatermark("ts", lateness)
-        .groupBy("bucket")
-        .transformWithStateInPandas(
-            statefulProcessor=GeofenceProcessor(s.engine_config(), seed.watermark_ms if seed else 0),
-            outputStructType=OUTPUT_DDL,
-            outputMode="Append",
-            timeMode="EventTime",
-            # Spark applies an initial state in a checkpoint's first batch only; passed on every
-            # start so the plan is the same whichever batch a restart resumes at.
-            initialState=seed_state(spark, checkpoint) if seed else None,
-        )
+    grouped = src.withWatermark("ts", lateness).groupBy("bucket")
+    if stage is not None:
+        if seed:
+            raise ConfigError(f"{checkpoint} is re-bucketed: only the job's own operator reads its seed")
+        return stage(grouped, s), files
+    out = grouped.transformWithStateInPandas(
+        statefulProcessor=GeofenceProcessor(s.engine_config(), seed.watermark_ms if seed else 0),
+        outputStructType=OUTPUT_DDL,
+        outputMode="Append",
+        timeMode="EventTime",
+        # Spark applies an initial state in a checkpoint's first batch only; passed on every
+        # start so the plan is the same whichever batch a restart resumes at.
+        initialState=seed_state(spark, checkpoint) if seed else None,
     )
     return out, files
 
@@ -92,16 +102,22 @@ def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> 
 
 
 def start_query(
-    spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor", *, available_now: bool = False
+    spark: Any,
+    s: ProcessorSettings,
+    query_name: str = "fleetfence-processor",
+    *,
+    available_now: bool = False,
+    stage: Stage | None = None,
 ) -> Any:
     """Build and start the streaming query; returns the StreamingQuery. `available_now` processes
-    what Kafka holds at the start and then stops, its last batch committed (`processor.rebucket`)."""
+    what Kafka holds at the start and then stops, its last batch committed (`processor.rebucket`);
+    `stage` replaces the stateful operator (benchmarks only)."""
     from processor.kafka_sink import SINK_NAME
 
     register_sink(spark)
     t = s.topics
     checkpoint = s.checkpoint
-    out, files = _job(spark, s, checkpoint, s.processor_starting_offsets)
+    out, files = _job(spark, s, checkpoint, s.processor_starting_offsets, stage)
     writer = (
         out.writeStream.format(SINK_NAME)
         .queryName(query_name)

@@ -17,7 +17,8 @@ import hashlib
 import io
 import logging
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -89,7 +90,7 @@ class GeofenceProcessor(StatefulProcessor):
         self.vehicles = handle.getValueState("vehicles", "blob binary")
         self.master = handle.getValueState("master", "blob binary")
         self.meta = handle.getValueState("meta", "master_digest string, timer_ms long")
-        self.catalog = _CATALOGS.setdefault(self.cfg, Catalog(self.cfg))
+        self.catalog = catalog_for(self.cfg)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Any], timerValues: TimerValues
@@ -109,7 +110,7 @@ class GeofenceProcessor(StatefulProcessor):
         states, held = load_state(vehicles)
         self.vehicles.update((vehicles,))
         self.master.update((master_blob,))
-        timer = self._next_timer(states, held, master)
+        timer = next_timer_ms(states, held, master, self.catalog, self.cfg)
         if timer > 0:
             self.handle.registerTimer(timer)
         self.meta.update((digest, timer))
@@ -133,86 +134,137 @@ class GeofenceProcessor(StatefulProcessor):
     def _load_master(self) -> tuple[MasterState, str, int]:
         meta = self.meta.get() if self.meta.exists() else None
         digest, timer_ms = (meta[0], int(meta[1])) if meta else ("", -1)
-        if not digest:
-            return MasterState(), "", timer_ms
-        cached = _MASTER_CACHE.get(digest)
-        if cached is None:
-            blob = self._get(self.master)
-            cached = load_state(blob)
-            _MASTER_CACHE[digest] = cached
-        return cached, digest, timer_ms
+        return cached_master(digest, lambda: self._get(self.master)), digest, timer_ms
 
     def _run(self, df: pd.DataFrame | None, watermark_ms: int) -> pd.DataFrame:
         wm = max(int(watermark_ms), 0, self.watermark_floor_ms)
         master, digest, timer_ms = self._load_master()
-        out: list[tuple[str, str, bytes, int, str | None]] = []
-        stats = {"received": 0, "invalid": 0, "accepted": 0, "duplicates": 0, "master_events": 0}
-
-        if df is not None and len(df):
-            m_rows = df[df["kind"] == KIND_MASTER]
-            if len(m_rows):
-                # Copy before applying: the cached object must keep matching its digest if this
-                # batch fails and is retried.
-                new_master = pickle.loads(pickle.dumps(master, protocol=5))
-                changed = False
-                for payload in m_rows.sort_values("kafka_offset")["payload"]:
-                    changed |= new_master.apply(orjson.loads(payload))
-                stats["master_events"] = len(m_rows)
-                if changed:
-                    blob = pickle.dumps(new_master, protocol=5)
-                    digest = _digest(blob)
-                    self.master.update((blob,))
-                    _MASTER_CACHE[digest] = new_master
-                    master = new_master
-            bad = df[df["kind"] == KIND_INVALID]
-            r: Any
-            for r in bad.itertuples(index=False):
-                src = f"{r.topic}:{r.kafka_partition}:{r.kafka_offset}"
-                out.append((OUT_DLQ, src, bytes(r.payload or b""), -1, str(r.error)))
-            stats["invalid"] = len(bad)
-            chunks = df.loc[df["kind"] == KIND_TELEMETRY, "payload"].tolist()
-        else:
-            chunks = []
-
-        if self.vehicles.exists():
-            states, held = load_state(self._get(self.vehicles))
-        else:
-            states, held = empty_states(), {}
-        fx = decode_chunks(chunks)
-        stats["received"] = len(fx)
-        res = process_bucket(states, held, master, fx, wm, self.cfg, self.catalog)
-        stats["accepted"], stats["duplicates"] = res.accepted, res.dropped_duplicates
-        stats["unassigned"] = res.unassigned
-        stats["late"] = len(res.late)
-        out.extend(late_rows(res.late, wm, self.cfg.late_bound_ms))
-        stats["held"] = sum(len(v) for v in res.held.values())
-        self.vehicles.update((pickle.dumps((res.states, res.held), protocol=5),))
-
-        for a in res.alerts:
-            out.append((OUT_ALERT, a.vehicle_id, orjson.dumps(a.to_dict()), a.seq, None))
-        if res.live:
-            # One row for the whole bucket: per-row conversion in the JVM is the cost to avoid.
-            out.append((OUT_LIVE, "", pack_live(res.live), len(res.live), None))
-        out.append((OUT_STATS, "", orjson.dumps(stats), 0, None))
-
-        next_timer = self._next_timer(res.states, res.held, master)
-        if next_timer != timer_ms:
+        vehicles = self._get(self.vehicles) if self.vehicles.exists() else None
+        step = bucket_step(vehicles, master, digest, df, wm, self.cfg, self.catalog)
+        if step.master_blob is not None:
+            self.master.update((step.master_blob,))
+        self.vehicles.update((step.vehicles,))
+        if step.next_timer_ms != timer_ms:
             if timer_ms > 0:
                 self.handle.deleteTimer(timer_ms)
-            if next_timer > 0:
-                self.handle.registerTimer(next_timer)
-        self.meta.update((digest, next_timer))
-        return pd.DataFrame(out, columns=OUT_COLUMNS)
+            if step.next_timer_ms > 0:
+                self.handle.registerTimer(step.next_timer_ms)
+        self.meta.update((step.digest, step.next_timer_ms))
+        return step.out
 
-    def _next_timer(self, states: StateTable, held: dict[str, list[RawFix]], master: MasterState) -> int:
-        """The next event time at which this bucket has something to do without new data."""
-        due: list[int] = []
-        if len(states):
-            c = states.cols
-            active = ~c["silent"] & (c["last_seq"] >= 0)
-            if active.any():
-                after = silent_after_s(states, master, self.catalog, self.cfg)
-                due.append(int((c["last_ts_ms"][active] + (after[active] * 1000).astype(np.int64)).min()))
-        for waiting in held.values():
-            due.extend(f.ts_ms for f in waiting)
-        return min(due) if due else -1
+
+def catalog_for(cfg: EngineConfig) -> Catalog:
+    """This worker's compiled geometry for `cfg` (kept across batches and buckets)."""
+    return _CATALOGS.setdefault(cfg, Catalog(cfg))
+
+
+def cached_master(digest: str, blob: Callable[[], bytes]) -> MasterState:
+    """The master data of `digest`, unpickled from `blob()` only when this worker has not seen it."""
+    if not digest:
+        return MasterState()
+    cached = _MASTER_CACHE.get(digest)
+    if cached is None:
+        cached = load_state(blob())
+        _MASTER_CACHE[digest] = cached
+    return cached
+
+
+@dataclass(frozen=True)
+class BucketStep:
+    """One bucket's batch, whichever Spark state API holds its state: the rows for the sink and
+    the state to write back."""
+
+    out: pd.DataFrame
+    vehicles: bytes
+    master_blob: bytes | None  # the new master blob when this batch changed it, else None
+    digest: str
+    next_timer_ms: int  # -1: nothing to do until data arrives
+
+
+def bucket_step(
+    vehicles: bytes | None,
+    master: MasterState,
+    digest: str,
+    df: pd.DataFrame | None,
+    wm: int,
+    cfg: EngineConfig,
+    catalog: Catalog,
+) -> BucketStep:
+    """Advance one bucket by a batch of its rows (`df`; None when only its timer fired) at
+    watermark `wm`: master events first, dead letters for invalid records, then the engine.
+
+    Kept apart from the operator so that the state API is a thin adapter: `GeofenceProcessor` keeps
+    three value states and a timer, bench/state_api.py's `applyInPandasWithState` one row and a
+    timeout, and both fold exactly this."""
+    out: list[tuple[str, str, bytes, int, str | None]] = []
+    stats = {"received": 0, "invalid": 0, "accepted": 0, "duplicates": 0, "master_events": 0}
+    master_blob: bytes | None = None
+
+    if df is not None and len(df):
+        m_rows = df[df["kind"] == KIND_MASTER]
+        if len(m_rows):
+            # Copy before applying: the cached object must keep matching its digest if this
+            # batch fails and is retried.
+            new_master = pickle.loads(pickle.dumps(master, protocol=5))
+            changed = False
+            for payload in m_rows.sort_values("kafka_offset")["payload"]:
+                changed |= new_master.apply(orjson.loads(payload))
+            stats["master_events"] = len(m_rows)
+            if changed:
+                master_blob = pickle.dumps(new_master, protocol=5)
+                digest = _digest(master_blob)
+                _MASTER_CACHE[digest] = new_master
+                master = new_master
+        bad = df[df["kind"] == KIND_INVALID]
+        r: Any
+        for r in bad.itertuples(index=False):
+            src = f"{r.topic}:{r.kafka_partition}:{r.kafka_offset}"
+            out.append((OUT_DLQ, src, bytes(r.payload or b""), -1, str(r.error)))
+        stats["invalid"] = len(bad)
+        chunks = df.loc[df["kind"] == KIND_TELEMETRY, "payload"].tolist()
+    else:
+        chunks = []
+
+    states, held = load_state(vehicles) if vehicles is not None else (empty_states(), {})
+    fx = decode_chunks(chunks)
+    stats["received"] = len(fx)
+    res = process_bucket(states, held, master, fx, wm, cfg, catalog)
+    stats["accepted"], stats["duplicates"] = res.accepted, res.dropped_duplicates
+    stats["unassigned"] = res.unassigned
+    stats["late"] = len(res.late)
+    out.extend(late_rows(res.late, wm, cfg.late_bound_ms))
+    stats["held"] = sum(len(v) for v in res.held.values())
+
+    for a in res.alerts:
+        out.append((OUT_ALERT, a.vehicle_id, orjson.dumps(a.to_dict()), a.seq, None))
+    if res.live:
+        # One row for the whole bucket: per-row conversion in the JVM is the cost to avoid.
+        out.append((OUT_LIVE, "", pack_live(res.live), len(res.live), None))
+    out.append((OUT_STATS, "", orjson.dumps(stats), 0, None))
+    return BucketStep(
+        out=pd.DataFrame(out, columns=OUT_COLUMNS),
+        vehicles=pickle.dumps((res.states, res.held), protocol=5),
+        master_blob=master_blob,
+        digest=digest,
+        next_timer_ms=next_timer_ms(res.states, res.held, master, catalog, cfg),
+    )
+
+
+def next_timer_ms(
+    states: StateTable,
+    held: dict[str, list[RawFix]],
+    master: MasterState,
+    catalog: Catalog,
+    cfg: EngineConfig,
+) -> int:
+    """The next event time at which this bucket has something to do without new data."""
+    due: list[int] = []
+    if len(states):
+        c = states.cols
+        active = ~c["silent"] & (c["last_seq"] >= 0)
+        if active.any():
+            after = silent_after_s(states, master, catalog, cfg)
+            due.append(int((c["last_ts_ms"][active] + (after[active] * 1000).astype(np.int64)).min()))
+    for waiting in held.values():
+        due.extend(f.ts_ms for f in waiting)
+    return min(due) if due else -1

@@ -1,0 +1,71 @@
+"""The job's stateful operator under `applyInPandasWithState`, for bench/latency.py (issue #23).
+
+The job runs `GeofenceProcessor` under `transformWithStateInPandas`: three value states per bucket
+(the vehicles blob, the master blob, a digest and timer) and an event-time timer, each state call a
+round trip from the Python worker to the JVM's state server. `applyInPandasWithState` is the older
+API: one state row per group, shipped to Python in the same Arrow stream as the group's data and
+written back whole after every call, and one event-time timeout. This module is that operator for
+the same bucketed state and the same fold (`processor.stateful.bucket_step`), so that
+`bench/latency.py --variant base --variant gs:state_api=applyInPandasWithState` measures the two
+APIs side by side on the live job, and nothing else differs.
+
+It is not the product: the job keeps `transformWithStateInPandas`, which alone takes a re-bucketed
+checkpoint's seed as initial state and writes the master blob only when the master data changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+
+from processor.domain import EngineConfig
+from processor.settings import ProcessorSettings
+
+STATE_DDL = "vehicles binary, master binary, digest string"
+APPLY_IN_PANDAS_WITH_STATE = "applyInPandasWithState"
+STATE_APIS = ("transformWithState", APPLY_IN_PANDAS_WITH_STATE)
+
+
+def fold_group(cfg: EngineConfig) -> Any:
+    """The per-bucket function for `applyInPandasWithState`: the state row is (vehicles blob, master
+    blob, master digest); a timed-out bucket runs with no data, like a fired timer in the job."""
+    from processor.stateful import bucket_step, cached_master, catalog_for
+
+    def fold(key: Any, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        wm = max(int(state.getCurrentWatermarkMs()), 0)
+        if state.hasTimedOut:
+            df = None
+        else:
+            parts = list(frames)
+            df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        vehicles, master_blob, digest = (
+            (bytes(state.get[0]), bytes(state.get[1]), state.get[2]) if state.exists else (None, b"", "")
+        )
+        master = cached_master(digest, lambda: master_blob)
+        step = bucket_step(vehicles, master, digest, df, wm, cfg, catalog_for(cfg))
+        state.update(
+            (step.vehicles, step.master_blob if step.master_blob is not None else master_blob, step.digest)
+        )
+        if step.next_timer_ms > 0:
+            # The API refuses a timeout behind the watermark; one at it fires in the next batch.
+            state.setTimeoutTimestamp(max(step.next_timer_ms, wm, 1))
+        yield step.out
+
+    return fold
+
+
+def group_state_stage(grouped: Any, s: ProcessorSettings) -> Any:
+    """`processor.job.Stage` for `applyInPandasWithState` with an event-time timeout."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from processor.rows import OUTPUT_DDL
+
+    return grouped.applyInPandasWithState(
+        fold_group(s.engine_config()),
+        outputStructType=OUTPUT_DDL,
+        stateStructType=STATE_DDL,
+        outputMode="Append",
+        timeoutConf=GroupStateTimeout.EventTimeTimeout,
+    )
