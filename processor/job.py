@@ -87,11 +87,14 @@ def _job(
 
 def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> None:
     """Run the job once, on a scratch checkpoint, from the latest telemetry (so it reads only the
-    master data), into Spark's `noop` sink: a standby's JVM then has the job's plan compiled, the
-    Kafka source, RocksDB and the stateful operator's Python runners loaded, and writes nothing."""
+    master data), into the alert sink in its dry-run mode: a standby's JVM then has the job's plan
+    compiled, the Kafka source, RocksDB and the stateful operator's Python runners loaded, and the
+    sink's own Python processes (the driver's writer planner and commit runner, each a Python
+    daemon of its own) started and left idle for the real query, and it writes nothing."""
+    register_sink(spark)
     out, _files = _job(spark, s, scratch_checkpoint, "latest")
     q = (
-        out.writeStream.format("noop")
+        _sink(out.writeStream, s, "warm-up", dry_run=True)
         .queryName("fleetfence-processor-warm-up")
         .option("checkpointLocation", scratch_checkpoint)
         .trigger(availableNow=True)
@@ -99,6 +102,28 @@ def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> 
     )
     q.awaitTermination()
     logger.info("warm-up query done batches=%d", len(q.recentProgress))
+
+
+def _sink(writer: Any, s: ProcessorSettings, sink_id: str, *, dry_run: bool = False) -> Any:
+    """`writer` pointed at the exactly-once alert sink (processor.kafka_sink) with its options."""
+    from processor.kafka_sink import SINK_NAME
+
+    t = s.topics
+    writer = (
+        writer.format(SINK_NAME)
+        .option("bootstrap", s.bootstrap_servers)
+        .option("alertsTopic", t.alerts)
+        .option("dlqTopic", t.telemetry_dlq)
+        .option("telemetryTopic", t.telemetry)
+        .option("markersTopic", t.processor_commits)
+        .option("sinkId", sink_id)
+        .option("redisPrefix", s.redis_prefix)
+    )
+    if dry_run:
+        return writer.option("dryRun", "true")
+    if s.processor_live_state:
+        writer = writer.option("redisUrl", s.redis_dsn)
+    return writer
 
 
 def start_query(
@@ -112,26 +137,14 @@ def start_query(
     """Build and start the streaming query; returns the StreamingQuery. `available_now` processes
     what Kafka holds at the start and then stops, its last batch committed (`processor.rebucket`);
     `stage` replaces the stateful operator (benchmarks only)."""
-    from processor.kafka_sink import SINK_NAME
-
     register_sink(spark)
-    t = s.topics
     checkpoint = s.checkpoint
     out, files = _job(spark, s, checkpoint, s.processor_starting_offsets, stage)
     writer = (
-        out.writeStream.format(SINK_NAME)
+        _sink(out.writeStream, s, sink_id_for(files))
         .queryName(query_name)
         .option("checkpointLocation", checkpoint)
-        .option("bootstrap", s.bootstrap_servers)
-        .option("alertsTopic", t.alerts)
-        .option("dlqTopic", t.telemetry_dlq)
-        .option("telemetryTopic", t.telemetry)
-        .option("markersTopic", t.processor_commits)
-        .option("sinkId", sink_id_for(files))
-        .option("redisPrefix", s.redis_prefix)
     )
-    if s.processor_live_state:
-        writer = writer.option("redisUrl", s.redis_dsn)
     if available_now:
         writer = writer.trigger(availableNow=True)
     elif s.processor_trigger_ms > 0:

@@ -93,7 +93,9 @@ def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float 
         deadline = time.monotonic() + timeout_s
         key = sink_id.encode()
         while time.monotonic() < deadline:
-            for m in c.consume(1000, 0.5):
+            # A short wait: `consume` returns at 1000 records or the timeout, and the log is
+            # usually shorter, so a long one was paid whole by every start (0.5 s a takeover).
+            for m in c.consume(1000, 0.05):
                 if m.error() is not None:
                     if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= hi:
                         return last
@@ -190,11 +192,18 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         self.sink_id = options["sinkid"]
         self.redis_url = options.get("redisurl") or None
         self.redis_prefix = options.get("redisprefix", "ff:")
+        # A standby's warm-up query (processor.job.warm_up_query): the sink's Python processes are
+        # started and its modules loaded, and nothing is written anywhere.
+        self.dry_run = options.get("dryrun", "") == "true"
 
     # ---- executors
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AlertCommitMessage:
         msg = AlertCommitMessage()
+        if self.dry_run:
+            for _batch in iterator:
+                pass
+            return msg
         live: list[tuple[str, int, int, bytes]] = []
         late: list[tuple[str, str, bytes, str]] = []  # (partition:offset, vehicle, decoded fix, detail)
         for batch in iterator:
@@ -252,6 +261,11 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
     # ---- driver
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.dry_run:
+            import confluent_kafka  # noqa: F401  (what a real commit imports first)
+
+            logger.info("dry-run batch not committed sink_id=%s batch_id=%s", self.sink_id, batchId)
+            return
         key = (self.bootstrap, self.sink_id)
         st = _SINKS.get(key)
         if st is None:
