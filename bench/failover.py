@@ -11,7 +11,8 @@ kill (its fix's `received_ms`).
 - cold: the supervisor (this script) starts a new `python -m processor` at once; it waits out the
   dead driver's lease (`FLEETFENCE_PROCESSOR_LEASE_TTL_MS`), starts Spark and restores the state;
 - warm: a standby (`--standby`) has Spark and its Python workers up and takes over when the lease
-  expires; a new standby is started behind it and is warm before the next kill.
+  expires; a new standby is started behind it and is warm before the next kill;
+- `warm-ttl1000` (or `cold-ttl…`): the same with its own lease ttl, side by side in the same run.
 Every run ends by checking the alerts against the pure engine over everything produced: lost and
 duplicated must both be 0. Prints a table (p50/p99/max per mode, the ratio) and records it in
 docs/benchmarks.md with --record.
@@ -218,7 +219,16 @@ def takeover_phases(log: Path, killed_ms: float) -> dict[str, float] | None:
     return out if all(k in out for k in PHASES) else None
 
 
-def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) -> dict[str, Any]:
+def parse_mode(spec: str, default_ttl_ms: int) -> tuple[str, bool, int]:
+    """`cold`, `warm`, or either with its own lease, `warm-ttl1000`: (name, warm, lease ttl ms)."""
+    kind, _, ttl = spec.partition("-ttl")
+    if kind not in ("cold", "warm") or (ttl and not ttl.isdigit()):
+        raise SystemExit(f"mode {spec!r}: cold or warm, optionally -ttl<ms> (e.g. warm-ttl1000)")
+    return spec, kind == "warm", int(ttl) if ttl else default_ttl_ms
+
+
+def run_mode(spec: str, args: argparse.Namespace, base: Settings, work: Path) -> dict[str, Any]:
+    mode, warm, ttl_ms = parse_mode(spec, args.lease_ttl_ms)
     s = base.model_copy(update={"topic_prefix": f"{mode}."})
     ensure_topics(s.bootstrap_servers, topic_specs(s))
     p = Producer(producer_config(s.bootstrap_servers))
@@ -234,7 +244,7 @@ def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) ->
             "processor_live_state": False,
             "redis_prefix": f"{mode}.ff:",
             "processor_spark_master": f"local[{args.cores}]",
-            "processor_lease_ttl_ms": args.lease_ttl_ms,
+            "processor_lease_ttl_ms": ttl_ms,
         }
     )
     logs = (work / mode / f"processor-{n}.log" for n in range(1000))
@@ -252,7 +262,7 @@ def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) ->
     active = spawn(ps, active_log, standby=False)
     procs = [active]
     standby_log = next(logs)
-    standby = spawn(ps, standby_log, standby=True) if mode == "warm" else None
+    standby = spawn(ps, standby_log, standby=True) if warm else None
     if standby is not None:
         procs.append(standby)
     takeovers: list[float] = []
@@ -298,6 +308,7 @@ def run_mode(mode: str, args: argparse.Namespace, base: Settings, work: Path) ->
             stop_process_group(proc)
     return {
         "mode": mode,
+        "lease_ttl_ms": ttl_ms,
         "takeover_s": takeovers,
         "phases": phases,
         "expected": len(want),
@@ -320,7 +331,11 @@ def main() -> None:
     ap.add_argument("--lease-ttl-ms", type=int, default=2000)
     ap.add_argument("--min-gap-s", type=float, default=8.0)
     ap.add_argument("--max-gap-s", type=float, default=20.0)
-    ap.add_argument("--modes", default="cold,warm")
+    ap.add_argument(
+        "--modes",
+        default="cold,warm",
+        help="comma-separated: cold, warm, or e.g. warm-ttl1000 (own lease ttl)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
@@ -329,6 +344,8 @@ def main() -> None:
     infra.up(base, create_topics=False)
     results = []
     try:
+        for mode in args.modes.split(","):
+            parse_mode(mode, args.lease_ttl_ms)  # refuse a bad one before the first run
         for mode in args.modes.split(","):
             console.print(f"[bold]{mode}[/]: {args.kills} kills under {args.vehicles} fixes/s")
             results.append(run_mode(mode, args, base, work))
@@ -368,7 +385,8 @@ def main() -> None:
             "## Failover: cold restart vs warm standby (bench/failover.py)",
             "",
             f"`{cmd}` on {datetime.now(UTC).date().isoformat()}: {args.vehicles} vehicles at 1 Hz, "
-            f"local[{args.cores}], lease ttl {args.lease_ttl_ms} ms, {args.kills} SIGKILLs per mode at "
+            f"local[{args.cores}], lease ttl {args.lease_ttl_ms} ms (a mode `-ttl<ms>` has its own), "
+            f"{args.kills} SIGKILLs per mode at "
             f"random moments ({args.min_gap_s:.0f}-{args.max_gap_s:.0f} s apart); measured from the kill "
             "to the first committed alert of a fix published after it.",
             "",
