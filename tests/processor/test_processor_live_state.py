@@ -4,21 +4,22 @@ replaces a stored one, across script calls and for states written before the ver
 from __future__ import annotations
 
 import orjson
+import pyarrow as pa
 import redis
 
 from fleetfence.settings import Settings
 from processor.kafka_sink import AlertStreamWriter
 from processor.live_store import LIVE_PER_CALL
-from processor.rows import pack_live, unpack_live
+from processor.rows import OUT_ALERT, OUT_COLUMNS, OUT_LIVE, OUT_STATS, pack_live, unpack_live
 
 
 def state(vid: str, seq: int, silent: bool = False) -> dict[str, object]:
     return {"vehicle_id": vid, "seq": seq, "ts_ms": 1_795_000_000_000 + seq, "silent": silent, "lat": 1.0}
 
 
-def writer(s: Settings, prefix: str) -> AlertStreamWriter:
+def writer(s: Settings, prefix: str, **extra: str) -> AlertStreamWriter:
     opts = {"bootstrap": "unused", "alertstopic": "a", "dlqtopic": "d", "markerstopic": "m", "sinkid": "x"}
-    return AlertStreamWriter({**opts, "redisurl": s.redis_dsn, "redisprefix": prefix})
+    return AlertStreamWriter({**opts, "redisurl": s.redis_dsn, "redisprefix": prefix, **extra})
 
 
 def test_only_newer_states_replace_and_counts_are_exact(settings: Settings) -> None:
@@ -53,3 +54,22 @@ def test_state_written_before_the_version_hash_is_judged_by_its_json(settings: S
     assert orjson.loads(r.get(f"{prefix}live:old") or b"{}")["seq"] == 50
     assert w._write_live(unpack_live(pack_live([state("old", 51)]))) == 1
     assert orjson.loads(r.get(f"{prefix}live:old") or b"{}")["seq"] == 51
+
+
+def test_a_dry_run_sink_writes_nothing(settings: Settings) -> None:
+    """A standby's warm-up query runs through the sink in dry-run mode (processor.job.warm_up_query)
+    to start its Python processes: it must neither write live states nor produce. The bootstrap
+    here names no broker, so a commit that tried to produce would fail instead of returning."""
+    prefix = f"{settings.redis_prefix}livedry:"
+    r = redis.Redis.from_url(settings.redis_dsn)
+    w = writer(settings, prefix, dryrun="true")
+    rows = [
+        (OUT_ALERT, "v1", b'{"type": "ROUTE_DEVIATION"}', 1, None),
+        (OUT_LIVE, "", pack_live([state("v1", 1)]), 1, None),
+        (OUT_STATS, "", orjson.dumps({"received": 1}), 0, None),
+    ]
+    batch = pa.RecordBatch.from_pylist([dict(zip(OUT_COLUMNS, row, strict=True)) for row in rows])
+    msg = w.write(iter([batch]))
+    assert (msg.alerts, msg.dlq, msg.stats, msg.live_written) == ([], [], {}, 0)
+    assert r.get(f"{prefix}live:v1") is None
+    w.commit([msg], 0)  # returns: nothing produced, no transaction begun
