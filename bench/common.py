@@ -11,11 +11,11 @@ def write_section(header: str, lines: list[str], doc: Path = BENCHMARKS_MD) -> N
     """Replace the `## ...` section that starts with `header` (up to the next `## `) with `lines`,
     or append it: a benchmark keeps one current section instead of a growing log."""
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    section = "\n".join(lines)
+    section = "\n".join(lines).rstrip("\n") + "\n"
     if header in text:
         start = text.index(header)
         nxt = text.find("\n## ", start + len(header))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
+        text = text[:start] + section + ("\n" + text[nxt + 1 :] if nxt >= 0 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
     doc.write_text(text)
