@@ -12,7 +12,7 @@ def test_write_section_replaces_its_own_section_and_keeps_the_others(tmp_path: P
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n## A (bench/a.py)\n\nold a\n\n## B (bench/b.py)\n\nb stays\n")
     write_section("## A (bench/a.py)", ["## A (bench/a.py)", "", "new a", ""], doc)
-    assert doc.read_text() == "# Benchmarks\n\n## A (bench/a.py)\n\nnew a\n## B (bench/b.py)\n\nb stays\n"
+    assert doc.read_text() == "# Benchmarks\n\n## A (bench/a.py)\n\nnew a\n\n## B (bench/b.py)\n\nb stays\n"
     write_section("## B (bench/b.py)", ["## B (bench/b.py)", "", "new b", ""], doc)
     assert doc.read_text().endswith("## B (bench/b.py)\n\nnew b\n")
     assert "new a" in doc.read_text()
