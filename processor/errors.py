@@ -20,3 +20,7 @@ class LateReadBackError(ProcessorError):
 
 class LeaseLostError(ProcessorError):
     """This driver no longer holds the checkpoint's lease (processor.lease): it must stop its query."""
+
+
+class StateError(ProcessorError):
+    """A value in the checkpoint's state store is in no format this version can read."""

@@ -44,6 +44,12 @@ UNASSIGNED = Counter(
     "fleetfence_processor_unassigned_fixes_total",
     "Accepted fixes with no assignment valid at their event time (no route alerts for them)",
 )
+PARKING = Counter(
+    "fleetfence_processor_vehicle_parking_total",
+    "Vehicles moved out of their bucket's blob (parked: silent, nothing pending) and back (woken: "
+    "reporting again); see processor.parking",
+    ["move"],
+)
 HELD = Gauge("fleetfence_processor_held_fixes", "Fixes held in reorder buffers after the last batch")
 
 # Marker field -> `outcome` label. `received` (valid telemetry rows) = accepted + duplicates + late
@@ -79,6 +85,8 @@ class BatchLedger:
         MASTER_EVENTS.inc(int(m.get("master_events", 0)))
         UNASSIGNED.inc(int(m.get("unassigned", 0)))
         HELD.set(int(m.get("held", 0)))
+        for move in ("parked", "woken"):
+            PARKING.labels(move).inc(int(m.get(move, 0)))
         COMMITTED_BATCHES.inc()
         self._markers[int(m["batch_id"])] = (time.monotonic() if now is None else now, m)
         return True
@@ -108,6 +116,7 @@ class BatchLedger:
                 "batch_id": b,
                 **{k: int(m.get(k, 0)) for k in ("received", "accepted", "duplicates", "late", "invalid")},
                 **{k: int(m.get(k, 0)) for k in ("unassigned", "held", "alerts", "master_events")},
+                **{k: int(m.get(k, 0)) for k in ("parked", "woken")},
                 "duration_ms": p and p["duration_ms"],
                 "watermark": p and p["watermark"],
             }

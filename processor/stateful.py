@@ -5,7 +5,9 @@ State per bucket, in Spark's RocksDB state store (checkpointed, restored on rest
   so the per-key cost is paid per bucket, not per vehicle);
 - `master`: routes, zones and assignments as of this batch (changes rarely; a worker keeps the
   decoded copy in memory keyed by its digest, so it is only decoded when it changed);
-- `meta`: the master digest and the registered event-time timer.
+- `meta`: the master digest and the registered event-time timer;
+- `parked`: one value per parked vehicle (silent, nothing pending: processor.parking), so that the
+  blob, and what every batch rewrites, holds only the vehicles that are active.
 
 An event-time timer per bucket fires at the next silence deadline or held-fix release, so a bucket
 that receives no data still reports silent vehicles when the watermark moves on.
@@ -35,6 +37,7 @@ from processor.columns import StateTable, empty_states
 from processor.domain import EngineConfig, RawFix
 from processor.engine import process_bucket, silent_after_s
 from processor.master import Catalog, MasterState
+from processor.parking import ParkingLot, pack_rows, split_parked, unpack_rows, wake
 from processor.rows import (
     KIND_INVALID,
     KIND_MASTER,
@@ -79,17 +82,20 @@ def _digest(blob: bytes) -> str:
 
 
 class GeofenceProcessor(StatefulProcessor):
-    def __init__(self, cfg: EngineConfig, watermark_floor_ms: int = 0) -> None:
+    def __init__(self, cfg: EngineConfig, watermark_floor_ms: int = 0, parking: bool = True) -> None:
         self.cfg = cfg
         # A re-bucketed checkpoint's Spark watermark starts again from nothing; the engine keeps
         # judging lateness and releasing held fixes from the old checkpoint's (processor.rebucket).
         self.watermark_floor_ms = watermark_floor_ms
+        # False only for bench/state_scale.py's side by side: every vehicle stays in the blob.
+        self.parking = parking
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.vehicles = handle.getValueState("vehicles", "blob binary")
         self.master = handle.getValueState("master", "blob binary")
         self.meta = handle.getValueState("meta", "master_digest string, timer_ms long")
+        self.lot = MapStateLot(handle.getMapState("parked", "vehicle_id string", "row binary"))
         self.catalog = catalog_for(self.cfg)
 
     def handleInputRows(
@@ -140,7 +146,8 @@ class GeofenceProcessor(StatefulProcessor):
         wm = max(int(watermark_ms), 0, self.watermark_floor_ms)
         master, digest, timer_ms = self._load_master()
         vehicles = self._get(self.vehicles) if self.vehicles.exists() else None
-        step = bucket_step(vehicles, master, digest, df, wm, self.cfg, self.catalog)
+        lot = self.lot if self.parking else None
+        step = bucket_step(vehicles, master, digest, df, wm, self.cfg, self.catalog, lot)
         if step.master_blob is not None:
             self.master.update((step.master_blob,))
         self.vehicles.update((step.vehicles,))
@@ -151,6 +158,33 @@ class GeofenceProcessor(StatefulProcessor):
                 self.handle.registerTimer(step.next_timer_ms)
         self.meta.update((step.digest, step.next_timer_ms))
         return step.out
+
+
+class MapStateLot:
+    """The parking lot of the bucket in hand: the operator's `MapState`, keyed by vehicle.
+
+    Each call is a round trip to the JVM (~70 µs), so the lot is asked only for reporters that are
+    not in the blob, and only when it holds anyone (`exists`: one call for the whole batch)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def fetch(self, vehicle_ids: list[str]) -> StateTable:
+        if not self.state.exists():
+            return StateTable()
+        found: list[str] = []
+        values: list[bytes] = []
+        for v in vehicle_ids:
+            value = self.state.getValue((v,))
+            if value is not None:
+                found.append(v)
+                values.append(bytes(value[0]))
+                self.state.removeKey((v,))
+        return unpack_rows(found, values)
+
+    def park(self, table: StateTable) -> None:
+        for v, value in zip(table.ids, pack_rows(table), strict=True):
+            self.state.updateValue((v,), (value,))
 
 
 def catalog_for(cfg: EngineConfig) -> Catalog:
@@ -189,9 +223,12 @@ def bucket_step(
     wm: int,
     cfg: EngineConfig,
     catalog: Catalog,
+    lot: ParkingLot | None = None,
 ) -> BucketStep:
     """Advance one bucket by a batch of its rows (`df`; None when only its timer fired) at
-    watermark `wm`: master events first, dead letters for invalid records, then the engine.
+    watermark `wm`: master events first, dead letters for invalid records, then the engine. With a
+    `lot`, the reporters parked there are woken first, and the rows with nothing pending parked
+    after; without one, every vehicle stays in the blob.
 
     Kept apart from the operator so that the state API is a thin adapter: `GeofenceProcessor` keeps
     three value states and a timer, bench/state_api.py's `applyInPandasWithState` one row and a
@@ -228,7 +265,17 @@ def bucket_step(
     states, held = load_state(vehicles) if vehicles is not None else (empty_states(), {})
     fx = decode_chunks(chunks)
     stats["received"] = len(fx)
+    if lot is not None and len(fx):
+        n_before = len(states)
+        states = wake(states, lot, fx.vehicle_id.tolist())
+        stats["woken"] = len(states) - n_before
     res = process_bucket(states, held, master, fx, wm, cfg, catalog)
+    kept = res.states
+    if lot is not None:
+        kept, parked = split_parked(res.states, res.held)
+        if len(parked):
+            lot.park(parked)
+        stats["parked"] = len(parked)
     stats["accepted"], stats["duplicates"] = res.accepted, res.dropped_duplicates
     stats["unassigned"] = res.unassigned
     stats["late"] = len(res.late)
@@ -243,10 +290,10 @@ def bucket_step(
     out.append((OUT_STATS, "", orjson.dumps(stats), 0, None))
     return BucketStep(
         out=pd.DataFrame(out, columns=OUT_COLUMNS),
-        vehicles=pickle.dumps((res.states, res.held), protocol=5),
+        vehicles=pickle.dumps((kept, res.held), protocol=5),
         master_blob=master_blob,
         digest=digest,
-        next_timer_ms=next_timer_ms(res.states, res.held, master, catalog, cfg),
+        next_timer_ms=next_timer_ms(kept, res.held, master, catalog, cfg),
     )
 
 

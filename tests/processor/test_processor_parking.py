@@ -1,0 +1,187 @@
+"""Parked vehicles (processor.parking): a silent vehicle's row leaves its bucket's blob for a value of
+its own and comes back at its next fix, and a bucket's alerts and states are exactly those of the
+blob that keeps everyone. Spark's `MapState` under it is exercised end to end by
+tests/processor/test_processor_rebucket.py."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from dataclasses import replace
+
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetfence.contracts import AlertType, Telemetry
+from processor.columns import INT_COLS, StateTable, concat_states, states_from_objects
+from processor.domain import EngineConfig, RawFix, VehicleState
+from processor.errors import StateError
+from processor.master import Catalog
+from processor.parking import pack_rows, parkable, split_parked, unpack_rows
+from processor.rows import FIX_SCHEMA, KIND_TELEMETRY, OUT_ALERT, OUT_STATS, encode_chunk
+from processor.stateful import bucket_step, load_state
+from tests.processor.helpers import T0, master_events, master_state, scenario
+
+CFG = EngineConfig()
+SILENCE = {AlertType.VEHICLE_SILENT, AlertType.VEHICLE_RESUMED}
+
+
+class DictLot:
+    """A parking lot in a dict: the Protocol's contract without Spark (the operator's `MapState`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.fetched = 0
+
+    def fetch(self, vehicle_ids: list[str]) -> StateTable:
+        found = [v for v in vehicle_ids if v in self.values]
+        self.fetched += len(found)
+        return unpack_rows(found, [self.values.pop(v) for v in found])
+
+    def park(self, table: StateTable) -> None:
+        assert not set(table.ids) & set(self.values), "a vehicle parked twice"
+        self.values.update(zip(table.ids, pack_rows(table), strict=True))
+
+
+def same_states(a: StateTable, b: StateTable) -> bool:
+    return dict(zip(a.ids, a.states(), strict=True)) == dict(zip(b.ids, b.states(), strict=True))
+
+
+ints = st.integers(-(2**63), 2**63 - 1)
+floats = st.floats(allow_nan=False)
+vehicle_states = st.builds(
+    VehicleState,
+    vehicle_id=st.text(min_size=1, max_size=20),
+    last_seq=ints,
+    last_ts_ms=ints,
+    lat=floats,
+    speed_kmh=floats,
+    route_id=st.none() | st.text(max_size=20),
+    silent=st.booleans(),
+    zones=st.dictionaries(st.text(max_size=10), ints, max_size=3),
+    progress_m=floats,
+    eta_ms=ints,
+    completed=st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(vehicle_states, min_size=1, max_size=5, unique_by=lambda s: s.vehicle_id))
+def test_a_packed_row_unpacks_to_the_same_state(rows: list[VehicleState]) -> None:
+    table = states_from_objects(rows)
+    table.cols["unassigned_fixes"][:] = range(len(rows))
+    back = unpack_rows(table.ids, pack_rows(table))
+    assert same_states(back, table)
+    assert back.cols["unassigned_fixes"].tolist() == list(range(len(rows)))
+
+
+def test_a_parked_row_is_a_few_hundred_bytes_not_a_pickled_table() -> None:
+    s = VehicleState("vehicle-000123", last_seq=9, route_id="route-17", zones={"depot-3": T0}, silent=True)
+    table = states_from_objects([s])
+    (value,) = pack_rows(table)
+    assert len(value) < 300
+    assert len(pickle.dumps(table, protocol=5)) > 4 * len(value)
+
+
+def test_a_row_parked_before_a_column_existed_unpacks_with_its_nothing_yet() -> None:
+    s = VehicleState("v1", last_seq=4, eta_ms=T0, silent=True)
+    (value,) = pack_rows(states_from_objects([s]))
+    version, n_int, *rest = struct.unpack_from("<BBBBB", value)
+    assert INT_COLS[-1] == "eta_ms"
+    assert n_int == len(INT_COLS)
+    # The same row as a version without the last int column wrote it.
+    cut = 5 + 8 * (n_int - 1)
+    older = struct.pack("<BBBBB", version, n_int - 1, *rest) + value[5:cut] + value[cut + 8 :]
+    (back,) = unpack_rows(["v1"], [older]).states()
+    assert back == replace(s, eta_ms=-1)
+
+
+def test_a_value_in_an_unknown_format_is_refused_not_misread() -> None:
+    (value,) = pack_rows(states_from_objects([VehicleState("v1", last_seq=1)]))
+    with pytest.raises(StateError, match="not in a known format"):
+        unpack_rows(["v1"], [b"\x09" + value[1:]])
+
+
+def test_only_silent_vehicles_with_nothing_held_park() -> None:
+    table = states_from_objects(
+        [
+            VehicleState("moving", last_seq=3),
+            VehicleState("silent", last_seq=3, silent=True),
+            VehicleState("silent-waiting", last_seq=3, silent=True),
+        ]
+    )
+    held = {"silent-waiting": [RawFix(5, T0, 52.5, 13.0, 0.0, T0)]}
+    assert [table.ids[r] for r in parkable(table, held)] == ["silent"]
+    kept, parked = split_parked(table, held)
+    assert (kept.ids, parked.ids) == (["moving", "silent-waiting"], ["silent"])
+
+
+def telemetry_rows(fixes: list[Telemetry]) -> pd.DataFrame:
+    table = pa.Table.from_pylist(
+        [
+            {
+                "vehicle_id": f.vehicle_id,
+                "seq": f.seq,
+                "ts_ms": f.ts_ms,
+                "lat": f.lat,
+                "lon": f.lon,
+                "speed_kmh": f.speed_kmh,
+                "received_ms": f.received_ms,
+                "kafka_partition": 0,
+                "kafka_offset": i,
+            }
+            for i, f in enumerate(fixes)
+        ],
+        schema=FIX_SCHEMA,
+    )
+    return pd.DataFrame({"kind": [KIND_TELEMETRY], "payload": [encode_chunk(table)]})
+
+
+def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alone_does() -> None:
+    """The scenario in 10 s batches, then one far-ahead fix (every other vehicle falls silent and
+    parks), then two of them report again (woken, VEHICLE_RESUMED): with and without a lot."""
+    far = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, None, None, T0 + 400_000)
+    back = [replace(far, vehicle_id=v, seq=60, ts_ms=T0 + 401_000) for v in ("v2", "v5")]
+    fixes = scenario(60)
+    batches = [[f for f in fixes if lo <= f.ts_ms - T0 < lo + 10_000] for lo in range(0, 60_000, 10_000)]
+    batches += [[far], [], back]
+    master = master_state(master_events())
+    cat = Catalog(CFG)
+
+    def run(lot: DictLot | None) -> tuple[list[dict[str, object]], StateTable, list[dict[str, int]]]:
+        vehicles: bytes | None = None
+        digest, wm = "", 0
+        alerts: list[dict[str, object]] = []
+        stats: list[dict[str, int]] = []
+        for batch in batches:
+            step = bucket_step(vehicles, master, digest, telemetry_rows(batch), wm, CFG, cat, lot)
+            vehicles, digest = step.vehicles, step.digest
+            alerts += [orjson.loads(a) for a in step.out.loc[step.out["kind"] == OUT_ALERT, "value"]]
+            stats.append(orjson.loads(step.out.loc[step.out["kind"] == OUT_STATS, "value"].iloc[0]))
+            if batch:
+                wm = max(wm, max(f.ts_ms for f in batch) - CFG.allowed_lateness_ms)
+        assert vehicles is not None
+        states, _ = load_state(vehicles)
+        return alerts, states, stats
+
+    lot = DictLot()
+    with_lot, hot, stats = run(lot)
+    without, everyone, _ = run(None)
+    assert with_lot == without
+    silence = [(a["type"], a["vehicle_id"]) for a in without if a["type"] in SILENCE]
+    assert sorted(silence) == sorted(
+        [(AlertType.VEHICLE_SILENT, f"v{i}") for i in range(1, 6)]
+        + [(AlertType.VEHICLE_RESUMED, "v2"), (AlertType.VEHICLE_RESUMED, "v5")]
+    ), "every other vehicle falls silent, two of them come back"
+    # After the far fix the silent vehicles left the blob; two came back; the rest are parked.
+    assert [s.get("parked", 0) for s in stats][-3:] == [0, 5, 0]
+    assert [s.get("woken", 0) for s in stats][-3:] == [0, 0, 2]
+    assert sorted(hot.ids) == ["v0", "v2", "v5"]
+    assert sorted(lot.values) == ["v1", "v3", "v4"]
+    parked = unpack_rows(list(lot.values), list(lot.values.values()))
+    assert same_states(concat_states([hot, parked]), everyone)
+    assert all(s.silent for s in parked.states())
