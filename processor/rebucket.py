@@ -10,9 +10,10 @@ in five steps, all through Spark (any Hadoop path, local or on a cluster):
 2. drain: run the job on the old checkpoint until it has processed what Kafka holds now
    (`availableNow`), so its last micro-batch is committed in Kafka and in Spark alike, and no batch
    is left half done (whose alerts could be in Kafka while its state is not);
-3. read every bucket's state at that batch (Spark's `statestore` reader) and split it:
-   every vehicle to `bucket_of(vehicle, new count)`, with its reorder buffer; every new bucket gets
-   the routes and zones and the assignments of its own vehicles;
+3. read every bucket's state at that batch (Spark's `statestore` reader), its parked vehicles
+   included, and split it: every vehicle to `bucket_of(vehicle, new count)`, with its reorder
+   buffer; every new bucket gets the routes and zones and the assignments of its own vehicles
+   (parked vehicles go into the new bucket's blob, and park again at its next batch);
 4. write the new checkpoint's layout, its seed state (Parquet) and its seed: the old checkpoint's
    end offsets for both topics and the watermark of its next batch;
 5. mark the old checkpoint retired: a processor started on it refuses (it would emit again what the
@@ -43,6 +44,7 @@ from processor.columns import StateTable, concat_states
 from processor.domain import RawFix
 from processor.layout import LAYOUT_FILE, balanced_keys
 from processor.master import MasterState
+from processor.parking import unpack_rows
 from processor.stateful import load_state
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,9 @@ class BucketState:
     states: StateTable
     held: dict[str, list[RawFix]]
     master: MasterState
+    # Its parked vehicles (processor.parking), and the bytes of their values in the state store.
+    parked: StateTable = field(default_factory=StateTable)
+    parked_bytes: int = 0
 
 
 # ----------------------------------------------------------------------------- pure
@@ -126,7 +131,7 @@ def split_buckets(old: list[BucketState], buckets: int) -> list[BucketState]:
     """The old buckets' state under `buckets` buckets, each vehicle where `bucket_of` puts it."""
     if buckets < 1:
         raise ConfigError(f"the bucket count must be at least 1, not {buckets}")
-    every = concat_states([b.states for b in old])
+    every = concat_states([b.states for b in old] + [b.parked for b in old])
     held: dict[str, list[RawFix]] = {}
     for b in old:
         held.update(b.held)
@@ -215,22 +220,30 @@ def read_bucket_states(spark: Any, location: str, batch_id: int) -> dict[int, Bu
     """Every bucket's state of a checkpoint at a committed batch, by state key (`processor.layout`),
     through Spark's state reader."""
 
-    def read(var: str) -> dict[int, bytes]:
-        df = (
+    def read(var: str) -> Any:
+        return (
             spark.read.format("statestore")
             .option("path", location)
             .option("batchId", batch_id)
             .option("stateVarName", var)
             .load()
         )
-        return {int(r["key"]["bucket"]): bytes(r["value"]["blob"]) for r in df.collect()}
 
-    vehicles, masters = read("vehicles"), read("master")
+    def blobs(var: str) -> dict[int, bytes]:
+        return {int(r["key"]["bucket"]): bytes(r["value"]["blob"]) for r in read(var).collect()}
+
+    vehicles, masters = blobs("vehicles"), blobs("master")
+    parked: dict[int, tuple[list[str], list[bytes]]] = {}
+    for r in read("parked").toLocalIterator():
+        ids, values = parked.setdefault(int(r["key"]["bucket"]), ([], []))
+        ids.append(str(r["user_map_key"]["vehicle_id"]))
+        values.append(bytes(r["user_map_value"]["row"]))
     out = {}
-    for key, blob in sorted(vehicles.items()):
-        states, held = load_state(blob)
+    for key in sorted(set(vehicles) | set(parked)):
+        states, held = load_state(vehicles[key]) if key in vehicles else (StateTable(), {})
         master = load_state(masters[key]) if key in masters else MasterState()
-        out[key] = BucketState(states, held, master)
+        ids, values = parked.get(key, ([], []))
+        out[key] = BucketState(states, held, master, unpack_rows(ids, values), sum(map(len, values)))
     return out
 
 
@@ -264,9 +277,10 @@ def seed_state(spark: Any, location: str) -> Any:
 
 
 def state_bytes(state: Iterable[BucketState]) -> tuple[int, int]:
-    """(vehicles, bytes of their pickled state blobs): what the state store holds per vehicle."""
+    """(vehicles, bytes of their pickled state blobs and parked values): what the state store holds
+    per vehicle."""
     vehicles = size = 0
     for b in state:
-        vehicles += len(b.states)
-        size += len(pickle.dumps((b.states, b.held), protocol=5))
+        vehicles += len(b.states) + len(b.parked)
+        size += len(pickle.dumps((b.states, b.held), protocol=5)) + b.parked_bytes
     return vehicles, size

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 
@@ -23,6 +24,7 @@ from processor.job import start_query
 from processor.layout import balanced_keys
 from processor.lease import CheckpointLease, lease_key
 from processor.master import Catalog
+from processor.parking import pack_rows, unpack_rows
 from processor.rebucket import (
     SEED_STATE,
     BucketState,
@@ -53,8 +55,10 @@ from tests.processor.helpers import (
     wait_for,
 )
 
-# The far-ahead fix that moves the watermark on: every other vehicle falls silent once.
+# The far-ahead fix that moves the watermark on: every other vehicle falls silent once (and parks:
+# processor.parking); then two of them report again (woken from the parked state: VEHICLE_RESUMED).
 FAR = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, None, None, T0 + 400_000)
+BACK = [Telemetry(v, 60, T0 + 401_000, 52.5, 13.05, 30.0, None, None, T0 + 401_000) for v in ("v2", "v5")]
 
 
 def part(fixes: list[Telemetry], lo: int, hi: int) -> list[Telemetry]:
@@ -62,15 +66,19 @@ def part(fixes: list[Telemetry], lo: int, hi: int) -> list[Telemetry]:
     return [f for f in fixes if lo * 1000 <= f.ts_ms - T0 < hi * 1000]
 
 
-def reference_alerts(fixes: list[Telemetry], cfg: Any, master: list[dict[str, Any]]) -> dict[str, Any]:
+def reference_alerts(
+    fixes: list[Telemetry], cfg: Any, master: list[dict[str, Any]], back: list[Telemetry] = BACK
+) -> dict[str, Any]:
     """The pure engine over the scenario in one bucket, then the far fix with the watermark it
-    brings (so the silence alerts too): what any bucket layout must emit."""
+    brings (so the silence alerts too), then the two that come back: what any bucket layout must
+    emit."""
     cat = Catalog(cfg)
     m = master_state(master)
     r1 = process_bucket(empty_states(), {}, m, fixes_frame(fixes), 0, cfg, cat, force_slow=True)
     wm = FAR.ts_ms - cfg.allowed_lateness_ms
     r2 = process_bucket(r1.states, r1.held, m, fixes_frame([FAR]), wm, cfg, cat, force_slow=True)
-    return {a.alert_id: a.to_dict() for a in r1.alerts + r2.alerts}
+    r3 = process_bucket(r2.states, r2.held, m, fixes_frame(back), wm, cfg, cat, force_slow=True)
+    return {a.alert_id: a.to_dict() for a in r1.alerts + r2.alerts + r3.alerts}
 
 
 def test_split_state_continues_exactly_like_one_bucket_would() -> None:
@@ -90,6 +98,10 @@ def test_split_state_continues_exactly_like_one_bucket_would() -> None:
         alerts |= {a.alert_id: a.to_dict() for a in r.alerts}
         old.append(BucketState(r.states, r.held, m))
     before = {v: s for o in old for v, s in zip(o.states.ids, o.states.states(), strict=True)}
+    # One vehicle of the first bucket is parked (processor.parking): it moves like the others.
+    first = old[0].states
+    parked = unpack_rows(first.ids[:1], pack_rows(first.take(np.array([0]))))
+    old[0] = BucketState(first.take(np.arange(1, len(first))), old[0].held, old[0].master, parked)
 
     new = split_buckets(old, 3)
     assert len(new) == 3
@@ -106,7 +118,7 @@ def test_split_state_continues_exactly_like_one_bucket_would() -> None:
         mine = [f for f in [*part(fixes, 38, 60), FAR] if bucket_of(f.vehicle_id, 3) == n]
         r = process_bucket(b.states, b.held, b.master, fixes_frame(mine), 0, cfg, cat)
         alerts |= {a.alert_id: a.to_dict() for a in r.alerts}
-    expected = reference_alerts(fixes, cfg, master)
+    expected = reference_alerts(fixes, cfg, master, back=[])
     expected = {k: a for k, a in expected.items() if a["type"] != AlertType.VEHICLE_SILENT}
     assert alerts == expected
 
@@ -182,9 +194,13 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
     fixes = scenario(trips=True)
     expected = reference_alerts(fixes, old.engine_config(), master)
     # A v0 wrong-way stretch (fixes 35-44) and v1's return (from fix 30) straddle the move.
-    assert {AlertType.WRONG_DIRECTION, AlertType.ROUTE_RETURN, AlertType.VEHICLE_SILENT} <= {
-        a["type"] for a in expected.values()
-    }
+    assert {
+        AlertType.WRONG_DIRECTION,
+        AlertType.ROUTE_RETURN,
+        AlertType.VEHICLE_SILENT,
+        AlertType.VEHICLE_RESUMED,
+    } <= {a["type"] for a in expected.values()}
+    silences = [a for a in expected.values() if a["type"] == AlertType.VEHICLE_SILENT]
 
     def records_read() -> int:
         return sum(int(m.get("received", 0)) + int(m.get("invalid", 0)) for m in markers(settings))
@@ -220,10 +236,20 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
         wait_for(lambda: records_read() >= len(fixes), 180, "the rest of the scenario to be read")
     finally:
         q.stop()
-    # A restart of the new checkpoint: its seed is not applied again, its timers still fire.
+    # A restart of the new checkpoint: its seed is not applied again, its timers still fire; the
+    # vehicles they silence park, and two of them are woken by their next fix.
     produce_telemetry(settings, [FAR])
     q = start_query(spark, new)
     try:
+        wait_for(
+            lambda: (
+                len([a for a in committed_alerts(settings) if a["type"] == AlertType.VEHICLE_SILENT])
+                >= len(silences)
+            ),
+            180,
+            "the silences",
+        )
+        produce_telemetry(settings, BACK)
         got = wait_for(
             lambda: (a := committed_alerts(settings)) and len(a) >= len(expected) and a,
             180,
@@ -234,11 +260,15 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
     ids = [a["alert_id"] for a in got]
     assert len(ids) == len(set(ids)), "duplicate alerts across the move"
     assert {a["alert_id"]: a for a in got} == expected
-    assert records_read() == len(fixes) + 1
+    assert records_read() == len(fixes) + 1 + len(BACK)
 
-    batch, _ = last_committed_batch(LocalCheckpointFiles(new.checkpoint))
-    state = read_bucket_states(spark, new.checkpoint, batch)
+    # The last batch that reported progress is committed (the stop may cut a later, no-data one).
+    state = read_bucket_states(spark, new.checkpoint, int(q.lastProgress["batchId"]))
     keys = balanced_keys(3, int(spark.conf.get("spark.sql.shuffle.partitions")))
     assert sorted(state) == sorted(keys)
-    where = {v: keys.index(k) for k, b in state.items() for v in b.states.ids}
+    where = {v: keys.index(k) for k, b in state.items() for v in b.states.ids + b.parked.ids}
     assert where == {f"v{i}": bucket_of(f"v{i}", 3) for i in range(6)}
+    # Parked: the silent ones that did not come back, in Spark's state store, one value each.
+    assert sorted(v for b in state.values() for v in b.parked.ids) == ["v1", "v3", "v4"]
+    assert all(s.silent for b in state.values() for s in b.parked.states())
+    assert sorted(v for b in state.values() for v in b.states.ids) == ["v0", "v2", "v5"]
