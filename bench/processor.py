@@ -50,7 +50,7 @@ from bench.common import BENCHMARKS_MD
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
 from bench.state_api import APPLY_IN_PANDAS_WITH_STATE, group_state_stage
 from embedded import infra
-from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, produce_waiting, producer_config, topic_specs
 from fleetfence.settings import Settings
 
 console = Console()
@@ -82,12 +82,7 @@ def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], 
 
 def produce_one(p: Producer, topic: str, key: bytes, value: bytes) -> None:
     """Produce, waiting for room when the client's queue is full (a bench outruns the broker)."""
-    while True:
-        try:
-            p.produce(topic, key=key, value=value)
-            return
-        except BufferError:
-            p.poll(0.05)
+    produce_waiting(p, topic, key=key, value=value)
 
 
 def contender_spark(

@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from fleetfence.errors import InfraError
+from fleetfence.errors import InfraError, KafkaDeliveryError
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -113,6 +113,37 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
     }
     cfg.update(overrides)
     return cfg
+
+
+def produce_waiting(
+    producer: Any,
+    topic: str,
+    *,
+    key: bytes | None = None,
+    value: bytes | None = None,
+    headers: Any = None,
+    on_delivery: Any = None,
+    timeout_s: float = 60.0,
+) -> None:
+    """`producer.produce`, waiting for room when the client's local queue is full.
+
+    librdkafka holds at most `queue.buffering.max.messages` records not yet acknowledged and refuses
+    the next with BufferError: a writer that can produce more than that in one go (a batch of
+    alerts, a relay's backlog) serves delivery reports until there is room again, and gives up with
+    KafkaDeliveryError only if no report at all (acknowledgement or failure) comes for `timeout_s`.
+    A broker that is gone fails the queued records after `message.timeout.ms`, which makes room."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+            return
+        except BufferError:
+            if producer.poll(0.05):  # acknowledgements came: room is coming
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise KafkaDeliveryError(
+                    f"the producer's queue stayed full for {timeout_s:.0f} s writing to {topic}"
+                ) from None
 
 
 def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str, Any]:

@@ -42,6 +42,11 @@ class AlertCommitMessage(WriterCommitMessage):
     live_written: int = 0
 
 
+# Records the sink's producer holds before the broker acknowledges them (librdkafka's default); a
+# batch with more alerts waits for room (fleetfence.kafka.produce_waiting) rather than failing.
+SINK_QUEUE_MESSAGES = 100_000
+
+
 class _SinkState:
     """Per-process transactional producer and the last batch this sink committed."""
 
@@ -59,6 +64,7 @@ class _SinkState:
                 "compression.type": "lz4",
                 "transaction.timeout.ms": 60000,
                 "partitioner": "murmur2_random",
+                "queue.buffering.max.messages": SINK_QUEUE_MESSAGES,
             }
         )
         # Fences any zombie with the same id and aborts its open transaction, so what we read next
@@ -262,7 +268,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self.dry_run:
-            import confluent_kafka  # noqa: F401  (what a real commit imports first)
+            import fleetfence.kafka  # noqa: F401  (what a real commit imports first, confluent_kafka too)
 
             logger.info("dry-run batch not committed sink_id=%s batch_id=%s", self.sink_id, batchId)
             return
@@ -284,11 +290,15 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                     stats[k] = stats.get(k, 0) + v
         stats["alerts"] = len(alerts)
         stats["dead_lettered"] = stats.get("invalid", 0) + stats.get("late", 0)
+        # Imported at the first commit, which a standby's dry run makes in advance (see above).
+        from fleetfence.kafka import produce_waiting
+
         p = st.producer
         try:
             p.begin_transaction()
+            # More alerts than the producer's queue holds (a mass silence) wait for room.
             for vid, value in alerts:
-                p.produce(self.alerts_topic, key=vid.encode(), value=value)
+                produce_waiting(p, self.alerts_topic, key=vid.encode(), value=value)
             now_ms = int(time.time() * 1000)
             for dlq_key, original, reason, detail, origin in dlq:
                 value, headers = dead_letter(
@@ -298,14 +308,14 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                     origin=("source", origin.encode()),
                     received_ms=now_ms,
                 )
-                p.produce(self.dlq_topic, key=dlq_key.encode(), value=value, headers=headers)
+                produce_waiting(p, self.dlq_topic, key=dlq_key.encode(), value=value, headers=headers)
             marker = {
                 "sink_id": self.sink_id,
                 "batch_id": batchId,
                 "committed_ms": int(time.time() * 1000),
                 **stats,
             }
-            p.produce(self.markers_topic, key=self.sink_id.encode(), value=orjson.dumps(marker))
+            produce_waiting(p, self.markers_topic, key=self.sink_id.encode(), value=orjson.dumps(marker))
             p.commit_transaction(60)
         except Exception:
             _SINKS.pop(key, None)

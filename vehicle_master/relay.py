@@ -26,7 +26,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from prometheus_client import Counter
 
 from fleetfence.errors import KafkaDeliveryError, LifecycleError
-from fleetfence.kafka import producer_config
+from fleetfence.kafka import produce_waiting, producer_config
 from vehicle_master.settings import MasterSettings
 from vehicle_master.store import MasterKeys
 
@@ -100,14 +100,9 @@ class OutboxRelay:
                 errors.append(str(err))
 
         for _sid, fields in entries:
-            while True:
-                try:
-                    self.producer.produce(
-                        self.topic, key=fields[b"key"], value=fields[b"event"], on_delivery=on_delivery
-                    )
-                    break
-                except BufferError:  # local queue full: let deliveries drain, then retry
-                    self.producer.poll(0.1)
+            produce_waiting(
+                self.producer, self.topic, key=fields[b"key"], value=fields[b"event"], on_delivery=on_delivery
+            )
         remaining = self.producer.flush(self.flush_timeout_s)
         if remaining or errors:
             FAILURES.inc()

@@ -1,14 +1,19 @@
-"""The processor's live read model writer against a real Redis: only a newer (seq, silent) state
-replaces a stored one, across script calls and for states written before the version hash."""
+"""The processor's sink against real servers: its live read model writer on Redis (only a newer
+(seq, silent) state replaces a stored one, across script calls and for states written before the
+version hash), its dry run, and a batch bigger than its producer's queue on Kafka."""
 
 from __future__ import annotations
+
+import uuid
 
 import orjson
 import pyarrow as pa
 import redis
 
+from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from processor.kafka_sink import AlertStreamWriter
+from fleetfence.testing import read_all, wait_for
+from processor.kafka_sink import SINK_QUEUE_MESSAGES, AlertCommitMessage, AlertStreamWriter
 from processor.live_store import LIVE_PER_CALL
 from processor.rows import OUT_ALERT, OUT_COLUMNS, OUT_LIVE, OUT_STATS, pack_live, unpack_live
 
@@ -73,3 +78,38 @@ def test_a_dry_run_sink_writes_nothing(settings: Settings) -> None:
     assert (msg.alerts, msg.dlq, msg.stats, msg.live_written) == ([], [], {}, 0)
     assert r.get(f"{prefix}live:v1") is None
     w.commit([msg], 0)  # returns: nothing produced, no transaction begun
+
+
+def test_a_batch_with_more_alerts_than_the_producers_queue_commits_whole(settings: Settings) -> None:
+    """A mass silence (a region's trackers all out of coverage) puts more alerts in one batch than
+    the sink's producer holds unacknowledged: the commit waits for room instead of failing the
+    batch, which Spark would retry, and fail, for ever."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    t = settings.topics
+    sink_id = uuid.uuid4().hex[:12]
+    w = AlertStreamWriter(
+        {
+            "bootstrap": settings.bootstrap_servers,
+            "alertstopic": t.alerts,
+            "dlqtopic": t.telemetry_dlq,
+            "markerstopic": t.processor_commits,
+            "sinkid": sink_id,
+        }
+    )
+    n = SINK_QUEUE_MESSAGES + 5_000
+    alerts = [(f"v{i % 97}", b'{"n": %d}' % i) for i in range(n)]
+    w.commit([AlertCommitMessage(alerts=alerts, stats={"received": n})], 0)
+    # The transaction's markers reach the partitions just after the commit returns.
+    got = wait_for(
+        lambda: len(a := read_all(settings, t.alerts, settings.alerts_partitions)) >= n and a,
+        60,
+        "the batch's alerts to be readable",
+    )
+    assert len(got) == n
+    assert {orjson.loads(m.value())["n"] for m in got} == set(range(n))
+    (marker,) = [
+        orjson.loads(m.value())
+        for m in read_all(settings, t.processor_commits, 1)
+        if orjson.loads(m.value())["sink_id"] == sink_id
+    ]
+    assert (marker["batch_id"], marker["alerts"]) == (0, n)
