@@ -35,7 +35,7 @@ def test_demo_pipeline_is_exact(tmp_path: Path) -> None:
     env.pop("FLEETFENCE_MQTT_URL", None)
     env.pop("FLEETFENCE_REDIS_URL", None)
     out = subprocess.run(
-        [sys.executable, "-m", "cli", "demo", "--vehicles", "6", "--duration-s", "60"],
+        [sys.executable, "-m", "cli", "demo", "--vehicles", "12", "--duration-s", "30"],
         env=env,
         capture_output=True,
         text=True,

@@ -58,7 +58,7 @@ def loadtest(
     s: Settings, report: Path, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = settings_env(s, COLUMNS="200", **(env or {}))
-    argv = [*FLEETFENCE, "loadtest", "--attach", "--vehicles", "30", "--duration-s", "30"]
+    argv = [*FLEETFENCE, "loadtest", "--attach", "--vehicles", "30", "--duration-s", "20"]
     argv += ["--report-dir", str(report), "--min-recall", "1.0", "--settle-s", "90", *extra]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
 
@@ -133,7 +133,7 @@ def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_r
     # Only the run's own traffic is counted: the 21 earlier messages (one dead-lettered) are not.
     r = step["reconciliation"]
     assert r["reconciled"], r
-    assert r["published"] == r["acked"] == r["gateway_received"] >= 30 * 29
+    assert r["published"] == r["acked"] == r["gateway_received"] >= 30 * 19
     assert r["gateway_forwarded"] == r["gateway_received"]
     assert r["gateway_dead_lettered"] == 0
     assert r["processor_read"] == r["gateway_forwarded"]

@@ -69,7 +69,7 @@ vehicle_states = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(vehicle_states, min_size=1, max_size=5, unique_by=lambda s: s.vehicle_id))
 def test_a_packed_row_unpacks_to_the_same_state(rows: list[VehicleState]) -> None:
     table = states_from_objects(rows)

@@ -132,9 +132,9 @@ def received(s: Settings, n: int) -> Callable[[], bool]:
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
-    """Three SIGKILLs of the active driver mid-stream: the first taken over by a warm standby
-    (`--standby`), the second by the next standby, which is itself killed the moment it takes the
-    checkpoint's lease (a kill during takeover) and restarted cold, the third restarted cold."""
+    """Two SIGKILLs of the active driver at random moments mid-stream: the first taken over by a
+    warm standby (`--standby`), the second by the next standby, which is itself killed the moment it
+    takes the checkpoint's lease (a kill during takeover), and restarted cold."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     ps = processor_settings(settings, tmp_path, processor_max_events_per_batch=60)
     standby_ps = ps.model_copy(update={"processor_standby": True})
@@ -179,12 +179,11 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
                 wait_for(received(settings, sent), 240, "the fleet's first minute to be read")
                 produce_telemetry(settings, stored)
                 sent += len(stored)
-            if i not in (1, 3, 5):
+            if i not in (1, 3):
                 continue
             # Kill once the job is mid-stream: some batches committed, more in flight.
             wait_for(committed_batches(settings, kills + 1), 180, "a committed batch")
-            if i in (1, 3):
-                wait_for(logged(standby_log, "standby ready"), 180, "the standby to be warm")
+            wait_for(logged(standby_log, "standby ready"), 180, "the standby to be warm")
             wait_for(lambda: rng.random() < 0.5, 5, "a random moment", interval_s=0.1)
             os.killpg(active.pid, signal.SIGKILL)
             active.wait(30)
@@ -193,14 +192,12 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
                 # The warm standby takes over; a new standby waits behind it.
                 active, standby_log = standby, next(logs)
                 standby = spawn_processor(standby_ps, standby_log)
-            elif i == 3:
+            else:
                 # The standby takes the lease and is killed at once, before its first batch: the
                 # checkpoint and the open transaction are left to a cold restart.
                 wait_for(logged(standby_log, "lease acquired"), 60, "the standby to take over")
                 os.killpg(standby.pid, signal.SIGKILL)
                 standby.wait(30)
-                active = spawn_processor(ps, next(logs))
-            else:
                 active = spawn_processor(ps, next(logs))
             procs += [active, standby]
         got = wait_for(
@@ -211,7 +208,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Setting
         ids = [a["alert_id"] for a in got]
         assert len(ids) == len(set(ids)), "duplicate alerts after SIGKILL"
         assert set(ids) == set(expected)
-        assert kills == 3
+        assert kills == 2
         # The stored stretch's alerts came with their on-time ids, flagged late.
         v1 = [a for a in got if a["vehicle_id"] == "v1" and 15 <= a["seq"] < 60]
         assert {a["type"] for a in v1} >= {AlertType.ROUTE_DEVIATION, AlertType.ROUTE_RETURN}
