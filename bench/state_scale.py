@@ -4,23 +4,27 @@ registered and few of them report (issue #23).
     .venv/bin/python bench/state_scale.py --registered 100000 --registered 1000000 \
         --reporting 0.01 --reporting 0.1 [--buckets 16] [--rounds 4] [--phases engine,spark] [--record]
 
-A national fleet is mostly calm or parked: every registered vehicle has a row in its bucket's state
-blob, and a blob is read and written whole by every micro-batch that touches its bucket
-(docs/architecture.md, "Logically per vehicle, physically per bucket"). So a batch's cost grows with
-the vehicles registered, not only with the fixes it carries. Two views, each against a baseline in
+A national fleet is mostly calm or parked. A bucket's state blob is read and written whole by every
+micro-batch that touches the bucket (docs/architecture.md, "Logically per vehicle, physically per
+bucket"), so every vehicle in it costs every such batch; a parked vehicle (silent, nothing pending)
+leaves the blob for a value of its own (processor.parking). Two views, each against a baseline in
 the same run:
 
-- `engine`: one bucket exactly as the stateful operator handles it (unpickle the blob, advance it by
-  the reporters' fixes with `processor.engine.process_bucket`, pickle it back), with N/buckets
-  vehicles registered in it against only its reporters registered: what the idle vehicles of a
-  bucket cost a batch, phase by phase, and the blob's bytes per calm vehicle. No Spark, no Kafka.
+- `engine`: one bucket's blob exactly as the stateful operator handles it (unpickle the blob,
+  advance it by the reporters' fixes with `processor.engine.process_bucket`, pickle it back), with
+  N/buckets vehicles in it (vehicles that are not parked: calm ones that keep reporting) against
+  only its reporters in it: what the blob's idle vehicles cost a batch, phase by phase, and the
+  blob's bytes per vehicle. No Spark, no Kafka.
 - `spark`: the real job on local[2] (Spark's Kafka source, `transformWithStateInPandas` on
   RocksDB, the exactly-once sink, live state to Redis) on the embedded broker: N vehicles
-  registered (one fix each), then bursts of `reporting`·N fixes, each committed in one Kafka
-  transaction so it is read as one micro-batch; the burst's micro-batch against the same burst
-  when only its reporters are registered. State bytes per vehicle from the checkpoint (Spark's
-  `statestore` reader: the vehicles blob and the master data blob of every bucket) and RocksDB's
-  own figures from the query's progress.
+  registered (one fix each, two hours before the bursts: the fleet has gone silent, and its
+  vehicles are parked, processor.parking), then bursts of `reporting`·N fixes, each committed in
+  one Kafka transaction so it is read as one micro-batch. Side by side in one run, the burst's
+  micro-batch: with the fleet registered (parked vehicles out of the blob: the job as it runs),
+  with the fleet registered and every vehicle kept in its bucket's blob (the layout before
+  parking), and with only its reporters registered. State bytes per vehicle from the checkpoint
+  (Spark's `statestore` reader: the vehicles blob, the parked values and the master data blob of
+  every bucket) and RocksDB's own figures from the query's progress.
 
 The first round of every configuration warms up (JIT, worker caches) and is not counted; the
 others' median is reported.
@@ -53,7 +57,7 @@ from bench import workload as wl
 from bench.common import write_section
 from bench.processor import produce_all, produce_one, telemetry_end
 from embedded import infra
-from fleetfence.contracts import bucket_of
+from fleetfence.contracts import Telemetry, bucket_of
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -65,6 +69,9 @@ from processor.rebucket import master_for_bucket
 
 console = Console(width=170)
 PARTITIONS = 4
+# The registration fixes' age at the first burst: past the workload's silence threshold (3600 s),
+# so the fleet has gone silent (and parked) before the bursts.
+QUIET_FOR_MS = 2 * 3600 * 1000
 SECTION = "## State at scale (bench/state_scale.py)"
 
 
@@ -240,14 +247,44 @@ def topic_end(bootstrap: str, topic: str) -> int:
 
 
 def read_up_to(q: Any, topic: str, end: int) -> bool:
-    return bool(q.lastProgress) and telemetry_end(q.lastProgress, topic) >= end
+    return running(q) and bool(q.lastProgress) and telemetry_end(q.lastProgress, topic) >= end
+
+
+def running(q: Any) -> bool:
+    """True while the query runs; its error, raised, once it has failed (a wait must not outlast it)."""
+    error = q.exception()
+    if error is not None:
+        raise error
+    return True
+
+
+def blob_only(grouped: Any, s: Any) -> Any:
+    """`processor.job.Stage`: the job's operator with every vehicle kept in its bucket's blob."""
+    from processor.rows import OUTPUT_DDL
+    from processor.stateful import GeofenceProcessor
+
+    return grouped.transformWithStateInPandas(
+        statefulProcessor=GeofenceProcessor(s.engine_config(), parking=False),
+        outputStructType=OUTPUT_DDL,
+        outputMode="Append",
+        timeMode="EventTime",
+    )
 
 
 def spark_config(
-    spark: Any, s: Settings, w: wl.Workload, n: int, registered: int, bursts: list[int], buckets: int
+    spark: Any,
+    s: Settings,
+    w: wl.Workload,
+    n: int,
+    registered: int,
+    bursts: list[int],
+    buckets: int,
+    parking: bool = True,
 ) -> dict[str, Any]:
-    """One checkpoint: `registered` vehicles register, then each burst (a size: the first that many
-    vehicles' next fix) is one transaction; the micro-batches that read each burst, timed."""
+    """One checkpoint: `registered` vehicles register (two hours ago: they go silent, and park
+    unless `parking` is off, when the first fix of the present moves the watermark on), then each
+    burst (a size: the first that many vehicles' next fix) is one transaction; the micro-batches
+    that read each burst, timed."""
     from processor.job import start_query
     from processor.rebucket import read_bucket_states, state_bytes
     from processor.service import telemetry_events
@@ -265,7 +302,12 @@ def spark_config(
         [(f"{e['entity']}:{e['id']}".encode(), orjson.dumps(e)) for e in master],
         "master",
     )
-    produce_all(s.bootstrap_servers, t.telemetry, w.records(0, registered), f"registering {registered:,}")
+    produce_all(
+        s.bootstrap_servers,
+        t.telemetry,
+        w.records(0, registered, shift_ms=-QUIET_FOR_MS),
+        f"registering {registered:,}",
+    )
     checkpoint = tempfile.mkdtemp(prefix="ff-scale-cp-")
     ps = ProcessorSettings(
         **{
@@ -275,12 +317,21 @@ def spark_config(
             "redis_prefix": f"{prefix}ff:",
         }
     )
-    q = start_query(spark, ps)
+    q = start_query(spark, ps, stage=None if parking else blob_only)
     batches: list[dict[str, Any]] = []
     try:
         with console.status(f"registering {registered:,} vehicles"):
             done = topic_end(s.bootstrap_servers, t.telemetry)
             wait_for(lambda: read_up_to(q, t.telemetry, done), 1800, "registration")
+        with console.status(f"{registered:,} vehicles fall silent"):
+            # One fix of the present from a vehicle of no fleet moves the watermark on; the batch
+            # after it fires every registered vehicle's silence timer.
+            clock = Telemetry("clock", 0, wl.T0_MS, 0.0, 0.0, 0.0, None, None, wl.T0_MS)
+            produce_all(s.bootstrap_servers, t.telemetry, [(b"clock", clock.to_json())], "clock")
+            done = topic_end(s.bootstrap_servers, t.telemetry)
+            wait_for(lambda: read_up_to(q, t.telemetry, done), 600, "the clock fix")
+            read_at = int(q.lastProgress["batchId"])
+            wait_for(lambda: running(q) and int(q.lastProgress["batchId"]) > read_at, 1800, "the silences")
         for step, k in enumerate(bursts, start=1):
             before = q.lastProgress["batchId"]
             produce_in_one_transaction(s.bootstrap_servers, t.telemetry, w.records(step * n, step * n + k))
@@ -303,11 +354,14 @@ def spark_config(
     # The last batch that reported progress is committed; a no-data batch the stop cut short is not.
     batch = int(q.lastProgress["batchId"])
     state = read_bucket_states(spark, checkpoint, batch)
-    vehicles, blob = state_bytes(state.values())
+    vehicles, _ = state_bytes(state.values())
     return {
         "registered": registered,
         "vehicles": vehicles,
-        "blob_bytes": blob,
+        "blob_vehicles": sum(len(b.states) for b in state.values()),
+        "blob_bytes": sum(len(pickle.dumps((b.states, b.held), protocol=5)) for b in state.values()),
+        "parked_vehicles": sum(len(b.parked) for b in state.values()),
+        "parked_bytes": sum(b.parked_bytes for b in state.values()),
         **master_bytes([b.master for b in state.values()]),
         "bursts": batches,
     }
@@ -319,7 +373,13 @@ def spark_view(args: argparse.Namespace) -> list[dict[str, Any]]:
     state_dir = Path(tempfile.mkdtemp(prefix="ff-scale-"))
     s = Settings(**infra.private_fields(state_dir), telemetry_partitions=PARTITIONS)
     infra.up(s, create_topics=False)
-    spark = build_session(app_name="bench-state-scale", master=f"local[{args.cores}]")
+    # The fleet's first silence is one batch of N alerts on their way through the JVM to the sink:
+    # a million of them do not fit the processor's default 2 GiB heap.
+    spark = build_session(
+        app_name="bench-state-scale",
+        master=f"local[{args.cores}]",
+        extra_conf={"spark.driver.memory": args.driver_memory},
+    )
     out = []
     try:
         for n in args.registered:
@@ -332,10 +392,11 @@ def spark_view(args: argparse.Namespace) -> list[dict[str, Any]]:
                     f"spark: only {k:,} registered: bursts {[b['trigger_ms'] for b in base['bursts']]} ms"
                 )
                 out.append({"fleet": n, "fixes": k, "kind": "base", **base})
-            full = spark_config(spark, s, w, n, n, bursts, args.buckets)
-            timed = [(b["fixes"], b["trigger_ms"]) for b in full["bursts"]]
-            console.print(f"spark: {n:,} registered: bursts {timed} ms")
-            out.append({"fleet": n, "fixes": 0, "kind": "full", **full})
+            for kind, parking in (("full", True), ("blob", False)):
+                full = spark_config(spark, s, w, n, n, bursts, args.buckets, parking)
+                timed = [(b["fixes"], b["trigger_ms"]) for b in full["bursts"]]
+                console.print(f"spark: {n:,} registered ({kind}): bursts {timed} ms")
+                out.append({"fleet": n, "fixes": 0, "kind": kind, **full})
     finally:
         spark.stop()
         infra.down(s)
@@ -343,17 +404,19 @@ def spark_view(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def spark_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """Per fleet size and burst size: the burst's micro-batch with the fleet registered against only
-    its reporters registered (medians, the first round not counted)."""
+    """Per fleet size and burst size: the burst's micro-batch with the fleet registered (parked, and
+    all in the blob) against only its reporters registered (medians, the first round not counted)."""
+
+    def burst_ms(config: dict[str, Any], k: int, key: str = "trigger_ms") -> float:
+        return float(statistics.median([b[key] for b in config["bursts"] if b["fixes"] == k][1:]))
+
     out = []
     for full in (r for r in rows if r["kind"] == "full"):
         n = full["fleet"]
+        blob = next(r for r in rows if r["kind"] == "blob" and r["fleet"] == n)
         for base in (r for r in rows if r["kind"] == "base" and r["fleet"] == n):
             k = base["fixes"]
-            f_ms = [b["trigger_ms"] for b in full["bursts"] if b["fixes"] == k][1:]
-            f_add = [b["add_batch_ms"] for b in full["bursts"] if b["fixes"] == k][1:]
-            b_ms = [b["trigger_ms"] for b in base["bursts"]][1:]
-            fm, bm = statistics.median(f_ms), statistics.median(b_ms)
+            fm, om, bm = burst_ms(full, k), burst_ms(blob, k), burst_ms(base, k)
             st = full["bursts"][-1]["state"]
             cm = st.get("customMetrics") or {}
             out.append(
@@ -361,10 +424,15 @@ def spark_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
                     f"{n:,}",
                     f"{k:,} ({k / n:.0%})",
                     f"{fm:,.0f}",
-                    f"{statistics.median(f_add):,.0f}",
+                    f"{burst_ms(full, k, 'add_batch_ms'):,.0f}",
+                    f"{om:,.0f}",
                     f"{bm:,.0f}",
                     f"{fm / bm:.2f}",
-                    f"{full['blob_bytes'] / full['vehicles']:.0f}",
+                    f"{om / bm:.2f}",
+                    f"{full['blob_vehicles']:,}",
+                    f"{full['blob_bytes'] / max(full['blob_vehicles'], 1):.0f}",
+                    f"{full['parked_bytes'] / max(full['parked_vehicles'], 1):.0f}",
+                    f"{blob['blob_bytes'] / blob['vehicles']:.0f}",
                     f"{full['assign_bytes'] / full['vehicles']:.0f}",
                     f"{full['routes_bytes'] / 2**20:.1f}",
                     f"{cm.get('rocksdbSstFileSize', 0) / full['vehicles']:.0f}" if cm else "-",
@@ -377,11 +445,16 @@ def spark_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 SPARK_COLUMNS = (
     "registered",
     "burst fixes",
-    "batch ms",
-    "addBatch ms",
+    "parked: batch ms",
+    "parked: addBatch ms",
+    "all in blob: batch ms",
     "only reporters: batch ms",
-    "ratio",
-    "vehicles blob B/vehicle",
+    "parked / only reporters",
+    "all in blob / only reporters",
+    "vehicles in blobs",
+    "blob B/vehicle",
+    "parked B/vehicle",
+    "all in blob: B/vehicle",
     "assignment B/vehicle",
     "routes MiB (all buckets)",
     "RocksDB SST B/vehicle",
@@ -398,6 +471,7 @@ def main() -> None:
     ap.add_argument("--routes", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--driver-memory", default="8g", help="the Spark driver's (and local executor's) heap")
     ap.add_argument("--phases", default="engine,spark")
     ap.add_argument("--record", action="store_true", help="write the results into docs/benchmarks.md")
     args = ap.parse_args()

@@ -83,13 +83,17 @@ class Workload:
     def __len__(self) -> int:
         return len(self.seq)
 
-    def records(self, start: int = 0, stop: int | None = None) -> list[tuple[bytes, bytes]]:
+    def records(
+        self, start: int = 0, stop: int | None = None, shift_ms: int = 0
+    ) -> list[tuple[bytes, bytes]]:
+        """Records [start, stop) as the telemetry topic holds them; `shift_ms` moves their event
+        (and received) times, e.g. into the past for a fleet that has since gone quiet."""
         stop = len(self) if stop is None else stop
         out = []
         v, s, t, la, lo, sp = (
             self.vehicle[start:stop].tolist(),
             self.seq[start:stop].tolist(),
-            self.ts_ms[start:stop].tolist(),
+            (self.ts_ms[start:stop] + shift_ms).tolist(),
             self.lat[start:stop].tolist(),
             self.lon[start:stop].tolist(),
             self.speed_kmh[start:stop].tolist(),
