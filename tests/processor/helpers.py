@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import orjson
 import pandas as pd
+import pyarrow as pa
 from confluent_kafka import Producer
 
 from fleetfence.contracts import Telemetry
@@ -25,6 +26,7 @@ from processor.columns import empty_states
 from processor.domain import EngineConfig
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
+from processor.rows import FIX_SCHEMA, KIND_TELEMETRY, encode_chunk
 from processor.settings import ProcessorSettings
 
 T = TypeVar("T")
@@ -198,6 +200,14 @@ def fixes_frame(fixes: list[Telemetry]) -> pd.DataFrame:
         ],
         columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"],
     )
+
+
+def telemetry_rows(fixes: list[Telemetry]) -> pd.DataFrame:
+    """Fixes as the stateful operator's input: one telemetry row carrying them as an Arrow chunk
+    (processor.rows), each with a made-up place on the topic."""
+    frame = fixes_frame(fixes).assign(kafka_partition=0, kafka_offset=range(len(fixes)))
+    table = pa.Table.from_pandas(frame, schema=FIX_SCHEMA, preserve_index=False)
+    return pd.DataFrame({"kind": [KIND_TELEMETRY], "payload": [encode_chunk(table)]})
 
 
 def committed_alerts(s: Settings) -> list[dict[str, Any]]:

@@ -10,8 +10,6 @@ import struct
 from dataclasses import replace
 
 import orjson
-import pandas as pd
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,9 +20,9 @@ from processor.domain import EngineConfig, RawFix, VehicleState
 from processor.errors import StateError
 from processor.master import Catalog
 from processor.parking import pack_rows, parkable, split_parked, unpack_rows
-from processor.rows import FIX_SCHEMA, KIND_TELEMETRY, OUT_ALERT, OUT_STATS, encode_chunk
+from processor.rows import OUT_ALERT, OUT_STATS
 from processor.stateful import bucket_step, load_state
-from tests.processor.helpers import T0, master_events, master_state, scenario
+from tests.processor.helpers import T0, master_events, master_state, scenario, telemetry_rows
 
 CFG = EngineConfig()
 SILENCE = {AlertType.VEHICLE_SILENT, AlertType.VEHICLE_RESUMED}
@@ -118,27 +116,6 @@ def test_only_silent_vehicles_with_nothing_held_park() -> None:
     assert [table.ids[r] for r in parkable(table, held)] == ["silent"]
     kept, parked = split_parked(table, held)
     assert (kept.ids, parked.ids) == (["moving", "silent-waiting"], ["silent"])
-
-
-def telemetry_rows(fixes: list[Telemetry]) -> pd.DataFrame:
-    table = pa.Table.from_pylist(
-        [
-            {
-                "vehicle_id": f.vehicle_id,
-                "seq": f.seq,
-                "ts_ms": f.ts_ms,
-                "lat": f.lat,
-                "lon": f.lon,
-                "speed_kmh": f.speed_kmh,
-                "received_ms": f.received_ms,
-                "kafka_partition": 0,
-                "kafka_offset": i,
-            }
-            for i, f in enumerate(fixes)
-        ],
-        schema=FIX_SCHEMA,
-    )
-    return pd.DataFrame({"kind": [KIND_TELEMETRY], "payload": [encode_chunk(table)]})
 
 
 def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alone_does() -> None:
