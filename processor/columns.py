@@ -18,6 +18,10 @@ from processor.domain import RawFix, VehicleState
 
 FIX_COLUMNS = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
 
+# The state's columns by kind. Append only: a parked vehicle's row is packed column by column in
+# this order (processor.parking), and a row packed before a column existed unpacks with the
+# column's "nothing yet" only if every older column kept its place.
+
 INT_COLS = (
     "last_seq",
     "last_ts_ms",
