@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 Stage = Callable[[Any, ProcessorSettings], Any]
 """A stateful operator for the job: (the input grouped by bucket, settings) -> the rows for the sink
 (processor.rows.OUTPUT_DDL). The job's own is `GeofenceProcessor` under `transformWithStateInPandas`;
-bench/state_api.py passes one under `applyInPandasWithState` to measure the two APIs side by side."""
+bench/state_api.py passes one under `applyInPandasWithState` to measure the two APIs side by side,
+bench/state_scale.py the job's own with parking off (every vehicle in its bucket's blob)."""
 
 
 def register_sink(spark: Any) -> None:
