@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 import orjson
+import pandas as pd
 
 from processor.columns import (
     BOOL_COLS,
@@ -82,9 +83,10 @@ def split_parked(states: StateTable, held: dict[str, list[RawFix]]) -> tuple[Sta
     return states.take(np.flatnonzero(keep)), states.take(rows)
 
 
-def wake(states: StateTable, lot: ParkingLot, vehicle_ids: list[str]) -> StateTable:
-    """The bucket's table with those of `vehicle_ids` that are parked back in it."""
-    missing = [v for v in dict.fromkeys(vehicle_ids) if v not in states.index]
+def wake(states: StateTable, lot: ParkingLot, vehicle_ids: np.ndarray) -> StateTable:
+    """The bucket's table with those of `vehicle_ids` (one per fix) that are parked back in it."""
+    index = states.index
+    missing = [v for v in pd.unique(vehicle_ids).tolist() if v not in index]
     if not missing:
         return states
     woken = lot.fetch(missing)

@@ -267,7 +267,7 @@ def bucket_step(
     stats["received"] = len(fx)
     if lot is not None and len(fx):
         n_before = len(states)
-        states = wake(states, lot, fx.vehicle_id.tolist())
+        states = wake(states, lot, fx.vehicle_id)
         stats["woken"] = len(states) - n_before
     res = process_bucket(states, held, master, fx, wm, cfg, catalog)
     kept = res.states
