@@ -33,8 +33,10 @@ the route uses both ways or a route crossing itself never makes progress jump; `
   `eta_ms`) is later than the planned arrival by more than `arrival_risk_s`; ARRIVAL_BACK_ON_TIME
   once it is `arrival_hysteresis_s` below that again.
 - ROUTE_COMPLETED at the first fix in the corridor within `completion_radius_m` of the route's end
-  and past half its length; with the actual and planned duration and the distance driven outside
-  the corridor. Once completed, the trip raises no direction, stop or arrival alert.
+  and past half its length (on every pass near the fix, while the vehicle cannot be placed yet:
+  a vehicle first seen at its route's end completes there, its trip starting at that fix); with
+  the actual and planned duration and the distance driven outside the corridor. Once completed, the
+  trip raises no direction, stop or arrival alert.
 """
 
 from __future__ import annotations
@@ -369,12 +371,19 @@ def _route_awareness(
     planned = planned_arrival_ms(
         fix.planned_arrival_ms, fix.planned_departure_ms, s.trip_start_ms, rules.planned_duration_s
     )
-    if p is not None and p >= fix.route_length_m / 2 and fix.end_distance_m <= rules.completion_radius_m:
+    # Completion needs progress past half the route, not the pass: a fix near several passes that
+    # are all past half completes whichever it is on (a route whose last stretch retraces a street,
+    # or passes near its own end), even before the vehicle has been placed. Such a trip starts there.
+    past_half = p >= fix.route_length_m / 2 if p is not None else _all_past_half(fix)
+    if past_half and fix.end_distance_m <= rules.completion_radius_m:
         s.completed = True
+        if s.trip_start_ms < 0:
+            s.trip_start_ms, s.trip_start_m = fix.ts_ms, min(fix.progress_m)
         duration_s = (fix.ts_ms - s.trip_start_ms) / 1000.0
+        done_m = p if p is not None else s.trip_start_m
         details: dict[str, Any] = {
             "duration_s": duration_s,
-            "distance_m": round(p - s.trip_start_m, 1),
+            "distance_m": round(done_m - s.trip_start_m, 1),
             "off_route_m": round(s.off_route_m, 1),
         }
         if planned >= 0:
@@ -428,6 +437,12 @@ def _route_awareness(
                         delay_s=round(delay_s, 1),
                     )
                 )
+
+
+def _all_past_half(fix: Fix) -> bool:
+    """Whether a fix that cannot be placed (near several passes, no previous progress) is past half
+    its route on every pass it is near."""
+    return fix.in_corridor and bool(fix.progress_m) and min(fix.progress_m) >= fix.route_length_m / 2
 
 
 def _direction(s: VehicleState, fix: Fix, p: float | None, rules: RouteRules, alerts: list[Alert]) -> None:

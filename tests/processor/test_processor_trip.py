@@ -499,3 +499,160 @@ def test_a_new_assignment_to_the_same_route_starts_a_new_trip() -> None:
     r = process_bucket(r.states, r.held, m, third, 0, CFG, Catalog(CFG))
     assert types(r.alerts) == [AlertType.ROUTE_COMPLETED]
     assert r.states.state("a").trip_from_ms == T0
+
+
+# --------------------------------------------------------------------------- first placement (#41)
+
+# The load test's case (seed 11, 1,000 vehicles): the route's last leg runs south-east to its end at
+# (0, 0) and crosses, 30 m before it, a diagonal street the route drove early on. Metres, in the
+# route's frame; the fixes as published, 1 s apart, the transport delivering seq 7 before seq 6.
+CROSSING_EARLY = [(15.6, 48.5), (-17.0, 27.9), (-49.6, 7.4), (-82.2, -13.2), (-85.0, -15.9)]
+CROSSING_LATE = [(-300.0, 400.0), (-71.6, 95.7), (-47.7, 63.8), (-23.9, 31.9), (0.0, 0.0)]
+CROSSING_FIXES = [
+    (0, -33.8, 45.2),
+    (1, -27.9, 37.3),
+    (2, -23.9, 32.9),
+    (3, -18.9, 24.2),
+    (4, -10.9, 15.2),
+    (5, -0.8, 4.0),
+    (7, 0.9, 13.6),  # the vehicle has turned at the end; seq 7 overtakes seq 6 in transport
+    (6, 6.3, -2.5),
+    (8, -14.9, 18.1),
+    (9, -15.6, 23.5),
+]
+
+
+def route_xy(points: list[tuple[float, float]], **rules: Any) -> dict[str, Any]:
+    """Route r1 through these points (metres around PROJ's origin), with the load test's rules."""
+    lon, lat = PROJ.inverse(np.array([p[0] for p in points]), np.array([p[1] for p in points]))
+    base = route_data([0.0, 1.0], corridor_width_m=60.0, completion_radius_m=50.0, **rules)
+    base["geometry"]["coordinates"] = [[float(x), float(y)] for x, y in zip(lon, lat, strict=True)]
+    return base
+
+
+def crossing_end_route() -> dict[str, Any]:
+    """From 500 m north-east down the early diagonal, a 6 km detour, then the last leg to the end."""
+    detour = [(-85.0, -1500.0), (-1500.0, -1500.0), (-1500.0, 600.0)]
+    return route_xy([(400.0, 300.0), *CROSSING_EARLY, *detour, *CROSSING_LATE])
+
+
+def placed_fixes(data: dict[str, Any], fixes: list[tuple[int, float, float]]) -> list[Fix]:
+    """Each fix with its passes and end distance as the engine's geometry computes them, by seq."""
+    cr = compile_route("r1", 1, data, CFG.hysteresis_m)
+    ordered = sorted(fixes)
+    lon, lat = PROJ.inverse(np.array([f[1] for f in ordered]), np.array([f[2] for f in ordered]))
+    n = len(ordered)
+    progress, passes, end = route_progress([cr], np.zeros(n, dtype=np.int64), lon, lat, np.ones(n, bool))
+    out = []
+    for i, (k, _x, _y) in enumerate(ordered):
+        p = passes.get(i) or (() if np.isnan(progress[i]) else (float(progress[i]),))
+        out.append(
+            Fix(
+                k,
+                T0 + k * 1000,
+                float(lat[i]),
+                float(lon[i]),
+                35.0,
+                0,
+                "r1",
+                1,
+                True,
+                True,
+                progress_m=p,
+                end_distance_m=float(end[i]),
+                route_length_m=cr.length_m,
+            )
+        )
+    return out
+
+
+def xy_frame(v: str, fixes: list[tuple[int, float, float]]) -> pd.DataFrame:
+    rows = []
+    for k, x, y in fixes:
+        lon, lat = PROJ.inverse(np.array([x]), np.array([y]))
+        rows.append([v, k, T0 + k * 1000, float(lat[0]), float(lon[0]), 35.0, T0 + k * 1000])
+    return pd.DataFrame(
+        rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
+    )
+
+
+def completions(alerts: list[Alert]) -> list[tuple[int, float, float]]:
+    return [
+        (a.seq, dict(a.details)["distance_m"], dict(a.details)["duration_s"])
+        for a in alerts
+        if a.type is AlertType.ROUTE_COMPLETED
+    ]
+
+
+def test_a_vehicle_first_seen_where_its_route_crosses_its_own_end_completes_where_it_is_placed() -> None:
+    """The load test's mismatch, in the engine. The first six fixes are near the last leg and the
+    early diagonal: a vehicle with no past cannot be placed there, and one of the two passes lies
+    before half the route, so nothing says it completed. Seq 6 is near the last leg alone: the
+    vehicle is placed there, at its route's end, and completes there (its trip starts there too).
+    The fold, the fast path and the slow path agree, whichever batch the overtaken fix arrives in;
+    the simulator refuses such starts (`test_a_start_the_processor_cannot_judge_is_moved_back`)."""
+    data = crossing_end_route()
+    fixes = placed_fixes(data, CROSSING_FIXES)
+    assert all(len(f.progress_m) == 2 for f in fixes[:6])
+    assert len(fixes[6].progress_m) == 1
+    assert min(fixes[0].progress_m) < fixes[0].route_length_m / 2 < max(fixes[0].progress_m)
+    _s, folded = fold(fixes, RouteRules.from_master(data))
+    assert completions(folded) == [(6, 0.0, 0.0)]
+    m = master(data)
+    arrived = xy_frame("a", CROSSING_FIXES)
+    for cut in (1, 6, 7, 8):
+        batches = [arrived.iloc[:cut], arrived.iloc[cut:]]
+        for force_slow in (False, True):
+            alerts, _, _, _ = run_engine(batches, m, force_slow=force_slow)
+            assert completions(alerts) == [(6, 0.0, 0.0)], (cut, force_slow)
+            assert [a.type for a in alerts] == [AlertType.ROUTE_COMPLETED]
+
+
+def test_a_vehicle_first_seen_where_its_route_retraces_a_street_completes_at_the_radius() -> None:
+    """The route's last 300 m drive back along the street it came on (seed 13's shape). A vehicle
+    first seen there is near both passes and cannot be placed, but both lie past half the route:
+    it completes at its first fix within the radius, not once it has driven past the end."""
+    data = route_data([0.0, 3000.0, 2700.0])
+    xs = [2790.0, 2775.0, 2760.0, 2745.0, 2730.0, 2715.0, 2700.0, 2685.0, 2670.0]
+    track = [(k, x, 0.0) for k, x in enumerate(xs)]
+    fixes = placed_fixes(data, track)
+    assert all(len(f.progress_m) == 2 for f in fixes[:5])
+    _s, folded = fold(fixes, RouteRules.from_master(data))
+    assert completions(folded) == [(4, 0.0, 0.0)]  # 30 m from the end; the radius is 40 m
+    m = master(data)
+    arrived = xy_frame("a", track)
+    for force_slow in (False, True):
+        alerts, states, _, _ = run_engine([arrived.iloc[:3], arrived.iloc[3:]], m, force_slow=force_slow)
+        assert completions(alerts) == [(4, 0.0, 0.0)]
+        assert [a.type for a in alerts] == [AlertType.ROUTE_COMPLETED]
+        assert states.state("a").completed
+
+
+# Seed 16's shape: a narrow hairpin whose legs run 9 m apart and whose tip lies beyond the half width
+# of a fix beside the legs; the segments at the tip are out of that fix's reach.
+HAIRPIN = [
+    (-1368.1, -162.6),
+    (-1389.9, -195.8),
+    (-1411.7, -228.9),
+    (-1415.2, -232.1),
+    (-1419.8, -233.0),
+    (-1424.3, -231.6),
+    (-1403.0, -199.2),
+    (-1381.8, -166.8),
+    (-1360.5, -134.4),
+]
+
+
+def test_a_narrow_hairpins_legs_stay_two_passes_when_its_tip_is_out_of_reach() -> None:
+    """A fix 0.1 m from the out leg and 9 m from the back leg is near both: the chain of near
+    points along the segments before the tip must not join the legs into one pass (then only the
+    nearer leg was kept, and a vehicle on the back leg jumped back 80 m: a false wrong way)."""
+    cr = compile_route("r1", 1, route_xy([(-1300.0, -60.0), *HAIRPIN, (-1300.0, -40.0)]), 15.0)
+    lon, lat = PROJ.inverse(np.array([-1395.7]), np.array([-204.4]))
+    progress, passes, _end = route_progress([cr], np.zeros(1, dtype=np.int64), lon, lat, np.ones(1, bool))
+    assert np.isnan(progress[0])
+    legs = passes[0]
+    assert len(legs) == 2
+    assert 70.0 < legs[1] - legs[0] < 100.0
+    # Continuity then keeps a vehicle coming from the tip on the back leg.
+    assert continue_progress(legs, legs[1] - 17.0) == legs[1]
