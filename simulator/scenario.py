@@ -46,8 +46,10 @@ from simulator.trips import (
     end_nudge,
     eta_ms,
     is_shared,
+    placeable_start,
     plan_schedule,
     shared_stretches,
+    unplaceable_completions,
     wrong_way_profile,
 )
 from simulator.truth import TruthAlert, vehicle_id
@@ -251,6 +253,17 @@ class Scenario:
             shared_stretches(route.line, rules.corridor_width_m / 2, slack) for route in self.city.routes
         ]
         self.end_xy = np.array([[route.line.x[-1], route.line.y[-1]] for route in self.city.routes])
+        # Starts the processor could not judge: moved back along the route, with no random draw, so
+        # a seed keeps the rest of its fleet (simulator.trips.unplaceable_completions).
+        skip = self.v_over * cfg.period_ms / 1000 + slack
+        refused = [
+            unplaceable_completions(
+                route.line, rules.corridor_width_m / 2, slack, rules.completion_radius_m, skip
+            )
+            for route in self.city.routes
+        ]
+        for i in np.flatnonzero(~self.exclusive).tolist():
+            self.s[i] = placeable_start(refused[int(self.route_idx[i])], float(self.s[i]), skip)
         sc_ids = np.flatnonzero(self.sched)
         self.s[sc_ids] = rng.uniform(0, 0.25, len(sc_ids)) * self.length[sc_ids]
         self.v[sc_ids] = 0.0

@@ -22,7 +22,7 @@ import shapely
 from shapely.geometry import LineString
 
 from fleetfence.geo import LocalProjection
-from simulator.geo import FloatArray, Polyline
+from simulator.geo import FloatArray, IntArray, Polyline
 
 END_MARGIN_M = 3.0  # a fix's distance to the route's end stays this far from the completion radius
 ETA_MARGIN_S = 0.05  # an ETA's delay stays this far from either arrival threshold
@@ -69,15 +69,11 @@ def end_nudge(
     return np.where(near, ux * shift, nx), np.where(near, uy * shift, ny)
 
 
-def shared_stretches(line: Polyline, half_m: float, slack_m: float, step_m: float = 2.0) -> FloatArray:
-    """Where along `line` another stretch of the same route passes within the corridor (a street
-    the route drives twice, a crossing): a 0/1 array per `step_m` of arc length.
-
-    The processor cannot place a vehicle there without knowing where it came from
-    (`processor.domain.continue_progress`), so the plan keeps the episodes whose truth needs
-    progress (a wrong-way stretch, a scheduled trip's start) off such stretches. `slack_m` widens the
-    test by the noise and a margin.
-    """
+def _other_passes(
+    line: Polyline, half_m: float, slack_m: float, step_m: float
+) -> tuple[FloatArray, IntArray, FloatArray]:
+    """Samples every `step_m` of arc length along `line`, and the pairs (sample, arc length of the
+    nearest point of another stretch of the route within the corridor grown by `slack_m`)."""
     s = np.arange(0.0, line.length_m + step_m, step_m)
     x, y, _tx, _ty = line.at(s)
     ax, ay = line.x[:-1], line.y[:-1]
@@ -90,9 +86,69 @@ def shared_stretches(line: Polyline, half_m: float, slack_m: float, step_m: floa
     t = np.clip(((x[pi] - ax[si]) * dx[si] + (y[pi] - ay[si]) * dy[si]) / l2, 0.0, 1.0)
     along = line.cum_m[si] + t * np.sqrt(l2)
     other = np.abs(along - s[pi]) > 2 * half_m + slack_m
+    return s, pi[other], along[other]
+
+
+def shared_stretches(line: Polyline, half_m: float, slack_m: float, step_m: float = 2.0) -> FloatArray:
+    """Where along `line` another stretch of the same route passes within the corridor (a street
+    the route drives twice, a crossing): a 0/1 array per `step_m` of arc length.
+
+    The processor cannot place a vehicle there without knowing where it came from
+    (`processor.domain.continue_progress`), so the plan keeps the episodes whose truth needs
+    progress (a wrong-way stretch, a scheduled trip's start) off such stretches. `slack_m` widens the
+    test by the noise and a margin.
+    """
+    s, pi, _along = _other_passes(line, half_m, slack_m, step_m)
     flag = np.zeros(len(s))
-    flag[pi[other]] = 1.0
+    flag[pi] = 1.0
     return flag
+
+
+def unplaceable_completions(
+    line: Polyline, half_m: float, slack_m: float, radius_m: float, skip_m: float, step_m: float = 2.0
+) -> FloatArray:
+    """Where along `line` a vehicle may not *start*: a 0/1 array per `step_m` of arc length.
+
+    A vehicle first seen on a shared stretch cannot be placed until a fix of it lands on a stretch
+    the route drives once (`processor.domain.continue_progress`). Its completion is still decided
+    where every pass near it lies past half the route; where one pass lies before half (a route
+    that crosses its own end, or ends on a street it drove early on), the processor cannot tell
+    completion from the early pass. So a start is refused when, driving on from it, the vehicle
+    reaches such a point within the completion radius before a stretch the route drives once that
+    is long enough (`skip_m`: a fix's travel and noise) for one of its fixes to land on it."""
+    s, pi, along = _other_passes(line, half_m, slack_m, step_m)
+    x, y, _tx, _ty = line.at(s)
+    shared = np.zeros(len(s), dtype=bool)
+    shared[pi] = True
+    early = np.zeros(len(s), dtype=bool)
+    early[pi[along < line.length_m / 2 + slack_m]] = True
+    near_end = np.hypot(x - line.x[-1], y - line.y[-1]) <= radius_m + slack_m
+    ambiguous = early & near_end & (s >= line.length_m / 2 - slack_m)
+    # A stretch driven once but shorter than a fix's travel may fall between two fixes.
+    edges = np.flatnonzero(np.diff(np.concatenate(([1], shared.astype(np.int8), [1]))))
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+        if (b - a) * step_m < skip_m:
+            shared[a:b] = True
+    refused = np.zeros(len(s))
+    later = False
+    for k in range(len(s) - 1, -1, -1):
+        later = bool(ambiguous[k] or (shared[k] and later))
+        refused[k] = later
+    return refused
+
+
+def placeable_start(refused: FloatArray, s_m: float, skip_m: float, step_m: float = 2.0) -> float:
+    """`s_m`, or, when a refused start (`unplaceable_completions`) lies within a fix's travel
+    (`skip_m`) ahead, where it moves back to: `skip_m` into the stretch driven once before the
+    refused one, so the vehicle's first fixes land there and place it."""
+    k = min(int(s_m // step_m), len(refused) - 1)
+    ahead = refused[k : int((s_m + skip_m) // step_m) + 2]
+    if not ahead.any():
+        return s_m
+    k += int(np.argmax(ahead > 0))
+    while k > 0 and refused[k]:
+        k -= 1
+    return max(k * step_m - skip_m, 0.0)
 
 
 def is_shared(flags: FloatArray, s_m: float, step_m: float = 2.0, reach_m: float = 0.0) -> bool:

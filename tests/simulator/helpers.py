@@ -61,8 +61,11 @@ def master_of(sc: Scenario) -> MasterState:
     return m
 
 
-def engine_alerts(sc: Scenario, batches: list[TickBatch], ticks_per_batch: int) -> list[ObservedAlert]:
-    """The processor's pure engine over the published messages, micro-batch by micro-batch."""
+def engine_alerts(
+    sc: Scenario, batches: list[TickBatch], ticks_per_batch: int, force_slow: bool = False
+) -> list[ObservedAlert]:
+    """The processor's pure engine over the published messages, micro-batch by micro-batch
+    (`force_slow`: every vehicle through the reference fold, `domain.step`)."""
     assume = sc.cfg.assume
     cfg = EngineConfig(
         hysteresis_m=assume.hysteresis_m,
@@ -86,7 +89,9 @@ def engine_alerts(sc: Scenario, batches: list[TickBatch], ticks_per_batch: int) 
         df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "heading"])
         df["received_ms"] = df["ts_ms"]
         wm = max(max_ts - sc.cfg.assume.lateness_ms, 0)
-        res = process_bucket(states, held, master, df.drop(columns="heading"), wm, cfg, catalog)
+        res = process_bucket(
+            states, held, master, df.drop(columns="heading"), wm, cfg, catalog, force_slow=force_slow
+        )
         states, held = res.states, res.held
         for a in res.alerts:
             out.append(
