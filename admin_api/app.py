@@ -12,11 +12,12 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from admin_api.readmodels import LiveReader
-from admin_api.responses import master_error_handler
+from admin_api.responses import master_error_handler, request_validation_handler
 from admin_api.routers import credentials, live, master, reports, system, web
 from admin_api.security import KeyVerifier
 from admin_api.settings import ApiSettings
@@ -69,6 +70,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.read_keys = ReadKeys(settings.redis_prefix)
     app.add_exception_handler(MasterError, master_error_handler)
+    app.add_exception_handler(RequestValidationError, request_validation_handler)
     app.include_router(master.router)
     app.include_router(credentials.router)
     app.include_router(live.router)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
 from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from vehicle_master.errors import (
@@ -40,6 +43,32 @@ def validation_problem(exc: MasterValidationError, where: str = "body") -> Respo
     return OrjsonResponse(
         {"detail": [{"loc": [where, *exc.loc], "msg": str(exc), "type": "value_error"}]}, status_code=422
     )
+
+
+# What JSON carries: a number beyond this (or a float that is not finite) is echoed as the text the
+# client sent, not as a number, so the 422 that names the field can always be written.
+_MAX_JSON_INT = 2**63 - 1
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every number JSON cannot carry (NaN, Infinity, integers past 64 bits) as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_JSON_INT:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+async def request_validation_handler(_request: Request, exc: Exception) -> Response:
+    """FastAPI's own 422 shape, written so that it cannot fail: its default echoes each field's
+    input, and a request body with `NaN` or `Infinity` (which Python's JSON parser accepts) then
+    made the error handler itself raise, answering 500 to a malformed request."""
+    assert isinstance(exc, RequestValidationError)
+    return OrjsonResponse({"detail": json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
 async def master_error_handler(_request: Request, exc: Exception) -> Response:

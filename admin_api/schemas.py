@@ -18,6 +18,7 @@ from vehicle_master.models import (
     AssignmentData,
     EntityId,
     LineString,
+    Name,
     RouteProps,
     VehicleData,
     VehicleProps,
@@ -155,6 +156,7 @@ class Echoed(BaseModel):
 
 class RoutePropsIn(RouteProps, Echoed):
     route_id: EntityId | None = None
+    name: Name | None = Field(default=None, description="Default: the route id.")  # type: ignore[assignment]
 
 
 class RouteFeatureIn(BaseModel):
@@ -181,6 +183,7 @@ class RouteFeature(BaseModel):
 
 class ZonePropsIn(ZoneProps, Echoed):
     zone_id: EntityId | None = None
+    name: Name | None = Field(default=None, description="Default: the zone id.")  # type: ignore[assignment]
 
 
 class ZoneFeatureIn(BaseModel):
@@ -234,6 +237,7 @@ class VehicleIn(VehicleProps, Echoed):
         }
     )
     vehicle_id: EntityId | None = Field(default=None, description="Required on POST.")
+    label: Name | None = Field(default=None, description="Default: the vehicle id.")  # type: ignore[assignment]
 
 
 class VehicleOut(VehicleData):

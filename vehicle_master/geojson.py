@@ -52,7 +52,12 @@ def feature_data(entity: MasterEntity, feature: dict[str, Any], entity_id: str |
         raise MasterValidationError("feature properties must be an object", ("properties",))
     id_field = ID_FIELD[entity]
     data = {k: v for k, v in props.items() if k not in ECHOED}
-    candidates = {str(x) for x in (entity_id, feature.get("id"), props.get(id_field)) if x is not None}
+    given = [x for x in (entity_id, feature.get("id"), props.get(id_field)) if x is not None]
+    # RFC 7946 allows a string or a number; only an integer reads back as the same id (str(1e400)
+    # is "inf", str(NaN) "nan").
+    if any(isinstance(x, bool) or not isinstance(x, str | int) for x in given):
+        raise MasterValidationError(f"the {entity.value} id must be a string or an integer", ("id",))
+    candidates = {str(x) for x in given}
     if len(candidates) > 1:
         raise MasterValidationError(f"conflicting ids for the {entity.value}: {sorted(candidates)}", ("id",))
     if not candidates:

@@ -132,9 +132,22 @@ class RouteProps(_Strict):
     )
 
 
+def default_to_id(data: Any, field: str, id_field: str) -> Any:
+    """A name or label left out (or null) is the entity's id, as Traccar and Tile38 need no more
+    than an id and a geometry: one rule for the API, the import and the CLI."""
+    if isinstance(data, dict) and data.get(field) is None and data.get(id_field) is not None:
+        return {**data, field: data[id_field]}
+    return data
+
+
 class RouteData(RouteProps):
     route_id: EntityId
     geometry: LineString
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name(cls, data: Any) -> Any:
+        return default_to_id(data, "name", "route_id")
 
 
 class ZoneProps(_Strict):
@@ -151,6 +164,11 @@ class ZoneData(ZoneProps):
     zone_id: EntityId
     geometry: ZoneGeometry
 
+    @model_validator(mode="before")
+    @classmethod
+    def _name(cls, data: Any) -> Any:
+        return default_to_id(data, "name", "zone_id")
+
 
 class VehicleProps(_Strict):
     label: Name
@@ -161,6 +179,11 @@ class VehicleProps(_Strict):
 
 class VehicleData(VehicleProps):
     vehicle_id: EntityId
+
+    @model_validator(mode="before")
+    @classmethod
+    def _label(cls, data: Any) -> Any:
+        return default_to_id(data, "label", "vehicle_id")
 
 
 MAX_MS = 2**53

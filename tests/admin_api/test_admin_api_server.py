@@ -17,6 +17,7 @@ import pytest
 import schemathesis
 from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.core.result import Err
 
 from admin_api.schemas import ROUTE_EXAMPLE
@@ -177,3 +178,166 @@ def test_schemathesis_viewer_and_anonymous_callers(api_server: ApiServer) -> Non
         _for_each_case(op, 3, check)
     assert problems == []
     assert calls >= 100
+
+
+# --------------------------------------------------------------------------- numbers JSON cannot carry
+
+# Raw JSON tokens that Python's parser accepts (or turns into infinity) but no field can hold: each
+# must be answered with a 4xx naming where it was, never a 500, and nothing stored.
+BAD_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "9" * 400, "1" + "0" * 5000]
+DEEP = "[" * 5000 + "]" * 5000  # deeper than Python's recursion limit
+BAD_TOKENS = [*BAD_NUMBERS, DEEP]
+
+
+def _body_operations(api_server: ApiServer) -> list[tuple[str, str, Any]]:
+    """(method, path with the example's ids filled in, example body) of every operation that
+    takes a JSON body, from the served OpenAPI document."""
+    spec = httpx.get(f"{api_server.base}/openapi.json").json()
+    comps = spec["components"]["schemas"]
+    ops = []
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            content = (op.get("requestBody") or {}).get("content", {}).get("application/json")
+            if content is None:
+                continue
+            ref = content["schema"].get("$ref", "")
+            examples = comps[ref.rsplit("/", 1)[-1]].get("examples") if ref else None
+            example = examples[0] if examples else {"type": "FeatureCollection", "features": [ROUTE_EXAMPLE]}
+            filled = path.replace("{route_id}", "r-berlin-1").replace("{zone_id}", "z-depot-1")
+            ops.append((method.upper(), filled.replace("{vehicle_id}", "truck-042"), example))
+    assert len(ops) >= 9
+    return ops
+
+
+def _places(doc: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a JSON document a value stands: the whole body, each member and item."""
+    out = [at]
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += _places(v, (*at, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += _places(v, (*at, i))
+    return out
+
+
+def _with_token(doc: Any, at: tuple[Any, ...], token: str) -> bytes:
+    """`doc` as JSON text with the value at `at` replaced by the raw token."""
+    marker = "\x00token\x00"
+    if not at:
+        return token.encode()
+    copy = orjson.loads(orjson.dumps(doc))
+    parent = copy
+    for k in at[:-1]:
+        parent = parent[k]
+    parent[at[-1]] = marker
+    return orjson.dumps(copy).replace(orjson.dumps(marker), token.encode())
+
+
+def _stored(api_server: ApiServer) -> dict[bytes, int]:
+    """What a write can have stored: each key of the prefix with its length (hashes, sets, streams),
+    but the relay's own progress marker, which moves on its own."""
+    r = api_server.r
+    out = {}
+    for key in r.scan_iter(match=f"{api_server.conf.redis_prefix}*", count=1000):
+        if key.endswith(b"master:relay:acked"):
+            continue
+        kind = r.type(key)
+        size = {b"hash": r.hlen, b"stream": r.xlen, b"set": r.scard, b"zset": r.zcard, b"list": r.llen}
+        out[key] = size[kind](key) if kind in size else 1
+    return out
+
+
+def test_numbers_json_cannot_carry_get_a_4xx_everywhere_and_store_nothing(api_server: ApiServer) -> None:
+    """NaN, Infinity, numbers past a double or 64 bits, and nesting past the parser's depth, in
+    every place of every body the API takes (the issue's cases among them: a route coordinate, a
+    zone vertex, a vehicle label), and in every numeric query parameter: never a 5xx, a 422 names
+    the field, and nothing is stored."""
+    ops = _body_operations(api_server)
+    cases = [(m, p, ex, at) for m, p, ex in ops for at in _places(ex)]
+
+    @given(case=st.sampled_from(cases), token=st.sampled_from(BAD_TOKENS))
+    @settings(max_examples=400, deadline=None, derandomize=True, database=None)
+    def run(case: tuple[str, str, Any, tuple[Any, ...]], token: str) -> None:
+        method, path, example, at = case
+        before = _stored(api_server)
+        body = _with_token(example, at, token)
+        headers = {**api_server.admin, "Content-Type": "application/json"}
+        resp = httpx.request(method, f"{api_server.base}{path}", content=body, headers=headers, timeout=10)
+        assert 400 <= resp.status_code < 500, (
+            method,
+            path,
+            at,
+            token[:20],
+            resp.status_code,
+            resp.text[:300],
+        )
+        if resp.status_code == 422 and at:
+            locs = [tuple(d["loc"]) for d in resp.json()["detail"]]
+            assert any(loc[0] == "body" for loc in locs), locs
+        assert _stored(api_server) == before, (method, path, at, token[:20])
+
+    run()
+    for path, name in [
+        ("/api/v1/routes", "limit"),
+        ("/api/v1/live", "offset"),
+        ("/api/v1/alerts", "since_ms"),
+        ("/api/v1/alerts", "until_ms"),
+        ("/api/v1/reports/heatmap", "resolution"),
+    ]:
+        for token in BAD_NUMBERS:
+            resp = httpx.get(f"{api_server.base}{path}", params={name: token}, headers=api_server.admin)
+            assert resp.status_code == 422, (path, name, token[:20], resp.status_code)
+            assert ["query", name] in [d["loc"] for d in resp.json()["detail"]]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/api/v1/routes",
+            b'{"type":"Feature","id":"r-nan","geometry":{"type":"LineString",'
+            b'"coordinates":[[13.4,NaN],[13.5,52.5]]},"properties":{"corridor_width_m":50,"speed_limit_kmh":50}}',
+        ),
+        (
+            "/api/v1/routes",
+            b'{"type":"Feature","id":"r-inf","geometry":{"type":"LineString",'
+            b'"coordinates":[[13.4,Infinity],[13.5,52.5]]},"properties":{"corridor_width_m":50,"speed_limit_kmh":50}}',
+        ),
+        (
+            "/api/v1/zones",
+            b'{"type":"Feature","id":"z-nan","geometry":{"type":"Polygon","coordinates":'
+            b'[[[13.4,52.5],[13.5,NaN],[13.5,52.6],[13.4,52.5]]]},"properties":{}}',
+        ),
+        ("/api/v1/vehicles", b'{"vehicle_id":"v-nan","label":NaN}'),
+    ],
+)
+def test_the_issues_non_finite_bodies_are_422_naming_the_field(
+    api_server: ApiServer, path: str, body: bytes
+) -> None:
+    headers = {**api_server.admin, "Content-Type": "application/json"}
+    resp = httpx.post(f"{api_server.base}{path}", content=body, headers=headers)
+    assert resp.status_code == 422, resp.text
+    detail = resp.json()["detail"]
+    assert detail
+    assert all(d["loc"][0] == "body" for d in detail)
+    assert any(d.get("input") in ("NaN", "Infinity") for d in detail), detail
+
+
+def test_a_name_or_label_left_out_is_the_id(api_server: ApiServer) -> None:
+    """Like Traccar and Tile38, an id and a geometry are enough: the name (route, zone) or label
+    (vehicle) defaults to the id, and the OpenAPI schema says so."""
+    h = api_server.admin
+    base = api_server.base
+    route = {**ROUTE_EXAMPLE, "id": "r-nameless"}
+    route["properties"] = {k: v for k, v in ROUTE_EXAMPLE["properties"].items() if k != "name"}
+    resp = httpx.post(f"{base}/api/v1/routes", json=route, headers=h)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["properties"]["name"] == "r-nameless"
+    resp = httpx.post(f"{base}/api/v1/vehicles", json={"vehicle_id": "v-unlabelled"}, headers=h)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["label"] == "v-unlabelled"
+    schemas = httpx.get(f"{base}/openapi.json").json()["components"]["schemas"]
+    assert "label" not in schemas["VehicleIn"].get("required", [])
+    assert "the vehicle id" in schemas["VehicleIn"]["properties"]["label"]["description"]
+    assert "name" not in schemas["RoutePropsIn"].get("required", [])
