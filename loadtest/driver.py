@@ -72,7 +72,7 @@ from simulator.register import unregister_prefix
 from simulator.routes import DEFAULT_BBOX
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
-from simulator.verify import ObservedAlert, compare, in_scope
+from simulator.verify import MISMATCH_CAP, ObservedAlert, compare, in_scope
 
 logger = logging.getLogger(__name__)
 
@@ -370,6 +370,8 @@ class LoadTest:
             precision=o.precision,
             recall=o.recall,
             per_type={t: sc.to_dict() for t, sc in sorted(res.by_type.items())},
+            mismatch_count=len(found := res.mismatches),
+            mismatches=[m.to_dict() for m in found[:MISMATCH_CAP]],
         )
         scoped = {a.alert_id for a in observed}
         mine = [(a, ts) for a, ts in mine if a["alert_id"] in scoped]

@@ -60,6 +60,10 @@ class Accuracy:
     precision: float | None
     recall: float | None
     per_type: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Every disagreement with the truth (`simulator.verify.Mismatch.to_dict`), the first
+    # `simulator.verify.MISMATCH_CAP` listed; `mismatch_count` counts them all.
+    mismatch_count: int = 0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

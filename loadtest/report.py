@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 from rich.table import Table
 
+from fleetfence.console import compact_table
 from loadtest.model import Latency, LoadRun, Sample, StepResult
 
 if TYPE_CHECKING:
@@ -264,9 +265,39 @@ def _step_section(st: StepResult) -> list[str]:
             ([t, *(_plain(figures.get(k, DASH)) for k in keys)] for t, figures in sorted(a.per_type.items())),
         )
         md.append("")
+    if a.mismatch_count:
+        more = a.mismatch_count - len(a.mismatches)
+        md.append(
+            f"**{a.mismatch_count} alerts disagree with the ground truth**"
+            + (f" ({more} more than listed):" if more > 0 else ":")
+        )
+        md.append("")
+        md += _table(
+            ["kind", "vehicle", "type", "zone", "expected fix", "observed fix"],
+            (
+                [
+                    m["kind"],
+                    m["vehicle_id"],
+                    m["type"],
+                    m["zone_id"] or DASH,
+                    _fix(m["expected"]),
+                    _fix(m["observed"]),
+                ]
+                for m in a.mismatches
+            ),
+        )
+        md.append("")
     if st.notes:
         md += [f"- {_cell(n)}" for n in st.notes] + [""]
     return md
+
+
+def _fix(f: dict[str, Any] | None) -> str:
+    """A mismatch's fix: seq, event time, place."""
+    if f is None:
+        return DASH
+    where = f"{f['lat']:.5f}, {f['lon']:.5f}" if f.get("lat") is not None else DASH
+    return f"seq {f['seq']} at {f['ts']} ({where})"
 
 
 def _plain(v: Any) -> str:
@@ -432,24 +463,21 @@ def live_table(
     row per process (CPU, RSS). `step` defaults to the sample's; the event -> alert latencies
     are the step's so far when the driver has them."""
     step = sample.step if step is None else step
-    table = Table(
-        title=f"step {step} · target {fmt_rate(sample.target_rate)} · {sample.t_s:,.0f} s",
-        title_justify="left",
-    )
+    table = compact_table(f"step {step} · target {fmt_rate(sample.target_rate)} · {sample.t_s:,.0f} s")
     table.add_column("stage / process")
-    table.add_column("rate", justify="right")
-    table.add_column("lag", justify="right")
-    table.add_column("latency p50 / p95 / p99 ms", justify="right")
-    table.add_column("CPU %", justify="right")
-    table.add_column("RSS MiB", justify="right")
+    table.add_column("rate", justify="right", no_wrap=True)
+    table.add_column("lag", justify="right", no_wrap=True)
+    table.add_column("p50 / p99 ms", justify="right", no_wrap=True)
+    table.add_column("CPU %", justify="right", no_wrap=True)
+    table.add_column("RSS MiB", justify="right", no_wrap=True)
 
     def lat(x: Latency | None) -> str:
         if x is None or x.count == 0:
             return DASH
-        return f"{fmt_ms(x.p50_ms)} / {fmt_ms(x.p95_ms)} / {fmt_ms(x.p99_ms)}"
+        return f"{fmt_ms(x.p50_ms)} / {fmt_ms(x.p99_ms)}"
 
-    puback = f"PUBACK {fmt_ms(sample.puback_p50_ms)} / {DASH} / {fmt_ms(sample.puback_p99_ms)}"
-    table.add_row("publisher (MQTT)", fmt_rate(sample.publish_rate), DASH, puback, "", "")
+    puback = f"{fmt_ms(sample.puback_p50_ms)} / {fmt_ms(sample.puback_p99_ms)}"
+    table.add_row("publisher: PUBACK", fmt_rate(sample.publish_rate), DASH, puback, "", "")
     table.add_row(
         f"gateways ({sample.gateway_dead_lettered:,} dead-lettered)",
         fmt_rate(sample.gateway_forwarded_rate),
@@ -460,13 +488,15 @@ def live_table(
     )
     table.add_row("processor", fmt_rate(sample.processor_rate), f"{sample.processor_lag:,}", "", "", "")
     table.add_row(
-        f"alerts ({sample.alerts:,} committed)",
+        f"alerts ({sample.alerts:,} committed): event -> alert",
         DASH,
         f"{sample.receivers_lag:,}",
-        f"event {lat(latency_event)}" + (f" · receipt {lat(latency_receipt)}" if latency_receipt else ""),
+        lat(latency_event),
         "",
         "",
     )
+    if latency_receipt is not None:
+        table.add_row("alerts: gateway receipt -> alert", "", "", lat(latency_receipt), "", "")
     if sample.procs:
         table.add_section()
         for name, p in sorted(sample.procs.items()):

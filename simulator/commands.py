@@ -22,7 +22,7 @@ from simulator.config import ScenarioConfig
 from simulator.publish import SimulationOptions, SimulationReport, report_table, run_simulation
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
-from simulator.verify import compare, in_scope, read_alerts, result_table
+from simulator.verify import compare, in_scope, mismatch_table, read_alerts, result_table
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,8 @@ def verify(
         out.print(result_table(res))
         if header.realtime is False:
             out.print("[dim]detection delay: n/a (the run was not published in real time)[/]")
-        for m in res.missing[:10]:
-            out.print(f"[red]missing[/] {m.type} {m.vehicle_id} seq={m.seq} zone={m.zone_id or '-'}")
-        for u in res.unexpected[:10]:
-            out.print(f"[yellow]unexpected[/] {u.type} {u.vehicle_id} seq={u.seq} zone={u.zone_id or '-'}")
+        table = mismatch_table(res)
+        if table is not None:
+            out.print(table)
         out.print("[green]PASS[/]" if not failures else f"[red]FAIL[/]: {'; '.join(failures)}")
     return 1 if failures else 0

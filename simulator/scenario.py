@@ -703,7 +703,8 @@ class Scenario:
 
         # Truth rows for this tick's triggers (published now, or next tick when swapped).
         for i, typ, zone in trig:
-            truth.append(TruthAlert(vids[i], typ, seq, ts, zone, k + int(ooo[i])))
+            at = (round(float(lat[i]), 7), round(float(lon[i]), 7))
+            truth.append(TruthAlert(vids[i], typ, seq, ts, zone, k + int(ooo[i]), None, *at))
 
         send = alive & ~ooo & ~late
         order = np.nonzero(send)[0]

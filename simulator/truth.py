@@ -26,7 +26,8 @@ def vehicle_id(prefix: str, index: int) -> str:
 class TruthAlert:
     """One expected alert. `seq`/`ts_ms` are those the processor must put on the alert: the
     triggering fix's, or for VEHICLE_SILENT the last fix's seq and the due time. `publish_ms` is
-    the wall-clock time the fix that made it due was handed to MQTT/Kafka (real-time runs only)."""
+    the wall-clock time the fix that made it due was handed to MQTT/Kafka (real-time runs only);
+    `lat`/`lon` where the triggering fix was published (None for a silence: no fix triggers it)."""
 
     vehicle_id: str
     type: str
@@ -35,6 +36,8 @@ class TruthAlert:
     zone_id: str | None = None
     publish_tick: int = -1
     publish_ms: int | None = None
+    lat: float | None = None
+    lon: float | None = None
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -110,6 +113,8 @@ def read_truth(path: Path) -> tuple[RunHeader, list[TruthAlert]]:
                 d.get("zone_id"),
                 -1,
                 d.get("publish_ms"),
+                d.get("lat"),
+                d.get("lon"),
             )
         )
     if header is None:

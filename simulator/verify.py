@@ -13,14 +13,16 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from rich.table import Table
 
+from fleetfence.console import compact_table, two_lines
+from fleetfence.contracts import ms_to_iso
 from fleetfence.kafka import consumer_config
 from fleetfence.settings import Settings
 from simulator.truth import RunHeader, TruthAlert
@@ -39,6 +41,8 @@ class ObservedAlert:
     seq: int
     ts_ms: int
     record_ts_ms: int | None = None  # the Kafka record timestamp (when the processor produced it)
+    lat: float | None = None
+    lon: float | None = None
 
     @property
     def key(self) -> Key:
@@ -59,6 +63,8 @@ class ObservedAlert:
             int(d["seq"]),
             int(d["ts_ms"]),
             record_ts_ms,
+            d.get("lat"),
+            d.get("lon"),
         )
 
 
@@ -95,6 +101,65 @@ class Score:
         }
 
 
+MismatchKind = Literal["moved", "missing", "extra"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One alert the truth and the processor disagree on: raised at another fix (`moved`: same
+    vehicle, type and zone), never raised (`missing`), or raised though not expected (`extra`)."""
+
+    kind: MismatchKind
+    vehicle_id: str
+    type: str
+    zone_id: str | None
+    expected: TruthAlert | None
+    observed: ObservedAlert | None
+
+    def to_dict(self) -> dict[str, Any]:
+        def fix(a: TruthAlert | ObservedAlert | None) -> dict[str, Any] | None:
+            if a is None:
+                return None
+            return {"seq": a.seq, "ts": ms_to_iso(a.ts_ms), "ts_ms": a.ts_ms, "lat": a.lat, "lon": a.lon}
+
+        return {
+            "kind": self.kind,
+            "vehicle_id": self.vehicle_id,
+            "type": self.type,
+            "zone_id": self.zone_id,
+            "expected": fix(self.expected),
+            "observed": fix(self.observed),
+        }
+
+
+def mismatches(missing: list[TruthAlert], unexpected: list[ObservedAlert]) -> list[Mismatch]:
+    """The disagreements, a missing and an unexpected alert of the same vehicle, type and zone
+    paired (in seq order) as one alert raised at another fix; ordered by vehicle, type, seq."""
+    exp: dict[tuple[str, str, str], list[TruthAlert]] = defaultdict(list)
+    got: dict[tuple[str, str, str], list[ObservedAlert]] = defaultdict(list)
+    for a in missing:
+        exp[(a.vehicle_id, a.type, a.zone_id or "")].append(a)
+    for o in unexpected:
+        got[(o.vehicle_id, o.type, o.zone_id or "")].append(o)
+    out: list[Mismatch] = []
+    for key in sorted(exp.keys() | got.keys()):
+        es = sorted(exp.get(key, []), key=lambda a: a.seq)
+        gs = sorted(got.get(key, []), key=lambda o: o.seq)
+        zone = key[2] or None
+        for i in range(max(len(es), len(gs))):
+            e = es[i] if i < len(es) else None
+            g = gs[i] if i < len(gs) else None
+            kind: MismatchKind = (
+                "moved" if e is not None and g is not None else "missing" if g is None else "extra"
+            )
+            out.append(Mismatch(kind, key[0], key[1], zone, e, g))
+    return out
+
+
+# How many mismatches a report lists one by one; the rest are counted.
+MISMATCH_CAP = 50
+
+
 @dataclass
 class VerifyResult:
     by_type: dict[str, Score]
@@ -103,6 +168,10 @@ class VerifyResult:
     duplicate_keys: int
     missing: list[TruthAlert]
     unexpected: list[ObservedAlert]
+
+    @property
+    def mismatches(self) -> list[Mismatch]:
+        return mismatches(self.missing, self.unexpected)
 
     def failures(self, min_precision: float, min_recall: float, max_duplicates: int) -> list[str]:
         """Why the run fails the gate (empty: it passes). An undefined ratio (0/0) passes."""
@@ -122,11 +191,8 @@ class VerifyResult:
             "by_type": {t: s.to_dict() for t, s in sorted(self.by_type.items())},
             "duplicate_ids": self.duplicate_ids,
             "duplicate_keys": self.duplicate_keys,
-            "missing": [
-                {"vehicle_id": a.vehicle_id, "type": a.type, "zone_id": a.zone_id, "seq": a.seq}
-                for a in self.missing[:50]
-            ],
-            "unexpected": [asdict(a) for a in self.unexpected[:50]],
+            "mismatch_count": len(found := self.mismatches),
+            "mismatches": [m.to_dict() for m in found[:MISMATCH_CAP]],
         }
 
 
@@ -277,23 +343,17 @@ def _fmt(v: float | None, pct: bool = False) -> str:
 
 
 def result_table(res: VerifyResult) -> Table:
-    t = Table(title="verify: alerts vs ground truth")
-    for col in (
-        "type",
-        "expected",
-        "observed",
-        "matched",
-        "precision",
-        "recall",
-        "dups",
-        "delay p50 ms",
-        "p99 ms",
-    ):
-        t.add_column(col, justify="left" if col == "type" else "right")
+    """Per type and overall; fits an 80-column terminal with every type name whole."""
+    t = compact_table("verify: alerts vs ground truth")
+    t.caption = "exp, obs, ok: expected, observed, matched; p50, p99: delay"
+    t.caption_justify = "left"
+    t.add_column("type", no_wrap=True)
+    for col in ("exp", "obs", "ok", "precision", "recall", "dups", "p50 ms", "p99 ms"):
+        t.add_column(col, justify="right", no_wrap=True)
     rows = [*sorted(res.by_type.items()), ("ALL", res.overall)]
     for name, s in rows:
         t.add_row(
-            name,
+            two_lines(name),
             str(s.expected),
             str(s.observed),
             str(s.matched),
@@ -303,4 +363,27 @@ def result_table(res: VerifyResult) -> Table:
             _fmt(s.delay(50)),
             _fmt(s.delay(99)),
         )
+    return t
+
+
+def _fix_cell(a: TruthAlert | ObservedAlert | None) -> str:
+    if a is None:
+        return "-"
+    where = f"{a.lat:.5f},{a.lon:.5f}" if a.lat is not None and a.lon is not None else "-"
+    return f"seq {a.seq}\n{ms_to_iso(a.ts_ms)}\n{where}"
+
+
+def mismatch_table(res: VerifyResult, cap: int = MISMATCH_CAP) -> Table | None:
+    """Every disagreement (the first `cap`, the rest counted in the title): vehicle, type and zone,
+    the expected fix against the observed one. None when there is none."""
+    found = res.mismatches
+    if not found:
+        return None
+    more = f", {len(found) - cap} more not listed" if len(found) > cap else ""
+    t = compact_table(f"mismatches: {len(found)}{more}")
+    for col in ("kind", "vehicle / type / zone", "expected fix", "observed fix"):
+        t.add_column(col, no_wrap=True)
+    for m in found[:cap]:
+        who = f"{m.vehicle_id}\n{two_lines(m.type)}" + ("" if m.zone_id is None else f"\nzone {m.zone_id}")
+        t.add_row(m.kind, who, _fix_cell(m.expected), _fix_cell(m.observed))
     return t

@@ -192,13 +192,40 @@ def test_the_live_table_shows_every_stage_and_process(run: LoadRun) -> None:
     text = console.export_text()
     assert "step 1 · target 1,500.0/s" in text
     for row in (
-        "publisher (MQTT)",
+        "publisher: PUBACK",
         "gateways (25 dead-lettered)",
         "processor",
-        "alerts (50 committed)",
+        "alerts (50 committed): event -> alert",
         "loadtest",
     ):
         assert row in text, row
     assert "1,485.0/s" in text  # published
-    assert "121 / 340 / 1,080" in text  # event -> alert so far
+    assert "121 / 1,080" in text  # event -> alert so far, p50 / p99
     assert "925" in text  # the processor's RSS
+
+
+def test_a_failing_steps_summary_lists_its_mismatched_alerts(run: LoadRun, tmp_path: Path) -> None:
+    """A user whose verify failed reads which alerts disagree, and at which fix, in summary.md
+    (and report.json), without reading the topics by hand."""
+    moved = {
+        "kind": "moved",
+        "vehicle_id": "lt-000666",
+        "type": "ROUTE_COMPLETED",
+        "zone_id": None,
+        "expected": {"seq": 741, "ts": "2026-11-26T10:00:01.000Z", "ts_ms": 1, "lat": 52.51, "lon": 13.4},
+        "observed": {"seq": 746, "ts": "2026-11-26T10:00:06.000Z", "ts_ms": 6, "lat": 52.5101, "lon": 13.4},
+    }
+    extra = {**moved, "kind": "extra", "type": "WRONG_DIRECTION", "expected": None}
+    run.steps[1].accuracy.mismatch_count = 3
+    run.steps[1].accuracy.mismatches = [moved, extra]
+    write_report(run, tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    assert "3 alerts disagree with the ground truth** (1 more than listed)" in md
+    assert (
+        "| moved | lt-000666 | ROUTE_COMPLETED | — "
+        "| seq 741 at 2026-11-26T10:00:01.000Z (52.51000, 13.40000) |" in md
+    )
+    assert "| extra | lt-000666 | WRONG_DIRECTION | — | — | seq 746" in md
+    report = orjson.loads((tmp_path / "report.json").read_bytes())
+    assert report["steps"][1]["accuracy"]["mismatches"][0]["expected"]["seq"] == 741
+    assert "disagree" not in md.split("### Step 1")[0]  # the other steps agree

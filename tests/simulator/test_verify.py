@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Producer
+from rich.console import Console
 
 from fleetfence.contracts import alert_id
 from fleetfence.kafka import ensure_topics, producer_config, topic_specs
@@ -16,7 +17,7 @@ from fleetfence.settings import Settings
 from simulator.commands import verify
 from simulator.settings import SimulatorSettings
 from simulator.truth import RunHeader, TruthAlert, TruthWriter
-from simulator.verify import ObservedAlert, compare, in_scope, read_alerts
+from simulator.verify import ObservedAlert, compare, in_scope, mismatch_table, read_alerts
 
 
 def t(v: str, typ: str, seq: int, zone: str | None = None, publish_ms: int | None = None) -> TruthAlert:
@@ -158,3 +159,45 @@ def test_verify_reads_only_committed_alerts_and_gates(settings: Settings, tmp_pa
         == 1
     )
     assert json.loads(path.read_text().splitlines()[0])["run"]["n_vehicles"] == 2
+
+
+def test_mismatches_pair_an_alert_raised_at_another_fix_and_list_the_rest() -> None:
+    """Missing and unexpected alerts of one vehicle, type and zone are one alert at another fix
+    (`moved`, expected against observed); the rest are `missing` or `extra`; each says where."""
+    truth = [
+        TruthAlert("a", "ROUTE_COMPLETED", 741, 1_000, None, -1, None, 52.5, 13.4),
+        t("b", "ZONE_ENTER", 40, "z1"),
+    ]
+    observed = [
+        ObservedAlert("x1", "a", "ROUTE_COMPLETED", None, 746, 6_000, None, 52.6, 13.5),
+        o("a", "WRONG_DIRECTION", 900),
+        o("b", "ZONE_ENTER", 40, "z2"),
+    ]
+    res = compare(truth, observed)
+    found = [m.to_dict() for m in res.mismatches]
+    assert [(m["kind"], m["vehicle_id"], m["type"], m["zone_id"]) for m in found] == [
+        ("moved", "a", "ROUTE_COMPLETED", None),
+        ("extra", "a", "WRONG_DIRECTION", None),
+        ("missing", "b", "ZONE_ENTER", "z1"),
+        ("extra", "b", "ZONE_ENTER", "z2"),
+    ]
+    assert found[0]["expected"] == {
+        "seq": 741,
+        "ts": "1970-01-01T00:00:01.000Z",
+        "ts_ms": 1_000,
+        "lat": 52.5,
+        "lon": 13.4,
+    }
+    assert found[0]["observed"]["seq"] == 746
+    assert found[1]["expected"] is None
+    assert found[2]["observed"] is None
+    assert res.to_dict()["mismatch_count"] == 4
+    console = Console(record=True, width=80, color_system=None)
+    table = mismatch_table(res, cap=3)
+    assert table is not None
+    console.print(table)
+    text = console.export_text()
+    assert "mismatches: 4, 1 more not listed" in text
+    for shown in ("seq 741", "seq 746", "52.50000,13.40000"):
+        assert shown in text
+    assert mismatch_table(compare(truth[:1], [o("a", "ROUTE_COMPLETED", 741)])) is None
