@@ -197,8 +197,9 @@ def distance_and_progress_m(
     return shapely.distance(route.line_m, pts), shapely.line_locate_point(route.line_m, pts)
 
 
-# Minima of a fix's distance to its route more than _LEG of the corridor's half width apart along
-# the route are separate passes.
+# Near-ties inside a pass (fractions of the corridor's half width): points within _TIE of the
+# nearest, more than _LEG apart along the route, are separate legs.
+_TIE = 0.25
 _LEG = 0.5
 
 
@@ -425,42 +426,34 @@ def _passes(
     if not len(pi):
         return
     prog = index.start_m[si] + t * index.length[si]
+    # Passes by progress, not by segment alone: a hairpin's two legs are neighbouring segments,
+    # yet a fix beside one leg is ~2 x its distance to the turn away, along the route, from the
+    # other. Nearest points within a corridor's width of each other along the route are one pass,
+    # unless a segment between them is out of reach: then the route left the fix's corridor and
+    # came back (a narrow hairpin whose tip lies beyond the half width), and the chain of near
+    # points along it must not join its legs into one pass, or the nearer leg alone would be kept.
     order = np.lexsort((si, prog, pi))
-    pi, si, t, dist, prog = pi[order], si[order], t[order], dist[order], prog[order]
+    pi, si, dist, prog = pi[order], si[order], dist[order], prog[order]
     if isinstance(h, np.ndarray):
         h = h[order]
-    # A pass is where the fix's distance to the route has a local minimum along it: a segment's
-    # foot of the perpendicular, or a vertex both of whose segments end nearest there (a corner),
-    # or the route's first or last point. A straight run of short segments has one minimum however
-    # many of its segments are in reach; a hairpin's legs have one each, however near the fix
-    # is to one of them (GPS noise can put it nearer the wrong one).
-    # Pairs in reach along consecutive segments form a chain; a segment out of reach breaks it.
-    broken = np.ones(len(pi), dtype=bool)
-    broken[1:] = (pi[1:] != pi[:-1]) | (si[1:] - si[:-1] > 1)
-    chain = np.cumsum(broken)
-    n_seg = len(index.start_m)
-    flat = index.length[si] <= 0
-    at_start = (t <= 0.0) | flat
-    at_end = (t >= 1.0) | flat
-    same_next = np.zeros(len(pi), dtype=bool)
-    same_next[:-1] = (pi[1:] == pi[:-1]) & (si[1:] == si[:-1] + 1)
-    next_starts = np.zeros(len(pi), dtype=bool)
-    next_starts[:-1] = at_start[1:]
-    route_start = index.start_m[si] <= 0.0
-    nxt = np.minimum(si + 1, n_seg - 1)
-    route_end = (si == n_seg - 1) | (index.start_m[nxt] <= 0.0)
-    minimum = (
-        (~at_start & ~at_end) | (at_end & ((same_next & next_starts) | route_end)) | (at_start & route_start)
-    )
-    pi, chain, dist, prog = pi[minimum], chain[minimum], dist[minimum], prog[minimum]
+    new = np.ones(len(pi), dtype=bool)
+    if len(pi) > 1:
+        new[1:] = (
+            (pi[1:] != pi[:-1]) | (prog[1:] - prog[:-1] > 2.0 * _tail(h)) | (si[1:] - si[:-1] > 1)
+        )
+    run = np.cumsum(new) - 1
+    # Inside a pass, points about as near as its nearest one but far apart along the route are
+    # the two legs of a U-turn on one street (out and back meet at the turn): which leg the
+    # vehicle is on is continuity's call, so they stay apart; a bend's neighbouring segments
+    # give near points close along the route and stay one pass.
+    starts = np.flatnonzero(new)
+    near = dist <= np.minimum.reduceat(dist, starts)[run] + _TIE * h
+    pi, dist, prog, run = pi[near], dist[near], prog[near], run[near]
     if isinstance(h, np.ndarray):
-        h = h[minimum]
-    # Minima close along the route are one pass (a bend, or the turn of a U-turn on one street,
-    # where out and back meet); minima farther apart, or with a segment out of reach between them
-    # (the route left the fix's corridor and came back), are separate passes.
+        h = h[near]
     leg = np.ones(len(pi), dtype=bool)
     if len(pi) > 1:
-        leg[1:] = (chain[1:] != chain[:-1]) | (prog[1:] - prog[:-1] > _LEG * _tail(h))
+        leg[1:] = (run[1:] != run[:-1]) | (prog[1:] - prog[:-1] > _LEG * _tail(h))
     run = np.cumsum(leg) - 1
     best = np.lexsort((dist, run))
     first = np.ones(len(best), dtype=bool)
