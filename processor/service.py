@@ -336,6 +336,15 @@ def unseen_progress(recent: list[dict[str, Any]], last_batch: int) -> list[dict[
     return [out[b] for b in sorted(out)]
 
 
+def source_offsets(src: Any, key: str) -> Any:
+    """A progress report's source offsets (`key`: startOffset, endOffset), as Spark's Kafka source
+    wrote them: {topic: {partition: offset}}, or None before a checkpoint's first batch. Read from
+    the source's own JSON where the report has one: pyspark 4.0 hands them over as Python's str()
+    of the parsed JSON (4.1 gives JSON text again); a plain dict (a test's) holds them directly."""
+    raw = orjson.loads(src.json)[key] if hasattr(src, "json") else src[key]
+    return orjson.loads(raw) if isinstance(raw, str) else raw
+
+
 def telemetry_events(progress: Any, telemetry_topic: str, first_start: dict[str, int] | None = None) -> int:
     """Telemetry records a micro-batch read, from its Kafka offsets (a stream row is a whole chunk).
 
@@ -346,9 +355,7 @@ def telemetry_events(progress: Any, telemetry_topic: str, first_start: dict[str,
     """
     total = 0
     for src in progress["sources"] or []:
-        start, end = src["startOffset"], src["endOffset"]
-        start = orjson.loads(start) if isinstance(start, str) else start
-        end = orjson.loads(end) if isinstance(end, str) else end
+        start, end = source_offsets(src, "startOffset"), source_offsets(src, "endOffset")
         if not isinstance(end, dict):
             continue
         begin = start.get(telemetry_topic, {}) if isinstance(start, dict) else (first_start or {})

@@ -101,10 +101,11 @@ def _caught_up(q: Any, s: Settings) -> bool:
     p = q.lastProgress
     if not p or not p["sources"]:
         return False
+    from processor.service import source_offsets
+
     end: dict[str, dict[str, int]] = {}
     for src in p["sources"]:
-        e = src["endOffset"]
-        end.update(json.loads(e) if isinstance(e, str) else e)
+        end.update(source_offsets(src, "endOffset") or {})
     hw = _high_watermarks(s)
     return all(int(end.get(t, {}).get(k, -1)) >= v for t, parts in hw.items() for k, v in parts.items())
 
