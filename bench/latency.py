@@ -15,8 +15,11 @@ per-repeat p99 ratios (a knob only wins if it wins in every alternation).
 A variant is `name[:key=value,key=value...]`; keys: `trigger_ms`, `buckets`, `shuffle_partitions`,
 `live` (0/1: live state to Redis), `max_events` (the batch cap), `vehicles` (live vehicles, default
 one per event/s), `state_api` (transformWithState, the job's, or applyInPandasWithState:
-bench/state_api.py), `conf.<spark key>` (any Spark setting). A value may hold commas: a segment without
-`=` belongs to the previous value. The live machinery is bench/processor.py's `live_latency`.
+bench/state_api.py), `conf.<spark key>` (any Spark setting), `tree` and `python` (run the child
+from another checkout with its own interpreter, say a virtualenv with another pyspark: the same
+bench, side by side, across Spark versions; the child is given the variant without these two). A
+value may hold commas: a segment without `=` belongs to the previous value. The live machinery is
+bench/processor.py's `live_latency`.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class Variant:
 
 
 KEYS = ("trigger_ms", "buckets", "shuffle_partitions", "live", "max_events", "vehicles", "state_api")
+# Where a child runs, not what it runs: kept out of the spec the child parses.
+PLACE_KEYS = ("tree", "python")
 
 
 def parse_variant(spec: str) -> Variant:
@@ -79,8 +84,10 @@ def parse_variant(spec: str) -> Variant:
     for seg in rest.split(",") if rest else []:
         if "=" in seg:
             k, v = seg.split("=", 1)
-            if k not in KEYS and not k.startswith("conf."):
-                raise argparse.ArgumentTypeError(f"unknown key {k!r} in {spec!r}: {', '.join(KEYS)}, conf.*")
+            if k not in KEYS and k not in PLACE_KEYS and not k.startswith("conf."):
+                raise argparse.ArgumentTypeError(
+                    f"unknown key {k!r} in {spec!r}: {', '.join(KEYS + PLACE_KEYS)}, conf.*"
+                )
             settings[k] = v
             last = k
         elif last:
@@ -90,11 +97,19 @@ def parse_variant(spec: str) -> Variant:
     return Variant(name, settings)
 
 
+def child_spec(v: Variant) -> str:
+    """The spec a child parses: the variant without where it runs (`PLACE_KEYS`)."""
+    kept = [f"{k}={val}" for k, val in v.settings.items() if k not in PLACE_KEYS]
+    return v.name + (":" + ",".join(kept) if kept else "")
+
+
 def live_config(base: LiveConfig, v: Variant) -> LiveConfig:
     """The bench's common settings with the variant's changes on top."""
     conf = dict(base.spark_conf)
     changes: dict[str, Any] = {}
     for k, val in v.settings.items():
+        if k in PLACE_KEYS:
+            continue
         if k.startswith("conf."):
             conf[k[5:]] = val
         elif k == "live":
@@ -139,12 +154,15 @@ def run_child(args: argparse.Namespace) -> None:
 def run_variant(
     args: argparse.Namespace, s: Settings, v: Variant, spec: str, rate: float, tag: str
 ) -> dict[str, Any]:
-    """One child run on the shared broker, under its own topic prefix (fresh topics)."""
+    """One child run on the shared broker, under its own topic prefix (fresh topics); from the
+    variant's `tree` with its `python` when it names them."""
+    tree = Path(v.settings["tree"]).resolve() if "tree" in v.settings else None
+    python = v.settings.get("python", sys.executable)
     cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
+        python,
+        str(tree / "bench" / "latency.py" if tree else Path(__file__).resolve()),
         "--child",
-        spec,
+        child_spec(v),
         "--bootstrap",
         s.bootstrap_servers,
         "--redis",
@@ -168,9 +186,11 @@ def run_variant(
         "--warmup-s",
         str(args.warmup_s),
     ]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     with console.status(f"{v.name} at {rate:,.0f} ev/s ({tag})…"):
-        out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900, env=env)
+        out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900, env=env, cwd=tree)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         console.print(out.stdout[-3000:], out.stderr[-3000:])

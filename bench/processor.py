@@ -17,7 +17,10 @@ second topic prefix, and the Spark contender run once with each, side by side (`
 alternating the order), with the on/off ratio of throughput and CPU per event. The peers only do
 deviations: deviation alerts are compared across every contender, the route-awareness alerts of the
 Spark runs are reported apart. `--baseline-tree` adds the Spark contender of another checkout (say,
-the commit before #26) on the same topic: what the rules cost against no route awareness at all.
+the commit before #26) on the same topic: what the rules cost against no route awareness at all;
+with `--baseline-python` (that checkout's virtualenv, say with another pyspark) it runs on that
+interpreter and reads the same master data as this tree's first `--route-rules` mode, so the two
+differ only in their code and their Spark.
 """
 
 from __future__ import annotations
@@ -227,8 +230,9 @@ def run_contender(
     bench/processor.py, run from it with it first on the path (the Spark job's Python workers
     included), so its processor is the one measured."""
     script = tree / "bench" / "processor.py" if tree is not None else Path(__file__)
+    python = args.baseline_python if tree is not None and args.baseline_python else sys.executable
     cmd = [
-        sys.executable,
+        python,
         str(script),
         "--child",
         name,
@@ -264,7 +268,7 @@ def run_contender(
         cmd += ["--spark-conf", kv]
     spark = name.startswith("spark")
     before = alert_types(s) if spark else Counter()
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     with console.status(f"running {name}{f' from {tree}' if tree else ''}…"):
@@ -529,10 +533,11 @@ def telemetry_rows(progress: dict[str, Any], topic: str) -> int:
 
 def telemetry_end(progress: dict[str, Any], topic: str) -> int:
     """Sum of the telemetry topic's end offsets in a progress report (any source, either format)."""
+    from processor.service import source_offsets
+
     total = 0
-    for src in progress.get("sources") or []:
-        end = src.get("endOffset")
-        end = orjson.loads(end) if isinstance(end, str) else end
+    for src in progress["sources"] or []:
+        end = source_offsets(src, "endOffset")
         if isinstance(end, dict):
             total += sum(int(x) for x in end.get(topic, {}).values())
     return total
@@ -573,6 +578,10 @@ def main() -> None:
         "--baseline-tree",
         type=Path,
         help="also run the Spark contender of this checkout (e.g. `git worktree add /tmp/pre26 03964a9~1`)",
+    )
+    ap.add_argument(
+        "--baseline-python",
+        help="the baseline tree's interpreter (its own virtualenv, e.g. with another pyspark)",
     )
     ap.add_argument("--latency-s", type=float, default=60.0, help="0 skips the latency phase")
     ap.add_argument(
@@ -634,8 +643,9 @@ def main() -> None:
                 continue
             configs: list[tuple[str, Settings, Path | None]] = [(m, prefixed[m], None) for m in modes]
             if args.baseline_tree:
-                base = prefixed.get("off", first)
-                configs.append((tree_label(args.baseline_tree), base, args.baseline_tree.resolve()))
+                base = first if args.baseline_python else prefixed.get("off", first)
+                label = tree_label(args.baseline_tree, "baseline" if args.baseline_python else "none")
+                configs.append((label, base, args.baseline_tree.resolve()))
             for r in range(args.repeats):
                 for label, ms, tree in configs if r % 2 == 0 else configs[::-1]:
                     res = run_contender(args, ms, name, tree)
@@ -666,12 +676,12 @@ def main() -> None:
         infra.down(s)
 
 
-def tree_label(tree: Path) -> str:
-    """A checkout's commit, to name its Spark contender."""
+def tree_label(tree: Path, role: str = "none") -> str:
+    """A checkout's commit, to name its Spark contender (`none`: without route awareness)."""
     out = subprocess.run(
         ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     )
-    return f"none (tree {out.stdout.strip() or tree.name})"
+    return f"{role} (tree {out.stdout.strip() or tree.name})"
 
 
 def rate_of(res: dict[str, Any]) -> float:
@@ -752,7 +762,7 @@ def comparison(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
             f"{len(by_rules['on'])} / {len(by_rules['off'])} runs"
         )
     for m, base in med.items():
-        if not m.startswith("none"):
+        if not m.startswith(("none", "baseline")):
             continue
         for other in ("off", "on"):
             if other in med:
