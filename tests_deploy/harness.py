@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from fleetfence.probes import free_port
 from fleetfence.testing import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +168,14 @@ class Deployment:
             "FLEETFENCE_MQTT_GATEWAY_PASSWORD": secrets.token_urlsafe(24),
             "FLEETFENCE_MQTT_ALERTS_PASSWORD": secrets.token_urlsafe(24),
             "MQTT_TLS_HOSTNAMES": TLS_HOSTNAMES,
+            # The host's side of the published ports: free ones (a shared machine may use 8000).
+            "API_HOST_PORT": str(free_port("0.0.0.0")),
+            "MQTT_TLS_HOST_PORT": str(free_port("0.0.0.0")),
+            "PROMETHEUS_HOST_PORT": str(free_port()),
+            "GRAFANA_HOST_PORT": str(free_port("0.0.0.0")),
         }
+        self.api_port = int(self.env["API_HOST_PORT"])
+        self.mqtt_tls_port = int(self.env["MQTT_TLS_HOST_PORT"])
         self.reports = self.work / "reports"
         self.reports.mkdir(parents=True, exist_ok=True)
         self.reports.chmod(0o777)  # the driver runs as the images' user (uid 10001)
@@ -212,9 +220,9 @@ class Deployment:
                 "FLEETFENCE_STATE_DIR": "/tmp/fleetfence",
                 "FLEETFENCE_LOG_LEVEL": "WARNING",
                 # As an operator and a fleet would: the published ports, through the host.
-                "FLEETFENCE_SIMULATOR_API_URL": "http://host.docker.internal:8000",
+                "FLEETFENCE_SIMULATOR_API_URL": f"http://host.docker.internal:{self.api_port}",
                 "FLEETFENCE_SIMULATOR_API_KEY": "${FLEETFENCE_DEPLOY_API_KEY:-}",
-                "FLEETFENCE_SIMULATOR_MQTT_URL": "mqtts://host.docker.internal:8883",
+                "FLEETFENCE_SIMULATOR_MQTT_URL": f"mqtts://host.docker.internal:{self.mqtt_tls_port}",
                 "FLEETFENCE_SIMULATOR_MQTT_CA": "/certs/ca.crt",
                 "COLUMNS": "160",
             },
@@ -405,10 +413,16 @@ b = os.environ["FLEETFENCE_KAFKA_BOOTSTRAP"]
 md = AdminClient({"bootstrap.servers": b}).list_topics(timeout=20)
 t = md.topics["fleet.telemetry"]
 c = Consumer({"bootstrap.servers": b, "group.id": "deploytest-probe"})
-ends = sum(c.get_watermark_offsets(TopicPartition("fleet.telemetry", p), timeout=20)[1] for p in t.partitions)
+ends = {}
+for p in t.partitions:
+    try:  # None while the partition has no leader to answer (a broker just killed)
+        ends[str(p)] = c.get_watermark_offsets(TopicPartition("fleet.telemetry", p), timeout=5)[1]
+    except Exception:
+        ends[str(p)] = None
 c.close()
 print(json.dumps({"leaders": {str(p): t.partitions[p].leader for p in t.partitions},
                   "isr": {str(p): list(t.partitions[p].isrs) for p in t.partitions},
                   "replicas": {str(p): list(t.partitions[p].replicas) for p in t.partitions},
-                  "controller": md.controller_id, "records": ends}))
+                  "controller": md.controller_id, "ends": ends,
+                  "records": None if None in ends.values() else sum(ends.values())}))
 """

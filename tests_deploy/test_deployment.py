@@ -34,13 +34,13 @@ def assert_exact(report: dict[str, Any]) -> dict[str, Any]:
 
 def test_published_ports_answer(deployment: Deployment) -> None:
     """The admin API on 8000 and the vehicles' TLS listener on 8883, from the host."""
-    with urllib.request.urlopen("http://127.0.0.1:8000/readyz", timeout=10) as resp:
+    with urllib.request.urlopen(f"http://127.0.0.1:{deployment.api_port}/readyz", timeout=10) as resp:
         assert resp.status == 200
     ctx = ssl.create_default_context(cadata=deployment.driver("cat", "/certs/ca.crt", timeout_s=120).stdout)
     import socket
 
     with (
-        socket.create_connection(("127.0.0.1", 8883), timeout=10) as raw,
+        socket.create_connection(("127.0.0.1", deployment.mqtt_tls_port), timeout=10) as raw,
         ctx.wrap_socket(raw, server_hostname="localhost") as tls,
     ):
         assert tls.version() in ("TLSv1.2", "TLSv1.3")
@@ -69,7 +69,8 @@ def test_fleet_over_tls_alerts_equal_the_ground_truth(deployment: Deployment) ->
     step = assert_exact(deployment.report("steady"))
     print(
         f"\nsteady: {step['accuracy']['expected']} alerts as expected, event->alert p99 "
-        f"{step['latency_event']['p99_ms']} ms, {step['reconciliation']['acked']} fixes"
+        f"{step['latency_event']['p99_ms']} ms, receipt->alert p99 {step['latency_receipt']['p99_ms']} ms, "
+        f"{step['reconciliation']['acked']} fixes"
     )
 
 
