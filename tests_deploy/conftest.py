@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests_deploy import measure
 from tests_deploy.harness import Daemon, Deployment, build_local_images
 
 
@@ -38,6 +39,8 @@ def deployment() -> Iterator[Deployment]:
                 dep.timings["local_images_s"] = images_s
                 print(f"\ndeploy-test timings: {dep.timings}")
                 yield dep
+                if measure.ROWS:
+                    print(f"\n{measure.table()}")
             finally:
                 dep.down()
                 left = dep.leftovers()

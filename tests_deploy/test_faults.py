@@ -6,8 +6,8 @@ record) and by the alerts compared with the ground truth (precision = recall = 1
 
 What a user sees is measured from the load test's one-second samples: how long the fleet's
 publishing stalled (PUBACKs stopped coming), the worst PUBACK p99 of a second, and the
-event->alert p99 of the run; `FAULTS` collects them and the session prints the table that
-docs/deploy.md records.
+receipt->alert latency of the run (tests_deploy/measure.py; the session prints the table that
+docs/deploy.md records).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,32 +27,12 @@ import pytest
 
 from fleetfence.testing import wait_for
 from tests_deploy.harness import TOPIC_PROBE, DeployError, Deployment, run
-from tests_deploy.test_deployment import assert_exact
+from tests_deploy.measure import MEASURED, record
 
 pytestmark = pytest.mark.deploy
 
 VEHICLES = 100
 DURATION_S = 90.0
-FAULTS: list[dict[str, Any]] = []
-# What a fault's own steps measured (seconds from the fault), for its row of the table.
-MEASURED: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _table() -> Iterator[None]:
-    yield
-    if FAULTS:
-        print(
-            "\n| fault | vehicles' PUBACKs stalled | worst PUBACK p99 of a second | nothing reached Kafka "
-            "| receipt->alert p50 / p99 | fixes | alerts | lost |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
-        for f in FAULTS:
-            print(
-                f"| {f['fault']} | {f['stall_s']:.0f} s | {f['puback_p99_max_ms']:,.0f} ms | "
-                f"{f['forward_stall_s']:.0f} s | {f['receipt_alert_p50_ms'] / 1000:,.1f} s / "
-                f"{f['receipt_alert_p99_ms'] / 1000:,.1f} s | {f['fixes']:,} | {f['alerts']} | {f['lost']} |"
-            )
 
 
 def probe(dep: Deployment) -> dict[str, Any]:
@@ -88,23 +68,6 @@ def docker(*argv: str, timeout_s: float = 120) -> str:
     return run(["docker", *argv], timeout_s=timeout_s).stdout
 
 
-def stall_s(samples: list[dict[str, Any]], rate: str) -> float:
-    """The longest run of one-second samples in which the fleet published (target > 0) but `rate`
-    was zero: `publish_rate` (no PUBACK reached the vehicles), `gateway_forwarded_rate` (nothing
-    reached Kafka)."""
-    worst = run_s = 0.0
-    prev_t = None
-    for s in samples:
-        dt = s["t_s"] - prev_t if prev_t is not None else 1.0
-        prev_t = s["t_s"]
-        if s["target_rate"] > 0 and s[rate] == 0:
-            run_s += dt
-            worst = max(worst, run_s)
-        else:
-            run_s = 0.0
-    return worst
-
-
 def under_load(dep: Deployment, name: str, fault: Callable[[], None], tmp_path: Path) -> dict[str, Any]:
     """Run the fleet, inject `fault` once publishing is under way, wait for the run, check it exact."""
     log = tmp_path / f"{name}.log"
@@ -125,27 +88,7 @@ def under_load(dep: Deployment, name: str, fault: Callable[[], None], tmp_path: 
             proc.kill()
             proc.wait(30)
     assert rc == 0, f"{name}: the load test failed:\n{log.read_text()[-8000:]}"
-    report = dep.report(name)
-    step = assert_exact(report)
-    row = {
-        "fault": name,
-        "stall_s": stall_s(report["samples"], "publish_rate"),
-        "forward_stall_s": stall_s(report["samples"], "gateway_forwarded_rate"),
-        "max_processor_lag": max(s["processor_lag"] for s in report["samples"]),
-        "puback_p99_max_ms": max((s["puback_p99_ms"] or 0.0) for s in report["samples"]),
-        "alert_p99_ms": step["latency_event"]["p99_ms"] or 0.0,
-        # From the triggering fix's receipt by the gateway: the pipeline's own delay.
-        "receipt_alert_p99_ms": step["latency_receipt"]["p99_ms"] or 0.0,
-        "receipt_alert_p50_ms": step["latency_receipt"]["p50_ms"] or 0.0,
-        "fixes": step["reconciliation"]["acked"],
-        "alerts": step["accuracy"]["expected"],
-        "lost": "nothing",
-    }
-    row.update({k: round(v, 1) for k, v in MEASURED.items()})
-    MEASURED.clear()
-    FAULTS.append(row)
-    print(f"\n{name}: {row}")
-    return row
+    return record(name, dep.report(name))
 
 
 def kill(dep: Deployment, service: str, *, stay_down: bool) -> str:
@@ -226,6 +169,7 @@ def test_two_of_three_brokers_down_then_one_back(deployment: Deployment, tmp_pat
 
     def fault() -> None:
         first, second = dep.kafka_nodes[1], dep.kafka_nodes[2]
+        t_kill = time.monotonic()
         c1 = kill(dep, first, stay_down=True)
         c2 = kill(dep, second, stay_down=True)
         # Writes stall: min.insync.replicas=2 cannot be met. Observed, not slept on: the end
@@ -238,17 +182,21 @@ def test_two_of_three_brokers_down_then_one_back(deployment: Deployment, tmp_pat
             return len(seen) >= 5 and seen[-1] == seen[-5]
 
         wait_for(stalled, 180, "writes stalled with two brokers down", interval_s=2.0, ignore=(DeployError,))
+        MEASURED["brokers down, then one restarted, after"] = time.monotonic() - t_kill
+        frozen = seen[-1]
         t0 = time.monotonic()
         revive(dep, first, c1)
-        n = readable_records(dep)
-        MEASURED["writes answered again after restart"] = time.monotonic() - t0
-        wait_for(
-            lambda: records(dep) > n + 5 * VEHICLES,
-            300,
-            "writes resumed with two brokers",
-            interval_s=2.0,
-            ignore=(DeployError,),
-        )
+
+        def resumed() -> bool:
+            # The stalled partitions took writes again (the backlog held in Mosquitto and the
+            # gateways, then the fleet's new fixes).
+            ends = probe(dep)["ends"]
+            return any((ends.get(p) or 0) > n for p, n in frozen.items()) or (
+                not frozen and None not in ends.values()
+            )
+
+        wait_for(resumed, 300, "writes resumed with two brokers", interval_s=1.0, ignore=(DeployError,))
+        MEASURED["writes taken again after the restart"] = time.monotonic() - t0
         revive(dep, second, c2)
         wait_for(
             lambda: fully_replicated(dep), 300, "every ISR whole again", interval_s=2.0, ignore=(DeployError,)
