@@ -99,6 +99,7 @@ class RunningInstallation:
                 + " (fleetfence status shows the installation)"
             )
         self.known: dict[str, Registered] = {e.key: e for e in entries}
+        self._missing_since: dict[str, float] = {}
         self._scanned = time.monotonic()
         self._redis = redis.Redis.from_url(
             settings.redis_dsn, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
@@ -140,13 +141,21 @@ class RunningInstallation:
                 "loadtest service registry unreadable redis=%s error=%s", self.settings.redis_dsn, exc
             )
             return
+        now_s = time.monotonic()
         for key, raw in zip(keys, raws, strict=True):
             rec = self.known[key].record
             if raw is None:
+                # Gone for longer than a heartbeat can take to put it back: stopped or killed. A key
+                # missing for less is Redis restarted (its key expired while Redis was down) and
+                # the service announcing itself again.
+                since = self._missing_since.setdefault(key, now_s)
+                if now_s - since <= self.settings.registry_ttl_s:
+                    continue
                 raise ServiceUnavailableError(
                     f"{_name(rec)} left the service registry during the run (stopped or killed): "
                     "its counters can no longer be read, so the counts cannot reconcile"
                 )
+            self._missing_since.pop(key, None)
             now = ServiceRecord.from_json(raw)
             if _identity(now) != _identity(rec):
                 raise ServiceUnavailableError(
