@@ -11,15 +11,24 @@
 # the same cache layout as `fleetfence infra jars` on a developer machine, and the Java images carry
 # that cache (FLEETFENCE_JAR_CACHE), so they start offline.
 
+# The public base images, overridable (docker-compose.yml passes FLEETFENCE_PYTHON_IMAGE and
+# FLEETFENCE_NODE_IMAGE; deploy/images/build-local.sh builds stand-ins where no registry is reachable).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG NODE_IMAGE=node:20-bookworm-slim
 
 # ---------------------------------------------------------------- build: the virtualenv
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+# The dependencies first, in a layer of their own: a change to FleetFence's code rebuilds only the
+# layers from here on (seconds), not pyspark and the rest (minutes).
+RUN /opt/venv/bin/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\\n')" > /tmp/requirements.txt \
+    && /opt/venv/bin/pip install -r /tmp/requirements.txt
+COPY README.md ./
 COPY cli ./cli
+COPY embedded ./embedded
 COPY fleetfence ./fleetfence
 COPY gateway ./gateway
 COPY processor ./processor
@@ -28,7 +37,8 @@ COPY alerts ./alerts
 COPY admin_api ./admin_api
 COPY simulator ./simulator
 COPY history ./history
-RUN /opt/venv/bin/pip install . \
+COPY loadtest ./loadtest
+RUN /opt/venv/bin/pip install --no-deps . \
     && chmod 0755 /opt/venv/lib/python3.11/site-packages/pyspark/bin/*
 
 # ---------------------------------------------------------------- jars: Spark's Kafka connector
@@ -46,7 +56,7 @@ RUN /opt/venv/bin/fleetfence infra jars spark \
 
 # ---------------------------------------------------------------- web: the live map's npm packages
 # Leaflet and Geoman, pinned by web/package-lock.json; the api image serves them at /static/vendor.
-FROM node:20-bookworm-slim AS web
+FROM ${NODE_IMAGE} AS web
 WORKDIR /web
 COPY web/package.json web/package-lock.json ./
 RUN npm ci --no-audit --no-fund

@@ -33,6 +33,7 @@ class TopicSpec:
     name: str
     partitions: int
     configs: dict[str, str] = field(default_factory=dict)
+    replication_factor: int = 1
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
@@ -41,15 +42,26 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     `fleet.master` has one partition so every consumer sees master changes in one total order
     (the processor relies on that for deterministic replays) and is compacted so the latest version
     of each entity is kept forever.
+
+    Every topic gets `FLEETFENCE_TOPIC_REPLICATION_FACTOR` replicas and
+    `FLEETFENCE_TOPIC_MIN_INSYNC_REPLICAS` (1 and 1 for the embedded single broker; 3 and 2 on a
+    cluster): with the producers' acks=all, an acknowledged record is on that many brokers.
     """
     t = settings.topics
+    if settings.topic_min_insync_replicas > settings.topic_replication_factor:
+        raise InfraError(
+            f"FLEETFENCE_TOPIC_MIN_INSYNC_REPLICAS={settings.topic_min_insync_replicas} exceeds "
+            f"FLEETFENCE_TOPIC_REPLICATION_FACTOR={settings.topic_replication_factor}: no write could succeed"
+        )
+    rf = settings.topic_replication_factor
+    isr = {"min.insync.replicas": str(settings.topic_min_insync_replicas)}
     return [
-        TopicSpec(t.telemetry, settings.telemetry_partitions, {"retention.ms": str(7 * DAY_MS)}),
-        TopicSpec(t.alerts, settings.alerts_partitions, {"retention.ms": str(30 * DAY_MS)}),
-        TopicSpec(t.telemetry_dlq, 1, {"retention.ms": str(30 * DAY_MS)}),
-        TopicSpec(t.alerts_dlq, 1, {"retention.ms": str(30 * DAY_MS)}),
-        TopicSpec(t.master, 1, {"cleanup.policy": "compact"}),
-        TopicSpec(t.processor_commits, 1, {"cleanup.policy": "compact"}),
+        TopicSpec(t.telemetry, settings.telemetry_partitions, {"retention.ms": str(7 * DAY_MS), **isr}, rf),
+        TopicSpec(t.alerts, settings.alerts_partitions, {"retention.ms": str(30 * DAY_MS), **isr}, rf),
+        TopicSpec(t.telemetry_dlq, 1, {"retention.ms": str(30 * DAY_MS), **isr}, rf),
+        TopicSpec(t.alerts_dlq, 1, {"retention.ms": str(30 * DAY_MS), **isr}, rf),
+        TopicSpec(t.master, 1, {"cleanup.policy": "compact", **isr}, rf),
+        TopicSpec(t.processor_commits, 1, {"cleanup.policy": "compact", **isr}, rf),
     ]
 
 
@@ -68,7 +80,12 @@ def ensure_topics(bootstrap: str, specs: list[TopicSpec], timeout_s: float = 15.
     if missing:
         futures = admin.create_topics(
             [
-                NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=s.configs)
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=s.replication_factor,
+                    config=s.configs,
+                )
                 for s in missing
             ],
             operation_timeout=timeout_s,

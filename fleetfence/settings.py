@@ -101,6 +101,18 @@ class Settings(BaseSettings):
     redis_prefix: str = Field(default="ff:", description="Prefix for every Redis key FleetFence writes.")
     telemetry_partitions: int = Field(default=4, ge=1)
     alerts_partitions: int = Field(default=4, ge=1)
+    topic_replication_factor: int = Field(
+        default=1,
+        ge=1,
+        description="Replicas of every topic `infra up` creates: 1 for the embedded single broker, "
+        "3 on a cluster of three or more (docker-compose.yml).",
+    )
+    topic_min_insync_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="`min.insync.replicas` of those topics: with acks=all a write is acknowledged once "
+        "this many replicas have it (2 with 3 replicas: one broker may be down, none lost).",
+    )
     # Service start-up.
     startup_timeout_s: float = Field(default=30.0, gt=0)
     log_level: str = Field(default="INFO")

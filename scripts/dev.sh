@@ -60,5 +60,17 @@ case "$cmd" in
   demo) exec fleetfence demo "$@" ;;
   test) exec python -m pytest "$@" ;;
   lint) ruff check . && ruff format --check . && mypy ;;
-  *) echo "usage: bash scripts/dev.sh demo|test|lint [args]" >&2; exit 2 ;;
+  # The compose deployment built and run for real, with its faults (tests_deploy/): needs root, and
+  # installs Docker and debootstrap from apt when missing; builds local stand-ins for the public images.
+  deploy-test)
+    need=()
+    command -v dockerd >/dev/null || need+=(docker.io)
+    command -v docker-compose >/dev/null || need+=(docker-compose)
+    command -v debootstrap >/dev/null || need+=(debootstrap)
+    if [ ${#need[@]} -gt 0 ]; then
+      as_root apt-get update -q
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+    fi
+    exec python -m pytest -p no:cacheprovider -s tests_deploy "$@" ;;
+  *) echo "usage: bash scripts/dev.sh demo|test|lint|deploy-test [args]" >&2; exit 2 ;;
 esac

@@ -16,9 +16,11 @@ import logging
 import resource
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Hashable, Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -177,10 +179,12 @@ class FleetMqttSink(PubackCounter):
         inflight: int,
         accuracy_m: float,
         connect_timeout_s: float = 60.0,
+        tls_ca: Path | None = None,
     ) -> None:
         _raise_fd_limit(len(credentials) + 256)
         super().__init__(inflight)
         self.host, self.port = host, port
+        self.tls_ca = tls_ca  # TLS (the broker's vehicles' listener), verified with this CA
         self.accuracy_m = accuracy_m
         self.refused = 0
         self._sel = selectors.DefaultSelector()
@@ -221,6 +225,8 @@ class FleetMqttSink(PubackCounter):
     def _connect(self, vid: str, secret: str) -> mqtt.Client:
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=vid, protocol=mqtt.MQTTv5, userdata=vid)
         c.username_pw_set(vid, secret)
+        if self.tls_ca is not None:
+            c.tls_set(ca_certs=str(self.tls_ca))
         c.max_queued_messages_set(0)
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
@@ -296,6 +302,8 @@ class FleetMqttSink(PubackCounter):
                 if c.loop_read() != mqtt.MQTT_ERR_SUCCESS:
                     self._lost(c)
                     continue
+                if not self._drain_tls(c):
+                    continue
                 if c.want_write():  # PUBACKs freed in-flight room: queued messages go out
                     c.loop_write()
             with self._dirty_lock:
@@ -316,6 +324,16 @@ class FleetMqttSink(PubackCounter):
                     if now >= when:
                         del self._down[c]
                         self._reconnect(c)
+
+    def _drain_tls(self, c: mqtt.Client) -> bool:
+        """TLS: what is already decrypted in the socket's buffer never wakes select(); read it.
+        False when the connection was lost meanwhile."""
+        sock = self._socks.get(c)
+        while isinstance(sock, ssl.SSLSocket) and sock.pending():
+            if c.loop_read() != mqtt.MQTT_ERR_SUCCESS:
+                self._lost(c)
+                return False
+        return True
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError):  # a wake-up is pending already

@@ -279,9 +279,12 @@ def run_simulation(
                 secrets = issue_credentials_api(vids, opts.api_url, opts.api_key, progress=issued)
             else:
                 secrets = issue_credentials_direct(settings, vids, progress=issued)
+            host, port, tls_ca = settings.vehicle_broker()
             sink = FleetMqttSink(
-                *settings.mqtt_host_port,
+                host,
+                port,
                 secrets,
+                tls_ca=tls_ca,
                 inflight=settings.simulator_mqtt_inflight,
                 accuracy_m=accuracy,
             )

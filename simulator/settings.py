@@ -7,8 +7,12 @@ both sides at once.
 
 from __future__ import annotations
 
+from pathlib import Path
+from urllib.parse import urlparse
+
 from pydantic import Field
 
+from fleetfence.errors import ConfigError
 from fleetfence.rules import ProcessorRules
 from fleetfence.settings import Settings
 
@@ -21,6 +25,15 @@ class SimulatorSettings(Settings):
     simulator_mqtt_inflight: int = Field(
         default=1000, ge=1, le=65535, description="MQTT QoS 1 in-flight window."
     )
+    simulator_mqtt_url: str | None = Field(
+        default=None,
+        description="The broker the simulated vehicles connect to, as a real fleet does: "
+        "mqtts://host:8883 (TLS, verified with FLEETFENCE_SIMULATOR_MQTT_CA) or mqtt://host:port; "
+        "unset: FLEETFENCE_MQTT_URL (or the embedded broker).",
+    )
+    simulator_mqtt_ca: Path | None = Field(
+        default=None, description="CA certificate that signed the broker's TLS certificate (mqtts://)."
+    )
     # The processor's own variables (FLEETFENCE_PROCESSOR_*): the truth must assume what it applies.
     processor_lateness_s: float = Field(default=ProcessorRules.lateness_ms / 1000, ge=0)
     processor_hysteresis_m: float = Field(default=ProcessorRules.hysteresis_m, ge=0)
@@ -30,6 +43,22 @@ class SimulatorSettings(Settings):
     processor_arrival_hysteresis_s: float = Field(default=ProcessorRules.arrival_hysteresis_s, ge=0)
     processor_eta_warmup_s: float = Field(default=ProcessorRules.eta_warmup_s, ge=0)
     processor_eta_min_speed_kmh: float = Field(default=ProcessorRules.eta_min_speed_kmh, gt=0)
+
+    def vehicle_broker(self) -> tuple[str, int, Path | None]:
+        """(host, port, CA file for TLS or None) the simulated vehicles connect to."""
+        if self.simulator_mqtt_url is None:
+            return (*self.mqtt_host_port, None)
+        u = urlparse(self.simulator_mqtt_url)
+        if u.scheme not in ("mqtt", "mqtts") or not u.hostname:
+            raise ConfigError(
+                "FLEETFENCE_SIMULATOR_MQTT_URL must look like mqtts://host:port, "
+                f"got {self.simulator_mqtt_url!r}"
+            )
+        if u.scheme == "mqtt":
+            return u.hostname, u.port or 1883, None
+        if self.simulator_mqtt_ca is None:
+            raise ConfigError("FLEETFENCE_SIMULATOR_MQTT_URL=mqtts://... needs FLEETFENCE_SIMULATOR_MQTT_CA")
+        return u.hostname, u.port or 8883, self.simulator_mqtt_ca
 
     def assumptions(self) -> ProcessorRules:
         return ProcessorRules(

@@ -30,8 +30,9 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DEPLOY = ROOT / "deploy"
 
+KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
 EXPECTED_SERVICES = {
-    "kafka",
+    *KAFKA_NODES,
     "mosquitto",
     "redis",
     "spark-master",
@@ -86,6 +87,17 @@ def target_of(svc: dict[str, Any]) -> str | None:
 
 def services_with_target(target: str) -> dict[str, dict[str, Any]]:
     return {name: s for name, s in services().items() if target_of(s) == target}
+
+
+IMAGE_VAR_RE = re.compile(r"\$\{(FLEETFENCE_[A-Z]+_IMAGE):-([^}]+)\}")
+
+
+def image_default(image: str) -> str:
+    """The image a user pulls: the default of `${FLEETFENCE_<NAME>_IMAGE:-default}` (every public
+    image can be overridden, e.g. by the local stand-ins of deploy/images/build-local.sh)."""
+    m = IMAGE_VAR_RE.fullmatch(image)
+    assert m, f"image {image} is not overridable as ${{FLEETFENCE_<NAME>_IMAGE:-<default>}}"
+    return m.group(2)
 
 
 @cache
@@ -236,6 +248,7 @@ def test_images_are_pinned_or_built_from_our_dockerfile() -> None:
             assert build.get("dockerfile", "Dockerfile") == "Dockerfile"
             assert build.get("target") in stages, f"{name}: target {build.get('target')} not in Dockerfile"
         if image is not None:
+            image = image_default(image)
             assert "$" not in image, f"{name}: image from a variable cannot be checked: {image}"
             repo, sep, tag = image.rpartition(":")
             assert sep, f"{name}: image {image} has no tag"
@@ -253,7 +266,7 @@ def test_dockerfile_targets_base_java_and_user() -> None:
     text = DOCKERFILE.read_text()
     assert "python:3.11-slim-bookworm" in text
     assert "openjdk-17-jre-headless" in text
-    assert re.search(r"pip install \.", text)
+    assert re.search(r"pip install (--no-deps )?\.", text)
 
     def ancestry(stage: str) -> list[str]:
         chain = [stage]
@@ -278,7 +291,7 @@ def test_volumes_are_declared_and_bind_mounts_exist() -> None:
             else:
                 assert source in declared, f"{name}: volume {source} is not declared"
                 used.add(source)
-    for vol in ("kafka-data", "redis-data", "spark-checkpoints"):
+    for vol in (*(f"{k}-data" for k in KAFKA_NODES), "redis-data", "spark-checkpoints"):
         assert vol in used, f"named volume {vol} is not used"
     assert not declared - used, f"declared but unused volumes: {sorted(declared - used)}"
 
@@ -476,7 +489,7 @@ def test_mosquitto_refuses_anonymous_clients_and_loads_the_plugin() -> None:
     assert lines.index("plugin /usr/lib/mosquitto_dynamic_security.so") < first_listener
     configs = [line.split(maxsplit=1)[1] for line in lines if line.startswith("plugin_opt_config_file ")]
     assert len(configs) == 1
-    assert services()["mosquitto"]["image"].startswith("eclipse-mosquitto:2.")
+    assert image_default(services()["mosquitto"]["image"]).startswith("eclipse-mosquitto:2.")
 
 
 def test_vehicles_get_tls_and_services_the_plain_listener_inside() -> None:
@@ -685,12 +698,68 @@ def test_no_latest_anywhere(name: str) -> None:
 def test_compose_kafka_is_the_embedded_kafka_version() -> None:
     from fleetfence.jars import pom_property
 
-    image = services()["kafka"]["image"]
-    repo, _, tag = image.rpartition(":")
-    assert repo == "apache/kafka"
-    assert tag == pom_property("kafka", "kafka.version"), (
-        f"docker-compose.yml runs Kafka {tag}, the embedded broker {pom_property('kafka', 'kafka.version')}"
-    )
+    for node in KAFKA_NODES:
+        image = image_default(services()[node]["image"])
+        repo, _, tag = image.rpartition(":")
+        assert repo == "apache/kafka"
+        embedded = pom_property("kafka", "kafka.version")
+        assert tag == embedded, f"docker-compose.yml runs Kafka {tag}, the embedded broker {embedded}"
+
+
+def test_dockerfile_copies_every_package_the_wheel_installs() -> None:
+    """`pip install .` in the build stage installs what pyproject's package list finds: a package
+    left out of the COPY lines is missing from every image (the `fleetfence` command imports them)."""
+    import tomllib
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {p.rstrip("*") for p in found["include"]}
+    copied = set(re.findall(r"(?m)^COPY (\w+) \./\1$", DOCKERFILE.read_text()))
+    assert packages <= copied, f"not copied into the build stage: {sorted(packages - copied)}"
+
+
+def test_dockerfile_base_images_are_overridable_build_arguments() -> None:
+    text = DOCKERFILE.read_text()
+    args = dict(re.findall(r"(?m)^ARG (\w+)=(\S+)$", text))
+    assert args.get("PYTHON_IMAGE") == "python:3.11-slim-bookworm"
+    assert args.get("NODE_IMAGE", "").startswith("node:")
+    froms = re.findall(r"(?m)^FROM (\S+)", text)
+    stages = dockerfile_stages()
+    assert all(f in stages or f in {"${PYTHON_IMAGE}", "${NODE_IMAGE}"} for f in froms), froms
+    for name, svc in services().items():
+        if svc.get("build"):
+            build_args = svc["build"].get("args") or {}
+            assert image_default(build_args["PYTHON_IMAGE"]) == args["PYTHON_IMAGE"], name
+            assert image_default(build_args["NODE_IMAGE"]) == args["NODE_IMAGE"], name
+
+
+def test_kafka_is_three_kraft_voters_and_topics_are_replicated() -> None:
+    """Three nodes, each broker and controller, one quorum of three voters; FleetFence's topics and
+    the internal ones with three replicas and min.insync.replicas=2 (producers write acks=all)."""
+    from fleetfence.kafka import producer_config
+
+    svcs = services()
+    voters = set()
+    for i, node in enumerate(KAFKA_NODES, start=1):
+        env = env_of(svcs[node])
+        assert env["KAFKA_NODE_ID"] == str(i)
+        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{node}:9092"
+        voters.add(env["KAFKA_CONTROLLER_QUORUM_VOTERS"])
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3"
+        assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "3"
+        assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "2"
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+        assert env["CLUSTER_ID"] == env_of(svcs[KAFKA_NODES[0]])["CLUSTER_ID"]
+        assert f"{node}-data:/var/lib/kafka/data" in svcs[node]["volumes"]
+    assert voters == {",".join(f"{i}@{n}:9093" for i, n in enumerate(KAFKA_NODES, start=1))}
+    init = env_of(svcs["init"])
+    assert init["FLEETFENCE_TOPIC_REPLICATION_FACTOR"] == "3"
+    assert init["FLEETFENCE_TOPIC_MIN_INSYNC_REPLICAS"] == "2"
+    bootstrap = env_of(svcs["api"])["FLEETFENCE_KAFKA_BOOTSTRAP"]
+    assert set(bootstrap.split(",")) == {f"{n}:9092" for n in KAFKA_NODES}
+    cfg = producer_config(bootstrap)
+    assert cfg["acks"] == "all"
+    assert cfg["enable.idempotence"] is True
 
 
 def test_pyspark_pin_is_the_spark_version_of_the_jars() -> None:
