@@ -438,9 +438,7 @@ def _passes(
         h = h[order]
     new = np.ones(len(pi), dtype=bool)
     if len(pi) > 1:
-        new[1:] = (
-            (pi[1:] != pi[:-1]) | (prog[1:] - prog[:-1] > 2.0 * _tail(h)) | (si[1:] - si[:-1] > 1)
-        )
+        new[1:] = (pi[1:] != pi[:-1]) | (prog[1:] - prog[:-1] > 2.0 * _tail(h)) | (si[1:] - si[:-1] > 1)
     run = np.cumsum(new) - 1
     # Inside a pass, points about as near as its nearest one but far apart along the route are
     # the two legs of a U-turn on one street (out and back meet at the turn): which leg the
