@@ -195,13 +195,9 @@ def main() -> None:
 
 
 def record(runs: list[Run], args: argparse.Namespace) -> None:
-    cmd = "  .venv/bin/python bench/accuracy.py " + " ".join(
-        [
-            f"--seeds {' '.join(map(str, args.seeds))}",
-            f"--vehicles {args.vehicles}",
-            f"--big {args.big}",
-            "--record",
-        ]
+    cmd = (
+        f"  .venv/bin/python bench/accuracy.py --seed {args.seed} --steps {args.steps} "
+        f"--vehicles {args.vehicles} --growth {args.growth} --big {args.big} --record"
     )
     types = sorted({k for r in runs for k in r.accuracy["per_type"]})
     exact_types = [
