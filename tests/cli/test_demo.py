@@ -45,9 +45,7 @@ def test_demo_pipeline_is_exact(tmp_path: Path) -> None:
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-6000:]
     assert "PASS" in text
-    all_row = re.search(
-        r"ALL[\s│]+(\d+)[\s│]+(\d+)[\s│]+(\d+)[\s│]+([\d.]+)[\s│]+([\d.]+)[\s│]+(\d+)", text
-    )
+    all_row = re.search(r"ALL[\s│]+(\d+)[\s│]+(\d+)[\s│]+(\d+)[\s│]+([\d.]+)[\s│]+([\d.]+)[\s│]+(\d+)", text)
     assert all_row is not None, text[-3000:]
     expected, observed, matched, precision, recall, dups = all_row.groups()
     assert int(expected) >= 3
