@@ -41,6 +41,7 @@ from simulator.register import (
     RegistrationReport,
     issue_credentials_api,
     issue_credentials_direct,
+    moved_schedules,
     register_api,
     register_direct,
     scenario_entities,
@@ -48,6 +49,7 @@ from simulator.register import (
 from simulator.scenario import Scenario, ScenarioStats, TickBatch
 from simulator.settings import SimulatorSettings
 from simulator.truth import RunHeader, TruthAlert, TruthWriter
+from vehicle_master.models import EntityData
 
 logger = logging.getLogger(__name__)
 
@@ -245,9 +247,9 @@ def run_simulation(
     registration: RegistrationReport | None = None
     accuracy = round(max(2 * cfg.noise_sigma_m, 0.5), 1)
     with progress:
-        if opts.register:
-            entities = scenario_entities(sc)
-            task = progress.add_task("register", total=len(entities), info="")
+
+        def register(entities: list[EntityData], what: str) -> RegistrationReport:
+            task = progress.add_task(what, total=len(entities), info="")
 
             def advance(n: int) -> None:
                 progress.advance(task, n)
@@ -257,12 +259,16 @@ def run_simulation(
                     raise InfraError(
                         "--api-url needs an admin API key (--api-key or FLEETFENCE_SIMULATOR_API_KEY)"
                     )
-                registration = register_api(settings, entities, opts.api_url, opts.api_key, progress=advance)
+                report = register_api(settings, entities, opts.api_url, opts.api_key, progress=advance)
             else:
-                registration = register_direct(settings, entities, run_relay=opts.run_relay, progress=advance)
+                report = register_direct(settings, entities, run_relay=opts.run_relay, progress=advance)
             logger.info(
-                "scenario registered entities=%s changed=%s", registration.entities, registration.changed
+                "scenario registered what=%s entities=%s changed=%s", what, report.entities, report.changed
             )
+            return report
+
+        if opts.register:
+            registration = register(scenario_entities(sc), "register")
 
         sink: Sink
         if opts.direct:
@@ -294,23 +300,34 @@ def run_simulation(
                 inflight=settings.simulator_mqtt_inflight,
                 accuracy_m=accuracy,
             )
-        if opts.realtime and opts.start_now:
-            # Once the sink is ready (each vehicle's credentials issued, its connection up): the
-            # first tick leaves at once, not late by however long the set-up took.
-            now_ms = int(time.time() * 1000)
-            cfg = replace(cfg, start_ms=now_ms - now_ms % cfg.period_ms + cfg.period_ms)
-            sc = Scenario(cfg)  # same seed: the same city and plan, only the clock moves
-
-        if opts.sink_observer is not None:
-            opts.sink_observer(sink)
-        writer = TruthWriter(opts.truth_path)
-        task = progress.add_task("publish", total=cfg.n_ticks, info="")
-        pending: list[TruthAlert] = []
-        wall_of_tick: dict[int, int] = {}
-        t0 = time.monotonic()
-        wall0 = cfg.start_ms / 1000.0 if opts.realtime else 0.0
-        last_ts = cfg.start_ms
         try:
+            if opts.realtime and opts.start_now:
+                # Once the sink is ready (each vehicle's credentials issued, its connection up): the
+                # first tick leaves at once, not late by however long the set-up took.
+                now_ms = int(time.time() * 1000)
+                cfg = replace(cfg, start_ms=now_ms - now_ms % cfg.period_ms + cfg.period_ms)
+                moved = Scenario(cfg)  # same seed: the same city and plan, only the clock moves
+                if registration is not None:
+                    # Before the first fix: the processor must judge the trips against these arrivals.
+                    rescheduled = moved_schedules(sc, moved)
+                    if rescheduled:
+                        again = register(list(rescheduled), "reschedule")
+                        registration = replace(
+                            registration,
+                            changed=registration.changed + again.changed,
+                            seconds=registration.seconds + again.seconds,
+                        )
+                sc = moved
+
+            if opts.sink_observer is not None:
+                opts.sink_observer(sink)
+            writer = TruthWriter(opts.truth_path)
+            task = progress.add_task("publish", total=cfg.n_ticks, info="")
+            pending: list[TruthAlert] = []
+            wall_of_tick: dict[int, int] = {}
+            t0 = time.monotonic()
+            wall0 = cfg.start_ms / 1000.0 if opts.realtime else 0.0
+            last_ts = cfg.start_ms
             for batch in sc.ticks():
                 if opts.realtime and batch.tick < cfg.n_ticks:
                     # Pacing (not synchronisation): each tick leaves at its own wall-clock time.

@@ -73,11 +73,19 @@ def scenario_entities(sc: Scenario) -> list[EntityData]:
                 }
             )
         )
-    valid_from = max(cfg.start_ms - 3_600_000, 0)
     ids = sc.vehicle_ids()
     for vid in ids:
         out.append(VehicleData(vehicle_id=vid, label=f"simulated {vid}", attributes={"source": "simulator"}))
-    for i, vid in enumerate(ids):
+    out.extend(scenario_assignments(sc))
+    return out
+
+
+def scenario_assignments(sc: Scenario) -> list[AssignmentData]:
+    """Each vehicle's assignment to its route, valid from an hour before the first fix, with the
+    planned arrival of a scheduled trip (absolute: it moves with the scenario's clock)."""
+    valid_from = max(sc.cfg.start_ms - 3_600_000, 0)
+    out: list[AssignmentData] = []
+    for i, vid in enumerate(sc.vehicle_ids()):
         route_id = sc.city.routes[int(sc.route_idx[i])].route_id
         planned = int(sc.planned_arrival_ms[i])
         out.append(
@@ -90,6 +98,20 @@ def scenario_entities(sc: Scenario) -> list[EntityData]:
             )
         )
     return out
+
+
+def moved_schedules(registered: Scenario, moved: Scenario) -> list[AssignmentData]:
+    """The assignments to register again when `registered`'s fleet publishes on `moved`'s clock:
+    those whose planned arrival moved with it.
+
+    A real-time run registers first and fixes its clock once publishing can start (after the
+    registration and the vehicles' credentials): every event time moves by that delay, and so do
+    the ground truth's planned arrivals. The processor judges a scheduled trip against the arrival
+    in the vehicle master, so an arrival left where it was registered is that delay earlier than
+    the truth's, and ARRIVAL_BACK_ON_TIME comes as many seconds later as the set-up took.
+    """
+    before = {a.vehicle_id: a.planned_arrival_ms for a in scenario_assignments(registered)}
+    return [a for a in scenario_assignments(moved) if a.planned_arrival_ms != before.get(a.vehicle_id)]
 
 
 def master_end_offset(settings: Settings) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,71 @@ def test_registration_writes_the_scenario_to_the_master_and_fleet_master(
     )
     assert rep2.registration is not None
     assert rep2.registration.changed == 0
+
+
+class SetUpDoneError(Exception):
+    """Raised by a test's sink observer: the run has done everything it does before its first fix."""
+
+
+def test_a_real_time_run_registers_the_planned_arrivals_of_the_clock_it_publishes_on(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """`start_now` fixes the clock after the registration: the vehicle master, and fleet.master
+    before the first fix, must then hold the planned arrivals the ground truth judges by."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = sim_settings(settings)
+    prefix = f"a{uuid.uuid4().hex[:6]}-"
+    only_schedules = Injections(
+        deviation=0,
+        overspeed=0,
+        dwell=0,
+        silent=0,
+        duplicate=0,
+        out_of_order=0,
+        late=0,
+        wrong_way=0,
+        schedule=0.5,
+    )
+    cfg = config(prefix, vehicles=10, duration_s=120, inject=only_schedules, rules=simulated_rules())
+    registered = Scenario(cfg)
+    scheduled = {v: int(registered.planned_arrival_ms[i]) for i, v in enumerate(registered.vehicle_ids())}
+    scheduled = {v: t for v, t in scheduled.items() if t >= 0}
+    assert scheduled, "the scenario must have scheduled trips"
+    master_events: list[dict[str, Any]] = []
+
+    def stop_before_the_first_fix(_sink: object) -> None:
+        master_events.extend(orjson.loads(m.value()) for m in read_all(settings, settings.topics.master, 1))
+        raise SetUpDoneError
+
+    opts = SimulationOptions(
+        direct=True,
+        realtime=True,
+        start_now=True,
+        truth_path=tmp_path / "t.jsonl",
+        show_progress=False,
+        sink_observer=stop_before_the_first_fix,
+    )
+    with pytest.raises(SetUpDoneError):
+        run_simulation(s, cfg, opts)
+    vm = VehicleMaster.from_settings(s)
+    try:
+        arrivals = {a.id: a.data["planned_arrival_ms"] for a in vm.list("assignment", limit=100)}
+    finally:
+        vm.close()
+    shift_ms = {arrivals[v] - t for v, t in scheduled.items()}
+    assert len(shift_ms) == 1, shift_ms
+    shift = shift_ms.pop()
+    assert shift > 0
+    assert (cfg.start_ms + shift) % cfg.period_ms == 0  # the clock it moved to starts on a tick
+    truth = Scenario(replace(cfg, start_ms=cfg.start_ms + shift))
+    assert {v: arrivals[v] for v in scheduled} == {
+        v: int(truth.planned_arrival_ms[i]) for i, v in enumerate(truth.vehicle_ids()) if v in scheduled
+    }
+    assert all(arrivals[v] is None for v in arrivals if v not in scheduled)
+    # fleet.master had the moved arrivals before the first fix could leave (the processor applies a
+    # batch's master events before its fixes).
+    last = {e["id"]: e["data"]["planned_arrival_ms"] for e in master_events if e["entity"] == "assignment"}
+    assert {v: last[v] for v in scheduled} == {v: arrivals[v] for v in scheduled}
 
 
 def test_mqtt_publishes_every_fix_at_qos1_in_the_contract_form(settings: Settings, tmp_path: Path) -> None:
