@@ -42,8 +42,8 @@ from alerts.dead_letters import DeadLetters
 from alerts.dedup import Dedup
 from alerts.errors import StopRequestedError
 from alerts.metrics import ReceiverMetrics
-from alerts.model import INVALID_ALERT, Alert, AlertFilter, parse_alert
-from alerts.sink import Context, Outcome, Sink, SourceRecord
+from alerts.model import INVALID_ALERT, Alert, AlertFilter, SourceRecord, parse_alert
+from alerts.sink import Context, Outcome, Sink
 from fleetfence.errors import ContractError, KafkaDeliveryError, LifecycleError
 from fleetfence.kafka import consumer_config
 

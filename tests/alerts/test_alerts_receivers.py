@@ -31,9 +31,9 @@ from prometheus_client import CollectorRegistry
 from alerts.config import AlertsSettings, parse_config
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
-from alerts.model import parse_alert
+from alerts.model import SourceRecord, parse_alert
 from alerts.service import AlertService, group_id
-from alerts.sink import Context, Outcome, SourceRecord
+from alerts.sink import Context, Outcome
 from fleetfence import probes
 from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
