@@ -20,13 +20,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fleetfence.errors import InfraError, KafkaDeliveryError
-from fleetfence.settings import Settings
+
+if TYPE_CHECKING:
+    # Annotations only: a Spark executor that builds a reader here (processor.kafka_sink) loads no
+    # settings (pydantic-settings costs it ~0.1 s).
+    from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
 
