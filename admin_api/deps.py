@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Header, HTTPException, Query, Request, Security
+from fastapi import Depends, Header, HTTPException, Path, Query, Request, Security
 from fastapi.security import APIKeyHeader
 
 from admin_api.security import KeyVerifier, Role, stream_token_role
 from admin_api.settings import ApiSettings
+from fleetfence.contracts import VEHICLE_ID_RE
 from vehicle_master.store import AsyncVehicleMaster
 
 api_key_header = APIKeyHeader(
@@ -103,6 +104,9 @@ def parse_if_match(value: str | None) -> tuple[int | None, bool]:
         )
     return int(v), True
 
+
+# The id in a route's path: every master entity (and a vehicle's credentials) is addressed by one.
+EntityPath = Annotated[str, Path(pattern=VEHICLE_ID_RE.pattern, description="Entity id.")]
 
 IfMatch = Annotated[
     str | None,

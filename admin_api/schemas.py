@@ -605,3 +605,25 @@ INVALID: dict[str, Any] = {
     "model": ValidationProblem,
     "description": "Invalid parameters or body; every problem is listed",
 }
+# The answers of every route that reads or writes one master entity (and its credentials).
+READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: UNAUTHORIZED,
+    404: problem_doc("No such entity", "route 'r-berlin-1' does not exist"),
+    422: INVALID,
+}
+WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: UNAUTHORIZED,
+    403: problem_doc(
+        "A viewer key cannot write", "this operation needs an admin API key; yours is a viewer key"
+    ),
+    404: problem_doc("No such entity (update/delete)", "route 'r-berlin-1' does not exist"),
+    409: problem_doc(
+        "Exists already (POST) or still referenced (DELETE)", "route 'r-berlin-1' already exists (version 3)"
+    ),
+    412: problem_doc(
+        "If-Match does not name the current version",
+        "route 'r-berlin-1' is at version 4, not the expected one",
+    ),
+    413: problem_doc("Body too large", "request body larger than 5242880 bytes"),
+    422: INVALID,
+}

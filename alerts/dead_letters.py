@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from alerts.sink import SourceRecord
+from alerts.model import SourceRecord
 from fleetfence.contracts import utc_now_ms
 from fleetfence.errors import KafkaDeliveryError
 

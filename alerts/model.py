@@ -42,6 +42,18 @@ class Alert:
     data: dict[str, Any] = field(repr=False)
 
 
+@dataclass(frozen=True)
+class SourceRecord:
+    """Where an alert's record was read: the runner hands it to the sink with the alert, and a dead
+    letter names it as the origin (here, beside the alert, so both can use it without importing
+    each other)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+
+
 def _bad(message: str) -> ContractError:
     return ContractError(INVALID_ALERT, message)
 

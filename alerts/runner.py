@@ -42,10 +42,10 @@ from alerts.dead_letters import DeadLetters
 from alerts.dedup import Dedup
 from alerts.errors import StopRequestedError
 from alerts.metrics import ReceiverMetrics
-from alerts.model import INVALID_ALERT, Alert, AlertFilter, parse_alert
-from alerts.sink import Context, Outcome, Sink, SourceRecord
+from alerts.model import INVALID_ALERT, Alert, AlertFilter, SourceRecord, parse_alert
+from alerts.sink import Context, Outcome, Sink
 from fleetfence.errors import ContractError, KafkaDeliveryError, LifecycleError
-from fleetfence.kafka import consumer_config
+from fleetfence.kafka import group_consumer
 
 logger = logging.getLogger(__name__)
 
@@ -154,9 +154,9 @@ class ReceiverRunner:
             overrides["group.instance.id"] = o.instance_id
         overrides.update(o.consumer_overrides or {})
         overrides["on_commit"] = self._on_commit
-        consumer = Consumer(consumer_config(o.bootstrap, o.group_id, **overrides))
+        consumer = group_consumer(o.bootstrap, o.group_id, **overrides)
 
-        # Cooperative rebalancing (fleetfence.kafka.consumer_config): each callback gets only the
+        # Cooperative rebalancing (fleetfence.kafka.group_consumer): each callback gets only the
         # partitions that move, and librdkafka assigns or unassigns exactly those (incrementally)
         # after the callback returns, since none of them assigns by itself.
         def on_assign(c: Consumer, parts: list[TopicPartition]) -> None:

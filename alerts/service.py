@@ -38,7 +38,7 @@ from alerts.sink import Sink
 from alerts.tail import TailSink
 from alerts.webhook import WebhookSink
 from fleetfence.errors import ServiceUnavailableError
-from fleetfence.kafka import producer_config
+from fleetfence.kafka import idempotent_producer
 from fleetfence.mqtt import service_account
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
@@ -80,7 +80,7 @@ class AlertService:
 
     def _dlq_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(producer_config(self.settings.bootstrap_servers, **{"linger.ms": 0}))
+            self._producer = idempotent_producer(self.settings.bootstrap_servers, **{"linger.ms": 0})
         return self._producer
 
     def _build(self, cfg: HistoryConfig | MqttConfig | WebhookConfig) -> ReceiverRunner:

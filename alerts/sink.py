@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from alerts.errors import StopRequestedError
 from alerts.metrics import ReceiverMetrics
-from alerts.model import Alert
+from alerts.model import Alert, SourceRecord
 
 if TYPE_CHECKING:
     from alerts.dead_letters import DeadLetters
@@ -21,14 +21,6 @@ class Outcome(Enum):
     DELIVERED = "delivered"
     DUPLICATE = "duplicate"
     DEAD_LETTERED = "dead_lettered"
-
-
-@dataclass(frozen=True)
-class SourceRecord:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
 
 
 @dataclass

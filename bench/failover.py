@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 import orjson
 import pandas as pd
-from confluent_kafka import Consumer, Producer
 from rich.console import Console
 from rich.table import Table
 
@@ -50,7 +49,7 @@ from bench.common import write_section
 from embedded import infra
 from fleetfence.contracts import master_key, utc_now_ms
 from fleetfence.geo import LocalProjection
-from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import committed_reader, ensure_topics, idempotent_producer, topic_specs
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -109,7 +108,7 @@ class Stream:
         }
 
     def run(self) -> None:
-        p = Producer(producer_config(self.s.bootstrap_servers, **{"linger.ms": 5}))
+        p = idempotent_producer(self.s.bootstrap_servers, **{"linger.ms": 5})
         seq = 0
         next_tick = time.monotonic()
         while not self.stop.is_set():
@@ -130,14 +129,8 @@ class AlertClock:
     def __init__(self, s: Settings) -> None:
         self.seen: list[tuple[float, dict[str, Any]]] = []
         self.stop = threading.Event()
-        self.c = Consumer(
-            {
-                "bootstrap.servers": s.bootstrap_servers,
-                "group.id": f"failover-{os.getpid()}",
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-            }
+        self.c = committed_reader(
+            s.bootstrap_servers, f"failover-{os.getpid()}", **{"auto.offset.reset": "earliest"}
         )
         self.c.subscribe([s.topics.alerts])
 
@@ -231,7 +224,7 @@ def run_mode(spec: str, args: argparse.Namespace, base: Settings, work: Path) ->
     mode, warm, ttl_ms = parse_mode(spec, args.lease_ttl_ms)
     s = base.model_copy(update={"topic_prefix": f"{mode}."})
     ensure_topics(s.bootstrap_servers, topic_specs(s))
-    p = Producer(producer_config(s.bootstrap_servers))
+    p = idempotent_producer(s.bootstrap_servers)
     for e in master_events(args.vehicles):
         p.produce(s.topics.master, key=master_key(e["entity"], e["id"]), value=orjson.dumps(e))
     p.flush(30)

@@ -49,7 +49,7 @@ from rich.table import Table
 
 from embedded import infra
 from fleetfence import probes
-from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.kafka import ensure_topics, plain_producer, topic_specs
 from fleetfence.testing import mqtt_test_account
 from gateway.settings import GatewaySettings
 from gateway.testing import gateway_env, scrape
@@ -333,9 +333,7 @@ def run_gateway(
 
 def naive_worker(host: str, port: int, bootstrap: str, topic: str, n: int) -> None:
     """The bridge a user would write first: callback -> produce -> flush, auto PUBACK."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+    producer = plain_producer(bootstrap, **{"enable.idempotence": True, "acks": "all"})
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-naive", protocol=mqtt.MQTTv5)
     _login(c)
     seen = [0]

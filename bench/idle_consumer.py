@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
@@ -43,7 +43,7 @@ from bench.common import write_section
 from bench.cpu import broker_pid, pid_cpu_s
 from embedded import infra
 from fleetfence.contracts import alert_id, ms_to_iso
-from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, group_consumer, idempotent_producer, topic_specs
 from fleetfence.settings import Settings
 
 console = Console()
@@ -86,7 +86,7 @@ class ConsumeLoop:
     stops fetching that long after an empty poll (the receivers' former idle back-off)."""
 
     def __init__(self, s: Settings, group: str, pause_s: float) -> None:
-        self.c = Consumer(consumer_config(s.bootstrap_servers, group))
+        self.c = group_consumer(s.bootstrap_servers, group)
         self.c.assign([TopicPartition(s.topics.alerts, p) for p in range(s.alerts_partitions)])
         self.pause_s = pause_s
         self.stop = threading.Event()
@@ -122,7 +122,7 @@ def delivery_delays_ms(s: Settings, runner: ReceiverRunner, n: int, gap_s: float
             done.notify_all()
 
     runner.on_alert = on_alert
-    p = Producer(producer_config(s.bootstrap_servers, **{"linger.ms": 0}))
+    p = idempotent_producer(s.bootstrap_servers, **{"linger.ms": 0})
     delays: list[float] = []
     for seq in range(1, n + 1):
         time.sleep(gap_s)  # let the receiver go idle again: the state being measured

@@ -17,8 +17,9 @@ from typing import Any
 
 import orjson
 import shapely
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
+from fleetfence.kafka import plain_consumer, plain_producer
 from processor.geometry import compile_route
 
 HYSTERESIS_M = 15.0
@@ -70,17 +71,13 @@ def run_naive(
 ) -> dict[str, Any]:
     corr = corridors(routes)
     cpu = cpu or (lambda: (0.0, 0.0))
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "naive",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "fetch.max.bytes": 64 * 1024 * 1024,
-        }
+    c = plain_consumer(
+        bootstrap,
+        "naive",
+        **{"enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.max.bytes": 64 * 1024 * 1024},
     )
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = plain_producer(bootstrap, **{"linger.ms": 5})
     states: dict[str, dict[str, Any]] = {}
     n = alerts = 0
     t_first = None

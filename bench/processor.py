@@ -53,7 +53,7 @@ from bench.common import BENCHMARKS_MD
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
 from bench.state_api import APPLY_IN_PANDAS_WITH_STATE, group_state_stage
 from embedded import infra
-from fleetfence.kafka import ensure_topics, produce_waiting, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, idempotent_producer, produce_waiting, topic_specs
 from fleetfence.settings import Settings
 
 console = Console()
@@ -68,10 +68,8 @@ GUARANTEE = {
 
 
 def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], label: str) -> None:
-    p = Producer(
-        producer_config(
-            bootstrap, **{"linger.ms": 20, "batch.num.messages": 20000, "compression.type": COMPRESSION}
-        )
+    p = idempotent_producer(
+        bootstrap, **{"linger.ms": 20, "batch.num.messages": 20000, "compression.type": COMPRESSION}
     )
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task(label, total=len(records))
@@ -409,7 +407,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
         spark, ps, stage=group_state_stage if cfg.state_api == APPLY_IN_PANDAS_WITH_STATE else None
     )
     try:
-        p = Producer(producer_config(s.bootstrap_servers, **{"linger.ms": 5}))
+        p = idempotent_producer(s.bootstrap_servers, **{"linger.ms": 5})
         recs = LazyRecords(w)
         # Wait for the first (empty) batch so start-up does not count as latency.
         while not q.recentProgress:

@@ -49,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import orjson
-from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
@@ -58,7 +57,7 @@ from bench.common import write_section
 from bench.processor import produce_all, produce_one, telemetry_end
 from embedded import infra
 from fleetfence.contracts import Telemetry, bucket_of
-from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, plain_consumer, topic_specs, transactional_producer
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from processor.columns import Fixes, empty_states
@@ -226,7 +225,7 @@ def engine_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 def produce_in_one_transaction(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
     """A burst committed atomically: a read_committed reader sees all of it or none, so it lands in
     one micro-batch."""
-    p = Producer(producer_config(bootstrap, **{"transactional.id": f"bench-burst-{uuid.uuid4().hex[:8]}"}))
+    p = transactional_producer(bootstrap, f"bench-burst-{uuid.uuid4().hex[:8]}")
     p.init_transactions(30)
     p.begin_transaction()
     for k, v in records:
@@ -236,9 +235,9 @@ def produce_in_one_transaction(bootstrap: str, topic: str, records: list[tuple[b
 
 def topic_end(bootstrap: str, topic: str) -> int:
     """The sum of the topic's end offsets (transaction markers included, as the source counts)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}"})
+    c = plain_consumer(bootstrap, f"bench-{uuid.uuid4().hex[:6]}")
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)

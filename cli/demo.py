@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import orjson
 import redis
 import typer
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import KafkaError
 from rich.console import Console
 
 from cli.common import app, friendly_errors, settings_from_env
@@ -34,6 +34,7 @@ from cli.infra import print_status
 from embedded import infra
 from embedded.pipeline import Pipeline, PipelineSpec
 from fleetfence.errors import FleetFenceError
+from fleetfence.kafka import committed_reader
 from fleetfence.logs import configure_logging
 from fleetfence.settings import Settings
 
@@ -69,14 +70,8 @@ class LiveAlerts:
 
     def _run(self) -> None:
         s = self.settings
-        c = Consumer(
-            {
-                "bootstrap.servers": s.bootstrap_servers,
-                "group.id": f"demo-view-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "latest",
-                "enable.auto.commit": False,
-            }
+        c = committed_reader(
+            s.bootstrap_servers, f"demo-view-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "latest"}
         )
         c.subscribe([s.topics.alerts])
         try:

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from pydantic import SecretStr
 
 from embedded import infra
 from embedded.processes import read_pid
 from fleetfence import probes
 from fleetfence.errors import ServiceUnavailableError
+from fleetfence.kafka import plain_consumer
 from fleetfence.metrics import http_get
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
@@ -73,7 +74,7 @@ def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
 def committed_batches(settings: Settings) -> int | None:
     """How many batches the processor has committed so far (records on its marker topic); None
     while the broker cannot say yet (a topic created a moment ago has no leader for a while)."""
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "fleetfence-pipeline-probe"})
+    c = plain_consumer(settings.bootstrap_servers, "fleetfence-pipeline-probe")
     try:
         lo, hi = c.get_watermark_offsets(
             TopicPartition(settings.topics.processor_commits, 0), timeout=5, cached=False

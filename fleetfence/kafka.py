@@ -1,11 +1,18 @@
-"""Kafka client helpers shared by every component: configs, topic specs, topic creation.
+"""Kafka clients and topics for every component: the one place a Consumer or Producer is built,
+topic specs, topic creation.
+
+Every client comes from a preset named after what it guarantees: `idempotent_producer`,
+`transactional_producer`, `group_consumer`, `committed_reader`, and `plain_producer` and
+`plain_consumer` for librdkafka's defaults. A call site adds only its own settings, as explicit
+overrides, so what a client promises is read in one place rather than in copies of a dict.
 
 Only `bootstrap.servers` differs between the embedded Apache Kafka broker (`fleetfence infra up`)
 and a production cluster. Topics are created explicitly with their partitions and configs
 (compaction of `fleet.master`) instead of relying on auto-creation, which production clusters
-usually disable. Consumer groups rebalance cooperatively (`cooperative-sticky`, classic protocol):
-a joining member takes over only the partitions that move, and static members (`group.instance.id`)
-restarted after a crash take their partitions back at once (docs/alerts.md says why not KIP-848).
+usually disable. Consumer groups (`group_consumer`) rebalance cooperatively (`cooperative-sticky`,
+classic protocol): a joining member takes over only the partitions that move, and static members
+(`group.instance.id`) restarted after a crash take their partitions back at once (docs/alerts.md
+says why not KIP-848).
 """
 
 from __future__ import annotations
@@ -13,13 +20,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fleetfence.errors import InfraError, KafkaDeliveryError
-from fleetfence.settings import Settings
+
+if TYPE_CHECKING:
+    # Annotations only: a Spark executor that builds a reader here (processor.kafka_sink) loads no
+    # settings (pydantic-settings costs it ~0.1 s).
+    from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +127,13 @@ def wait_for_topics(bootstrap: str, names: list[str], timeout_s: float = 15.0) -
         time.sleep(0.1)
 
 
+# --------------------------------------------------------------------------- clients
+# Overrides are librdkafka property names (`**{"linger.ms": 0}`) and win over a preset's values.
+
+
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
-    """An idempotent producer tuned for throughput (batching, lz4) that keeps per-key order."""
+    """The config of `idempotent_producer`: idempotent, acks=all, tuned for throughput (batching,
+    lz4), keeping per-key order."""
     cfg: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
@@ -130,6 +146,79 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
     }
     cfg.update(overrides)
     return cfg
+
+
+def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """The config of `group_consumer`: read_committed, manual commits, cooperative rebalancing.
+
+    With `cooperative-sticky` a rebalance revokes only the partitions that move (the callbacks
+    get the delta, and librdkafka assigns incrementally when they do not assign themselves);
+    a consumer that assigns partitions itself (`assign()`) is unaffected."""
+    cfg: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": 6000,
+        # A member learns of a rebalance from a heartbeat response, and a cooperative rebalance
+        # takes two rounds: a joining member was balanced in ~6 s with the default 3 s, ~2 s with
+        # 1 s (docs/alerts.md).
+        "heartbeat.interval.ms": 1000,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def idempotent_producer(bootstrap: str, **overrides: Any) -> Producer:
+    """A producer whose retries neither duplicate nor reorder a partition's records (idempotence)
+    and whose acknowledgement means every in-sync replica has the record (acks=all); batched and
+    lz4-compressed for throughput (`producer_config`)."""
+    return Producer(producer_config(bootstrap, **overrides))
+
+
+def transactional_producer(bootstrap: str, transactional_id: str, **overrides: Any) -> Producer:
+    """The idempotent producer with a `transactional.id`: what it writes in one transaction is seen
+    by read_committed readers all at once or not at all, and `init_transactions()` fences an older
+    producer with the same id (a zombie) and aborts its open transaction. The caller calls
+    `init_transactions()` itself, with the timeout it can afford."""
+    return Producer(producer_config(bootstrap, **{"transactional.id": transactional_id, **overrides}))
+
+
+def plain_producer(bootstrap: str, **overrides: Any) -> Producer:
+    """librdkafka's defaults plus `overrides`, nothing promised: for the benchmarks' naive
+    contenders, which measure what a first attempt without FleetFence's tuning gets."""
+    return Producer({"bootstrap.servers": bootstrap, **overrides})
+
+
+def group_consumer(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
+    """A consumer that reads committed records only (read_committed) and never commits an offset by
+    itself, tuned to share a group's partitions: cooperative rebalancing, a 1 s heartbeat, and from
+    the earliest record when the group has no offset (`consumer_config`)."""
+    return Consumer(consumer_config(bootstrap, group_id, **overrides))
+
+
+def committed_reader(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
+    """A consumer that reads committed records only (read_committed) and never commits an offset by
+    itself, with librdkafka's defaults otherwise (its assignor and session timeout, from the
+    latest record unless `auto.offset.reset` says otherwise): for a reader that assigns its
+    partitions itself, or is alone in a group of its own, and so needs none of a group's tuning."""
+    cfg: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+    }
+    cfg.update(overrides)
+    return Consumer(cfg)
+
+
+def plain_consumer(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
+    """librdkafka's defaults plus `overrides`: for a probe that only asks for metadata and watermark
+    offsets (it reads no record, so there is nothing to choose), and for the benchmarks' naive
+    contenders."""
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group_id, **overrides})
 
 
 def produce_waiting(
@@ -161,26 +250,3 @@ def produce_waiting(
                 raise KafkaDeliveryError(
                     f"the producer's queue stayed full for {timeout_s:.0f} s writing to {topic}"
                 ) from None
-
-
-def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A read_committed consumer with manual commits and cooperative rebalancing.
-
-    With `cooperative-sticky` a rebalance revokes only the partitions that move (the callbacks
-    get the delta, and librdkafka assigns incrementally when they do not assign themselves);
-    a consumer that assigns partitions itself (`assign()`) is unaffected."""
-    cfg: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group_id,
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": 6000,
-        # A member learns of a rebalance from a heartbeat response, and a cooperative rebalance
-        # takes two rounds: a joining member was balanced in ~6 s with the default 3 s, ~2 s with
-        # 1 s (docs/alerts.md).
-        "heartbeat.interval.ms": 1000,
-    }
-    cfg.update(overrides)
-    return cfg

@@ -14,10 +14,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from fleetfence.errors import WaitTimeoutError
-from fleetfence.kafka import consumer_config
+from fleetfence.kafka import group_consumer
 from fleetfence.mqtt import Account, DynSec, acl, service_account
 from fleetfence.settings import Settings
 
@@ -55,10 +55,8 @@ def wait_for(
 def read_all(settings: Settings, topic: str, partitions: int, timeout_s: float = 10.0) -> list[Any]:
     """Every committed record of a topic (confluent-kafka messages), read_committed, up to the end
     it had when called: what a test or a benchmark compares against what it expected."""
-    c = Consumer(
-        consumer_config(
-            settings.bootstrap_servers, f"read-{uuid.uuid4().hex}", **{"enable.partition.eof": True}
-        )
+    c = group_consumer(
+        settings.bootstrap_servers, f"read-{uuid.uuid4().hex}", **{"enable.partition.eof": True}
     )
     tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
     ends = {

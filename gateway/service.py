@@ -29,7 +29,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fleetfence.errors import ServiceUnavailableError
-from fleetfence.kafka import producer_config
+from fleetfence.kafka import idempotent_producer
 from fleetfence.metrics import MetricsServer, serve_metrics
 from fleetfence.mqtt import login, service_account
 from fleetfence.readmodels import ReadKeys
@@ -224,7 +224,7 @@ class Gateway:
         return c
 
     def _new_producer(self) -> Producer:
-        cfg = producer_config(
+        return idempotent_producer(
             self.settings.bootstrap_servers,
             **{
                 "client.id": self.client_id,
@@ -235,7 +235,6 @@ class Gateway:
                 "reconnect.backoff.max.ms": 1000,
             },
         )
-        return Producer(cfg)
 
     # ------------------------------------------------------------------ paho callbacks (I/O thread)
 

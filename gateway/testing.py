@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import orjson
 import paho.mqtt.client as mqtt
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from fleetfence.kafka import admin_client, consumer_config
+from fleetfence.kafka import admin_client, group_consumer
 from fleetfence.mqtt import Account, login
 from fleetfence.settings import Settings
 from fleetfence.testing import mqtt_test_account, wait_for
@@ -113,9 +113,7 @@ class TopicReader:
 
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
         md = admin_client(bootstrap).list_topics(timeout=10).topics
-        self.consumer = Consumer(
-            consumer_config(bootstrap, f"reader-{uuid.uuid4().hex}", **{"fetch.wait.max.ms": 50})
-        )
+        self.consumer = group_consumer(bootstrap, f"reader-{uuid.uuid4().hex}", **{"fetch.wait.max.ms": 50})
         self.consumer.assign([TopicPartition(t, p, 0) for t in topics for p in sorted(md[t].partitions)])
         self.records: list[KafkaRecord] = []
 

@@ -12,21 +12,14 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from fleetfence.kafka import committed_reader
 from processor.markers import MarkerReader
 
 logger = logging.getLogger(__name__)
 
 
 def _consumer(bootstrap: str, group: str) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": False,
-        }
-    )
+    return committed_reader(bootstrap, group, **{"enable.partition.eof": False})
 
 
 def _partitions(c: Consumer, topic: str) -> list[int]:

@@ -51,21 +51,17 @@ class _SinkState:
     """Per-process transactional producer and the last batch this sink committed."""
 
     def __init__(self, bootstrap: str, sink_id: str, markers_topic: str) -> None:
-        from confluent_kafka import Producer
+        from fleetfence.kafka import transactional_producer
 
         self.sink_id = sink_id
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "transactional.id": f"fleetfence-processor-{sink_id}",
-                "enable.idempotence": True,
-                "acks": "all",
+        self.producer = transactional_producer(
+            bootstrap,
+            f"fleetfence-processor-{sink_id}",
+            **{
                 "linger.ms": 2,
-                "compression.type": "lz4",
                 "transaction.timeout.ms": 60000,
-                "partitioner": "murmur2_random",
                 "queue.buffering.max.messages": SINK_QUEUE_MESSAGES,
-            }
+            },
         )
         # Fences any zombie with the same id and aborts its open transaction, so what we read next
         # is final.
@@ -79,17 +75,11 @@ _SINKS: dict[tuple[str, str], _SinkState] = {}
 
 def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> int:
     """The highest batch id committed by `sink_id` (-1 if none), read_committed, to the end."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"fleetfence-marker-{sink_id}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
+    from fleetfence.kafka import committed_reader
+
+    c = committed_reader(bootstrap, f"fleetfence-marker-{sink_id}", **{"enable.partition.eof": True})
     try:
         lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
         if hi <= lo:
@@ -131,20 +121,17 @@ def original_records(
     there and could not be read raises `LateReadBackError`, so Spark retries the task instead of
     the dead letter quietly holding the decoded fix. Offsets close together are read in one pass,
     others each from its own position."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
+
+    from fleetfence.kafka import committed_reader
 
     found: dict[tuple[int, int], bytes] = {}
     if not wanted or not topic:
         return found
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "fleetfence-late-originals",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-        }
+    c = committed_reader(
+        bootstrap,
+        "fleetfence-late-originals",
+        **{"auto.offset.reset": "earliest", "enable.partition.eof": True},
     )
     try:
         deadline = time.monotonic() + timeout_s

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_END, KafkaError, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from fleetfence.kafka import consumer_config
+from fleetfence.kafka import group_consumer
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class MarkerReader:
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         # A private group id: the reader assigns its partitions itself and never commits.
-        self._c = Consumer(consumer_config(bootstrap, f"fleetfence-markers-{uuid.uuid4().hex}"))
+        self._c = group_consumer(bootstrap, f"fleetfence-markers-{uuid.uuid4().hex}")
         md = self._c.list_topics(topic, timeout=10)
         parts = sorted(md.topics[topic].partitions)
         ends = [self._c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts]

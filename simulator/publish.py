@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import orjson
 import paho.mqtt.client as mqtt
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 from paho.mqtt.enums import CallbackAPIVersion
 from rich.console import Console
 from rich.progress import (
@@ -33,7 +33,7 @@ from rich.table import Table
 
 from fleetfence.contracts import telemetry_topic
 from fleetfence.errors import InfraError, KafkaDeliveryError
-from fleetfence.kafka import producer_config
+from fleetfence.kafka import idempotent_producer
 from fleetfence.mqtt import Account, login
 from simulator.config import ScenarioConfig
 from simulator.fleet_sink import FleetMqttSink, PubackCounter, telemetry_payload, tick_rows
@@ -130,9 +130,7 @@ class KafkaSink:
     def __init__(self, bootstrap: str, topic: str, *, accuracy_m: float) -> None:
         self.topic = topic
         self.accuracy_m = accuracy_m
-        self.producer = Producer(
-            producer_config(bootstrap, **{"linger.ms": 20, "on_delivery": self._on_delivery})
-        )
+        self.producer = idempotent_producer(bootstrap, **{"linger.ms": 20, "on_delivery": self._on_delivery})
         self.sent = 0
         self.errors = 0
         self._acked = 0

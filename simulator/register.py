@@ -115,9 +115,9 @@ def moved_schedules(registered: Scenario, moved: Scenario) -> list[AssignmentDat
 
 
 def master_end_offset(settings: Settings) -> int:
-    from confluent_kafka import Consumer
+    from fleetfence.kafka import plain_consumer
 
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "fleetfence-sim-probe"})
+    c = plain_consumer(settings.bootstrap_servers, "fleetfence-sim-probe")
     try:
         return int(
             c.get_watermark_offsets(TopicPartition(settings.topics.master, 0), timeout=10, cached=False)[1]

@@ -18,12 +18,12 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from rich.table import Table
 
 from fleetfence.console import compact_table, two_lines
 from fleetfence.contracts import ms_to_iso
-from fleetfence.kafka import consumer_config
+from fleetfence.kafka import group_consumer
 from fleetfence.settings import Settings
 from simulator.truth import RunHeader, TruthAlert
 
@@ -284,12 +284,10 @@ def read_alerts(
     """Committed alerts from the start of `fleet.alerts` until caught up with every partition;
     then, with `timeout_s`, keep reading until all `expected` keys are there or time runs out."""
     topic = settings.topics.alerts
-    c = Consumer(
-        consumer_config(
-            settings.bootstrap_servers,
-            f"fleetfence-verify-{uuid.uuid4().hex[:8]}",
-            **{"enable.partition.eof": True},
-        )
+    c = group_consumer(
+        settings.bootstrap_servers,
+        f"fleetfence-verify-{uuid.uuid4().hex[:8]}",
+        **{"enable.partition.eof": True},
     )
     out: list[ObservedAlert] = []
     try:

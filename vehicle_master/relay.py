@@ -22,11 +22,11 @@ import uuid
 from typing import Any
 
 import redis
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 from prometheus_client import Counter
 
 from fleetfence.errors import KafkaDeliveryError, LifecycleError
-from fleetfence.kafka import produce_waiting, producer_config
+from fleetfence.kafka import idempotent_producer, produce_waiting
 from vehicle_master.settings import MasterSettings
 from vehicle_master.store import MasterKeys
 
@@ -66,7 +66,7 @@ class OutboxRelay:
         self.topic = settings.topics.master
         self.r = redis.Redis.from_url(settings.redis_dsn)
         # linger 1 ms: master changes are rare and an admin expects to see them downstream at once.
-        self.producer = Producer(producer_config(settings.bootstrap_servers, **{"linger.ms": 1}))
+        self.producer = idempotent_producer(settings.bootstrap_servers, **{"linger.ms": 1})
         self.token = uuid.uuid4().hex
         self.flush_timeout_s = flush_timeout_s
         self._renew = self.r.register_script(RENEW_LUA)

@@ -10,15 +10,17 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter, Body, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 
-from admin_api.deps import Admin, IfMatch, Master, Redis, Viewer, etag, parse_if_match
+from admin_api.deps import Admin, EntityPath, IfMatch, Master, Redis, Viewer, etag, parse_if_match
 from admin_api.readmodels import last_fix_ms
 from admin_api.responses import OrjsonResponse
+from admin_api.routers.credentials import revoke_on_delete
 from admin_api.schemas import (
     INVALID,
+    READ_ERRORS,
     ROUTE_EXAMPLE,
-    UNAUTHORIZED,
+    WRITE_ERRORS,
     ZONE_EXAMPLE,
     AssignmentIn,
     AssignmentOut,
@@ -34,7 +36,6 @@ from admin_api.schemas import (
     ZoneFeature,
     ZoneFeatureIn,
     epoch_ms,
-    problem_doc,
 )
 from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity, ms_to_iso, utc_now_ms
 from fleetfence.readmodels import ReadKeys
@@ -46,31 +47,8 @@ from vehicle_master.store import AsyncVehicleMaster, Filter, MasterRecord, parse
 router = APIRouter(prefix="/api/v1")
 
 ID = VEHICLE_ID_RE.pattern
-EntityPath = Annotated[str, Path(pattern=ID, description="Entity id.")]
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
 After = Annotated[str | None, Query(pattern=ID, description="Return ids after this one (next_after).")]
-
-READ_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: UNAUTHORIZED,
-    404: problem_doc("No such entity", "route 'r-berlin-1' does not exist"),
-    422: INVALID,
-}
-WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: UNAUTHORIZED,
-    403: problem_doc(
-        "A viewer key cannot write", "this operation needs an admin API key; yours is a viewer key"
-    ),
-    404: problem_doc("No such entity (update/delete)", "route 'r-berlin-1' does not exist"),
-    409: problem_doc(
-        "Exists already (POST) or still referenced (DELETE)", "route 'r-berlin-1' already exists (version 3)"
-    ),
-    412: problem_doc(
-        "If-Match does not name the current version",
-        "route 'r-berlin-1' is at version 4, not the expected one",
-    ),
-    413: problem_doc("Body too large", "request body larger than 5242880 bytes"),
-    422: INVALID,
-}
 
 
 # --------------------------------------------------------------------------- shared plumbing
@@ -303,8 +281,6 @@ async def delete_vehicle(
 ) -> Response:
     """Delete a vehicle without an assignment (409 otherwise); its MQTT credentials are revoked
     with it (a connected vehicle is cut off at once)."""
-    from admin_api.routers.credentials import revoke_on_delete
-
     response = await _delete(master, MasterEntity.VEHICLE, vehicle_id, if_match)
     await revoke_on_delete(r, request, vehicle_id)
     return response

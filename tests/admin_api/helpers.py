@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry
 from admin_api.settings import ApiSettings
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics
-from alerts.model import parse_alert
-from alerts.sink import Context, Outcome, SourceRecord
+from alerts.model import SourceRecord, parse_alert
+from alerts.sink import Context, Outcome
 from fleetfence.mqtt import account_env
 from fleetfence.probes import free_port
 from fleetfence.settings import Settings

@@ -15,13 +15,13 @@ import httpx
 import orjson
 import pytest
 import schemathesis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.core.result import Err
 
 from admin_api.schemas import ROUTE_EXAMPLE
-from fleetfence.kafka import consumer_config
+from fleetfence.kafka import group_consumer
 from tests.admin_api.helpers import ApiServer
 
 pytestmark = pytest.mark.services
@@ -31,7 +31,7 @@ def test_write_reaches_fleet_master_through_the_in_process_relay(api_server: Api
     feature = {**ROUTE_EXAMPLE, "id": "r-relay"}
     res = httpx.post(f"{api_server.base}/api/v1/routes", json=feature, headers=api_server.admin)
     assert res.status_code == 201, res.text
-    c = Consumer(consumer_config(api_server.conf.bootstrap_servers, f"t-{uuid.uuid4().hex}"))
+    c = group_consumer(api_server.conf.bootstrap_servers, f"t-{uuid.uuid4().hex}")
     c.assign([TopicPartition(api_server.conf.topics.master, 0, 0)])
     found: list[dict[str, Any]] = []
     deadline = time.monotonic() + 20

@@ -24,19 +24,19 @@ import orjson
 import paho.mqtt.client as mqtt
 import pytest
 import redis
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertsSettings, parse_config
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
-from alerts.model import parse_alert
+from alerts.model import SourceRecord, parse_alert
 from alerts.service import AlertService, group_id
-from alerts.sink import Context, Outcome, SourceRecord
+from alerts.sink import Context, Outcome
 from fleetfence import probes
 from fleetfence.contracts import alert_id, ms_to_iso
-from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, group_consumer, topic_specs, transactional_producer
 from fleetfence.mqtt import DynSec, account_env, acl, login
 from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
@@ -76,9 +76,7 @@ class AlertWriter:
 
     def __init__(self, settings: Settings) -> None:
         self.topic = settings.topics.alerts
-        self.p = Producer(
-            producer_config(settings.bootstrap_servers, **{"transactional.id": f"test-{uuid.uuid4().hex}"})
-        )
+        self.p = transactional_producer(settings.bootstrap_servers, f"test-{uuid.uuid4().hex}")
         self.p.init_transactions(15)
 
     def batch(
@@ -142,7 +140,7 @@ def alerts_settings(settings: Settings, **kw: Any) -> AlertsSettings:
 
 
 def committed_offsets(settings: Settings, group: str) -> dict[int, int]:
-    c = Consumer(consumer_config(settings.bootstrap_servers, group))
+    c = group_consumer(settings.bootstrap_servers, group)
     try:
         parts = [TopicPartition(settings.topics.alerts, p) for p in range(settings.alerts_partitions)]
         return {tp.partition: tp.offset for tp in c.committed(parts, timeout=10)}
@@ -151,7 +149,7 @@ def committed_offsets(settings: Settings, group: str) -> dict[int, int]:
 
 
 def high_watermarks(settings: Settings) -> dict[int, int]:
-    c = Consumer(consumer_config(settings.bootstrap_servers, f"wm-{uuid.uuid4().hex}"))
+    c = group_consumer(settings.bootstrap_servers, f"wm-{uuid.uuid4().hex}")
     try:
         return {
             p: c.get_watermark_offsets(TopicPartition(settings.topics.alerts, p), timeout=10)[1]
@@ -170,7 +168,7 @@ def assert_fully_committed(settings: Settings, group: str) -> None:
 
 
 def read_dlq(settings: Settings, expected: int, timeout_s: float = 20) -> list[tuple[bytes, dict[str, str]]]:
-    c = Consumer(consumer_config(settings.bootstrap_servers, f"dlq-{uuid.uuid4().hex}"))
+    c = group_consumer(settings.bootstrap_servers, f"dlq-{uuid.uuid4().hex}")
     c.assign([TopicPartition(settings.topics.alerts_dlq, 0, 0)])
     out: list[tuple[bytes, dict[str, str]]] = []
     deadline = time.monotonic() + timeout_s

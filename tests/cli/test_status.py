@@ -19,12 +19,11 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Producer
 
 from cli.status import Report, collect
 from fleetfence import probes
 from fleetfence.contracts import alert_id, ms_to_iso
-from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, idempotent_producer, topic_specs
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -120,7 +119,7 @@ def publish_alert(s: Settings, vehicle: str) -> None:
         "lon": 13.40,
         "details": {"speed_kmh": 80.0},
     }
-    p = Producer(producer_config(s.bootstrap_servers))
+    p = idempotent_producer(s.bootstrap_servers)
     p.produce(s.topics.alerts, key=vehicle.encode(), value=orjson.dumps(alert))
     assert p.flush(15) == 0
 

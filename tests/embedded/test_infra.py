@@ -11,14 +11,14 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 import redis
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import SecretStr
 
 from embedded import infra, processes
 from fleetfence import probes
 from fleetfence.errors import InfraError
-from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, group_consumer, idempotent_producer, topic_specs
 from fleetfence.mqtt import embedded_accounts, login
 from fleetfence.settings import Settings
 from fleetfence.testing import mqtt_test_account
@@ -53,11 +53,11 @@ def test_topics_created_with_partitions_and_compaction(settings: Settings) -> No
 
 def test_kafka_produce_consume_round_trip(settings: Settings) -> None:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
-    p = Producer(producer_config(settings.bootstrap_servers))
+    p = idempotent_producer(settings.bootstrap_servers)
     for i in range(20):
         p.produce(settings.topics.telemetry, key=f"v{i % 3}".encode(), value=f"m{i}".encode())
     assert p.flush(10) == 0
-    c = Consumer(consumer_config(settings.bootstrap_servers, f"g-{uuid.uuid4().hex}"))
+    c = group_consumer(settings.bootstrap_servers, f"g-{uuid.uuid4().hex}")
     c.assign([TopicPartition(settings.topics.telemetry, p_, 0) for p_ in range(4)])
     got: list[bytes] = []
     import time
@@ -138,7 +138,7 @@ def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None
         r = redis.Redis.from_url(s.redis_dsn)
         r.set("kept", "yes")
         r.close()
-        p = Producer(producer_config(s.bootstrap_servers))
+        p = idempotent_producer(s.bootstrap_servers)
         p.produce(s.topics.master, key=b"route:r1", value=b"{}")
         assert p.flush(10) == 0
         assert sorted(infra.down(s)) == ["kafka", "mqtt", "redis"]
@@ -152,7 +152,7 @@ def test_up_down_up_keeps_data_and_stops_its_processes(tmp_path: object) -> None
         r = redis.Redis.from_url(s.redis_dsn)
         assert r.get("kept") == b"yes"
         r.close()
-        c = Consumer(consumer_config(s.bootstrap_servers, "g-restart"))
+        c = group_consumer(s.bootstrap_servers, "g-restart")
         lo, hi = c.get_watermark_offsets(TopicPartition(s.topics.master, 0), timeout=10)
         c.close()
         assert hi - lo == 1

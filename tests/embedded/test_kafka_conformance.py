@@ -41,7 +41,13 @@ from confluent_kafka.admin import (
 
 from embedded import infra, processes
 from fleetfence import probes
-from fleetfence.kafka import consumer_config, ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import (
+    ensure_topics,
+    group_consumer,
+    idempotent_producer,
+    topic_specs,
+    transactional_producer,
+)
 from fleetfence.mqtt import account_env, account_fields
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -68,12 +74,8 @@ def read_all(
 ) -> tuple[list[Record], dict[int, int]]:
     """Every record of every partition from the start to its end (the high watermark, or for
     read_committed the last stable offset), and per partition the offset after the last record read."""
-    c = Consumer(
-        consumer_config(
-            bootstrap,
-            f"read-{uuid.uuid4().hex}",
-            **{"isolation.level": isolation, "enable.partition.eof": True},
-        )
+    c = group_consumer(
+        bootstrap, f"read-{uuid.uuid4().hex}", **{"isolation.level": isolation, "enable.partition.eof": True}
     )
     records: list[Record] = []
     after_last: dict[int, int] = {}
@@ -100,7 +102,7 @@ def read_all(
 
 
 def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    c = Consumer(consumer_config(bootstrap, f"hw-{uuid.uuid4().hex}"))
+    c = group_consumer(bootstrap, f"hw-{uuid.uuid4().hex}")
     try:
         return {
             p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
@@ -113,7 +115,7 @@ def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, in
 def produce_acknowledged(bootstrap: str, topic: str, n: int, tag: str) -> set[tuple[bytes, bytes]]:
     """Produce `n` records with acks=all (idempotent) and return them once every delivery report
     came back without an error."""
-    p = Producer(producer_config(bootstrap))
+    p = idempotent_producer(bootstrap)
     errors: list[KafkaError] = []
     acked = 0
 
@@ -230,7 +232,7 @@ def test_restart_refuses_unknown_and_external_services(tmp_path: Path, infra_set
 
 
 def txn_producer(bootstrap: str, transactional_id: str) -> Producer:
-    p = Producer(producer_config(bootstrap, **{"transactional.id": transactional_id}))
+    p = transactional_producer(bootstrap, transactional_id)
     p.init_transactions(30)
     return p
 
@@ -331,7 +333,7 @@ def test_fleet_master_is_compacted_to_the_latest_value_per_key(settings: Setting
     )
     admin.incremental_alter_configs([tuned])[tuned].result(30)
 
-    p = Producer(producer_config(bs))
+    p = idempotent_producer(bs)
     keys = [f"vehicle:v{i}".encode() for i in range(20)]
     for version in range(1, 6):
         for k in keys:
@@ -364,7 +366,7 @@ def test_fleet_master_is_compacted_to_the_latest_value_per_key(settings: Setting
 
 
 def test_a_joining_member_takes_partitions_over_incrementally(settings: Settings) -> None:
-    """Cooperative rebalancing (consumer_config's assignor): when a second member joins, the first
+    """Cooperative rebalancing (group_consumer's assignor): when a second member joins, the first
     gives up only the partitions that move and keeps consuming the others throughout."""
     bs = settings.bootstrap_servers
     ensure_topics(bs, topic_specs(settings))
@@ -373,7 +375,7 @@ def test_a_joining_member_takes_partitions_over_incrementally(settings: Settings
     events: list[tuple[str, str, frozenset[int]]] = []
 
     def member(name: str) -> Consumer:
-        c = Consumer(consumer_config(bs, group, **{"client.id": name}))
+        c = group_consumer(bs, group, **{"client.id": name})
 
         def on_assign(_c: Consumer, tps: list[TopicPartition]) -> None:
             events.append((name, "assign", frozenset(tp.partition for tp in tps)))

@@ -12,11 +12,17 @@
 Every import counts, the ones inside functions too (that is where a lazy import hides an upward
 dependency). Tests and benchmarks share helpers through `fleetfence.testing` and
 `tests/<package>/helpers.py`, never by importing a test module.
+
+Inside a package, modules import one way too: no circle (a module that imports another that imports
+it back, however many steps apart). A circle is how a lazy or `TYPE_CHECKING` import usually hides
+a piece that belongs in a third module both can import.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,22 +34,28 @@ LOADTEST = "loadtest"
 FIRST_PARTY = (GROUND, LAUNCHERS, TOP, LOADTEST, "tests", "bench", *COMPONENTS)
 
 
-def imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
-    """(line, module) of every first-party import in a file, relative ones resolved."""
+def import_statements(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, module, names) of every import statement in a file, anywhere in it (functions and
+    `if TYPE_CHECKING:` blocks included), relative ones resolved; `names` are what a `from` import
+    takes from the module, empty for a plain `import`."""
     tree = ast.parse(path.read_text(), str(path))
     package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
-    out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
+            for a in node.names:
+                yield node.lineno, a.name, []
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 mod = ".".join([*base, node.module] if node.module else base)
             else:
                 mod = node.module or ""
-            out.append((node.lineno, mod))
-    return [(ln, m) for ln, m in out if m.split(".")[0] in FIRST_PARTY]
+            yield node.lineno, mod, [a.name for a in node.names]
+
+
+def imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, module) of every first-party import in a file, relative ones resolved."""
+    return [(ln, m) for ln, m, _ in import_statements(path, root) if m.split(".")[0] in FIRST_PARTY]
 
 
 def violations(files: list[Path], allowed: tuple[str, ...], root: Path = ROOT) -> list[str]:
@@ -57,6 +69,63 @@ def violations(files: list[Path], allowed: tuple[str, ...], root: Path = ROOT) -
 
 def py_files(*dirs: str) -> list[Path]:
     return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py"))
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(files: list[Path], root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """{module: {module it imports: line}} among `files` only. `from a import b` is an edge to
+    the module `a.b` when there is one (a submodule), else to `a`; `import a.b.c` to the longest
+    of `a.b.c`, `a.b`, `a` that is among the files."""
+    known = {module_name(f, root) for f in files}
+    graph: dict[str, dict[str, int]] = {}
+    for f in files:
+        me = module_name(f, root)
+        edges = graph.setdefault(me, {})
+        for ln, mod, names in import_statements(f, root):
+            if names:
+                targets = [f"{mod}.{n}" if f"{mod}.{n}" in known else mod for n in names]
+            else:
+                parts = mod.split(".")
+                prefixes = (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+                targets = [next((t for t in prefixes if t in known), mod)]
+            for t in targets:
+                if t in known and t != me:
+                    edges[t] = min(ln, edges.get(t, ln))
+    return graph
+
+
+def circles(files: list[Path], root: Path = ROOT) -> list[str]:
+    """The import circles among `files`: for each module on one, the shortest way round from it,
+    each set of modules once ("a:3 imports b, b:7 imports a")."""
+    graph = import_graph(files, root)
+    found: list[str] = []
+    seen: set[frozenset[str]] = set()
+    for start in sorted(graph):
+        # Breadth first from `start` until an edge leads back to it: the shortest circle through it.
+        came_from: dict[str, str] = {}
+        queue = deque([start])
+        while queue:
+            here = queue.popleft()
+            if start in graph[here]:
+                path = [here]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                path.reverse()
+                members = frozenset(path)
+                if members not in seen:
+                    seen.add(members)
+                    steps = zip(path, [*path[1:], start], strict=True)
+                    found.append(", ".join(f"{a}:{graph[a][b]} imports {b}" for a, b in steps))
+                break
+            for nxt in sorted(graph[here]):
+                if nxt not in came_from and nxt != start:
+                    came_from[nxt] = here
+                    queue.append(nxt)
+    return found
 
 
 def test_the_ground_imports_no_component_and_not_the_cli() -> None:
@@ -102,4 +171,25 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     assert violations([fake], (GROUND,), root=tmp_path) == [
         f"{GROUND}/_layer_probe.py:1 imports processor.job",
         f"{GROUND}/_layer_probe.py:3 imports gateway",
+    ]
+
+
+def test_no_import_circle_inside_a_package() -> None:
+    found = [c for package in (*FIRST_PARTY, "tests_deploy") for c in circles(py_files(package))]
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_the_circle_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    """A circle closed by a `from package import module`, a relative import inside a function and
+    an import under `TYPE_CHECKING` is found, once, and a module that only imports into it is not
+    on it."""
+    pkg = tmp_path / "alerts"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from alerts import b\n")
+    (pkg / "b.py").write_text("def f() -> None:\n    from .c import X\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import alerts.a\n")
+    (pkg / "d.py").write_text("import alerts.a\nfrom alerts.c import X\n")
+    assert circles(sorted(pkg.rglob("*.py")), root=tmp_path) == [
+        "alerts.a:1 imports alerts.b, alerts.b:2 imports alerts.c, alerts.c:4 imports alerts.a"
     ]

@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from fleetfence.contracts import Telemetry
-from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
+from fleetfence.kafka import ensure_topics, group_consumer, topic_specs
 from fleetfence.settings import Settings
 from history.archive import start_archive
 from history.maintenance import last_committed_batch
@@ -81,7 +81,7 @@ def _files_of_batch(root: Path, batch_id: int) -> dict[str, tuple[str, int]]:
 
 
 def _high_watermarks(s: Settings) -> dict[str, dict[str, int]]:
-    c = Consumer(consumer_config(s.bootstrap_servers, f"hw-{uuid.uuid4().hex}"))
+    c = group_consumer(s.bootstrap_servers, f"hw-{uuid.uuid4().hex}")
     out: dict[str, dict[str, int]] = {}
     for topic, n in (
         (s.topics.telemetry, s.telemetry_partitions),

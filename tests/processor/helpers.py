@@ -13,11 +13,10 @@ import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
-from confluent_kafka import Producer
 
 from fleetfence.contracts import Telemetry
 from fleetfence.geo import LocalProjection
-from fleetfence.kafka import producer_config
+from fleetfence.kafka import idempotent_producer
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from fleetfence.testing import wait_for as wait_until_true
@@ -135,7 +134,7 @@ def scenario(n_fixes: int = 60, trips: bool = False) -> list[Telemetry]:
 
 
 def produce(settings: Settings, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    p = Producer(producer_config(settings.bootstrap_servers))
+    p = idempotent_producer(settings.bootstrap_servers)
     for k, v in records:
         p.produce(topic, key=k, value=v)
         p.poll(0)

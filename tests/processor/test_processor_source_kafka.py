@@ -16,11 +16,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from fleetfence.contracts import Telemetry, bucket_of
-from fleetfence.kafka import TopicSpec, ensure_topics, producer_config
+from fleetfence.kafka import TopicSpec, ensure_topics, idempotent_producer, transactional_producer
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from processor import parse
@@ -42,7 +42,7 @@ def fix(n: int) -> bytes:
 
 def produce_with_holes(bootstrap: str, topic: str) -> list[int]:
     """Committed and aborted transactions in turn, plus one bad record; the committed seqs."""
-    p = Producer(producer_config(bootstrap, **{"transactional.id": f"src-{uuid.uuid4().hex}"}))
+    p = transactional_producer(bootstrap, f"src-{uuid.uuid4().hex}")
     p.init_transactions(15)
     committed: list[int] = []
     n = 0
@@ -69,7 +69,7 @@ def test_connector_gives_every_committed_record_once(spark: Any, settings: Setti
         [TopicSpec(t.telemetry, 1), TopicSpec(t.master, 1, {"cleanup.policy": "compact"})],
     )
     committed = produce_with_holes(settings.bootstrap_servers, t.telemetry)
-    mp = Producer(producer_config(settings.bootstrap_servers))
+    mp = idempotent_producer(settings.bootstrap_servers)
     route = {"entity": "route", "id": "r1", "version": 1}
     assignment = {"entity": "assignment", "id": "v3", "version": 1}
     for ev in (route, assignment):

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka import Producer
 from rich.console import Console
 
 from fleetfence.contracts import alert_id
-from fleetfence.kafka import ensure_topics, producer_config, topic_specs
+from fleetfence.kafka import ensure_topics, topic_specs, transactional_producer
 from fleetfence.settings import Settings
 from simulator.commands import verify
 from simulator.settings import SimulatorSettings
@@ -108,7 +107,7 @@ def test_verify_reads_only_committed_alerts_and_gates(settings: Settings, tmp_pa
             d["zone_id"] = a.zone_id
         return orjson.dumps(d)
 
-    p = Producer(producer_config(settings.bootstrap_servers, **{"transactional.id": f"v-{uuid.uuid4().hex}"}))
+    p = transactional_producer(settings.bootstrap_servers, f"v-{uuid.uuid4().hex}")
     p.init_transactions(10)
     p.begin_transaction()
     p.produce(topic, record(truth[0]), truth[0].vehicle_id.encode())

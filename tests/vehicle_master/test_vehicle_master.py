@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from fleetfence.kafka import consumer_config, ensure_topics, topic_specs
+from fleetfence.kafka import ensure_topics, group_consumer, topic_specs
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from vehicle_master.errors import (
@@ -304,7 +304,7 @@ def consume_all(
 ) -> list[tuple[bytes, dict[str, Any]]]:
     """At least `expect` records and everything up to the topic's end (a killed relay re-sends, so
     the topic can hold more records than distinct changes)."""
-    c = Consumer(consumer_config(settings.bootstrap_servers, f"t-{uuid.uuid4().hex}"))
+    c = group_consumer(settings.bootstrap_servers, f"t-{uuid.uuid4().hex}")
     tp = TopicPartition(settings.topics.master, 0, 0)
     c.assign([tp])
     got: list[tuple[bytes, dict[str, Any]]] = []
