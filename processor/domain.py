@@ -42,7 +42,7 @@ the route uses both ways or a route crossing itself never makes progress jump; `
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from fleetfence.contracts import AlertType, alert_id, ms_to_iso
@@ -144,7 +144,15 @@ class Alert:
 
 @dataclass(slots=True)
 class VehicleState:
-    """Everything the processor remembers about one vehicle between fixes."""
+    """Everything the processor remembers about one vehicle between fixes: the one definition of
+    the state, from which the engine's columns (`processor.columns`) take their names, kinds and
+    "nothing yet" values (each field's default).
+
+    A new field goes at the end. A parked vehicle's row is packed by position, its int, float and
+    bool fields each in their order here (`processor.parking`), and a row packed before a field
+    existed unpacks with the field's default only if every older field kept its place
+    (tests/processor/test_processor_parking.py holds a row packed by an older version).
+    """
 
     vehicle_id: str
     last_seq: int = -1
@@ -187,6 +195,10 @@ class VehicleState:
     at_risk: bool = False
     off_route_m: float = 0.0
     completed: bool = False
+
+
+# Each field's "nothing yet" (its default): a new vehicle's value.
+STATE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(VehicleState) if f.default is not MISSING}
 
 
 def _alert(s: VehicleState, t: AlertType, f: Fix, subject: str = "", **details: Any) -> Alert:
