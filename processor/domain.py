@@ -197,8 +197,42 @@ class VehicleState:
     completed: bool = False
 
 
-# Each field's "nothing yet" (its default): a new vehicle's value.
+# Each field's "nothing yet" (its default): a new vehicle's value, and what `reset` returns it to.
 STATE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(VehicleState) if f.default is not MISSING}
+
+# The fields that start again together, each group at its defaults (`reset`): `step` resets them at a
+# route switch, a new trip, a completion and the end of a condition, and the engine's fast path
+# resets the counts its quiet fixes end (on columns) from the same groups.
+DEVIATION_COUNT = ("outside_fixes", "outside_since_ms")  # fixes outside, not yet a deviation
+CORRIDOR = ("off_route", *DEVIATION_COUNT, "inside_fixes")
+OVERSPEED_COUNT = ("over_since_ms", "over_max_kmh")  # time above the limit, not yet an overspeed
+SPEED = ("overspeed", *OVERSPEED_COUNT)
+DIRECTION_ANCHOR = ("dir_anchor_m", "dir_anchor_ts_ms", "dir_anchor_fixes")
+DIRECTION = ("wrong_way", *DIRECTION_ANCHOR)
+STOP = ("stop_since_ms", "stop_phase")  # where it began (stop_lat, stop_lon) is read only during one
+TRIP = (
+    "progress_m",
+    *DIRECTION,
+    *STOP,
+    "stop_lat",
+    "stop_lon",
+    "trip_start_ms",
+    "trip_start_m",
+    "eta_ms",
+    "at_risk",
+    "off_route_m",
+    "completed",
+)
+# The fields of the conditions a later fix may close with an alert (a silent vehicle's next fix raises
+# VEHICLE_RESUMED): each is at its default while its condition is closed. A zone entered is such a
+# condition too, kept in `zones`.
+OPEN_CONDITIONS = ("off_route", "overspeed", "silent", "wrong_way", "stop_since_ms", "at_risk")
+
+
+def reset(s: VehicleState, names: tuple[str, ...]) -> None:
+    """Return these fields of `s` to their defaults."""
+    for name in names:
+        setattr(s, name, STATE_DEFAULTS[name])
 
 
 def _alert(s: VehicleState, t: AlertType, f: Fix, subject: str = "", **details: Any) -> Alert:
@@ -230,13 +264,12 @@ def step(
     if switched:
         # A new route starts a clean corridor and speed record, and a new trip; no alert for the
         # switch.
-        s.off_route, s.outside_fixes, s.outside_since_ms, s.inside_fixes = False, 0, -1, 0
-        s.overspeed, s.over_since_ms, s.over_max_kmh = False, -1, 0.0
+        reset(s, CORRIDOR + SPEED)
     if switched or fix.trip_from_ms != s.trip_from_ms:
         # So does a new assignment to the same route (tomorrow's run of today's route): a trip is
         # an assignment, known by when it became valid. A changed plan (new planned times on the
         # same assignment) keeps the trip.
-        _new_trip(s)
+        reset(s, TRIP)
     s.route_id, s.route_version, s.trip_from_ms = fix.route_id, fix.route_version, fix.trip_from_ms
     if s.silent:
         gap_s = round((fix.ts_ms - state.last_ts_ms) / 1000.0, 3)
@@ -260,7 +293,7 @@ def step(
     if rules is not None and fix.route_id is not None:
         if not s.off_route:
             if fix.in_corridor:
-                s.outside_fixes, s.outside_since_ms = 0, -1
+                reset(s, DEVIATION_COUNT)
             else:
                 if s.outside_fixes == 0:
                     s.outside_since_ms = fix.ts_ms
@@ -281,7 +314,7 @@ def step(
             s.inside_fixes += 1
             if s.inside_fixes >= cfg.return_min_fixes:
                 off_s = (fix.ts_ms - s.outside_since_ms) / 1000.0
-                s.off_route, s.outside_fixes, s.outside_since_ms, s.inside_fixes = False, 0, -1, 0
+                reset(s, CORRIDOR)
                 alerts.append(_alert(s, AlertType.ROUTE_RETURN, fix, off_route_s=off_s))
         else:
             s.inside_fixes = 0
@@ -307,9 +340,9 @@ def step(
                         )
                     )
             else:
-                s.over_since_ms, s.over_max_kmh = -1, 0.0
+                reset(s, OVERSPEED_COUNT)
         elif fix.speed_kmh <= limit - cfg.overspeed_hysteresis_kmh:
-            s.overspeed, s.over_since_ms, s.over_max_kmh = False, -1, 0.0
+            reset(s, SPEED)
         else:
             s.over_max_kmh = max(s.over_max_kmh, fix.speed_kmh)
 
@@ -328,19 +361,6 @@ def step(
     s.last_seq, s.last_ts_ms, s.last_received_ms = fix.seq, fix.ts_ms, fix.received_ms
     s.lat, s.lon, s.speed_kmh = fix.lat, fix.lon, fix.speed_kmh
     return s, alerts
-
-
-def _new_trip(s: VehicleState) -> None:
-    s.progress_m, s.wrong_way, s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = (
-        -1.0,
-        False,
-        -1.0,
-        -1,
-        0,
-    )
-    s.stop_since_ms, s.stop_lat, s.stop_lon, s.stop_phase = -1, 0.0, 0.0, 0
-    s.trip_start_ms, s.trip_start_m, s.eta_ms, s.at_risk, s.off_route_m = -1, 0.0, -1, False, 0.0
-    s.completed = False
 
 
 # How much further back than forward a pass may lie and still be taken as the continuation: at the
@@ -404,8 +424,8 @@ def _route_awareness(
         if math.isfinite(rules.planned_duration_s):
             details["planned_duration_s"] = rules.planned_duration_s
         alerts.append(_alert(s, AlertType.ROUTE_COMPLETED, fix, **details))
-        s.wrong_way, s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = False, -1.0, -1, 0
-        s.stop_since_ms, s.stop_phase, s.at_risk, s.eta_ms = -1, 0, False, fix.ts_ms
+        reset(s, (*DIRECTION, *STOP, "at_risk"))
+        s.eta_ms = fix.ts_ms
         return
     _direction(s, fix, p, rules, alerts)
     _stop(s, fix, rules, cfg, alerts)
@@ -459,7 +479,7 @@ def _all_past_half(fix: Fix) -> bool:
 
 def _direction(s: VehicleState, fix: Fix, p: float | None, rules: RouteRules, alerts: list[Alert]) -> None:
     if p is None:
-        s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = -1.0, -1, 0
+        reset(s, DIRECTION_ANCHOR)
         return
     if s.dir_anchor_m < 0 or (p < s.dir_anchor_m if s.wrong_way else p > s.dir_anchor_m):
         s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = p, fix.ts_ms, 0
@@ -503,7 +523,7 @@ def _stop(s: VehicleState, fix: Fix, rules: RouteRules, cfg: EngineConfig, alert
         elif slow:  # crept out of the radius: a new stop may begin here
             s.stop_since_ms, s.stop_lat, s.stop_lon = fix.ts_ms, fix.lat, fix.lon
         else:
-            s.stop_since_ms = -1
+            reset(s, STOP)
         return
     if (
         fix.speed_kmh > rules.stop_speed_kmh + cfg.stop_hysteresis_kmh
@@ -513,7 +533,7 @@ def _stop(s: VehicleState, fix: Fix, rules: RouteRules, cfg: EngineConfig, alert
             alerts.append(
                 _alert(s, AlertType.STOP_ENDED, fix, duration_s=stopped_s, since_ms=s.stop_since_ms)
             )
-        s.stop_since_ms, s.stop_phase = -1, 0
+        reset(s, STOP)
         if slow:
             s.stop_since_ms, s.stop_lat, s.stop_lon = fix.ts_ms, fix.lat, fix.lon
 
