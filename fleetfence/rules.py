@@ -31,7 +31,7 @@ def _off_or(value: Any) -> float:
 
 @dataclass(frozen=True)
 class RouteRules:
-    """The per-route rules of the state machine (processor-wide ones live in its EngineConfig).
+    """The per-route rules of the state machine (processor-wide ones are `ProcessorRules`).
 
     corridor_width_m is the full width (half each side of the line); a deviation is confirmed after
     `deviation_min_fixes` fixes outside spanning at least `deviation_min_s`; overspeed after

@@ -52,20 +52,17 @@ from processor.trip import eta_ms, planned_arrival_ms
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """Processor-wide rules (route-specific ones live in RouteRules); defaults from ProcessorRules."""
+class EngineConfig(ProcessorRules):
+    """The processor-wide rules as the engine applies them (route-specific ones live in RouteRules),
+    and the one knob of the engine's own: how many fixes a vehicle's reorder buffer holds before it
+    gives up waiting for a missing one."""
 
-    hysteresis_m: float = ProcessorRules.hysteresis_m
-    return_min_fixes: int = ProcessorRules.return_min_fixes
-    overspeed_hysteresis_kmh: float = ProcessorRules.overspeed_hysteresis_kmh
-    default_silent_after_s: float = ProcessorRules.default_silent_after_s
-    allowed_lateness_ms: int = ProcessorRules.lateness_ms
-    late_bound_ms: int = ProcessorRules.late_bound_ms
     max_pending_per_vehicle: int = 1000
-    stop_hysteresis_kmh: float = ProcessorRules.stop_hysteresis_kmh
-    arrival_hysteresis_s: float = ProcessorRules.arrival_hysteresis_s
-    eta_warmup_s: float = ProcessorRules.eta_warmup_s
-    eta_min_speed_kmh: float = ProcessorRules.eta_min_speed_kmh
+
+    @classmethod
+    def of(cls, rules: ProcessorRules, **engine: Any) -> EngineConfig:
+        """The engine applying `rules` (the engine's own knobs from `engine`, else their defaults)."""
+        return cls(**{f.name: getattr(rules, f.name) for f in fields(ProcessorRules)}, **engine)
 
 
 @dataclass(frozen=True, slots=True)

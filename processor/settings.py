@@ -89,7 +89,7 @@ class ProcessorSettings(Settings):
             return_min_fixes=self.processor_return_min_fixes,
             overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
             default_silent_after_s=self.processor_silent_after_s,
-            allowed_lateness_ms=int(self.processor_lateness_s * 1000),
+            lateness_ms=int(self.processor_lateness_s * 1000),
             late_bound_ms=int(self.processor_late_bound_s * 1000),
             stop_hysteresis_kmh=self.processor_stop_hysteresis_kmh,
             arrival_hysteresis_s=self.processor_arrival_hysteresis_s,

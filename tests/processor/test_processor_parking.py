@@ -205,7 +205,7 @@ def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alon
             alerts += [orjson.loads(a) for a in step.out.loc[step.out["kind"] == OUT_ALERT, "value"]]
             stats.append(orjson.loads(step.out.loc[step.out["kind"] == OUT_STATS, "value"].iloc[0]))
             if batch:
-                wm = max(wm, max(f.ts_ms for f in batch) - CFG.allowed_lateness_ms)
+                wm = max(wm, max(f.ts_ms for f in batch) - CFG.lateness_ms)
         assert vehicles is not None
         states, _ = load_state(vehicles)
         return alerts, states, stats
