@@ -38,7 +38,7 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
         start_ms=utc_now_ms() - 600_000,
         rules=simulated_rules(silent_after_s=60, overspeed_min_s=5, deviation_min_s=2),
         inject=Injections(0.5, 0.5, 0.3, 0.2, duplicate=0.02, out_of_order=0.02, late=0.02),
-        assume=sim.assumptions(),
+        assume=sim.processor_rules(),
     )
     truth_path = tmp_path / "truth.jsonl"
     rep = run_simulation(sim, cfg, SimulationOptions(direct=True, truth_path=truth_path, show_progress=False))
