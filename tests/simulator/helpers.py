@@ -11,9 +11,10 @@ from processor.columns import empty_states
 from processor.domain import EngineConfig, RawFix
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
-from simulator.config import Injections, ScenarioConfig, simulated_rules
+from simulator.config import Injections, ScenarioConfig
 from simulator.fleet_sink import tick_rows
 from simulator.register import scenario_entities
+from simulator.rules import simulated_rules
 from simulator.scenario import Scenario, TickBatch
 from simulator.truth import TruthAlert
 from simulator.verify import ObservedAlert

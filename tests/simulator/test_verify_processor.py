@@ -14,8 +14,9 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from processor.job import start_query
 from processor.settings import ProcessorSettings
-from simulator.config import Injections, ScenarioConfig, simulated_rules
+from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, run_simulation
+from simulator.rules import simulated_rules
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts
