@@ -142,7 +142,7 @@ def main() -> None:
     best: dict[str, dict[str, Any]] = {}
     for r in range(args.rounds):
         for m in MODES if r % 2 == 0 else MODES[::-1]:
-            res = run(parts, masters[m], cfg, cfg.allowed_lateness_ms)
+            res = run(parts, masters[m], cfg, cfg.lateness_ms)
             console.print(f"round {r + 1} {m}: {res['seconds'] / res['fixes'] * 1e6:.2f} µs/fix")
             if m not in best or res["seconds"] < best[m]["seconds"]:
                 best[m] = res
@@ -173,7 +173,7 @@ def main() -> None:
     console.print(table)
     if args.profile:
         prof = cProfile.Profile()
-        run(parts, masters[args.profile], cfg, cfg.allowed_lateness_ms, prof)
+        run(parts, masters[args.profile], cfg, cfg.lateness_ms, prof)
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
         console.print(out.getvalue(), markup=False, highlight=False)

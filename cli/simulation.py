@@ -8,6 +8,10 @@ from typing import Annotated
 import typer
 
 from cli.common import app, friendly_errors
+from simulator.rules import SIMULATED_RULES
+
+# The route options' defaults: the simulated routes' rules.
+_R = SIMULATED_RULES
 
 
 @app.command("simulate")
@@ -32,21 +36,23 @@ def simulate_cmd(
     bbox: Annotated[
         str | None, typer.Option(help="City box min_lon,min_lat,max_lon,max_lat (default central Berlin).")
     ] = None,
-    corridor_width: Annotated[float, typer.Option(min=1, help="Route corridor full width, metres.")] = 100.0,
-    speed_limit: Annotated[float, typer.Option(min=1, help="Route speed limit, km/h.")] = 50.0,
-    deviation_min_fixes: Annotated[int, typer.Option(min=1)] = 3,
-    deviation_min_s: Annotated[float, typer.Option(min=0)] = 0.0,
-    overspeed_min_s: Annotated[float, typer.Option(min=0)] = 10.0,
-    silent_after: Annotated[float, typer.Option(min=1, help="Route silent_after_s.")] = 120.0,
+    corridor_width: Annotated[
+        float, typer.Option(min=1, help="Route corridor full width, metres.")
+    ] = _R.corridor_width_m,
+    speed_limit: Annotated[float, typer.Option(min=1, help="Route speed limit, km/h.")] = _R.speed_limit_kmh,
+    deviation_min_fixes: Annotated[int, typer.Option(min=1)] = _R.deviation_min_fixes,
+    deviation_min_s: Annotated[float, typer.Option(min=0)] = _R.deviation_min_s,
+    overspeed_min_s: Annotated[float, typer.Option(min=0)] = _R.overspeed_min_s,
+    silent_after: Annotated[float, typer.Option(min=1, help="Route silent_after_s.")] = _R.silent_after_s,
     wrong_way_min: Annotated[
         float, typer.Option(min=1, help="Route wrong_way_min_m: metres back before WRONG_DIRECTION.")
-    ] = 60.0,
+    ] = _R.wrong_way_min_m,
     stop_min: Annotated[
         float, typer.Option(min=10, help="Route stop_min_s: seconds standing before UNPLANNED_STOP.")
-    ] = 45.0,
+    ] = _R.stop_min_s,
     arrival_risk: Annotated[
         float, typer.Option(min=0, help="Route arrival_risk_s: ETA delay before ARRIVAL_AT_RISK.")
-    ] = 600.0,
+    ] = _R.arrival_risk_s,
     deviations: Annotated[
         float, typer.Option(min=0, max=1, help="Fraction of vehicles that leave the corridor.")
     ] = 0.1,
@@ -101,11 +107,11 @@ def simulate_cmd(
     """Drive simulated vehicles with injected deviations, speeding, zone stops, silences and
     transport faults; publish them (MQTT or Kafka) and write the exact expected alerts."""
 
-    from fleetfence.rules import RouteRules
     from simulator.commands import read_routes_geojson, simulate, start_ms_for
     from simulator.config import Injections, ScenarioConfig
     from simulator.publish import SimulationOptions
     from simulator.routes import DEFAULT_BBOX, parse_bbox
+    from simulator.rules import simulated_rules
 
     duration_s, period_ms = duration, (round(1000 / rate) if rate > 0 else 1000)
     cfg = ScenarioConfig(
@@ -119,7 +125,7 @@ def simulate_cmd(
         zones_per_route=zones_per_route,
         bbox=parse_bbox(bbox) if bbox else DEFAULT_BBOX,
         routes_geojson=read_routes_geojson(Path(routes_geojson)) if routes_geojson else None,
-        rules=RouteRules(
+        rules=simulated_rules(
             corridor_width_m=corridor_width,
             speed_limit_kmh=speed_limit,
             deviation_min_fixes=deviation_min_fixes,

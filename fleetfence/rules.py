@@ -31,7 +31,7 @@ def _off_or(value: Any) -> float:
 
 @dataclass(frozen=True)
 class RouteRules:
-    """The per-route rules of the state machine (processor-wide ones live in its EngineConfig).
+    """The per-route rules of the state machine (processor-wide ones are `ProcessorRules`).
 
     corridor_width_m is the full width (half each side of the line); a deviation is confirmed after
     `deviation_min_fixes` fixes outside spanning at least `deviation_min_s`; overspeed after
@@ -99,9 +99,10 @@ class RouteRules:
 
 @dataclass(frozen=True)
 class ProcessorRules:
-    """Processor-wide rules, the defaults of `FLEETFENCE_PROCESSOR_*`: the processor's settings and
-    its engine take them from here, and so does the simulator's ground truth, which must predict
-    exactly what the processor will decide.
+    """Processor-wide rules, the defaults of `FLEETFENCE_PROCESSOR_*`: the processor's engine applies
+    them under these names (`processor.domain.EngineConfig` is one of them), the variables are read
+    into them in one place (`fleetfence.settings.ProcessorRulesSettings`), and the simulator's ground
+    truth assumes them, as it must predict exactly what the processor will decide.
 
     hysteresis_m: the spatial band that stops GPS jitter from making alerts flap (a vehicle is back
     on route only inside the corridor narrowed by it; leaves a zone only outside the zone grown by

@@ -21,6 +21,7 @@ from pydantic import Field, SecretStr, computed_field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetfence.errors import ConfigError
+from fleetfence.rules import ProcessorRules
 
 
 class TopicNames:
@@ -187,6 +188,63 @@ class Settings(BaseSettings):
     @property
     def run_dir(self) -> Path:
         return self.state_dir / "run"
+
+
+class ProcessorRulesSettings(Settings):
+    """The processor-wide rules as `FLEETFENCE_PROCESSOR_*` variables, with `ProcessorRules`' defaults.
+
+    Read by the processor, which applies them, and by the simulator, whose ground truth must assume
+    what the processor applies: both settings classes derive from this one, so a deployment that
+    sets a variable changes both sides, and `processor_rules` is the one reading of them.
+    """
+
+    processor_lateness_s: float = Field(
+        default=ProcessorRules.lateness_ms / 1000, ge=0, description="Allowed event-time lateness."
+    )
+    processor_late_bound_s: float = Field(
+        default=ProcessorRules.late_bound_ms / 1000,
+        gt=0,
+        description="How far behind the watermark a fix may arrive and still be applied (stored and "
+        "forwarded by a tracker out of coverage); beyond it: a dead letter with reason `late`.",
+    )
+    processor_hysteresis_m: float = Field(default=ProcessorRules.hysteresis_m, ge=0)
+    processor_return_min_fixes: int = Field(default=ProcessorRules.return_min_fixes, ge=1)
+    processor_overspeed_hysteresis_kmh: float = Field(default=ProcessorRules.overspeed_hysteresis_kmh, ge=0)
+    processor_silent_after_s: float = Field(
+        default=ProcessorRules.default_silent_after_s, gt=0, description="Default when a route has none."
+    )
+    processor_stop_hysteresis_kmh: float = Field(
+        default=ProcessorRules.stop_hysteresis_kmh,
+        ge=0,
+        description="A confirmed stop ends this far above the stop speed.",
+    )
+    processor_arrival_hysteresis_s: float = Field(
+        default=ProcessorRules.arrival_hysteresis_s,
+        ge=0,
+        description="A trip at risk is back on time this far below the route's arrival threshold.",
+    )
+    processor_eta_warmup_s: float = Field(
+        default=ProcessorRules.eta_warmup_s, ge=0, description="No ETA before a trip has run this long."
+    )
+    processor_eta_min_speed_kmh: float = Field(
+        default=ProcessorRules.eta_min_speed_kmh,
+        gt=0,
+        description="The slowest average speed an ETA assumes.",
+    )
+
+    def processor_rules(self) -> ProcessorRules:
+        return ProcessorRules(
+            hysteresis_m=self.processor_hysteresis_m,
+            return_min_fixes=self.processor_return_min_fixes,
+            overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
+            lateness_ms=int(self.processor_lateness_s * 1000),
+            late_bound_ms=int(self.processor_late_bound_s * 1000),
+            default_silent_after_s=self.processor_silent_after_s,
+            stop_hysteresis_kmh=self.processor_stop_hysteresis_kmh,
+            arrival_hysteresis_s=self.processor_arrival_hysteresis_s,
+            eta_warmup_s=self.processor_eta_warmup_s,
+            eta_min_speed_kmh=self.processor_eta_min_speed_kmh,
+        )
 
 
 def get_settings() -> Settings:

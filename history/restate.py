@@ -281,9 +281,9 @@ def run_restatement(spark: Any, root: str, req: RestateRequest, cfg: EngineConfi
     watermarks: dict[int, int] = {}
     seen_max = -(2**62)
     for sl, mx in per_slice:
-        watermarks[sl] = max(seen_max - cfg.allowed_lateness_ms, 0)
+        watermarks[sl] = max(seen_max - cfg.lateness_ms, 0)
         seen_max = max(seen_max, mx)
-    final_wm = max(seen_max - cfg.allowed_lateness_ms, 0)
+    final_wm = max(seen_max - cfg.lateness_ms, 0)
     logger.info(
         "restating window=[%d, %d) warmup_ms=%d slices=%d fixes=%d overrides=%s",
         req.from_ms,

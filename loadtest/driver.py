@@ -292,7 +292,7 @@ class LoadTest:
                     show_progress=False,
                     sink_observer=observe,
                 )
-                run_simulation(self.sim, replace(cfg, assume=self.sim.assumptions()), opts, self.console)
+                run_simulation(self.sim, replace(cfg, assume=self.sim.processor_rules()), opts, self.console)
             except BaseException as exc:  # handed to the sampling thread, which raises it
                 failure.append(exc)
             finally:

@@ -9,65 +9,48 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_type_hints
 
 import numpy as np
 import pandas as pd
 
-from processor.domain import RawFix, VehicleState
+from processor.domain import STATE_DEFAULTS, RawFix, VehicleState
 
 FIX_COLUMNS = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
 
-# The state's columns by kind. Append only: a parked vehicle's row is packed column by column in
-# this order (processor.parking), and a row packed before a column existed unpacks with the
-# column's "nothing yet" only if every older column kept its place.
 
-INT_COLS = (
-    "last_seq",
-    "last_ts_ms",
-    "last_received_ms",
-    "route_version",
-    "outside_fixes",
-    "outside_since_ms",
-    "inside_fixes",
-    "over_since_ms",
-    "dir_anchor_ts_ms",
-    "dir_anchor_fixes",
-    "stop_since_ms",
-    "stop_phase",
-    "trip_from_ms",
-    "trip_start_ms",
-    "eta_ms",
-)
-FLOAT_COLS = (
-    "lat",
-    "lon",
-    "speed_kmh",
-    "over_max_kmh",
-    "progress_m",
-    "dir_anchor_m",
-    "stop_lat",
-    "stop_lon",
-    "trip_start_m",
-    "off_route_m",
-)
-BOOL_COLS = ("off_route", "overspeed", "silent", "wrong_way", "at_risk", "completed")
-# Columns whose "nothing yet" is -1, not 0 (a new vehicle, or a state written before they existed).
-MINUS_ONE_COLS = (
-    "last_seq",
-    "outside_since_ms",
-    "over_since_ms",
-    "progress_m",
-    "dir_anchor_m",
-    "dir_anchor_ts_ms",
-    "stop_since_ms",
-    "trip_from_ms",
-    "trip_start_ms",
-    "eta_ms",
-)
+def _state_columns() -> dict[type, tuple[str, ...]]:
+    """`VehicleState`'s fields by kind, each kind in declaration order (the order a parked row is
+    packed in, processor.parking); the id is the table's index, not a column."""
+    kinds: dict[type, tuple[str, ...]] = {int: (), float: (), bool: (), object: ()}
+    for name, hint in get_type_hints(VehicleState).items():
+        if name == "vehicle_id":
+            continue
+        kind = object if name in _OBJECT_COLS else hint
+        if kind not in kinds:
+            raise TypeError(f"VehicleState.{name}: the state table has no column kind for {hint}")
+        kinds[kind] += (name,)
+    if kinds[object] != _OBJECT_COLS:
+        raise TypeError(f"VehicleState has object fields {kinds[object]}, the state table {_OBJECT_COLS}")
+    return kinds
+
+
+# The fields the table keeps as Python objects, each with code of its own (`get`, `put`,
+# processor.parking's JSON).
+_OBJECT_COLS = ("route_id", "zones")
+_KINDS = _state_columns()
+INT_COLS = _KINDS[int]
+FLOAT_COLS = _KINDS[float]
+BOOL_COLS = _KINDS[bool]
 # Per-vehicle counters the engine keeps beside the state machine (not part of `VehicleState`):
 # `unassigned_fixes` counts fixes with no assignment valid at their event time (issue #21).
 COUNTER_COLS = ("unassigned_fixes",)
+# The "nothing yet" of every numeric column: a new vehicle's, and that of a column a stored table or
+# parked row was written without.
+EMPTY: dict[str, int | float | bool] = {
+    **{c: STATE_DEFAULTS[c] for c in INT_COLS + FLOAT_COLS + BOOL_COLS},
+    **dict.fromkeys(COUNTER_COLS, 0),
+}
 
 
 class StateTable:
@@ -81,20 +64,19 @@ class StateTable:
         self.ids: list[str] = ids or []
         n = len(self.ids)
         if cols is None:
-            cols = {c: np.zeros(n, dtype=np.int64) for c in INT_COLS + COUNTER_COLS}
-            cols.update({c: np.zeros(n, dtype=np.float64) for c in FLOAT_COLS})
-            cols.update({c: np.zeros(n, dtype=bool) for c in BOOL_COLS})
-            cols["route_id"] = np.full(n, None, dtype=object)
-            cols["zones"] = np.full(n, None, dtype=object)
+            cols = {}
         for names, dtype in (
             (INT_COLS + COUNTER_COLS, np.int64),
             (FLOAT_COLS, np.float64),
             (BOOL_COLS, bool),
         ):
             for c in names:
-                # A state written before the column existed (an older checkpoint) starts it empty.
+                # A new table, or a state written before the column existed (an older checkpoint).
                 if c not in cols:
-                    cols[c] = np.full(n, -1 if c in MINUS_ONE_COLS else 0, dtype=dtype)
+                    cols[c] = np.full(n, EMPTY[c], dtype=dtype)
+        for c in _OBJECT_COLS:
+            if c not in cols:
+                cols[c] = np.full(n, None, dtype=object)
         self.cols = cols
         self.index = {v: i for i, v in enumerate(self.ids)}
 
@@ -117,10 +99,8 @@ class StateTable:
         for v_i, v in enumerate(new):
             self.index[v] = base + v_i
         for c, arr in self.cols.items():
-            ext = np.full(k, None, dtype=object) if arr.dtype == object else np.zeros(k, dtype=arr.dtype)
+            ext = np.full(k, None if arr.dtype == object else EMPTY.get(c, 0), dtype=arr.dtype)
             self.cols[c] = np.concatenate([arr, ext])
-        for c in MINUS_ONE_COLS:
-            self.cols[c][base:] = -1
 
     def get(self, i: int) -> VehicleState:
         c = self.cols

@@ -42,7 +42,7 @@ the route uses both ways or a route crossing itself never makes progress jump; `
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from fleetfence.contracts import AlertType, alert_id, ms_to_iso
@@ -52,20 +52,17 @@ from processor.trip import eta_ms, planned_arrival_ms
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """Processor-wide rules (route-specific ones live in RouteRules); defaults from ProcessorRules."""
+class EngineConfig(ProcessorRules):
+    """The processor-wide rules as the engine applies them (route-specific ones live in RouteRules),
+    and the one knob of the engine's own: how many fixes a vehicle's reorder buffer holds before it
+    gives up waiting for a missing one."""
 
-    hysteresis_m: float = ProcessorRules.hysteresis_m
-    return_min_fixes: int = ProcessorRules.return_min_fixes
-    overspeed_hysteresis_kmh: float = ProcessorRules.overspeed_hysteresis_kmh
-    default_silent_after_s: float = ProcessorRules.default_silent_after_s
-    allowed_lateness_ms: int = ProcessorRules.lateness_ms
-    late_bound_ms: int = ProcessorRules.late_bound_ms
     max_pending_per_vehicle: int = 1000
-    stop_hysteresis_kmh: float = ProcessorRules.stop_hysteresis_kmh
-    arrival_hysteresis_s: float = ProcessorRules.arrival_hysteresis_s
-    eta_warmup_s: float = ProcessorRules.eta_warmup_s
-    eta_min_speed_kmh: float = ProcessorRules.eta_min_speed_kmh
+
+    @classmethod
+    def of(cls, rules: ProcessorRules, **engine: Any) -> EngineConfig:
+        """The engine applying `rules` (the engine's own knobs from `engine`, else their defaults)."""
+        return cls(**{f.name: getattr(rules, f.name) for f in fields(ProcessorRules)}, **engine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +141,15 @@ class Alert:
 
 @dataclass(slots=True)
 class VehicleState:
-    """Everything the processor remembers about one vehicle between fixes."""
+    """Everything the processor remembers about one vehicle between fixes: the one definition of
+    the state, from which the engine's columns (`processor.columns`) take their names, kinds and
+    "nothing yet" values (each field's default).
+
+    A new field goes at the end. A parked vehicle's row is packed by position, its int, float and
+    bool fields each in their order here (`processor.parking`), and a row packed before a field
+    existed unpacks with the field's default only if every older field kept its place
+    (tests/processor/test_processor_parking.py holds a row packed by an older version).
+    """
 
     vehicle_id: str
     last_seq: int = -1
@@ -189,6 +194,44 @@ class VehicleState:
     completed: bool = False
 
 
+# Each field's "nothing yet" (its default): a new vehicle's value, and what `reset` returns it to.
+STATE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(VehicleState) if f.default is not MISSING}
+
+# The fields that start again together, each group at its defaults (`reset`): `step` resets them at a
+# route switch, a new trip, a completion and the end of a condition, and the engine's fast path
+# resets the counts its quiet fixes end (on columns) from the same groups.
+DEVIATION_COUNT = ("outside_fixes", "outside_since_ms")  # fixes outside, not yet a deviation
+CORRIDOR = ("off_route", *DEVIATION_COUNT, "inside_fixes")
+OVERSPEED_COUNT = ("over_since_ms", "over_max_kmh")  # time above the limit, not yet an overspeed
+SPEED = ("overspeed", *OVERSPEED_COUNT)
+DIRECTION_ANCHOR = ("dir_anchor_m", "dir_anchor_ts_ms", "dir_anchor_fixes")
+DIRECTION = ("wrong_way", *DIRECTION_ANCHOR)
+STOP = ("stop_since_ms", "stop_phase")  # where it began (stop_lat, stop_lon) is read only during one
+TRIP = (
+    "progress_m",
+    *DIRECTION,
+    *STOP,
+    "stop_lat",
+    "stop_lon",
+    "trip_start_ms",
+    "trip_start_m",
+    "eta_ms",
+    "at_risk",
+    "off_route_m",
+    "completed",
+)
+# The fields of the conditions a later fix may close with an alert (a silent vehicle's next fix raises
+# VEHICLE_RESUMED): each is at its default while its condition is closed. A zone entered is such a
+# condition too, kept in `zones`.
+OPEN_CONDITIONS = ("off_route", "overspeed", "silent", "wrong_way", "stop_since_ms", "at_risk")
+
+
+def reset(s: VehicleState, names: tuple[str, ...]) -> None:
+    """Return these fields of `s` to their defaults."""
+    for name in names:
+        setattr(s, name, STATE_DEFAULTS[name])
+
+
 def _alert(s: VehicleState, t: AlertType, f: Fix, subject: str = "", **details: Any) -> Alert:
     return Alert(
         t,
@@ -218,13 +261,12 @@ def step(
     if switched:
         # A new route starts a clean corridor and speed record, and a new trip; no alert for the
         # switch.
-        s.off_route, s.outside_fixes, s.outside_since_ms, s.inside_fixes = False, 0, -1, 0
-        s.overspeed, s.over_since_ms, s.over_max_kmh = False, -1, 0.0
+        reset(s, CORRIDOR + SPEED)
     if switched or fix.trip_from_ms != s.trip_from_ms:
         # So does a new assignment to the same route (tomorrow's run of today's route): a trip is
         # an assignment, known by when it became valid. A changed plan (new planned times on the
         # same assignment) keeps the trip.
-        _new_trip(s)
+        reset(s, TRIP)
     s.route_id, s.route_version, s.trip_from_ms = fix.route_id, fix.route_version, fix.trip_from_ms
     if s.silent:
         gap_s = round((fix.ts_ms - state.last_ts_ms) / 1000.0, 3)
@@ -248,7 +290,7 @@ def step(
     if rules is not None and fix.route_id is not None:
         if not s.off_route:
             if fix.in_corridor:
-                s.outside_fixes, s.outside_since_ms = 0, -1
+                reset(s, DEVIATION_COUNT)
             else:
                 if s.outside_fixes == 0:
                     s.outside_since_ms = fix.ts_ms
@@ -269,7 +311,7 @@ def step(
             s.inside_fixes += 1
             if s.inside_fixes >= cfg.return_min_fixes:
                 off_s = (fix.ts_ms - s.outside_since_ms) / 1000.0
-                s.off_route, s.outside_fixes, s.outside_since_ms, s.inside_fixes = False, 0, -1, 0
+                reset(s, CORRIDOR)
                 alerts.append(_alert(s, AlertType.ROUTE_RETURN, fix, off_route_s=off_s))
         else:
             s.inside_fixes = 0
@@ -295,9 +337,9 @@ def step(
                         )
                     )
             else:
-                s.over_since_ms, s.over_max_kmh = -1, 0.0
+                reset(s, OVERSPEED_COUNT)
         elif fix.speed_kmh <= limit - cfg.overspeed_hysteresis_kmh:
-            s.overspeed, s.over_since_ms, s.over_max_kmh = False, -1, 0.0
+            reset(s, SPEED)
         else:
             s.over_max_kmh = max(s.over_max_kmh, fix.speed_kmh)
 
@@ -316,19 +358,6 @@ def step(
     s.last_seq, s.last_ts_ms, s.last_received_ms = fix.seq, fix.ts_ms, fix.received_ms
     s.lat, s.lon, s.speed_kmh = fix.lat, fix.lon, fix.speed_kmh
     return s, alerts
-
-
-def _new_trip(s: VehicleState) -> None:
-    s.progress_m, s.wrong_way, s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = (
-        -1.0,
-        False,
-        -1.0,
-        -1,
-        0,
-    )
-    s.stop_since_ms, s.stop_lat, s.stop_lon, s.stop_phase = -1, 0.0, 0.0, 0
-    s.trip_start_ms, s.trip_start_m, s.eta_ms, s.at_risk, s.off_route_m = -1, 0.0, -1, False, 0.0
-    s.completed = False
 
 
 # How much further back than forward a pass may lie and still be taken as the continuation: at the
@@ -392,8 +421,8 @@ def _route_awareness(
         if math.isfinite(rules.planned_duration_s):
             details["planned_duration_s"] = rules.planned_duration_s
         alerts.append(_alert(s, AlertType.ROUTE_COMPLETED, fix, **details))
-        s.wrong_way, s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = False, -1.0, -1, 0
-        s.stop_since_ms, s.stop_phase, s.at_risk, s.eta_ms = -1, 0, False, fix.ts_ms
+        reset(s, (*DIRECTION, *STOP, "at_risk"))
+        s.eta_ms = fix.ts_ms
         return
     _direction(s, fix, p, rules, alerts)
     _stop(s, fix, rules, cfg, alerts)
@@ -447,7 +476,7 @@ def _all_past_half(fix: Fix) -> bool:
 
 def _direction(s: VehicleState, fix: Fix, p: float | None, rules: RouteRules, alerts: list[Alert]) -> None:
     if p is None:
-        s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = -1.0, -1, 0
+        reset(s, DIRECTION_ANCHOR)
         return
     if s.dir_anchor_m < 0 or (p < s.dir_anchor_m if s.wrong_way else p > s.dir_anchor_m):
         s.dir_anchor_m, s.dir_anchor_ts_ms, s.dir_anchor_fixes = p, fix.ts_ms, 0
@@ -491,7 +520,7 @@ def _stop(s: VehicleState, fix: Fix, rules: RouteRules, cfg: EngineConfig, alert
         elif slow:  # crept out of the radius: a new stop may begin here
             s.stop_since_ms, s.stop_lat, s.stop_lon = fix.ts_ms, fix.lat, fix.lon
         else:
-            s.stop_since_ms = -1
+            reset(s, STOP)
         return
     if (
         fix.speed_kmh > rules.stop_speed_kmh + cfg.stop_hysteresis_kmh
@@ -501,7 +530,7 @@ def _stop(s: VehicleState, fix: Fix, rules: RouteRules, cfg: EngineConfig, alert
             alerts.append(
                 _alert(s, AlertType.STOP_ENDED, fix, duration_s=stopped_s, since_ms=s.stop_since_ms)
             )
-        s.stop_since_ms, s.stop_phase = -1, 0
+        reset(s, STOP)
         if slow:
             s.stop_since_ms, s.stop_lat, s.stop_lon = fix.ts_ms, fix.lat, fix.lon
 

@@ -29,7 +29,19 @@ import numpy as np
 import pandas as pd
 
 from processor.columns import Fixes, StateTable
-from processor.domain import Alert, EngineConfig, Fix, RawFix, check_silence, reorder, step
+from processor.domain import (
+    DEVIATION_COUNT,
+    OPEN_CONDITIONS,
+    OVERSPEED_COUNT,
+    STATE_DEFAULTS,
+    Alert,
+    EngineConfig,
+    Fix,
+    RawFix,
+    check_silence,
+    reorder,
+    step,
+)
 from processor.geometry import CompiledRoute, corridor_tests, inner_band_tests, route_progress
 from processor.live import live_rows
 from processor.master import Catalog, MasterState, assignment_ms, compiled_route
@@ -241,10 +253,9 @@ def process_bucket(
     cur_route = c["route_id"][rows_u]
     fix_route = np.array([route_list[i].route_id if i >= 0 else None for i in r_first.tolist()], dtype=object)
     known = c["last_seq"][rows_u] >= 0
-    # A silent vehicle's next fix raises VEHICLE_RESUMED: domain.step's work.
-    calm = ~c["off_route"][rows_u] & ~c["overspeed"][rows_u] & ~c["silent"][rows_u]
+    # An open condition (a silent vehicle's next fix raises VEHICLE_RESUMED) is domain.step's to close.
+    calm = np.logical_and.reduce([c[name][rows_u] == STATE_DEFAULTS[name] for name in OPEN_CONDITIONS])
     no_zones = np.array([not z for z in c["zones"][rows_u].tolist()], dtype=bool)
-    calm &= ~c["wrong_way"][rows_u] & (c["stop_since_ms"][rows_u] < 0) & ~c["at_risk"][rows_u]
     # The trip each vehicle's fixes fall under (its assignment, by valid-from): a new one is `step`'s.
     trip_from = np.where(route_idx >= 0, lo_u[codes], -1) if n else np.zeros(0, dtype=np.int64)
     calm &= c["trip_from_ms"][rows_u] == (trip_from[starts] if n else trip_from)
@@ -268,11 +279,9 @@ def process_bucket(
         last = ends[fast] - 1
         c["lat"][fr], c["lon"][fr], c["speed_kmh"][fr] = lat[last], lon[last], speed[last]
         c["last_seq"][fr], c["last_ts_ms"][fr], c["last_received_ms"][fr] = seq[last], ts[last], recv[last]
-        c["outside_fixes"][fr] = 0
-        c["outside_since_ms"][fr] = -1
-        c["over_since_ms"][fr] = -1
-        c["over_max_kmh"][fr] = 0.0
-        c["silent"][fr] = False
+        # Each fix is in the corridor and under the limit: no deviation or overspeed being counted.
+        for name in DEVIATION_COUNT + OVERSPEED_COUNT:
+            c[name][fr] = STATE_DEFAULTS[name]
         versions = np.array([cr.version for cr in route_list] + [0], dtype=np.int64)
         c["route_version"][fr] = versions[r_last[fast]]
         touched[fr] = True

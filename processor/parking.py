@@ -10,9 +10,10 @@ when it reports again: the blob, and what a batch rewrites, holds the vehicles t
 
 A parked row is packed by hand rather than pickled: a one-row `StateTable` pickles to kilobytes of
 array headers, the packed row to ~250 bytes (its numeric columns, then its route and zones as JSON).
-The header records how many columns of each kind the row has, and `processor.columns` only ever
-appends columns to its kinds, so a row parked before a column existed unpacks with that column's
-"nothing yet" value (as an older pickled table does).
+The header records how many columns of each kind the row has, and the columns of a kind are
+`VehicleState`'s fields of that kind in their order there, where a new field goes at the end: a row
+parked before a column existed unpacks with that column's "nothing yet" value (as an older pickled
+table does).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import pandas as pd
 from processor.columns import (
     BOOL_COLS,
     COUNTER_COLS,
+    EMPTY,
     FLOAT_COLS,
     INT_COLS,
-    MINUS_ONE_COLS,
     StateTable,
     concat_states,
 )
@@ -123,7 +124,7 @@ def unpack_rows(vehicle_ids: list[str], values: list[bytes]) -> StateTable:
             row = np.frombuffer(value, dtype=dtype, count=count, offset=at).tolist()
             for c, x in zip(names, row + [None] * (len(names) - len(row)), strict=False):
                 # A column the row was parked without: its "nothing yet", as `StateTable` gives it.
-                cols[c][i] = (-1 if c in MINUS_ONE_COLS else 0) if x is None else x
+                cols[c][i] = EMPTY[c] if x is None else x
             at += np.dtype(dtype).itemsize * count
         route[i], zone_map = orjson.loads(value[at:])
         zones[i] = zone_map or None

@@ -60,7 +60,7 @@ def simulate(
     processor it is compared with applies."""
     s = settings or SimulatorSettings()
     configure_logging(s.log_level, s.log_json)
-    cfg = replace(cfg, assume=s.assumptions())
+    cfg = replace(cfg, assume=s.processor_rules())
     opts = replace(
         opts,
         api_url=opts.api_url or s.simulator_api_url,

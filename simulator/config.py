@@ -10,26 +10,13 @@ it can keep that promise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleetfence.errors import ConfigError
 from fleetfence.rules import ProcessorRules, RouteRules
 from simulator.routes import DEFAULT_BBOX, EDGE_MARGIN_M
-
-SIMULATED_CORRIDOR_WIDTH_M = 100.0
-SIMULATED_SPEED_LIMIT_KMH = 50.0
-
-
-def simulated_rules(**overrides: Any) -> RouteRules:
-    """The rules registered on every simulated route (docs/contracts.md, fleet.master): a 100 m
-    corridor at 50 km/h, a stop confirmed after 45 s (so the dwells of a ten-minute run show both
-    planned and unplanned stops) and a wrong way after 60 m, the rest at `RouteRules`' own
-    defaults unless overridden."""
-    rules = RouteRules(
-        SIMULATED_CORRIDOR_WIDTH_M, SIMULATED_SPEED_LIMIT_KMH, stop_min_s=45.0, wrong_way_min_m=60.0
-    )
-    return replace(rules, **overrides) if overrides else rules
+from simulator.rules import simulated_rules
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Simulator settings (pydantic-settings, `FLEETFENCE_*`): the shared ones plus the simulator's.
 
 The processor-wide alert rules the ground truth must assume are read from the *same* variables the
-processor reads (`FLEETFENCE_PROCESSOR_LATENESS_S`, ...), so a deployment that changes them changes
-both sides at once.
+processor reads (`FLEETFENCE_PROCESSOR_LATENESS_S`, ...: `ProcessorRulesSettings`, which both
+settings derive from), so a deployment that changes them changes both sides at once.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from urllib.parse import urlparse
 from pydantic import Field
 
 from fleetfence.errors import ConfigError
-from fleetfence.rules import ProcessorRules
-from fleetfence.settings import Settings
+from fleetfence.settings import ProcessorRulesSettings
 
 
-class SimulatorSettings(Settings):
+class SimulatorSettings(ProcessorRulesSettings):
     simulator_api_url: str | None = Field(
         default=None, description="Register through the admin API at this URL instead of Redis directly."
     )
@@ -34,15 +33,6 @@ class SimulatorSettings(Settings):
     simulator_mqtt_ca: Path | None = Field(
         default=None, description="CA certificate that signed the broker's TLS certificate (mqtts://)."
     )
-    # The processor's own variables (FLEETFENCE_PROCESSOR_*): the truth must assume what it applies.
-    processor_lateness_s: float = Field(default=ProcessorRules.lateness_ms / 1000, ge=0)
-    processor_hysteresis_m: float = Field(default=ProcessorRules.hysteresis_m, ge=0)
-    processor_return_min_fixes: int = Field(default=ProcessorRules.return_min_fixes, ge=1)
-    processor_overspeed_hysteresis_kmh: float = Field(default=ProcessorRules.overspeed_hysteresis_kmh, ge=0)
-    processor_stop_hysteresis_kmh: float = Field(default=ProcessorRules.stop_hysteresis_kmh, ge=0)
-    processor_arrival_hysteresis_s: float = Field(default=ProcessorRules.arrival_hysteresis_s, ge=0)
-    processor_eta_warmup_s: float = Field(default=ProcessorRules.eta_warmup_s, ge=0)
-    processor_eta_min_speed_kmh: float = Field(default=ProcessorRules.eta_min_speed_kmh, gt=0)
 
     def vehicle_broker(self) -> tuple[str, int, Path | None]:
         """(host, port, CA file for TLS or None) the simulated vehicles connect to."""
@@ -59,15 +49,3 @@ class SimulatorSettings(Settings):
         if self.simulator_mqtt_ca is None:
             raise ConfigError("FLEETFENCE_SIMULATOR_MQTT_URL=mqtts://... needs FLEETFENCE_SIMULATOR_MQTT_CA")
         return u.hostname, u.port or 8883, self.simulator_mqtt_ca
-
-    def assumptions(self) -> ProcessorRules:
-        return ProcessorRules(
-            hysteresis_m=self.processor_hysteresis_m,
-            return_min_fixes=self.processor_return_min_fixes,
-            overspeed_hysteresis_kmh=self.processor_overspeed_hysteresis_kmh,
-            lateness_ms=int(self.processor_lateness_s * 1000),
-            stop_hysteresis_kmh=self.processor_stop_hysteresis_kmh,
-            arrival_hysteresis_s=self.processor_arrival_hysteresis_s,
-            eta_warmup_s=self.processor_eta_warmup_s,
-            eta_min_speed_kmh=self.processor_eta_min_speed_kmh,
-        )

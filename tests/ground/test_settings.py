@@ -50,6 +50,27 @@ def test_every_component_field_is_named_for_its_component() -> None:
         assert cls.model_config.get("env_prefix") == "FLEETFENCE_", cls
 
 
+def test_processor_and_simulator_read_the_same_processor_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every processor-wide rule has its variable, read once (`ProcessorRulesSettings`): the engine
+    applies what the simulator's truth assumes, under `ProcessorRules`' names and defaults."""
+    from fleetfence.rules import ProcessorRules
+    from fleetfence.settings import ProcessorRulesSettings
+    from processor.domain import EngineConfig
+    from processor.settings import ProcessorSettings
+    from simulator.settings import SimulatorSettings
+
+    assert ProcessorSettings().engine_config() == EngineConfig()
+    assert SimulatorSettings().processor_rules() == ProcessorRules()
+    own = [f for f in ProcessorRulesSettings.model_fields if f not in Settings.model_fields]
+    for name in own:
+        default = ProcessorRulesSettings.model_fields[name].default
+        monkeypatch.setenv(f"FLEETFENCE_{name.upper()}", str(default + 1))
+    rules = SimulatorSettings().processor_rules()
+    assert [f for f, v in vars(rules).items() if v == getattr(ProcessorRules, f)] == [], "unread rules"
+    assert ProcessorSettings().engine_config() == EngineConfig.of(rules)
+    assert rules.lateness_ms == ProcessorRules.lateness_ms + 1000
+
+
 def test_bad_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETFENCE_HISTORY_BUCKETS", "0")
     with pytest.raises(ValueError, match="history_buckets"):

@@ -337,7 +337,7 @@ def run_engine(
         fast += r.fast_vehicles
         alerts.extend(a.alert_id for a in r.alerts)
         if len(b):
-            wm = max(wm, int(b["ts_ms"].max()) - CFG.allowed_lateness_ms)
+            wm = max(wm, int(b["ts_ms"].max()) - CFG.lateness_ms)
     return alerts, states, fast
 
 

@@ -98,6 +98,71 @@ def test_a_row_parked_before_a_column_existed_unpacks_with_its_nothing_yet() -> 
     assert back == replace(s, eta_ms=-1)
 
 
+# A row as the first version of the parked format packed it, with every column of that version: its
+# ints 1000, 1001, ... and its floats 0.5, 1.5, ... in their order, its bools alternating.
+PARKED_V1 = bytes.fromhex(
+    # version 1; 15 ints, 1 counter, 10 floats, 6 bools
+    "010f010a06"
+    # the ints
+    "e803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000ed03000000000000"
+    "ee03000000000000ef03000000000000f003000000000000f103000000000000f203000000000000f303000000000000"
+    "f403000000000000f503000000000000f603000000000000"
+    # the counter
+    "2a00000000000000"
+    # the floats
+    "000000000000e03f000000000000f83f00000000000004400000000000000c4000000000000012400000000000001640"
+    "0000000000001a400000000000001e4000000000000021400000000000002340"
+    # the bools
+    "010001000100"
+    # route and zones, JSON
+    "5b227231222c7b227a31223a377d5d"
+)
+UNPACKED_V1 = VehicleState(
+    "v1",
+    last_seq=1000,
+    last_ts_ms=1001,
+    last_received_ms=1002,
+    lat=0.5,
+    lon=1.5,
+    speed_kmh=2.5,
+    route_id="r1",
+    route_version=1003,
+    off_route=True,
+    outside_fixes=1004,
+    outside_since_ms=1005,
+    inside_fixes=1006,
+    overspeed=False,
+    over_since_ms=1007,
+    over_max_kmh=3.5,
+    silent=True,
+    zones={"z1": 7},
+    progress_m=4.5,
+    wrong_way=False,
+    dir_anchor_m=5.5,
+    dir_anchor_ts_ms=1008,
+    dir_anchor_fixes=1009,
+    stop_since_ms=1010,
+    stop_lat=6.5,
+    stop_lon=7.5,
+    stop_phase=1011,
+    trip_from_ms=1012,
+    trip_start_ms=1013,
+    trip_start_m=8.5,
+    eta_ms=1014,
+    at_risk=True,
+    off_route_m=9.5,
+    completed=False,
+)
+
+
+def test_a_row_parked_by_an_older_version_unpacks_field_by_field() -> None:
+    """The columns are `VehicleState`'s fields in their order there: a field inserted before an
+    older one (not appended) would shift every parked row's values onto the wrong fields."""
+    table = unpack_rows(["v1"], [PARKED_V1])
+    assert table.states() == [UNPACKED_V1]
+    assert table.cols["unassigned_fixes"].tolist() == [42]
+
+
 def test_a_value_in_an_unknown_format_is_refused_not_misread() -> None:
     (value,) = pack_rows(states_from_objects([VehicleState("v1", last_seq=1)]))
     with pytest.raises(StateError, match="not in a known format"):
@@ -140,7 +205,7 @@ def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alon
             alerts += [orjson.loads(a) for a in step.out.loc[step.out["kind"] == OUT_ALERT, "value"]]
             stats.append(orjson.loads(step.out.loc[step.out["kind"] == OUT_STATS, "value"].iloc[0]))
             if batch:
-                wm = max(wm, max(f.ts_ms for f in batch) - CFG.allowed_lateness_ms)
+                wm = max(wm, max(f.ts_ms for f in batch) - CFG.lateness_ms)
         assert vehicles is not None
         states, _ = load_state(vehicles)
         return alerts, states, stats

@@ -75,7 +75,7 @@ def reference_alerts(
     cat = Catalog(cfg)
     m = master_state(master)
     r1 = process_bucket(empty_states(), {}, m, fixes_frame(fixes), 0, cfg, cat, force_slow=True)
-    wm = FAR.ts_ms - cfg.allowed_lateness_ms
+    wm = FAR.ts_ms - cfg.lateness_ms
     r2 = process_bucket(r1.states, r1.held, m, fixes_frame([FAR]), wm, cfg, cat, force_slow=True)
     r3 = process_bucket(r2.states, r2.held, m, fixes_frame(back), wm, cfg, cat, force_slow=True)
     return {a.alert_id: a.to_dict() for a in r1.alerts + r2.alerts + r3.alerts}

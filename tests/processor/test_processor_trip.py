@@ -241,7 +241,7 @@ def run_engine(
         alerts.extend(r.alerts)
         live.extend(r.live)
         if len(b):
-            wm = max(wm, int(b["ts_ms"].max()) - CFG.allowed_lateness_ms)
+            wm = max(wm, int(b["ts_ms"].max()) - CFG.lateness_ms)
     return alerts, states, fast, live
 
 

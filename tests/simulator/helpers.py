@@ -11,9 +11,10 @@ from processor.columns import empty_states
 from processor.domain import EngineConfig, RawFix
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
-from simulator.config import Injections, ScenarioConfig, simulated_rules
+from simulator.config import Injections, ScenarioConfig
 from simulator.fleet_sink import tick_rows
 from simulator.register import scenario_entities
+from simulator.rules import simulated_rules
 from simulator.scenario import Scenario, TickBatch
 from simulator.truth import TruthAlert
 from simulator.verify import ObservedAlert
@@ -66,17 +67,7 @@ def engine_alerts(
 ) -> list[ObservedAlert]:
     """The processor's pure engine over the published messages, micro-batch by micro-batch
     (`force_slow`: every vehicle through the reference fold, `domain.step`)."""
-    assume = sc.cfg.assume
-    cfg = EngineConfig(
-        hysteresis_m=assume.hysteresis_m,
-        return_min_fixes=assume.return_min_fixes,
-        overspeed_hysteresis_kmh=assume.overspeed_hysteresis_kmh,
-        allowed_lateness_ms=assume.lateness_ms,
-        stop_hysteresis_kmh=assume.stop_hysteresis_kmh,
-        arrival_hysteresis_s=assume.arrival_hysteresis_s,
-        eta_warmup_s=assume.eta_warmup_s,
-        eta_min_speed_kmh=assume.eta_min_speed_kmh,
-    )
+    cfg = EngineConfig.of(sc.cfg.assume)
     master, catalog, states = master_of(sc), Catalog(cfg), empty_states()
     held: dict[str, list[RawFix]] = {}
     vids = sc.vehicle_ids()
@@ -88,7 +79,7 @@ def engine_alerts(
         rows = [r for b in group for r in tick_rows(b, vids)]
         df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "heading"])
         df["received_ms"] = df["ts_ms"]
-        wm = max(max_ts - sc.cfg.assume.lateness_ms, 0)
+        wm = max(max_ts - cfg.lateness_ms, 0)
         res = process_bucket(
             states, held, master, df.drop(columns="heading"), wm, cfg, catalog, force_slow=force_slow
         )

@@ -21,8 +21,9 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import login
 from fleetfence.settings import Settings
 from fleetfence.testing import mqtt_test_account, read_all
-from simulator.config import Injections, ScenarioConfig, simulated_rules
+from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, run_simulation
+from simulator.rules import simulated_rules
 from simulator.scenario import Scenario
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth

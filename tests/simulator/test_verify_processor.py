@@ -14,8 +14,9 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from processor.job import start_query
 from processor.settings import ProcessorSettings
-from simulator.config import Injections, ScenarioConfig, simulated_rules
+from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, run_simulation
+from simulator.rules import simulated_rules
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts
@@ -38,7 +39,7 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
         start_ms=utc_now_ms() - 600_000,
         rules=simulated_rules(silent_after_s=60, overspeed_min_s=5, deviation_min_s=2),
         inject=Injections(0.5, 0.5, 0.3, 0.2, duplicate=0.02, out_of_order=0.02, late=0.02),
-        assume=sim.assumptions(),
+        assume=sim.processor_rules(),
     )
     truth_path = tmp_path / "truth.jsonl"
     rep = run_simulation(sim, cfg, SimulationOptions(direct=True, truth_path=truth_path, show_progress=False))
