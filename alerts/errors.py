@@ -23,3 +23,9 @@ class StopRequestedError(AlertsError):
 
 class MqttPublishError(AlertsError):
     """The broker did not acknowledge a publish in time (the runner retries the alert)."""
+
+
+class UnmappedAlertTypeError(AlertsError):
+    """An alert type that alerts.model.condition_change has no rule for: a programming error that
+    mypy and the tests catch first; at run time the history receiver retries the alert rather than
+    guess its condition."""

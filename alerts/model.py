@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Never
 
 import orjson
 
+from alerts.errors import UnmappedAlertTypeError
 from fleetfence.contracts import VEHICLE_ID_RE, AlertType, ms_to_iso
 from fleetfence.errors import ContractError
 
@@ -192,28 +193,47 @@ def condition_change(alert: Alert) -> ConditionChange:
     normal fix, which never reaches `fleet.alerts`; the only evidence the history receiver sees is a
     later alert of the same vehicle, so any later alert closes VEHICLE_SILENT (the vehicle spoke
     again). Closing OVERSPEED needs the fixes themselves; see docs/alerts.md.
+
+    Every alert type has its own case: a type without one is a mypy error here, fails
+    tests/alerts/test_alerts_model.py, and at run time raises rather than be taken for another
+    type's condition (the history receiver then holds the alert and retries, as for a Redis
+    outage, instead of writing a wrong open condition).
     """
     t = alert.type
-    closes: list[str] = [] if t is AlertType.VEHICLE_SILENT else [AlertType.VEHICLE_SILENT.value]
-    if t is AlertType.ROUTE_DEVIATION:
-        return ConditionChange(opens=t.value, closes=tuple(closes))
-    if t is AlertType.ROUTE_RETURN:
-        return ConditionChange(closes=(AlertType.ROUTE_DEVIATION.value, *closes))
-    if t in (AlertType.OVERSPEED, AlertType.VEHICLE_SILENT):
-        return ConditionChange(opens=t.value, closes=tuple(closes))
-    if t is AlertType.VEHICLE_RESUMED:
-        return ConditionChange(closes=tuple(closes))
-    if t in _TRIP_OPENS:
-        return ConditionChange(opens=t.value, closes=tuple(closes))
-    if t in _TRIP_CLOSES:
-        return ConditionChange(closes=(_TRIP_CLOSES[t].value, *closes))
-    if t is AlertType.ROUTE_COMPLETED:
-        # The trip is over: whatever of it was still open ends with it (the processor clears them).
-        return ConditionChange(closes=(*(o.value for o in _TRIP_OPENS), *closes))
-    zone_field = f"ZONE:{alert.zone_id}"
-    if t is AlertType.ZONE_ENTER:
-        return ConditionChange(opens=zone_field, closes=tuple(closes))
-    return ConditionChange(closes=(zone_field, *closes))
+    silent: tuple[str, ...] = () if t is AlertType.VEHICLE_SILENT else (AlertType.VEHICLE_SILENT.value,)
+    match t:
+        case (
+            AlertType.ROUTE_DEVIATION
+            | AlertType.OVERSPEED
+            | AlertType.VEHICLE_SILENT
+            | AlertType.WRONG_DIRECTION
+            | AlertType.UNPLANNED_STOP
+            | AlertType.ARRIVAL_AT_RISK
+        ):
+            return ConditionChange(opens=t.value, closes=silent)
+        case AlertType.ROUTE_RETURN:
+            return ConditionChange(closes=(AlertType.ROUTE_DEVIATION.value, *silent))
+        case AlertType.DIRECTION_RESTORED | AlertType.STOP_ENDED | AlertType.ARRIVAL_BACK_ON_TIME:
+            return ConditionChange(closes=(_TRIP_CLOSES[t].value, *silent))
+        case AlertType.VEHICLE_RESUMED:
+            return ConditionChange(closes=silent)
+        case AlertType.ROUTE_COMPLETED:
+            # The trip is over: whatever of it was still open ends with it (the processor clears them).
+            return ConditionChange(closes=(*(o.value for o in _TRIP_OPENS), *silent))
+        case AlertType.ZONE_ENTER:
+            return ConditionChange(opens=f"ZONE:{alert.zone_id}", closes=silent)
+        case AlertType.ZONE_EXIT:
+            return ConditionChange(closes=(f"ZONE:{alert.zone_id}", *silent))
+        case _:
+            raise _unmapped(t)
+
+
+def _unmapped(t: Never) -> UnmappedAlertTypeError:
+    """mypy rejects the call while an alert type has no case of its own (`t` is then not Never)."""
+    return UnmappedAlertTypeError(
+        f"alert type {t!r} has no open-condition rule: add its case to alerts.model.condition_change "
+        "(docs/alerts.md, Open conditions)"
+    )
 
 
 TYPE_STYLES: dict[AlertType, str] = {

@@ -25,6 +25,7 @@ from embedded.processes import alive, check_port, read_pid, spawn, stop_one, sys
 from fleetfence.errors import ConfigError, InfraError, MissingBinaryError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import DYNSEC_FILE, DynSec, embedded_accounts, service_account, write_bootstrap
+from fleetfence.pki import CA_CERT, SERVER_CERT, SERVER_KEY
 from fleetfence.probes import free_port, kafka_ping, mqtt_ping, redis_ping, wait_until
 from fleetfence.settings import Settings
 
@@ -111,7 +112,7 @@ def mqtt_tls_lines(settings: Settings) -> list[str]:
     if not settings.mqtt_auth:
         raise ConfigError("FLEETFENCE_MQTT_TLS_PORT needs MQTT authentication (FLEETFENCE_MQTT_AUTH=true)")
     d = (settings.mqtt_tls_dir or settings.mqtt_dir / "certs").resolve()
-    files = {"cafile": d / "ca.crt", "certfile": d / "server.crt", "keyfile": d / "server.key"}
+    files = {"cafile": d / CA_CERT, "certfile": d / SERVER_CERT, "keyfile": d / SERVER_KEY}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         raise ConfigError(

@@ -16,13 +16,17 @@ The plugin hashes secrets (PBKDF2-SHA512) in its own JSON file, the one credenti
 keeps only each vehicle's credential status (vehicle_master.credentials). The embedded broker's
 service secrets are generated at `infra up` into its folder (mode 0600) unless the settings give
 them (`FLEETFENCE_MQTT_<ACCOUNT>_PASSWORD`, as production does); every process on the machine
-reads them from there, and no secret is ever logged.
+reads them from there, and no secret is ever logged. A production broker starts from a file holding
+only the admin account of the settings (`bootstrap_dynsec`, which `fleetfence mqtt bootstrap` runs
+before every start: it writes the file once and afterwards checks that the secret still opens it).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -39,6 +43,7 @@ from pydantic import SecretStr
 
 from fleetfence.contracts import telemetry_topic
 from fleetfence.errors import ConfigError, MqttControlError, ServiceUnavailableError
+from fleetfence.files import Owner, Report, chown, make_dirs, writable_by
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -51,6 +56,7 @@ VEHICLE_ROLE_PREFIX = "vehicle-"
 ACCOUNTS_FILE = "accounts.json"
 DYNSEC_FILE = "dynamic-security.json"
 PBKDF2_ITERATIONS = 101  # what Mosquitto itself writes; the secrets are 32 random bytes
+MIN_ADMIN_SECRET_LEN = 16  # a production admin secret is chosen by an operator, not generated
 
 
 @dataclass(frozen=True)
@@ -366,6 +372,83 @@ def write_bootstrap(path: Path, admin: Account) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(bootstrap_config(admin), f, indent=1)
+
+
+# --------------------------------------------------------------------------- a production broker's first file
+
+
+def admin_account(settings: Settings) -> Account:
+    """The admin account a production broker is bootstrapped with: only from the settings."""
+    if not settings.mqtt_auth:
+        raise ConfigError("MQTT authentication is off (FLEETFENCE_MQTT_AUTH=false): nothing to bootstrap")
+    secret = settings.mqtt_admin_password
+    if secret is None:
+        raise ConfigError(
+            "set FLEETFENCE_MQTT_ADMIN_PASSWORD (the admin account's secret; every process that "
+            "manages the broker's accounts, the admin API among them, needs the same value)"
+        )
+    if len(secret.get_secret_value()) < MIN_ADMIN_SECRET_LEN:
+        raise ConfigError(
+            f"FLEETFENCE_MQTT_ADMIN_PASSWORD is shorter than {MIN_ADMIN_SECRET_LEN} characters; generate "
+            "one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    return Account(settings.mqtt_admin_username, secret.get_secret_value())
+
+
+def check_admin(path: Path, admin: Account) -> None:
+    """An existing dynamic-security file must hold the admin account with this very secret:
+    otherwise nothing could manage the broker, and every service would fail later and less
+    clearly."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{path} exists but cannot be read as JSON ({exc}): restore it from a backup"
+        ) from exc
+    clients: list[dict[str, Any]] = data.get("clients", []) if isinstance(data, dict) else []
+    entry = next((c for c in clients if c.get("username") == admin.username), None)
+    if entry is None:
+        raise ConfigError(
+            f"{path} has no client {admin.username!r} (FLEETFENCE_MQTT_ADMIN_USERNAME changed after the "
+            "first start?)"
+        )
+    try:
+        salt = base64.b64decode(entry["salt"])
+        stored = base64.b64decode(entry["password"])
+        iterations = int(entry["iterations"])
+    except (KeyError, ValueError, TypeError, binascii.Error) as exc:
+        raise ConfigError(f"{path}: the client {admin.username!r} has no readable password hash") from exc
+    computed = base64.b64decode(hash_password(admin.password, salt, iterations)["password"])
+    if not hmac.compare_digest(computed, stored):
+        raise ConfigError(
+            f"FLEETFENCE_MQTT_ADMIN_PASSWORD is not the secret of {admin.username!r} in {path} (changed "
+            "after the first start?): set the old one back, or change it in the broker first"
+        )
+
+
+def bootstrap_dynsec(path: Path, admin: Account, owner: Owner | None, report: Report) -> None:
+    """The production broker's dynamic-security file: written with the admin account when missing,
+    checked when present (never rewritten: it holds every vehicle's client), and handed to the
+    broker's user, who must also be able to write in its folder."""
+    if path.exists():
+        check_admin(path, admin)
+        if owner is not None:
+            chown(path, owner)
+        report.step("kept", f"{path} (exists; its {admin.username!r} account has the configured secret)")
+    else:
+        make_dirs(path.parent, 0o700, owner)  # the broker writes its file there
+        try:
+            write_bootstrap(path, admin)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path}: {exc}") from exc
+        chown(path, owner)
+        report.step("wrote", f"{path} (the admin account {admin.username!r} and its role; mode 0600)")
+    if owner is not None and not writable_by(path.parent, owner):
+        report.note(
+            f"the broker (uid {owner[0]}) must be able to write in {path.parent}: Mosquitto rewrites "
+            "the file there on every change (the eclipse-mosquitto image's entrypoint hands /mosquitto "
+            "to its user at start)"
+        )
 
 
 def account_fields(settings: Settings) -> dict[str, Any]:

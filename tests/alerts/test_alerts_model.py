@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
 
 from alerts.config import WebhookConfig, load_config, parse_config
+from alerts.errors import UnmappedAlertTypeError
 from alerts.model import AlertFilter, condition_change, parse_alert, summary
 from alerts.tail import render
 from alerts.webhook import backoff_ms, sign, verify_signature
@@ -91,33 +93,45 @@ def test_filter_is_or_within_and_across_dimensions() -> None:
         AlertFilter.of(["SPEEDING"])
 
 
-def test_open_conditions_follow_the_contract() -> None:
-    def change(kind: str, **kw: Any) -> tuple[str | None, tuple[str, ...]]:
-        c = condition_change(parse_alert(orjson.dumps(alert_dict(kind=kind, **kw))))
-        return c.opens, c.closes
-
-    assert change("ROUTE_DEVIATION") == ("ROUTE_DEVIATION", ("VEHICLE_SILENT",))
-    assert change("ROUTE_RETURN") == (None, ("ROUTE_DEVIATION", "VEHICLE_SILENT"))
-    assert change("OVERSPEED") == ("OVERSPEED", ("VEHICLE_SILENT",))
-    assert change("VEHICLE_SILENT") == ("VEHICLE_SILENT", ())
-    assert change("VEHICLE_RESUMED", details={"gap_s": 600.0}) == (None, ("VEHICLE_SILENT",))
-    assert change("ZONE_ENTER", zone_id="depot-1") == ("ZONE:depot-1", ("VEHICLE_SILENT",))
-    assert change("ZONE_EXIT", details={"zone_id": "depot-1", "dwell_s": 30}) == (
-        None,
-        ("ZONE:depot-1", "VEHICLE_SILENT"),
-    )
+# What each alert type does to the vehicle's open conditions (docs/alerts.md, "Open conditions"):
+# (opens, closes). One row per AlertType, so a new type fails here until its rule is written.
+TRIP_OPENS = ("WRONG_DIRECTION", "UNPLANNED_STOP", "ARRIVAL_AT_RISK")
+CONDITIONS: dict[AlertType, tuple[str | None, tuple[str, ...]]] = {
+    AlertType.ROUTE_DEVIATION: ("ROUTE_DEVIATION", ("VEHICLE_SILENT",)),
+    AlertType.ROUTE_RETURN: (None, ("ROUTE_DEVIATION", "VEHICLE_SILENT")),
+    AlertType.OVERSPEED: ("OVERSPEED", ("VEHICLE_SILENT",)),
+    AlertType.ZONE_ENTER: ("ZONE:depot-1", ("VEHICLE_SILENT",)),
+    AlertType.ZONE_EXIT: (None, ("ZONE:depot-1", "VEHICLE_SILENT")),
+    AlertType.VEHICLE_SILENT: ("VEHICLE_SILENT", ()),
+    AlertType.VEHICLE_RESUMED: (None, ("VEHICLE_SILENT",)),
     # The trip's conditions (issue #26); completing the route ends whichever is still open.
-    for opens, closes in (
-        ("WRONG_DIRECTION", "DIRECTION_RESTORED"),
-        ("UNPLANNED_STOP", "STOP_ENDED"),
-        ("ARRIVAL_AT_RISK", "ARRIVAL_BACK_ON_TIME"),
-    ):
-        assert change(opens) == (opens, ("VEHICLE_SILENT",))
-        assert change(closes) == (None, (opens, "VEHICLE_SILENT"))
-    assert change("ROUTE_COMPLETED") == (
-        None,
-        ("WRONG_DIRECTION", "UNPLANNED_STOP", "ARRIVAL_AT_RISK", "VEHICLE_SILENT"),
-    )
+    AlertType.WRONG_DIRECTION: ("WRONG_DIRECTION", ("VEHICLE_SILENT",)),
+    AlertType.DIRECTION_RESTORED: (None, ("WRONG_DIRECTION", "VEHICLE_SILENT")),
+    AlertType.UNPLANNED_STOP: ("UNPLANNED_STOP", ("VEHICLE_SILENT",)),
+    AlertType.STOP_ENDED: (None, ("UNPLANNED_STOP", "VEHICLE_SILENT")),
+    AlertType.ARRIVAL_AT_RISK: ("ARRIVAL_AT_RISK", ("VEHICLE_SILENT",)),
+    AlertType.ARRIVAL_BACK_ON_TIME: (None, ("ARRIVAL_AT_RISK", "VEHICLE_SILENT")),
+    AlertType.ROUTE_COMPLETED: (None, (*TRIP_OPENS, "VEHICLE_SILENT")),
+}
+
+
+@pytest.mark.parametrize("kind", list(AlertType), ids=str)
+def test_every_alert_type_has_its_open_condition_rule(kind: AlertType) -> None:
+    """Iterates the contract's types, not the table: a type added to fleetfence.contracts without
+    a rule here and in alerts.model.condition_change fails this test, not the history receiver."""
+    assert kind in CONDITIONS, f"{kind.value}: no expected open-condition rule in this test"
+    # Zone alerts carry their zone at the top level or in details; both are read.
+    for where in ({"zone_id": "depot-1"}, {"details": {"zone_id": "depot-1", "dwell_s": 30}}):
+        c = condition_change(parse_alert(orjson.dumps(alert_dict(kind=kind.value, **where))))
+        assert (c.opens, c.closes) == CONDITIONS[kind]
+
+
+def test_an_unmapped_alert_type_is_an_error_not_a_zone_exit() -> None:
+    """An alert whose type has no rule (only reachable past mypy) raises instead of closing a
+    made-up `ZONE:` condition, as a type falling through to the zone rules once did."""
+    alert = parse_alert(orjson.dumps(alert_dict(kind="ZONE_EXIT", zone_id="depot-1")))
+    with pytest.raises(UnmappedAlertTypeError, match="'ZONE_DWELL' has no open-condition rule"):
+        condition_change(replace(alert, type=cast(AlertType, "ZONE_DWELL")))
 
 
 def test_signature_matches_and_detects_tampering() -> None:

@@ -511,7 +511,7 @@ def test_the_bootstrap_writes_what_the_broker_reads_before_it_starts() -> None:
     from typer.main import get_command
 
     from cli.app import app
-    from cli.mqtt import CA_CERT, SERVER_CERT, SERVER_KEY
+    from fleetfence.pki import CA_CERT, SERVER_CERT, SERVER_KEY
 
     svcs = services()
     boot, mosq = svcs["mqtt-bootstrap"], svcs["mosquitto"]

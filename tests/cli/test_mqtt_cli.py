@@ -35,11 +35,12 @@ from paho.mqtt.reasoncodes import ReasonCode
 from typer.testing import CliRunner, Result
 
 from cli.app import app
-from cli.mqtt import check_admin, make_ca, parse_hostnames
+from cli.mqtt import parse_hostnames
 from embedded.infra import dynsec_plugin
 from fleetfence.contracts import telemetry_topic
 from fleetfence.errors import ConfigError, MissingBinaryError
-from fleetfence.mqtt import Account, DynSec
+from fleetfence.mqtt import Account, DynSec, check_admin
+from fleetfence.pki import make_ca
 from fleetfence.probes import free_port
 from fleetfence.testing import wait_for
 
