@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -164,6 +165,64 @@ def test_sigkill_the_telemetry_leader(deployment: Deployment, tmp_path: Path) ->
     under_load(dep, "SIGKILL the telemetry partitions' leader, restart it", fault, tmp_path)
 
 
+# The official image's tool (the stand-in has it too: deploy/images/README.md), run in a broker.
+QUORUM_STATUS = (
+    "/opt/kafka/bin/kafka-metadata-quorum.sh",
+    "--bootstrap-server",
+    "localhost:9092",
+    "describe",
+    "--status",
+)
+
+
+def active_controller(dep: Deployment, via: str) -> int:
+    """The node id of the controller quorum's leader, as the broker `via` reports it."""
+    out = docker("exec", dep.container(via), *QUORUM_STATUS, timeout_s=120)
+    m = re.search(r"^LeaderId:\s*(\d+)", out, re.MULTILINE)
+    if m is None:
+        raise DeployError(f"no LeaderId in the quorum's status:\n{out}")
+    return int(m.group(1))
+
+
+def test_sigkill_the_active_controller(deployment: Deployment, tmp_path: Path) -> None:
+    """Every node is a broker and a voter: the active controller's death costs the quorum an
+    election (and its partitions new leaders) while the fleet keeps publishing."""
+    dep = deployment
+
+    def fault() -> None:
+        leader = active_controller(dep, dep.kafka_nodes[0])
+        victim = node_service(leader)
+        via = next(n for n in dep.kafka_nodes if n != victim)
+        t0 = time.monotonic()
+        cid = kill(dep, victim, stay_down=True)
+        wait_for(
+            lambda: active_controller(dep, via) != leader,
+            120,
+            "a new active controller",
+            interval_s=1.0,
+            ignore=(DeployError,),
+        )
+        MEASURED["new active controller after"] = time.monotonic() - t0
+        n = readable_records(dep)
+        wait_for(
+            lambda: records(dep) > n + 5 * VEHICLES,
+            120,
+            "fixes flowing without the old controller",
+            interval_s=1.0,
+            ignore=(DeployError,),
+        )
+        revive(dep, victim, cid)
+        wait_for(
+            lambda: fully_replicated(dep),
+            300,
+            "the restarted node back in every ISR",
+            interval_s=2.0,
+            ignore=(DeployError,),
+        )
+
+    under_load(dep, "SIGKILL the active controller, restart it", fault, tmp_path)
+
+
 def test_two_of_three_brokers_down_then_one_back(deployment: Deployment, tmp_path: Path) -> None:
     dep = deployment
 
@@ -224,6 +283,47 @@ def test_sigkill_mosquitto_and_restart(deployment: Deployment, tmp_path: Path) -
         MEASURED["Mosquitto healthy again after"] = time.monotonic() - t0
 
     under_load(dep, "SIGKILL Mosquitto, restarted by its policy", fault, tmp_path)
+
+
+def lease_holders(dep: Deployment) -> list[str]:
+    """The processor's checkpoint lease keys present in Redis (processor.lease)."""
+    out = dep.compose(
+        "exec", "-T", "redis", "redis-cli", "--scan", "--pattern", "*processor:lease:*", timeout_s=60
+    ).stdout
+    return out.split()
+
+
+def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: Path) -> None:
+    """A driver frozen (not dead: a GC pause, a stalled VM) longer than its checkpoint lease: when
+    it runs again, its lease is gone, so it stops its query and exits; its restart policy starts it
+    again on the checkpoint. Nothing is lost or emitted twice (docs/exactly-once.md). The compose
+    file runs no standby, so nobody takes over meanwhile: the alerts wait for the restart."""
+    dep = deployment
+
+    def fault() -> None:
+        restarts = dep.states()["processor"]["restarts"]
+        cid = dep.container("processor")
+        assert lease_holders(dep), "the active processor holds no lease"
+        t0 = time.monotonic()
+        docker("pause", cid)
+        try:
+            wait_for(lambda: not lease_holders(dep), 60, "the frozen driver's lease expired", interval_s=0.5)
+            MEASURED["lease expired after"] = time.monotonic() - t0
+        finally:
+            docker("unpause", cid)
+        MEASURED["frozen for"] = time.monotonic() - t0
+        wait_for(
+            lambda: restarted(dep, "processor", restarts),
+            600,
+            "the woken processor fenced itself and was restarted, healthy",
+            interval_s=2.0,
+            ignore=(DeployError,),
+        )
+        MEASURED["processor healthy again after"] = time.monotonic() - t0
+        logs = dep.logs("processor", tail=400)
+        assert "lease lost" in logs, f"the woken driver did not report its lost lease:\n{logs[-3000:]}"
+
+    under_load(dep, "processor frozen past its lease (docker pause), then woken", fault, tmp_path)
 
 
 class ApiWriter:
