@@ -407,12 +407,12 @@ class Deployment:
 # Python run in the api container: the telemetry topic's partition leaders and end offsets.
 TOPIC_PROBE = """
 import json, os
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import TopicPartition
+from fleetfence.kafka import admin_client, plain_consumer
 b = os.environ["FLEETFENCE_KAFKA_BOOTSTRAP"]
-md = AdminClient({"bootstrap.servers": b}).list_topics(timeout=20)
+md = admin_client(b).list_topics(timeout=20)
 t = md.topics["fleet.telemetry"]
-c = Consumer({"bootstrap.servers": b, "group.id": "deploytest-probe"})
+c = plain_consumer(b, "deploytest-probe")
 ends = {}
 for p in t.partitions:
     try:  # None while the partition has no leader to answer (a broker just killed)
