@@ -3,7 +3,7 @@ simulator's ground truth, per fleet, side by side in one table.
 
     .venv/bin/python bench/accuracy.py                      # 8 fleets (seeds 11-18) from 1,000, one of 4,000
     .venv/bin/python bench/accuracy.py --steps 2 --big 0    # a quick look
-    .venv/bin/python bench/accuracy.py --record             # and write docs/benchmarks.md
+    .venv/bin/python bench/accuracy.py --record             # and write docs/bench-log/accuracy.md
 
 The fleets are the steps of one `fleetfence loadtest --ramp` (step k: seed + k, its own part of the
 map, the fleet growing by --growth a step; one embedded pipeline for all, as a user runs it), then
@@ -33,10 +33,11 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import write_section  # noqa: E402
+from bench.common import BENCH_LOG, write_section  # noqa: E402
 from fleetfence.console import two_lines  # noqa: E402
 
 HEADER = "## Accuracy sweep: the load test over many fleets"
+LOG = BENCH_LOG / "accuracy.md"
 
 
 @dataclass
@@ -151,7 +152,7 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=4000, help="One more fleet of this size (0: none).")
     ap.add_argument("--duration-s", type=float, default=90.0)
     ap.add_argument("--out", type=Path, default=None, help="Report folders (default: a temporary one).")
-    ap.add_argument("--record", action="store_true", help="Write the result into docs/benchmarks.md.")
+    ap.add_argument("--record", action="store_true", help="Write the result into docs/bench-log/accuracy.md.")
     args = ap.parse_args()
     console = Console()
     common = ["--duration-s", str(args.duration_s), "--min-recall", "1.0"]
@@ -236,7 +237,7 @@ def record(runs: list[Run], args: argparse.Namespace) -> None:
         + ".",
         "",
     ]
-    write_section(HEADER, lines)
+    write_section(HEADER, lines, LOG)
 
 
 if __name__ == "__main__":

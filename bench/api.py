@@ -6,7 +6,7 @@ a private Redis on a free port (no persistence), the API without its relay (read
 only touch Redis), and the baseline.
 
     .venv/bin/python bench/api.py                 # print the table
-    .venv/bin/python bench/api.py --record        # also write the section of docs/benchmarks.md
+    .venv/bin/python bench/api.py --record        # also write its section of docs/bench-log/api.md
 
 Target (issue 5): >= 2000 reads/s at p99 <= 20 ms.
 """
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from admin_api.security import Role, create_api_key  # noqa: E402
-from bench.common import write_section  # noqa: E402
+from bench.common import BENCH_LOG, write_section  # noqa: E402
 from fleetfence.probes import free_port  # noqa: E402
 from vehicle_master.models import RouteData, VehicleData  # noqa: E402
 from vehicle_master.store import VehicleMaster  # noqa: E402
@@ -48,6 +48,7 @@ from vehicle_master.store import VehicleMaster  # noqa: E402
 PREFIX = "bench:"
 N_VEHICLES = 1000
 N_ROUTES = 200
+LOG = BENCH_LOG / "api.md"
 
 
 # --------------------------------------------------------------------------- baseline app
@@ -149,7 +150,7 @@ def main() -> None:
         "--connections", default="2,4,8,16", help="comma-separated wrk connection counts to sweep"
     )
     ap.add_argument("--workers", type=int, default=1, help="uvicorn workers for both apps")
-    ap.add_argument("--record", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="write the section of docs/bench-log/api.md")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: sudo apt-get install -y wrk")
@@ -377,7 +378,7 @@ def record(rows: list[tuple[str, ...]], srows: list[tuple[str, ...]], args: argp
         *(f"| {' | '.join(r)} |" for r in rows),
         "",
     ]
-    write_section(header, lines)
+    write_section(header, lines, LOG)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ kill (its fix's `received_ms`).
 - `warm-ttl1000` (or `cold-ttl…`): the same with its own lease ttl, side by side in the same run.
 Every run ends by checking the alerts against the pure engine over everything produced: lost and
 duplicated must both be 0. Prints a table (p50/p99/max per mode, the ratio) and records it in
-docs/benchmarks.md with --record.
+docs/bench-log/failover.md with --record.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import write_section
+from bench.common import BENCH_LOG, write_section
 from embedded import infra
 from fleetfence.contracts import master_key, utc_now_ms
 from fleetfence.geo import LocalProjection
@@ -395,7 +395,7 @@ def main() -> None:
             )
         lines += ["", ratio, ""] if ratio else [""]
         lines += [*phase_lines, ""]
-        write_section("## Failover: cold restart vs warm standby", lines)
+        write_section("## Failover: cold restart vs warm standby", lines, BENCH_LOG / "failover.md")
     bad = [r for r in results if r["lost"] or r["duplicated"] or r["unexpected"]]
     sys.exit(1 if bad else 0)
 

@@ -13,8 +13,8 @@ not limit anyone. Contenders, each in its own process:
 The gateway's and the naive bridge's rates are measured from their first Kafka confirmation to the
 last acknowledgement (the one-off idempotent-producer start-up is excluded). The ceiling and the
 gateway drains are interleaved for `--rounds` rounds and every gateway rate is divided by its own
-round's ceiling; the verdict uses the medians. The section in docs/benchmarks.md is rewritten with
-`--record`.
+round's ceiling; the verdict uses the medians. The section in docs/bench-log/gateway.md is rewritten
+with `--record`.
 
     .venv/bin/python -m bench.gateway --messages 300000 --rounds 3 --record
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from bench.common import BENCH_LOG, write_section
 from embedded import infra
 from fleetfence import probes
 from fleetfence.kafka import ensure_topics, plain_producer, topic_specs
@@ -55,7 +55,7 @@ from gateway.settings import GatewaySettings
 from gateway.testing import gateway_env, scrape
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
+LOG = BENCH_LOG / "gateway.md"
 SECTION = "## Gateway (bench/gateway.py)"
 VEHICLES = 50
 console = Console()
@@ -478,12 +478,8 @@ def report(results: list[Result], cmd: str, record: bool, receive_maximum: int) 
         verdict + f". Load average at the end of the run: {os.getloadavg()[0]:.1f}.",
         "",
     ]
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = "\n".join(lines)
-    text = pattern.sub(new, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + new
-    DOC.write_text(text)
-    console.print(f"recorded in {DOC.relative_to(ROOT)}")
+    write_section(SECTION, lines, LOG)
+    console.print(f"recorded in {LOG.relative_to(ROOT)}")
 
 
 def main() -> None:
@@ -503,7 +499,7 @@ def main() -> None:
         default=[2],
         help="also run this many gateway replicas on the shared subscription (comma-separated)",
     )
-    ap.add_argument("--record", action="store_true", help="write the results to docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="write the results to docs/bench-log/gateway.md")
     ap.add_argument("--naive-worker", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.naive_worker:

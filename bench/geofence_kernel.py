@@ -3,6 +3,8 @@ and the route progress of each fix (issue #26) beside the corridor test.
 
     .venv/bin/python -m bench.geofence_kernel [--fixes 1000000] [--routes 300] [--zones 5000] [--record]
 
+`--record` appends the run to docs/bench-log/geofence_kernel.md.
+
 Corridors: realistic road-like routes (200 vertices, 100 m wide), fixes near their own route (a mix of
 inside and outside). Route progress: `processor.geometry.route_progress` on the same fixes with
 the engine's mask (fixes in their corridor), one STRtree `dwithin` query per route, timed in the
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from shapely.geometry import Point
 
+from bench.common import BENCH_LOG, log_text
 from bench.workload import CENTER, make_route
 from fleetfence.geo import LocalProjection
 from processor.geometry import ZoneIndex, compile_route, compile_zone, corridor_tests, route_progress
@@ -187,26 +189,27 @@ def main() -> None:
         f"H3 index agrees with STRtree on {m:,} fixes: {agree}"
     )
     if args.record:
-        doc = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+        # A dated section per run, appended: the log keeps every run, the newest last.
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        with doc.open("a") as f:
-            f.write(
-                f"\n## Geofence kernel (bench/geofence_kernel.py), {when}\n\n"
-                f"`.venv/bin/python -m bench.geofence_kernel --fixes {args.fixes} --routes {args.routes} "
-                f"--zones {args.zones} --rounds {args.rounds} --record` (one core; best of "
-                f"{args.rounds} interleaved rounds; per-fix baselines timed on a sample, scaled)\n\n"
-                "| kernel | checks/s | ratio |\n|---|---|---|\n"
-                f"| corridor, vectorized `contains_xy`, prepared | {rate:,.0f} | "
-                f"{t_fix / t_vec:.1f}× per-fix prepared, {t_obj / t_vec:.1f}× per-fix `Point.contains` |\n"
-                f"| route progress, one STRtree `dwithin` query per route | {args.fixes / t_prog:,.0f} | "
-                f"{t_prog / t_vec:.2f}× the vectorized corridor test's time |\n"
-                f"| corridor, per-fix `contains_xy`, prepared | {args.fixes / t_fix:,.0f} | 1.0 |\n"
-                f"| zones, H3 index ({args.zones:,} zones) | {args.fixes / t_h3:,.0f} | "
-                f"{t_zfix / t_h3:,.0f}× per-fix scan; STRtree takes {t_tree / t_h3:.2f}× its time |\n"
-                f"| zones, STRtree (vectorized) | {args.fixes / t_tree:,.0f} | |\n\n"
-                f"Target: >= 5M corridor checks/s per core and >= 20× per-fix Shapely. "
-                f"H3 index and STRtree agree on every (fix, zone) pair: {agree}.\n"
-            )
+        section = (
+            f"\n## Geofence kernel (bench/geofence_kernel.py), {when}\n\n"
+            f"`.venv/bin/python -m bench.geofence_kernel --fixes {args.fixes} --routes {args.routes} "
+            f"--zones {args.zones} --rounds {args.rounds} --record` (one core; best of "
+            f"{args.rounds} interleaved rounds; per-fix baselines timed on a sample, scaled)\n\n"
+            "| kernel | checks/s | ratio |\n|---|---|---|\n"
+            f"| corridor, vectorized `contains_xy`, prepared | {rate:,.0f} | "
+            f"{t_fix / t_vec:.1f}× per-fix prepared, {t_obj / t_vec:.1f}× per-fix `Point.contains` |\n"
+            f"| route progress, one STRtree `dwithin` query per route | {args.fixes / t_prog:,.0f} | "
+            f"{t_prog / t_vec:.2f}× the vectorized corridor test's time |\n"
+            f"| corridor, per-fix `contains_xy`, prepared | {args.fixes / t_fix:,.0f} | 1.0 |\n"
+            f"| zones, H3 index ({args.zones:,} zones) | {args.fixes / t_h3:,.0f} | "
+            f"{t_zfix / t_h3:,.0f}× per-fix scan; STRtree takes {t_tree / t_h3:.2f}× its time |\n"
+            f"| zones, STRtree (vectorized) | {args.fixes / t_tree:,.0f} | |\n\n"
+            f"Target: >= 5M corridor checks/s per core and >= 20× per-fix Shapely. "
+            f"H3 index and STRtree agree on every (fix, zone) pair: {agree}.\n"
+        )
+        log = BENCH_LOG / "geofence_kernel.md"
+        log.write_text(log_text(log) + section)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ connection logged in as itself, Mosquitto checking every publish against the veh
 
 Both runs in one process, one after the other, each on fresh embedded servers on free ports; the
 table compares them side by side (ratios: this machine is shared and noisy) and the section
-"Device identity: the cost end to end" of docs/benchmarks.md is rewritten with the command and
-date.
+"Device identity: the cost end to end" of docs/bench-log/identity.md is rewritten with the command
+and date.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import write_section  # noqa: E402
+from bench.common import BENCH_LOG, write_section  # noqa: E402
 from embedded import infra  # noqa: E402
 from fleetfence.settings import Settings  # noqa: E402
 from loadtest.driver import LoadOptions, run_loadtest  # noqa: E402
 from loadtest.model import LoadRun  # noqa: E402
 
 HEADER = "## Device identity: the cost end to end"
+LOG = BENCH_LOG / "identity.md"
 MODES = (("anonymous, one connection", False), ("per-vehicle credentials", True))
 
 
@@ -124,7 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--vehicles", type=int, default=2000)
     ap.add_argument("--duration-s", type=float, default=60.0)
-    ap.add_argument("--no-write", action="store_true", help="Do not rewrite docs/benchmarks.md.")
+    ap.add_argument("--no-write", action="store_true", help="Do not rewrite docs/bench-log/identity.md.")
     a = ap.parse_args()
     console = Console()
     results: dict[str, dict[str, Any]] = {}
@@ -174,8 +175,9 @@ def main() -> None:
             *md,
             "",
         ],
+        LOG,
     )
-    console.print(f"recorded in docs/benchmarks.md ({HEADER[3:]})")
+    console.print(f"recorded in {LOG.relative_to(ROOT)} ({HEADER[3:]})")
 
 
 if __name__ == "__main__":

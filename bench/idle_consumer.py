@@ -39,7 +39,7 @@ from alerts.model import Alert, AlertFilter
 from alerts.runner import ReceiverRunner, RunnerOptions
 from alerts.sink import Outcome
 from alerts.tail import TailSink
-from bench.common import write_section
+from bench.common import BENCH_LOG, write_section
 from bench.cpu import broker_pid, pid_cpu_s
 from embedded import infra
 from fleetfence.contracts import alert_id, ms_to_iso
@@ -47,6 +47,7 @@ from fleetfence.kafka import ensure_topics, group_consumer, idempotent_producer,
 from fleetfence.settings import Settings
 
 console = Console()
+LOG = BENCH_LOG / "idle_consumer.md"
 
 
 def _self_cpu_s() -> float:
@@ -149,7 +150,7 @@ def main() -> None:
     ap.add_argument(
         "--settle", type=float, default=15.0, help="idle seconds after the broker's start, before measuring"
     )
-    ap.add_argument("--record", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="write the section of its log, docs/bench-log/")
     args = ap.parse_args()
 
     s = Settings(
@@ -233,7 +234,7 @@ def record(args: argparse.Namespace, rows: list[tuple[str, float, float]], delay
         "(alerts delivered 1.2-1.7 s late); the gauge now reads the watermarks fetch responses carry.",
         "",
     ]
-    write_section(head, body)
+    write_section(head, body, LOG)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
         --variant base --variant trigger0:trigger_ms=0 \\
         --variant fmt2:conf.spark.sql.streaming.stateStore.checkpointFormatVersion=2 [--record]
 
-A micro-batch of the stateful job costs ~0.9 s with no data at all (docs/benchmarks.md, "The latency
-floor"), and that fixed cost, not the work per fix, is what event→alert latency is made of at a
+A micro-batch of the stateful job costs ~0.9 s with no data at all (docs/bench-log/latency.md, "The
+latency floor"), and that fixed cost, not the work per fix, is what event→alert latency is made of at a
 low rate. Each knob that might cut it is measured here against the defaults in the same run: every
 run is a child process with a fresh JVM, checkpoint and topics, the variants alternate (forward on
 even repeats, backward on odd ones) so a noisy neighbour spreads over all of them, and the table
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import BENCHMARKS_MD
+from bench.common import BENCH_LOG, find_heading, log_text
 from bench.processor import LiveConfig, live_latency
 from bench.state_api import STATE_APIS
 from embedded import infra
@@ -54,7 +54,7 @@ console = Console()
 
 PARTITIONS = 4
 HEADING = "### Latency: the micro-batch's fixed cost, knob by knob"
-ANCHOR = "### The latency floor (2026-11-25)"
+LOG = BENCH_LOG / "latency.md"
 PHASES = ("triggerExecution", "addBatch", "walCommit", "commitOffsets", "queryPlanning", "latestOffset")
 
 
@@ -274,7 +274,7 @@ def console_table(rate: float, head: list[str], rows: list[list[str]]) -> Table:
 
 
 def record(args: argparse.Namespace, tables: list[tuple[float, list[str], list[list[str]]]]) -> None:
-    """Append this run under the knob-by-knob heading (created right after "The latency floor"),
+    """Add this run to the log under the knob-by-knob heading (created at the end when missing),
     newest run first below the heading's text."""
     cmd = " ".join(a if " " not in a else f"'{a}'" for a in sys.argv[1:])
     lines = [
@@ -291,19 +291,16 @@ def record(args: argparse.Namespace, tables: list[tuple[float, list[str], list[l
         lines += [f"At {rate:,.0f} ev/s:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines.append("")
-    text = BENCHMARKS_MD.read_text()
+    text = log_text(LOG)
     block = "\n".join(lines) + "\n"
-    if HEADING not in text:
-        at = text.index(ANCHOR)
-        nxt = text.find("\n### ", at + len(ANCHOR))
-        nxt = len(text) if nxt < 0 else nxt + 1
-        BENCHMARKS_MD.write_text(text[:nxt] + HEADING + "\n\n" + block + "\n" + text[nxt:])
+    at = find_heading(text, HEADING)
+    if at < 0:
+        LOG.write_text(text.rstrip("\n") + "\n\n" + HEADING + "\n\n" + block)
         return
-    at = text.index(HEADING)
-    sub = text.find("\n#### Latency run", at)
+    sub = find_heading(text, "#### Latency run", at)
     nxt = text.find("\n### ", at + len(HEADING))
-    pos = sub + 1 if sub >= 0 and (nxt < 0 or sub < nxt) else (nxt + 1 if nxt >= 0 else len(text))
-    BENCHMARKS_MD.write_text(text[:pos] + block + "\n" + text[pos:])
+    pos = sub if sub >= 0 and (nxt < 0 or sub < nxt) else (nxt + 1 if nxt >= 0 else len(text))
+    LOG.write_text(text[:pos] + block + "\n" + text[pos:])
 
 
 def main() -> None:
@@ -327,7 +324,7 @@ def main() -> None:
     ap.add_argument(
         "--max-events", type=int, default=400_000, help="batch cap unless a variant says otherwise"
     )
-    ap.add_argument("--record", action="store_true", help="append the tables to docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="add the run to docs/bench-log/latency.md")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
     ap.add_argument("--redis", help=argparse.SUPPRESS)

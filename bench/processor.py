@@ -49,7 +49,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench import workload as wl
-from bench.common import BENCHMARKS_MD
+from bench.common import BENCH_LOG, find_heading, log_text
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
 from bench.state_api import APPLY_IN_PANDAS_WITH_STATE, group_state_stage
 from embedded import infra
@@ -164,7 +164,7 @@ def contender_spark(
 def warmup_events(args: argparse.Namespace, total: int) -> int:
     """Events every contender processes before its sustained rate is timed. A streaming job runs
     for days: its steady state is what counts, and the JVM's JIT was measured compiling through the
-    first ~40 s of a run (docs/benchmarks.md), which the Python contenders never pay."""
+    first ~40 s of a run (docs/bench-log/processor.md), which the Python contenders never pay."""
     return int(total * args.warmup_share)
 
 
@@ -585,7 +585,7 @@ def main() -> None:
     ap.add_argument(
         "--latency-rate", type=float, help="events/s of the latency phase (default: half the Spark rate)"
     )
-    ap.add_argument("--record", action="store_true", help="append the results to docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="add the run to docs/bench-log/processor.md")
     ap.add_argument("--spark-master", help="spark:// URL instead of local[cores] (bench/scaleout.py)")
     ap.add_argument("--shuffle-partitions", type=int, help="default: the machine's cores")
     ap.add_argument(
@@ -785,6 +785,7 @@ def cpu_per_event(res: dict[str, Any]) -> str:
 
 
 SECTION = "## Processor (bench/processor.py)"
+LOG = BENCH_LOG / "processor.md"
 
 
 def record(
@@ -794,7 +795,7 @@ def record(
     lat: dict[str, Any],
     n: int,
 ) -> None:
-    """Write the run into the processor section of docs/benchmarks.md, above its earlier runs."""
+    """Write the run into the processor section of its log, above its earlier runs."""
     cmd = " ".join(a if " " not in a else f"'{a}'" for a in sys.argv[1:])
     lines = [
         f"### Processor run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
@@ -822,22 +823,22 @@ def record(
             + "."
         )
     lines.append("")
-    insert_run(BENCHMARKS_MD, lines)
+    insert_run(LOG, lines)
 
 
 def insert_run(doc: Path, lines: list[str]) -> None:
     """Put a run's lines in the processor section, above its newest `### Processor run` (runs are
     kept newest first), or at the section's end; the section is created when missing."""
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    text = log_text(doc)
     block = "\n".join(lines) + "\n"
-    if SECTION not in text:
+    start = find_heading(text, SECTION)
+    if start < 0:
         doc.write_text(text.rstrip("\n") + "\n\n" + SECTION + "\n\n" + block)
         return
-    start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     end = len(text) if end < 0 else end + 1
-    sub = text.find("\n### Processor run", start, end)
-    at = end if sub < 0 else sub + 1
+    sub = find_heading(text, "### Processor run", start, end)
+    at = end if sub < 0 else sub
     head = text[:at] if text[:at].endswith("\n\n") else text[:at].rstrip("\n") + "\n\n"
     doc.write_text(head + block + text[at:])
 

@@ -8,7 +8,7 @@ engines in the same run and prints a table with the ratios.
 
     .venv/bin/python bench/reports.py                      # 10M fixes
     .venv/bin/python bench/reports.py --vehicles 200       # 1M fixes, quick
-    .venv/bin/python bench/reports.py --record             # also write docs/benchmarks.md's section
+    .venv/bin/python bench/reports.py --record             # also write docs/bench-log/reports.md
 
 Memory: the baseline holds the columns it needs for the whole range (~60 bytes per fix, ~0.6 GB
 at 10M plus temporaries) and SedonaDB materialises the enriched fixes once (~1.2 GB at 10M); the
@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import resource
 import shutil
 import sys
@@ -43,6 +42,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import BENCH_LOG, write_section  # noqa: E402
 from fleetfence.geo import LocalProjection  # noqa: E402
 from history.report_inputs import ReportRange  # noqa: E402
 from history.reports import REPORTS, SedonaReports  # noqa: E402
@@ -280,7 +280,7 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=16)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--dir", type=Path, default=None, help="archive folder (default under /tmp)")
-    ap.add_argument("--record", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="write the section of docs/bench-log/reports.md")
     args = ap.parse_args()
     console = Console()
     key = hashlib.sha1(
@@ -317,14 +317,14 @@ def main() -> None:
 
 
 def record(args: argparse.Namespace, results: list[dict[str, Any]], before: Any, after: Any) -> None:
-    """Replace (or add) the `## History reports` section; other sections stay untouched."""
-    doc = ROOT / "docs" / "benchmarks.md"
+    """Replace (or add) the `## History reports` section of the log; other sections stay untouched."""
+    header = "## History reports (bench/reports.py)"
     cmd = (
         f".venv/bin/python bench/reports.py --vehicles {args.vehicles} --fixes {args.fixes} "
         f"--routes {args.routes}"
     )
     lines = [
-        "## History reports (bench/reports.py)",
+        header,
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{cmd} --record`. "
         f"{args.vehicles * args.fixes:,} fixes ({args.vehicles:,} vehicles x {args.fixes:,}) on "
@@ -352,15 +352,7 @@ def record(args: argparse.Namespace, results: list[dict[str, Any]], before: Any,
         f"{tot_s:.1f} s, baseline {tot_b:.1f} s; every report's table is equal between the engines "
         f"(`equal`). Peak RSS of the run (both engines in one process): {_rss_mib():,.0f} MiB.",
     ]
-    section = "\n".join(lines) + "\n"
-    text = doc.read_text()
-    pattern = re.compile(r"^## History reports \(bench/reports\.py\)\n.*?(?=^## |\Z)", re.S | re.M)
-    text = (
-        pattern.sub(lambda _m: section + "\n", text)
-        if pattern.search(text)
-        else text.rstrip("\n") + "\n\n" + section
-    )
-    doc.write_text(text)
+    write_section(header, lines, BENCH_LOG / "reports.md")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import workload as wl
-from bench.common import write_section
+from bench.common import BENCH_LOG, write_section
 from bench.processor import PARTITIONS, produce_all, run_contender
 from embedded import infra
 from embedded.spark_cluster import StandaloneCluster
@@ -38,6 +38,7 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+LOG = BENCH_LOG / "scaleout.md"
 console = Console()
 
 
@@ -53,7 +54,7 @@ def main() -> None:
     ap.add_argument("--cores-per-worker", type=int, default=1)
     ap.add_argument("--warmup-share", type=float, default=1 / 3, help="as in bench/processor.py")
     ap.add_argument("--worker-memory", default="3g")
-    ap.add_argument("--record", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="write the section of docs/bench-log/scaleout.md")
     args = ap.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="ff-bench-scaleout-"))
@@ -148,7 +149,7 @@ def record(rows: list[dict[str, Any]], args: argparse.Namespace, n: int, load: f
         ),
         "",
     ]
-    write_section(header, lines)
+    write_section(header, lines, LOG)
 
 
 if __name__ == "__main__":

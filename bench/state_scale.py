@@ -53,7 +53,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import workload as wl
-from bench.common import write_section
+from bench.common import BENCH_LOG, write_section
 from bench.processor import produce_all, produce_one, telemetry_end
 from embedded import infra
 from fleetfence.contracts import Telemetry, bucket_of
@@ -72,6 +72,7 @@ PARTITIONS = 4
 # so the fleet has gone silent (and parked) before the bursts.
 QUIET_FOR_MS = 2 * 3600 * 1000
 SECTION = "## State at scale (bench/state_scale.py)"
+LOG = BENCH_LOG / "state_scale.md"
 
 
 def median_ms(xs: list[float]) -> float:
@@ -472,7 +473,7 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--driver-memory", default="8g", help="the Spark driver's (and local executor's) heap")
     ap.add_argument("--phases", default="engine,spark")
-    ap.add_argument("--record", action="store_true", help="write the results into docs/benchmarks.md")
+    ap.add_argument("--record", action="store_true", help="write the results into its log, docs/bench-log/")
     args = ap.parse_args()
     args.registered = args.registered or [100_000, 1_000_000]
     args.reporting = args.reporting or [0.01, 0.1]
@@ -505,8 +506,8 @@ def main() -> None:
         ]
         lines += table_md(list(SPARK_COLUMNS), spark_rows(srows))
     if args.record:
-        write_section(SECTION, [*lines, ""])
-        console.print(f"recorded in docs/benchmarks.md ({SECTION})")
+        write_section(SECTION, [*lines, ""], LOG)
+        console.print(f"recorded in docs/bench-log/state_scale.md ({SECTION})")
 
 
 def table_md(head: list[str], rows: list[list[str]]) -> list[str]:
