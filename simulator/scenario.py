@@ -31,13 +31,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 import shapely
 
 from fleetfence.contracts import AlertType
+from simulator.batch import Message, ScenarioStats, TickBatch, make_batch
 from simulator.config import ScenarioConfig
 from simulator.geo import BoolArray, FloatArray, IntArray, clip_radius
 from simulator.routes import EDGE_MARGIN_M, CityMap, build_city, excursion_safe, place_zones
@@ -53,6 +53,8 @@ from simulator.trips import (
     wrong_way_profile,
 )
 from simulator.truth import TruthAlert, vehicle_id
+
+__all__ = ["WW_DONE", "Scenario", "ScenarioStats", "TickBatch"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,41 +72,6 @@ SCHEDULE_HOLD_S = 60.0  # a scheduled trip stands this long at its start: it dep
 # 7 forward, 8 tail, 9 done, 10 skipped.
 WW_ACTIVE = (1, 2, 3, 4, 5, 6, 7, 8)
 WW_DONE, WW_SKIPPED = 9, 10
-
-
-@dataclass
-class TickBatch:
-    """The messages of one tick in publish order, and the truth published with them."""
-
-    tick: int
-    ts_ms: int
-    vehicle: IntArray
-    seq: IntArray
-    ts: IntArray
-    lat: FloatArray
-    lon: FloatArray
-    speed_kmh: FloatArray
-    heading_deg: FloatArray
-    truth: list[TruthAlert]
-
-    def __len__(self) -> int:
-        return len(self.vehicle)
-
-
-@dataclass
-class ScenarioStats:
-    messages: int = 0
-    duplicates: int = 0
-    out_of_order: int = 0
-    late: int = 0
-    deviations: int = 0
-    overspeeds: int = 0
-    dwells: int = 0
-    silences: int = 0
-    wrong_ways: int = 0
-    schedules: int = 0
-    skipped: int = 0
-    truth: dict[str, int] = field(default_factory=dict)
 
 
 def _count(p: float, n: int) -> int:
@@ -386,7 +353,7 @@ class Scenario:
     def ticks(self) -> Iterator[TickBatch]:
         cfg = self.cfg
         pending_silence: list[TruthAlert] = []
-        withheld: dict[int, list[tuple[int, int, int, float, float, float, float]]] = {}
+        withheld: dict[int, list[Message]] = {}
         for k in range(cfg.n_ticks):
             batch = self._tick(k, pending_silence, withheld)
             yield batch
@@ -394,34 +361,13 @@ class Scenario:
         rest = [m for t in sorted(withheld) for m in withheld[t]]
         if rest:
             self.stats.messages += len(rest)
-            yield self._batch(cfg.n_ticks, cfg.start_ms + cfg.n_ticks * cfg.period_ms, rest, [])
-
-    def _batch(
-        self,
-        k: int,
-        ts_ms: int,
-        msgs: list[tuple[int, int, int, float, float, float, float]],
-        truth: list[TruthAlert],
-    ) -> TickBatch:
-        cols = list(zip(*msgs, strict=True)) if msgs else [()] * 7
-        return TickBatch(
-            k,
-            ts_ms,
-            np.asarray(cols[0], dtype=np.int64),
-            np.asarray(cols[1], dtype=np.int64),
-            np.asarray(cols[2], dtype=np.int64),
-            np.asarray(cols[3], dtype=np.float64),
-            np.asarray(cols[4], dtype=np.float64),
-            np.asarray(cols[5], dtype=np.float64),
-            np.asarray(cols[6], dtype=np.float64),
-            truth,
-        )
+            yield make_batch(cfg.n_ticks, cfg.start_ms + cfg.n_ticks * cfg.period_ms, rest, [])
 
     def _tick(
         self,
         k: int,
         pending_silence: list[TruthAlert],
-        withheld: dict[int, list[tuple[int, int, int, float, float, float, float]]],
+        withheld: dict[int, list[Message]],
     ) -> TickBatch:
         cfg, rng, n = self.cfg, self.rng, self.n
         period = cfg.period_ms
@@ -711,7 +657,7 @@ class Scenario:
         dups = np.nonzero(dup & send)[0]
         all_idx = np.concatenate([order, dups])
         msgs_v = all_idx
-        cols: list[tuple[int, int, int, float, float, float, float]] = []
+        cols: list[Message] = []
         lat_l, lon_l, sp_l, hd_l = lat.tolist(), lon.tolist(), speed_kmh.tolist(), heading.tolist()
         for i in msgs_v.tolist():
             cols.append((i, seq, ts, lat_l[i], lon_l[i], sp_l[i], hd_l[i]))
@@ -728,7 +674,7 @@ class Scenario:
         for a in truth:
             self.stats.truth[a.type] = self.stats.truth.get(a.type, 0) + 1
         self.stats.messages += len(cols)
-        return self._batch(k, ts, cols, truth)
+        return make_batch(k, ts, cols, truth)
 
     def _zone_clamp(
         self, route_idx: IntArray, s_eff: FloatArray, on_route: BoolArray, nx: FloatArray, ny: FloatArray
