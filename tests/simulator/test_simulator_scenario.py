@@ -132,7 +132,7 @@ def test_deviation_places_fixes_far_outside_the_corridor_and_alerts_at_the_right
         assert all(d <= cfg.noise_bound_m + 1.5 or d >= half + 3 for _s, d in fixes)
         # ... and at >= 0.6 x (3 x half width + 5 sigma) from where it left the route.
         route = sc.city.routes[int(sc.route_idx[v])]
-        ax, ay, _tx, _ty = route.line.at(np.array([sc.dev_s[v]]))
+        ax, ay, _tx, _ty = route.line.at(np.array([sc.fleet.dev_s[v]]))
         far = [math.hypot(points[(v, s)][0] - ax[0], points[(v, s)][1] - ay[0]) for s, _d in outside]
         assert min(far) >= 0.6 * cfg.excursion_m - cfg.noise_bound_m
         seqs = [s for s, _d in outside]

@@ -85,7 +85,7 @@ def test_wrong_way_and_schedule_episodes_have_exact_truth_at_the_planned_fixes()
     for a in truth:
         by_type.setdefault(a.type, []).append((a.vehicle_id, a.seq))
     vids = sc.vehicle_ids()
-    ww = {vids[i] for i in np.flatnonzero(sc.ww & (sc.ww_phase == WW_DONE))}
+    ww = {vids[i] for i in np.flatnonzero(sc.fleet.ww & (sc.fleet.ww_phase == WW_DONE))}
     assert {v for v, _ in by_type[AlertType.WRONG_DIRECTION.value]} == ww
     assert {v for v, _ in by_type[AlertType.DIRECTION_RESTORED.value]} == ww
     sched = {vids[i] for i in np.flatnonzero(sc.planned_arrival_ms >= 0)}
