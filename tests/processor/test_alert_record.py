@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import orjson
 
+from alerts.model import Alert as ReceivedAlert
 from alerts.model import parse_alert
 from fleetfence.contracts import AlertRecord, AlertType, alert_id
 from processor.domain import Alert
@@ -74,6 +75,11 @@ def test_the_record_has_the_contract_keys_in_order() -> None:
 def test_the_id_is_the_contract_hash() -> None:
     for a in ALERTS:
         assert a.to_dict()["alert_id"] == alert_id(a.vehicle_id, a.type.value, a.seq, a.subject)
+
+
+def test_the_receivers_read_the_contract_names() -> None:
+    read = {f for f in ReceivedAlert.__dataclass_fields__ if f not in ("raw", "data")}
+    assert read <= set(AlertRecord.__annotations__)
 
 
 def test_receivers_read_what_the_processor_writes() -> None:
