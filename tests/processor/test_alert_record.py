@@ -9,6 +9,7 @@ import orjson
 from alerts.model import Alert as ReceivedAlert
 from alerts.model import parse_alert
 from fleetfence.contracts import AlertRecord, AlertType, alert_id
+from history.schema import ALERT_SCHEMA
 from processor.domain import Alert
 
 # Written by the processor before the record had its definition in fleetfence.contracts: the route
@@ -80,6 +81,11 @@ def test_the_id_is_the_contract_hash() -> None:
 def test_the_receivers_read_the_contract_names() -> None:
     read = {f for f in ReceivedAlert.__dataclass_fields__ if f not in ("raw", "data")}
     assert read <= set(AlertRecord.__annotations__)
+
+
+def test_the_archive_keeps_contract_fields() -> None:
+    """The archive's alert table is a projection of the record (plus the point it derives)."""
+    assert set(ALERT_SCHEMA.names) - {"geometry"} <= set(AlertRecord.__annotations__)
 
 
 def test_receivers_read_what_the_processor_writes() -> None:
