@@ -8,11 +8,11 @@ properties (`version`, `updated`) a client echoes back from a GET.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model, model_validator
 
-from fleetfence.contracts import AlertType
+from fleetfence.contracts import AlertRecord
 from vehicle_master.models import (
     MAX_MS,
     AssignmentData,
@@ -409,19 +409,41 @@ class ImportResult(BaseModel):
     by_entity: dict[str, int] = Field(default_factory=dict)
 
 
-class Alert(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [ALERT_EXAMPLE]})
-    alert_id: str
-    type: AlertType
-    vehicle_id: str
-    route_id: str | None = None
-    route_version: int | None = None
-    seq: int
-    ts_ms: int
-    ts: str
-    lat: float
-    lon: float
-    details: dict[str, Any] = Field(default_factory=dict)
+# Alert history may hold records from a producer other than the processor, which the receivers accept
+# without these (alerts.model.parse_alert): what their absence means.
+_ALERT_MAY_LACK: dict[str, Any] = {
+    "route_id": None,
+    "route_version": None,
+    "details": Field(default_factory=dict),
+}
+# On some alerts only, or not in older history: returned as additional properties, not promised.
+_ALERT_UNLISTED = frozenset({"trigger_received_ms", "zone_id", "late"})
+
+
+def _alert_model() -> type[BaseModel]:
+    """The alert as the API returns it, derived from its wire form (`fleetfence.contracts.AlertRecord`),
+    so a field the processor adds or retypes reaches the API's schema without a second definition."""
+    fields: dict[str, Any] = {}
+    for name, hint in get_type_hints(AlertRecord).items():
+        if name in _ALERT_UNLISTED:
+            continue
+        if name not in _ALERT_MAY_LACK:
+            fields[name] = (hint, ...)
+        else:
+            default = _ALERT_MAY_LACK[name]
+            fields[name] = (hint | None if default is None else hint, default)
+    return create_model(
+        "Alert",
+        __config__=ConfigDict(extra="allow", json_schema_extra={"examples": [ALERT_EXAMPLE]}),
+        __module__=__name__,
+        **fields,
+    )
+
+
+if TYPE_CHECKING:
+    Alert = BaseModel
+else:
+    Alert = _alert_model()
 
 
 class AlertPage(BaseModel):

@@ -27,7 +27,10 @@ MAX_ALERT_ID_LEN = 128
 
 @dataclass(frozen=True, slots=True)
 class Alert:
-    """One validated alert; `raw` is the record value exactly as it was on `fleet.alerts`."""
+    """One validated alert; `raw` is the record value exactly as it was on `fleet.alerts`. Its fields
+    are those of the wire form (`fleetfence.contracts.AlertRecord`) a receiver routes and indexes on;
+    `data` is the whole record as parsed, typed loosely because a record from another producer may lack
+    what the processor always writes (`parse_alert` says what it requires)."""
 
     alert_id: str
     type: AlertType
@@ -78,7 +81,8 @@ def _int(d: dict[str, Any], name: str) -> int:
 
 
 def parse_alert(raw: bytes | None) -> Alert:
-    """Validate one `fleet.alerts` record value; ContractError(reason='invalid_alert') otherwise.
+    """Validate one `fleet.alerts` record value (`fleetfence.contracts.AlertRecord`);
+    ContractError(reason='invalid_alert') otherwise.
 
     Validation is deliberately limited to the fields receivers route and index on: an alert with an
     unknown `details` shape is still delivered, because receivers must not silently drop alerts

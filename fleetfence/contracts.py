@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypedDict
 
 import msgspec
 import orjson
@@ -380,6 +380,78 @@ def alert_id(vehicle_id: str, alert_type: str, seq: int, subject: str = "") -> s
 
 def ms_to_iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _AlertRecordAlways(TypedDict):
+    """The fields of every alert record (`AlertRecord`)."""
+
+    alert_id: str
+    type: AlertType
+    vehicle_id: str
+    route_id: str | None
+    route_version: int
+    seq: int
+    ts_ms: int  # the triggering fix's event time, also for a late alert
+    ts: str  # `ts_ms` as ISO 8601 UTC with milliseconds (`ms_to_iso`)
+    lat: float
+    lon: float
+    details: dict[str, Any]  # per type; receivers deliver unknown shapes too
+    trigger_received_ms: int  # when the gateway received the triggering fix (0: unknown)
+
+
+class AlertRecord(_AlertRecordAlways, total=False):
+    """An alert as it travels on `fleet.alerts` (docs/contracts.md): its one definition, its fields
+    in the order they are written. The processor builds it with `alert_record`, the receivers read
+    these names (`alerts.model.parse_alert`), and the admin API derives its response schema from it
+    (`admin_api.schemas.Alert`). Receivers de-duplicate on `alert_id` and keep the record's bytes,
+    so the order and the form of each value are part of the contract, not only the names. The keys
+    below are absent unless they say something (a TypedDict of this Python reads `NotRequired` in a
+    postponed annotation as required, hence the second class)."""
+
+    zone_id: str  # on zone alerts only
+    late: Literal[True]  # absent unless the triggering fix was behind the watermark
+
+
+def alert_record(
+    alert_type: AlertType,
+    vehicle_id: str,
+    seq: int,
+    ts_ms: int,
+    lat: float,
+    lon: float,
+    route_id: str | None,
+    route_version: int,
+    details: dict[str, Any],
+    trigger_received_ms: int,
+    zone_id: str = "",
+    late: bool = False,
+) -> AlertRecord:
+    """The record of one alert, with its deterministic `alert_id` and `ts` derived here so that no
+    writer can derive them differently; `zone_id` and `late` appear only when they say something."""
+    d: AlertRecord = {
+        "alert_id": alert_id(vehicle_id, alert_type.value, seq, zone_id),
+        "type": alert_type,
+        "vehicle_id": vehicle_id,
+        "route_id": route_id,
+        "route_version": route_version,
+        "seq": seq,
+        "ts_ms": ts_ms,
+        "ts": ms_to_iso(ts_ms),
+        "lat": lat,
+        "lon": lon,
+        "details": details,
+        "trigger_received_ms": trigger_received_ms,
+    }
+    if zone_id:
+        d["zone_id"] = zone_id
+    if late:
+        d["late"] = True
+    return d
+
+
+def alert_json(record: AlertRecord) -> bytes:
+    """The record's value on `fleet.alerts`: compact JSON, keys in the record's order."""
+    return orjson.dumps(record)
 
 
 def utc_now_ms() -> int:

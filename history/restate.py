@@ -17,6 +17,7 @@ import logging
 import math
 import os
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,7 +202,7 @@ def restate_bucket(
     return pd.DataFrame(rows, columns=ALERT_COLUMNS)
 
 
-def alert_row(d: dict[str, Any]) -> dict[str, Any]:
+def alert_row(d: Mapping[str, Any]) -> dict[str, Any]:
     """An alert as on fleet.alerts -> an archive row (the archive writer's normalisation)."""
     return {
         "alert_id": d["alert_id"],

@@ -45,7 +45,7 @@ import math
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
-from fleetfence.contracts import AlertType, alert_id, ms_to_iso
+from fleetfence.contracts import AlertRecord, AlertType, alert_id, alert_json, alert_record
 from fleetfence.geo import haversine_m
 from fleetfence.rules import ProcessorRules, RouteRules
 from processor.trip import eta_ms, planned_arrival_ms
@@ -117,26 +117,26 @@ class Alert:
     def alert_id(self) -> str:
         return alert_id(self.vehicle_id, self.type.value, self.seq, self.subject)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "alert_id": self.alert_id,
-            "type": self.type.value,
-            "vehicle_id": self.vehicle_id,
-            "route_id": self.route_id,
-            "route_version": self.route_version,
-            "seq": self.seq,
-            "ts_ms": self.ts_ms,
-            "ts": ms_to_iso(self.ts_ms),
-            "lat": self.lat,
-            "lon": self.lon,
-            "details": dict(self.details),
-            "trigger_received_ms": self.received_ms,
-        }
-        if self.subject:
-            d["zone_id"] = self.subject
-        if self.late:
-            d["late"] = True
-        return d
+    def to_dict(self) -> AlertRecord:
+        """The alert's record on `fleet.alerts` (`fleetfence.contracts.AlertRecord`)."""
+        return alert_record(
+            self.type,
+            self.vehicle_id,
+            self.seq,
+            self.ts_ms,
+            self.lat,
+            self.lon,
+            self.route_id,
+            self.route_version,
+            dict(self.details),
+            self.received_ms,
+            self.subject,
+            self.late,
+        )
+
+    def to_json(self) -> bytes:
+        """The record's bytes on `fleet.alerts`; receivers keep them as they are."""
+        return alert_json(self.to_dict())
 
 
 @dataclass(slots=True)

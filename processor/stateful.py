@@ -283,7 +283,7 @@ def bucket_step(
     stats["held"] = sum(len(v) for v in res.held.values())
 
     for a in res.alerts:
-        out.append((OUT_ALERT, a.vehicle_id, orjson.dumps(a.to_dict()), a.seq, None))
+        out.append((OUT_ALERT, a.vehicle_id, a.to_json(), a.seq, None))
     if res.live:
         # One row for the whole bucket: per-row conversion in the JVM is the cost to avoid.
         out.append((OUT_LIVE, "", pack_live(res.live), len(res.live), None))

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -113,7 +113,7 @@ class AlertHistory:
             threading.Event(),
         )
 
-    def deliver(self, alert: dict[str, Any]) -> None:
+    def deliver(self, alert: Mapping[str, Any]) -> None:
         assert self.sink.deliver(parse_alert(orjson.dumps(alert)), self.ctx) is Outcome.DELIVERED
 
     def close(self) -> None:

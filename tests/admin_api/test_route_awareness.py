@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE, LiveState
-from fleetfence.contracts import AlertType, ms_to_iso
+from fleetfence.contracts import AlertRecord, AlertType, ms_to_iso
 from fleetfence.geo import LocalProjection
 from fleetfence.readmodels import ReadKeys
 from fleetfence.rules import RouteRules
@@ -331,7 +331,7 @@ def fixes_of(vid: str, xs: list[float], speeds: list[float], t0: int = T0) -> li
     ]
 
 
-def run_processor(api: Api, fixes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_processor(api: Api, fixes: list[dict[str, Any]]) -> list[AlertRecord]:
     """The processor over one batch: master data from the API's outbox, the engine, its live
     writer into this API's Redis and the alert history receiver's sink. Returns the alerts."""
     master = MasterState()

@@ -14,7 +14,7 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 
-from fleetfence.contracts import Telemetry
+from fleetfence.contracts import AlertRecord, Telemetry
 from fleetfence.geo import LocalProjection
 from fleetfence.kafka import idempotent_producer
 from fleetfence.settings import Settings
@@ -168,7 +168,7 @@ def processor_settings(settings: Settings, tmp: Path, **kw: Any) -> ProcessorSet
 
 def expected_alerts(
     fixes: list[Telemetry], cfg: EngineConfig, master: list[dict[str, Any]] | None = None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, AlertRecord]:
     """The reference: the pure engine over all fixes in one batch (no watermark, so no silence),
     against `master` (default `master_events()`)."""
     r = process_bucket(

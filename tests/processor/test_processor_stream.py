@@ -47,7 +47,7 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
     produce(settings, settings.topics.telemetry, [(b"junk", b) for b in bad])
     expected = expected_alerts(fixes, ps.engine_config())
     # Hand-checked: every vehicle crosses the depot; v1 deviates and returns; v2 speeds once.
-    kinds = sorted((a["vehicle_id"], a["type"]) for a in expected.values())
+    kinds = sorted((a["vehicle_id"], a["type"].value) for a in expected.values())
     assert kinds.count(("v1", "ROUTE_DEVIATION")) == 1
     assert kinds.count(("v1", "ROUTE_RETURN")) == 1
     assert kinds.count(("v2", "OVERSPEED")) == 1
