@@ -131,35 +131,43 @@ def fully_replicated(dep: Deployment) -> bool:
     return all(len(i) == 3 for i in p["isr"].values())
 
 
+def kill_one_node(dep: Deployment, victim: str, taken_over: Callable[[], bool], what: str) -> None:
+    """SIGKILL one Kafka node and keep it down until `taken_over` (the others lead what it led) and
+    the fleet's fixes flow on the other two; then restart it and wait until it is back in every
+    ISR. `MEASURED[what]`: seconds from the kill to the takeover."""
+    t0 = time.monotonic()
+    cid = kill(dep, victim, stay_down=True)
+    wait_for(taken_over, 120, what, interval_s=1.0, ignore=(DeployError,))
+    MEASURED[what] = time.monotonic() - t0
+    n = readable_records(dep)
+    wait_for(
+        lambda: records(dep) > n + 5 * VEHICLES,
+        120,
+        f"fixes flowing without {victim}",
+        interval_s=1.0,
+        ignore=(DeployError,),
+    )
+    revive(dep, victim, cid)
+    wait_for(
+        lambda: fully_replicated(dep),
+        300,
+        f"{victim} back in every ISR",
+        interval_s=2.0,
+        ignore=(DeployError,),
+    )
+
+
 def test_sigkill_the_telemetry_leader(deployment: Deployment, tmp_path: Path) -> None:
     dep = deployment
 
     def fault() -> None:
-        p = probe(dep)
-        leaders = list(p["leaders"].values())
+        leaders = list(probe(dep)["leaders"].values())
         victim = max(set(leaders), key=leaders.count)  # the broker leading most telemetry partitions
-        t0 = time.monotonic()
-        cid = kill(dep, node_service(victim), stay_down=True)
-        # The other two took over its partitions, and the fleet's fixes keep coming.
-        wait_for(
-            lambda: victim not in probe(dep)["leaders"].values(), 120, "new leaders elected", interval_s=1.0
-        )
-        MEASURED["new leaders after"] = time.monotonic() - t0
-        n = readable_records(dep)
-        wait_for(
-            lambda: records(dep) > n + 5 * VEHICLES,
-            120,
-            "fixes flowing on two brokers",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
-        revive(dep, node_service(victim), cid)
-        wait_for(
-            lambda: fully_replicated(dep),
-            300,
-            "the restarted broker back in every ISR",
-            interval_s=2.0,
-            ignore=(DeployError,),
+        kill_one_node(
+            dep,
+            node_service(victim),
+            lambda: victim not in probe(dep)["leaders"].values(),
+            "new leaders after",
         )
 
     under_load(dep, "SIGKILL the telemetry partitions' leader, restart it", fault, tmp_path)
@@ -193,31 +201,8 @@ def test_sigkill_the_active_controller(deployment: Deployment, tmp_path: Path) -
         leader = active_controller(dep, dep.kafka_nodes[0])
         victim = node_service(leader)
         via = next(n for n in dep.kafka_nodes if n != victim)
-        t0 = time.monotonic()
-        cid = kill(dep, victim, stay_down=True)
-        wait_for(
-            lambda: active_controller(dep, via) != leader,
-            120,
-            "a new active controller",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
-        MEASURED["new active controller after"] = time.monotonic() - t0
-        n = readable_records(dep)
-        wait_for(
-            lambda: records(dep) > n + 5 * VEHICLES,
-            120,
-            "fixes flowing without the old controller",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
-        revive(dep, victim, cid)
-        wait_for(
-            lambda: fully_replicated(dep),
-            300,
-            "the restarted node back in every ISR",
-            interval_s=2.0,
-            ignore=(DeployError,),
+        kill_one_node(
+            dep, victim, lambda: active_controller(dep, via) != leader, "new active controller after"
         )
 
     under_load(dep, "SIGKILL the active controller, restart it", fault, tmp_path)
