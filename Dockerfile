@@ -118,6 +118,10 @@ EXPOSE 9465
 CMD ["fleetfence", "processor"]
 
 FROM jvm AS spark
+# The master's recovery directory (a volume in docker-compose.yml), owned by the non-root user.
+USER root
+RUN mkdir -p /var/lib/fleetfence/spark-recovery && chown fleetfence:fleetfence /var/lib/fleetfence/spark-recovery
+USER fleetfence
 EXPOSE 7077 8080 8081
 # The master by default; the worker overrides the command (see docker-compose.yml). The work dir must
 # be writable by the non-root user (the default, $SPARK_HOME/work, is not).

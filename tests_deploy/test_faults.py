@@ -403,3 +403,241 @@ def test_sigkill_redis_and_restart(deployment: Deployment, tmp_path: Path) -> No
         writer.stop.set()
         for z in writer.ok:
             writer.request("DELETE", f"/api/v1/zones/{z}")
+
+
+# --------------------------------------------------------------------------- network partitions
+
+
+def container_pid(dep: Deployment, service: str) -> int:
+    return int(docker("inspect", "-f", "{{.State.Pid}}", dep.container(service)).strip())
+
+
+def compose_ips(dep: Deployment, service: str) -> list[str]:
+    """The service's addresses on the compose network(s)."""
+    nets = json.loads(docker("inspect", "-f", "{{json .NetworkSettings.Networks}}", dep.container(service)))
+    return [n["IPAddress"] for n in nets.values() if n.get("IPAddress")]
+
+
+class Partition:
+    """Every packet between one container and some addresses dropped, both ways, by iptables rules
+    in the container's network namespace (entered from the host with nsenter): a network partition
+    as the container sees one: no reset, no error, the peers just stop answering. `heal` removes the
+    rules; a container that restarts meanwhile gets a new namespace without them, as a replaced
+    host would."""
+
+    def __init__(self, pid: int, peers: list[str]) -> None:
+        assert peers, "nothing to partition from"
+        self.pid = pid
+        self.rules = [("OUTPUT", "-d", ip) for ip in peers] + [("INPUT", "-s", ip) for ip in peers]
+
+    def _iptables(self, op: str, chain: str, flag: str, ip: str, check: bool) -> bool:
+        argv = ["nsenter", "-t", str(self.pid), "-n", "iptables", "-w", op, chain, flag, ip, "-j", "DROP"]
+        return run(argv, timeout_s=30, check=check).returncode == 0
+
+    def cut(self) -> None:
+        for chain, flag, ip in self.rules:
+            self._iptables("-I", chain, flag, ip, check=True)
+
+    def heal(self) -> None:
+        for chain, flag, ip in self.rules:
+            self._iptables("-D", chain, flag, ip, check=False)  # gone with a restarted container
+
+
+METRIC_PROBE = """
+import json, re, urllib.request
+out = {{}}
+for host, port, name in {targets!r}:
+    text = urllib.request.urlopen(f"http://{{host}}:{{port}}/metrics", timeout=5).read().decode()
+    m = re.search(r"^" + name + r" (\\S+)$", text, re.M)
+    out[host] = None if m is None else float(m.group(1))
+print(json.dumps(out))
+"""
+
+
+def metric(dep: Deployment, targets: list[tuple[str, int, str]]) -> dict[str, float | None]:
+    """One Prometheus sample per (service, metrics port, metric name), read inside the network."""
+    data = dep.py(METRIC_PROBE.format(targets=targets))
+    assert isinstance(data, dict)
+    return data
+
+
+def standing_still(read: Callable[[], float | None], samples: int) -> Callable[[], bool]:
+    """A condition: the last `samples` reads of a counter are equal (observed, not slept on)."""
+    seen: list[float | None] = []
+
+    def still() -> bool:
+        seen.append(read())
+        return len(seen) >= samples and len(set(seen[-samples:])) == 1
+
+    return still
+
+
+def test_partition_one_gateway_from_kafka(deployment: Deployment, tmp_path: Path) -> None:
+    """gateway-1 cut off from all three brokers while it keeps its MQTT connection. What it receives
+    it cannot store, so it acknowledges none of it: the vehicles' publishes routed to it wait
+    unacknowledged in their in-flight windows (the fleet slows down), nothing is acknowledged that
+    Kafka does not have. When the network heals, its producer delivers what it holds and the
+    acknowledgements follow; gateway-2 carried its share meanwhile. Nothing is lost."""
+    dep = deployment
+    victim = dep.gateways[0]
+
+    def forwarded() -> float | None:
+        return metric(dep, [(victim, 9464, "fleetfence_gateway_forwarded_total")])[victim]
+
+    def fault() -> None:
+        cut = Partition(
+            container_pid(dep, victim), [ip for k in dep.kafka_nodes for ip in compose_ips(dep, k)]
+        )
+        t0 = time.monotonic()
+        cut.cut()
+        try:
+            wait_for(standing_still(forwarded, 6), 180, f"{victim} storing nothing", interval_s=2.0)
+            MEASURED[f"{victim} stored nothing, seen after"] = time.monotonic() - t0
+        finally:
+            cut.heal()
+        t1 = time.monotonic()
+        MEASURED["partitioned for"] = t1 - t0
+        before = forwarded() or 0.0
+        wait_for(lambda: (forwarded() or 0.0) > before, 300, f"{victim} storing again", interval_s=1.0)
+        MEASURED[f"{victim} stored again after the heal"] = time.monotonic() - t1
+        st = dep.states()[victim]
+        assert st["health"] == "healthy", f"{victim} after the partition: {st}"
+
+    under_load(dep, "gateway-1 partitioned from Kafka (iptables DROP both ways), healed", fault, tmp_path)
+
+
+def test_partition_the_processor_from_redis(deployment: Deployment, tmp_path: Path) -> None:
+    """The processor cut off from Redis, which holds its checkpoint lease (and its live view). It
+    cannot renew the lease, so within half the lease's time it fences itself: stops its query and
+    exits before another driver could take the lease; its restart policy starts it in a new network
+    namespace (the partition gone, as on a replaced host), it takes the lease once the old one
+    expired and resumes from the checkpoint. The alerts wait; none is lost or emitted twice."""
+    dep = deployment
+
+    def fault() -> None:
+        restarts = dep.states()["processor"]["restarts"]
+        assert lease_holders(dep), "the active processor holds no lease"
+        cut = Partition(container_pid(dep, "processor"), compose_ips(dep, "redis"))
+        t0 = time.monotonic()
+        cut.cut()
+        try:
+            wait_for(
+                lambda: dep.states()["processor"]["restarts"] > restarts,
+                120,
+                "the processor fenced itself (exited) without its lease",
+                interval_s=1.0,
+                ignore=(DeployError,),
+            )
+            MEASURED["processor fenced itself after"] = time.monotonic() - t0
+        finally:
+            cut.heal()
+        wait_for(
+            lambda: restarted(dep, "processor", restarts),
+            600,
+            "the processor restarted and healthy",
+            interval_s=2.0,
+            ignore=(DeployError,),
+        )
+        MEASURED["processor healthy again after"] = time.monotonic() - t0
+        logs = dep.logs("processor", tail=600)
+        assert "lease not renewed" in logs, f"the processor did not say why it stopped:\n{logs[-3000:]}"
+
+    under_load(dep, "processor partitioned from Redis (its lease), restarted by its policy", fault, tmp_path)
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+SPARK_MASTER_PROBE = """
+import json, urllib.request
+m = json.load(urllib.request.urlopen("http://spark-master:8080/json/", timeout=5))
+print(json.dumps({"status": m.get("status"), "workers": [w["state"] for w in m.get("workers", [])],
+                  "apps": [[a["id"], a["state"]] for a in m.get("activeapps", [])]}))
+"""
+
+
+def spark_master(dep: Deployment) -> dict[str, Any]:
+    data = dep.py(SPARK_MASTER_PROBE)
+    assert isinstance(data, dict)
+    return data
+
+
+def batches(dep: Deployment) -> float:
+    n = metric(dep, [("processor", 9465, "fleetfence_processor_batches_total")])["processor"]
+    if n is None:
+        raise DeployError("the processor's metrics have no batch count yet")
+    return n
+
+
+def test_sigkill_the_spark_worker(deployment: Deployment, tmp_path: Path) -> None:
+    """The only Spark worker (and with it the executor running the processor's tasks) SIGKILLed
+    while the fleet publishes, so mid-batch: the driver loses its executor and the batch's tasks;
+    the worker's restart policy brings it back, the master gives the application a new executor,
+    the batch runs again from its planned offsets. Exactly-once holds through the sink's
+    transaction (docs/exactly-once.md)."""
+    dep = deployment
+
+    def fault() -> None:
+        restarts = dep.states()["spark-worker"]["restarts"]
+        t0 = time.monotonic()
+        kill(dep, "spark-worker", stay_down=False)
+        wait_for(
+            lambda: restarted(dep, "spark-worker", restarts),
+            300,
+            "the Spark worker restarted and healthy",
+            interval_s=1.0,
+            ignore=(DeployError,),
+        )
+        MEASURED["worker healthy again after"] = time.monotonic() - t0
+        n = batches(dep)
+        wait_for(lambda: batches(dep) > n + 1, 300, "micro-batches completing again", interval_s=1.0)
+        MEASURED["batches completing again after"] = time.monotonic() - t0
+
+    under_load(dep, "SIGKILL the Spark worker (its executor) mid-batch", fault, tmp_path)
+
+
+def test_restart_the_spark_master(deployment: Deployment, tmp_path: Path) -> None:
+    """The standalone master SIGKILLed and restarted by its policy. Running applications do not
+    need it (the driver talks to its executors directly); the restarted master recovers its workers
+    and the processor's application from its recovery directory (spark.deploy.recoveryMode
+    FILESYSTEM in docker-compose.yml), so the executors are kept and the application is one again."""
+    dep = deployment
+
+    def fault() -> None:
+        before = spark_master(dep)
+        assert before["status"] == "ALIVE", before
+        assert len(before["apps"]) == 1, before
+        app = before["apps"][0][0]
+        states = dep.states()
+        restarts, driver_restarts = states["spark-master"]["restarts"], states["processor"]["restarts"]
+        t0 = time.monotonic()
+        kill(dep, "spark-master", stay_down=False)
+        wait_for(
+            lambda: restarted(dep, "spark-master", restarts),
+            300,
+            "the Spark master restarted and healthy",
+            interval_s=1.0,
+            ignore=(DeployError,),
+        )
+
+        def recovered() -> bool:
+            m = spark_master(dep)
+            return bool(
+                m["status"] == "ALIVE"
+                and m["workers"].count("ALIVE") == 1
+                and m["apps"] == [[app, "RUNNING"]]
+            )
+
+        wait_for(
+            recovered,
+            300,
+            "the master recovered its worker and the application",
+            interval_s=2.0,
+            ignore=(DeployError,),
+        )
+        MEASURED["master recovered the application after"] = time.monotonic() - t0
+        n = batches(dep)
+        wait_for(lambda: batches(dep) > n + 1, 300, "micro-batches completing", interval_s=1.0)
+        assert dep.states()["processor"]["restarts"] == driver_restarts, "the driver did not survive"
+
+    under_load(dep, "SIGKILL the Spark master, restarted by its policy", fault, tmp_path)
