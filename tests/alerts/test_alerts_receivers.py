@@ -1,4 +1,5 @@
-"""Alert receivers against the real broker, Mosquitto, Redis and a local HTTP webhook target.
+"""Alert receivers against the real broker, Mosquitto, Redis, a local HTTP webhook target and a local
+SMTP server.
 
 Alerts are produced the way the processor writes them: in Kafka transactions, some aborted, so
 every test also proves that aborted alerts never reach a receiver.
@@ -41,7 +42,7 @@ from fleetfence.mqtt import DynSec, account_env, acl, login
 from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
 from fleetfence.testing import mqtt_test_account, wait_for
-from tests.alerts.helpers import SECRET, WebhookTarget
+from tests.alerts.helpers import SECRET, SMTP_PASSWORD, SMTP_USER, SmtpServer, WebhookTarget
 
 pytestmark = pytest.mark.services
 
@@ -756,3 +757,126 @@ def test_a_second_receiver_takes_partitions_over_without_duplicates_or_losses(
     assert all(x.duplicates == 0 and x.reconciles for x in snaps), snaps
     assert all(x.delivered > 0 for x in snaps), snaps
     assert_fully_committed(s, group_id(s, "hook"))
+
+
+def email_receivers_toml(server: SmtpServer, interval_s: float) -> str:
+    """`mail` logs in right and mails two recipients; `mail-bad` has a wrong password."""
+    common = f"""kind = "email"
+host = "127.0.0.1"
+port = {server.port}
+tls = "starttls"
+ca_file = "{server.tls_files.ca}"
+username = "{SMTP_USER}"
+sender = "FleetFence <alerts@fleet.example>"
+interval_s = {interval_s}
+backoff_initial_ms = 10
+backoff_max_ms = 20
+timeout_s = 5
+"""
+    return f"""
+[[receivers]]
+name = "mail"
+password_env = "FF_TEST_SMTP_PASSWORD"
+recipients = ["ops@fleet.example", "dispatch@fleet.example"]
+{common}
+[[receivers]]
+name = "mail-bad"
+password_env = "FF_TEST_SMTP_WRONG"
+recipients = ["ops@fleet.example"]
+{common}
+"""
+
+
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning")
+def test_email_holds_a_storm_uncommitted_then_mails_it_once_per_recipient_across_restarts(
+    settings: Settings, smtp_server: SmtpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run holds the storm in its window and is stopped before the window closes: nothing
+    is mailed and no offset passes a held alert. The second run mails the storm, one message per
+    recipient listing all of it, and dead-letters it for the receiver whose login the server refuses.
+    A replay under new groups mails nothing again."""
+    monkeypatch.setenv("FF_TEST_SMTP_PASSWORD", SMTP_PASSWORD)
+    monkeypatch.setenv("FF_TEST_SMTP_WRONG", "not-the-password")
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=100)
+    run = uuid.uuid4().hex[:6]
+    storm = [make_alert(f"m{run}-{i % 4}", "OVERSPEED", i) for i in range(12)]
+    aborted = [make_alert(f"m{run}-{i % 4}", "ZONE_ENTER", 100 + i, zone="z") for i in range(4)]
+    writer = AlertWriter(s)
+    writer.batch(storm, partition=lambda a: a["seq"] % 4)
+    writer.batch(aborted, commit=False, partition=lambda a: a["seq"] % 4)
+    ids = [a["alert_id"] for a in storm]
+
+    held = AlertService(s, parse_config(email_receivers_toml(smtp_server, 3600)), CollectorRegistry()).start()
+    try:
+        wait_for(
+            lambda: all(x.consumed == 12 and x.held == 12 for x in held.snapshots().values()),
+            30,
+            "both receivers to hold the whole storm",
+        )
+    finally:
+        held.stop()
+    assert smtp_server.data_attempts == 0
+    assert smtp_server.auth_failures == 0
+    for name in ("mail", "mail-bad"):  # each partition's first record is held: nothing past it
+        assert set(committed_offsets(s, group_id(s, name)).values()) <= {-1001, 0}
+
+    registry = CollectorRegistry()
+    service = AlertService(s, parse_config(email_receivers_toml(smtp_server, 0.5)), registry).start()
+    try:
+
+        def settled() -> dict[str, Snapshot] | None:
+            snaps = service.snapshots()
+            done = all(x.consumed == 12 and x.held == 0 and x.reconciles for x in snaps.values())
+            return snaps if done else None
+
+        snaps = wait_for(settled, 30, "both receivers to settle the storm")
+    finally:
+        service.stop()
+    got = smtp_server.snapshot()
+    assert sorted(r.rcpt_tos[0] for r in got) == ["dispatch@fleet.example", "ops@fleet.example"]
+    for r in got:
+        assert r.tls
+        assert r.message["Subject"] == "[FleetFence] 12 alerts: 12 OVERSPEED"
+        # Partitions interleave in the read; each partition's alerts keep their order.
+        assert sorted(r.message["X-FleetFence-Alert-Ids"].split(", ")) == sorted(ids)
+    assert smtp_server.auth_failures >= 1
+    assert (snaps["mail"].delivered, snaps["mail"].messages, snaps["mail"].dead_lettered) == (12, 2, 0)
+    assert (snaps["mail-bad"].delivered, snaps["mail-bad"].messages, snaps["mail-bad"].dead_lettered) == (
+        0,
+        0,
+        12,
+    )
+    assert (
+        registry.get_sample_value("fleetfence_alert_receiver_messages_sent_total", {"receiver": "mail"}) == 2
+    )
+    dlq = read_dlq(s, expected=12)
+    assert sorted(h["alert_id"] for _, h in dlq) == sorted(ids)
+    for v, h in dlq:
+        assert (h["receiver"], h["reason"], h["smtp_code"], h["recipient"]) == (
+            "mail-bad",
+            "rejected",
+            "535",
+            "ops@fleet.example",
+        )
+        assert v == orjson.dumps(storm[ids.index(h["alert_id"])])
+    for name in ("mail", "mail-bad"):
+        assert_fully_committed(s, group_id(s, name))
+
+    # A replay from the start under new groups (as after an offset reset) mails nothing again.
+    replay_cfg = parse_config(email_receivers_toml(smtp_server, 0.5))
+    for rc in replay_cfg.receivers:
+        rc.group_id = f"{s.topic_prefix}replay-{rc.name}"
+    replay = AlertService(s, replay_cfg, CollectorRegistry()).start()
+    try:
+        wait_for(
+            lambda: all(x.consumed == 12 and x.reconciles for x in replay.snapshots().values()),
+            30,
+            "the replay to read everything",
+        )
+        replay_snaps = replay.snapshots()
+    finally:
+        replay.stop()
+    assert all((x.delivered, x.duplicates, x.messages) == (0, 12, 0) for x in replay_snaps.values())
+    assert len(smtp_server.snapshot()) == 2
+    assert len(read_dlq(s, expected=12)) == 12
