@@ -310,12 +310,26 @@ class EmailSink:
                     smtp.starttls(context=self._tls)  # refuses (SMTPNotSupportedError) if not offered
                 if c.username is not None:
                     assert self._password is not None
-                    smtp.login(c.username, self._password)
+                    self._login(smtp, c.username, self._password)
             except BaseException:
                 smtp.close()
                 raise
             self._smtp = smtp
         return self._smtp
+
+    @staticmethod
+    def _login(smtp: smtplib.SMTP, username: str, password: str) -> None:
+        """One mechanism, PLAIN or else LOGIN: smtplib's `login` tries every offered mechanism in
+        turn, so a wrong password would count as several failures against lockout policies."""
+        smtp.ehlo_or_helo_if_needed()
+        offered = smtp.esmtp_features.get("auth", "").upper().split()
+        mechanism = next((m for m in ("PLAIN", "LOGIN") if m in offered), None)
+        if mechanism is None:  # let smtplib pick, or explain that there is nothing to pick
+            smtp.login(username, password)
+            return
+        smtp.user, smtp.password = username, password
+        authobject = smtp.auth_plain if mechanism == "PLAIN" else smtp.auth_login
+        smtp.auth(mechanism, authobject, initial_response_ok=True)
 
     def _disconnect(self) -> None:
         if self._smtp is not None:

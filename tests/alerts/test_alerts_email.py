@@ -276,3 +276,27 @@ def test_plaintext_only_to_this_host_and_without_a_password(
     monkeypatch.delenv("FF_TEST_SMTP_PASSWORD")
     with pytest.raises(ConfigError, match="FF_TEST_SMTP_PASSWORD"):
         parse_config(email_toml(smtp_server, smtp_server.tls_files.ca))
+
+
+def test_a_refused_login_and_a_5xx_are_permanent(
+    smtp_server: SmtpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the runner then dead-letters at once, without retrying (the dead letters themselves:
+    tests/alerts/test_alerts_receivers.py)."""
+    monkeypatch.setenv("FF_TEST_SMTP_PASSWORD", "not-the-password")
+    a = alert("truck-042", 1)
+    wrong = EmailSink(config(smtp_server), MemoryDedup())
+    attempt = wrong.send_once("ops@fleet.example", wrong.compose("ops@fleet.example", [a]))
+    assert (attempt.verdict, attempt.code) == ("permanent", 535)
+    assert "SMTPAuthenticationError" in attempt.detail
+    assert smtp_server.auth_failures == 1
+    wrong.close()
+    monkeypatch.setenv("FF_TEST_SMTP_PASSWORD", SMTP_PASSWORD)
+    smtp_server.respond = lambda _n: "550 5.1.1 mailbox unavailable"
+    right = EmailSink(config(smtp_server), MemoryDedup())
+    attempt = right.send_once("ops@fleet.example", right.compose("ops@fleet.example", [a]))
+    assert (attempt.verdict, attempt.code) == ("permanent", 550)
+    assert "mailbox unavailable" in attempt.detail
+    assert smtp_server.data_attempts == 1
+    assert smtp_server.snapshot() == []
+    right.close()
