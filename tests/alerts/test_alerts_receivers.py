@@ -759,7 +759,7 @@ def test_a_second_receiver_takes_partitions_over_without_duplicates_or_losses(
     assert_fully_committed(s, group_id(s, "hook"))
 
 
-def email_receivers_toml(server: SmtpServer, interval_s: float) -> str:
+def email_receivers_toml(server: SmtpServer, interval_s: float, *, bad: bool = True) -> str:
     """`mail` logs in right and mails two recipients; `mail-bad` has a wrong password."""
     common = f"""kind = "email"
 host = "127.0.0.1"
@@ -773,18 +773,21 @@ backoff_initial_ms = 10
 backoff_max_ms = 20
 timeout_s = 5
 """
-    return f"""
+    good = f"""
 [[receivers]]
 name = "mail"
 password_env = "FF_TEST_SMTP_PASSWORD"
 recipients = ["ops@fleet.example", "dispatch@fleet.example"]
 {common}
+"""
+    wrong = f"""
 [[receivers]]
 name = "mail-bad"
 password_env = "FF_TEST_SMTP_WRONG"
 recipients = ["ops@fleet.example"]
 {common}
 """
+    return good + (wrong if bad else "")
 
 
 @pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning")
@@ -880,3 +883,61 @@ def test_email_holds_a_storm_uncommitted_then_mails_it_once_per_recipient_across
     assert all((x.delivered, x.duplicates, x.messages) == (0, 12, 0) for x in replay_snaps.values())
     assert len(smtp_server.snapshot()) == 2
     assert len(read_dlq(s, expected=12)) == 12
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning")
+def test_email_alerts_held_on_partitions_that_move_are_mailed_once_by_their_new_owner(
+    settings: Settings, smtp_server: SmtpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Member `a` holds every alert in a long window. Member `b` joins: `a` gives up half of the
+    partitions, committed only up to what it holds there, and forgets those alerts; `b` reads them
+    again and mails them. Then `a` stops, still holding the rest, and comes back with a short
+    window: it mails the rest. Each recipient gets each alert exactly once."""
+    monkeypatch.setenv("FF_TEST_SMTP_PASSWORD", SMTP_PASSWORD)
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=100)
+    run = uuid.uuid4().hex[:6]
+    storm = [make_alert(f"q{run}-{i % 4}", "ROUTE_DEVIATION", i) for i in range(12)]
+    AlertWriter(s).batch(storm, partition=lambda a: a["seq"] % 4)
+    by_partition = {p: {a["alert_id"] for a in storm if a["seq"] % 4 == p} for p in range(4)}
+
+    def member(instance: str, interval_s: float) -> AlertService:
+        return AlertService(
+            s.model_copy(update={"alerts_instance_id": f"{instance}{run}"}),
+            parse_config(email_receivers_toml(smtp_server, interval_s, bad=False)),
+            CollectorRegistry(),
+        ).start()
+
+    def mailed() -> Counter[tuple[str, str]]:
+        return Counter(
+            (r.rcpt_tos[0], aid)
+            for r in smtp_server.snapshot()
+            for aid in r.message["X-FleetFence-Alert-Ids"].split(", ")
+        )
+
+    a = member("a", 3600)
+    b: AlertService | None = None
+    again: AlertService | None = None
+    try:
+        wait_for(lambda: a.snapshots()["mail"].held == 12, 30, "a to hold the storm")
+        b = member("b", 0.5)
+        ra, rb = a.runners["mail"], b.runners["mail"]
+        wait_for(lambda: len(ra.partitions) == len(rb.partitions) == 2, 60, "the group to balance")
+        moved = {p for _, p in rb.partitions}
+        moved_ids = set().union(*(by_partition[p] for p in moved))
+        wait_for(lambda: b.snapshots()["mail"].delivered == 6 if b else None, 30, "b to mail what moved")
+        assert a.snapshots()["mail"].held == 6
+        assert {aid for _, aid in mailed()} == moved_ids  # b's mails; a mailed nothing
+        a.stop()
+        again = member("a", 0.5)  # the same static member: its partitions back, no rebalance
+        wait_for(
+            lambda: again.snapshots()["mail"].delivered == 6 if again else None, 30, "a to mail the rest"
+        )
+    finally:
+        for m in (a, b, again):
+            if m is not None:
+                m.stop()
+    recipients = ["ops@fleet.example", "dispatch@fleet.example"]
+    assert mailed() == Counter({(r, x["alert_id"]): 1 for r in recipients for x in storm})
+    assert_fully_committed(s, group_id(s, "mail"))
