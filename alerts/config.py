@@ -364,6 +364,8 @@ def parse_config(text: str, source: str = "<config>") -> ReceiversFile:
             r.resolve_secret()
         elif isinstance(r, EmailConfig):
             r.resolve_password()
+            if r.ca_file is not None and not r.ca_file.is_file():
+                raise ConfigError(f"{source}: receiver {r.name!r}: ca_file {r.ca_file} is not a file")
     return cfg
 
 

@@ -273,6 +273,8 @@ def test_plaintext_only_to_this_host_and_without_a_password(
     assert parse_config(no_auth).receivers[0].kind == "email"
     with pytest.raises(ConfigError, match="only allowed to a relay on this host"):
         parse_config(no_auth.replace('host = "127.0.0.1"', 'host = "smtp.fleet.example"'))
+    with pytest.raises(ConfigError, match=r"ca_file /nowhere/ca\.crt is not a file"):
+        parse_config(email_toml(smtp_server, Path("/nowhere/ca.crt")))
     monkeypatch.delenv("FF_TEST_SMTP_PASSWORD")
     with pytest.raises(ConfigError, match="FF_TEST_SMTP_PASSWORD"):
         parse_config(email_toml(smtp_server, smtp_server.tls_files.ca))
