@@ -8,9 +8,12 @@ variable so the file can be committed.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import string
 import tomllib
+from email.utils import parseaddr
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -152,7 +155,168 @@ class WebhookConfig(_ReceiverBase):
         return self.secret.encode()
 
 
-ReceiverConfig = Annotated[HistoryConfig | MqttConfig | WebhookConfig, Field(discriminator="kind")]
+# The placeholders of an e-mail's templates (string.Template: `$name` or `${name}`), filled by
+# alerts/email.py. Per alert: the alert's own fields, `time` its event time (ts_ms) in UTC ISO 8601,
+# `place` its zone or else its route ("-" for neither), `details` its details as `key=value` pairs.
+ALERT_FIELDS = frozenset(
+    {"type", "vehicle_id", "zone_id", "route_id", "place", "time", "seq", "alert_id", "lat", "lon", "details"}
+)
+# Per mail of several alerts: how many, the types with their counts, the first and last event time.
+BATCH_FIELDS = frozenset({"count", "types", "vehicles", "first_time", "last_time"})
+DEFAULT_SUBJECT = "[FleetFence] $type $vehicle_id at $place"
+DEFAULT_BODY = (
+    "$type\n"
+    "vehicle:  $vehicle_id\n"
+    "where:    $place (zone $zone_id, route $route_id)\n"
+    "time:     $time (UTC)\n"
+    "position: $lat, $lon\n"
+    "details:  $details\n"
+    "alert id: $alert_id\n"
+)
+DEFAULT_BATCH_SUBJECT = "[FleetFence] $count alerts: $types"
+LOOPBACK_NAMES = frozenset({"localhost"})
+#: How long a worst-case flush may block its receiver: well under max.poll.interval.ms (300 s).
+MAX_FLUSH_S = 240
+
+
+def check_template(text: str, allowed: frozenset[str], where: str) -> str:
+    """A template with a placeholder it will not get, or a stray `$`, is a config error at load, so
+    rendering (`Template.substitute` with every allowed name) never fails at run time."""
+    t = string.Template(text)
+    if not t.is_valid():
+        raise ValueError(f"{where}: invalid template {text!r} (a lone '$'? write '$$' for a dollar sign)")
+    unknown = sorted(set(t.get_identifiers()) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown placeholders {unknown}; known: {sorted(allowed)}")
+    return text
+
+
+def _address(v: str, what: str) -> str:
+    """`user@domain` or `Name <user@domain>`: what smtplib puts in the envelope."""
+    _name, spec = parseaddr(v)
+    user, _, domain = spec.rpartition("@")
+    if not user or not domain or any(c.isspace() for c in spec):
+        raise ValueError(f"{what} {v!r} is not an e-mail address (user@domain or Name <user@domain>)")
+    return v
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class EmailConfig(_ReceiverBase):
+    """E-mail over SMTP (alerts/email.py): one mail per recipient and `interval_s`, listing every
+    alert of that interval."""
+
+    kind: Literal["email"]
+    host: str
+    port: int | None = Field(default=None, ge=1, le=65535, description="Default: 587, 465 or 25 by tls.")
+    tls: Literal["starttls", "implicit", "none"] = "starttls"
+    ca_file: Path | None = Field(
+        default=None, description="CA bundle to verify the server (default: system)."
+    )
+    username: str | None = None
+    password_env: str | None = Field(default=None, description="Environment variable holding the password.")
+    sender: str = Field(description="The From address, e.g. 'FleetFence <alerts@example.org>'.")
+    recipients: list[str] = Field(min_length=1)
+    interval_s: float = Field(
+        default=60.0, ge=0, le=3600, description="At most one mail per recipient per interval."
+    )
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    backoff_initial_ms: int = Field(default=500, ge=0)
+    backoff_max_ms: int = Field(default=5_000, ge=0)
+    subject: dict[str, str] = Field(
+        default_factory=dict, description="Subject template per alert type, or 'default' for the others."
+    )
+    body: dict[str, str] = Field(
+        default_factory=dict, description="Body template per alert type, or 'default' for the others."
+    )
+    batch_subject: str = DEFAULT_BATCH_SUBJECT
+
+    @field_validator("sender")
+    @classmethod
+    def _sender(cls, v: str) -> str:
+        return _address(v, "sender")
+
+    @field_validator("recipients")
+    @classmethod
+    def _recipients(cls, v: list[str]) -> list[str]:
+        for r in v:
+            if "<" in r or "," in r:
+                raise ValueError(f"recipient {r!r}: give the bare address (user@domain), one per entry")
+            _address(r, "recipient")
+        lowered = [r.lower() for r in v]
+        if len(set(lowered)) != len(lowered):
+            raise ValueError("recipients are repeated")
+        return v
+
+    @field_validator("subject", "body")
+    @classmethod
+    def _templates(cls, v: dict[str, str]) -> dict[str, str]:
+        known = {t.value for t in AlertType}
+        out: dict[str, str] = {}
+        for key, text in v.items():
+            name = key if key == "default" else key.upper()
+            if name != "default" and name not in known:
+                raise ValueError(
+                    f"template key {key!r} is neither 'default' nor an alert type {sorted(known)}"
+                )
+            out[name] = check_template(text, ALERT_FIELDS, f"template {key!r}")
+        return out
+
+    @field_validator("batch_subject")
+    @classmethod
+    def _batch_subject(cls, v: str) -> str:
+        return check_template(v, BATCH_FIELDS, "batch_subject")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EmailConfig:
+        if self.backoff_max_ms < self.backoff_initial_ms:
+            raise ValueError("backoff_max_ms must be >= backoff_initial_ms")
+        if (self.username is None) != (self.password_env is None):
+            raise ValueError("set both username and password_env, or neither")
+        if self.tls == "none" and not _is_loopback(self.host):
+            raise ValueError(
+                f"tls = 'none' is only allowed to a relay on this host (localhost), not {self.host!r}"
+            )
+        if self.tls == "none" and self.username is not None:
+            raise ValueError("tls = 'none' sends no password: drop username/password_env or use TLS")
+        # A flush blocks the receiver while it retries, recipient after recipient; the worst case
+        # must stay under the consumer's max.poll.interval.ms or the group would evict it.
+        worst_s = len(self.recipients) * self.max_attempts * (self.timeout_s + self.backoff_max_ms / 1000)
+        if worst_s > MAX_FLUSH_S:
+            raise ValueError(
+                f"retry budget recipients*max_attempts*(timeout_s+backoff_max_ms) = {worst_s:.0f}s exceeds "
+                f"{MAX_FLUSH_S}s (fewer attempts, a shorter timeout, or a distribution list as recipient)"
+            )
+        return self
+
+    @property
+    def smtp_port(self) -> int:
+        return self.port or {"starttls": 587, "implicit": 465, "none": 25}[self.tls]
+
+    def template(self, table: dict[str, str], atype: AlertType, default: str) -> str:
+        return table.get(atype.value, table.get("default", default))
+
+    def resolve_password(self) -> str | None:
+        if self.password_env is None:
+            return None
+        value = os.environ.get(self.password_env)
+        if not value:
+            raise ConfigError(
+                f"receiver {self.name!r}: environment variable {self.password_env} (password_env) is not set"
+            )
+        return value
+
+
+AnyReceiver = HistoryConfig | MqttConfig | WebhookConfig | EmailConfig
+ReceiverConfig = Annotated[AnyReceiver, Field(discriminator="kind")]
 
 
 class ReceiversFile(BaseModel):
@@ -169,7 +333,7 @@ class ReceiversFile(BaseModel):
         return self
 
     @property
-    def enabled(self) -> list[HistoryConfig | MqttConfig | WebhookConfig]:
+    def enabled(self) -> list[AnyReceiver]:
         return [r for r in self.receivers if r.enabled]
 
 
@@ -198,6 +362,10 @@ def parse_config(text: str, source: str = "<config>") -> ReceiversFile:
             raise ConfigError(f"{source}: receiver {r.name!r}: {exc}") from exc
         if isinstance(r, WebhookConfig):
             r.resolve_secret()
+        elif isinstance(r, EmailConfig):
+            r.resolve_password()
+            if r.ca_file is not None and not r.ca_file.is_file():
+                raise ConfigError(f"{source}: receiver {r.name!r}: ca_file {r.ca_file} is not a file")
     return cfg
 
 

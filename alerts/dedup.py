@@ -4,6 +4,7 @@ marks after it (alerts/runner.py, steps 3 and 5)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Protocol
 
 import redis
@@ -15,6 +16,14 @@ class Dedup(Protocol):
     def seen(self, alert_id: str) -> bool: ...
 
     def mark(self, alert_id: str) -> None: ...
+
+    def seen_many(self, ids: Sequence[str]) -> list[bool]:
+        """`seen` of each id, in one round trip where the store allows it."""
+        ...
+
+    def mark_many(self, ids: Sequence[str]) -> None:
+        """`mark` of each id, in one round trip where the store allows it."""
+        ...
 
 
 class RedisDedup:
@@ -38,6 +47,19 @@ class RedisDedup:
     def mark(self, alert_id: str) -> None:
         self._r.set(self._base + alert_id, utc_now_ms(), ex=self._ttl_s)
 
+    def seen_many(self, ids: Sequence[str]) -> list[bool]:
+        pipe = self._r.pipeline(transaction=False)
+        for i in ids:
+            pipe.exists(self._base + i)
+        return [bool(x) for x in pipe.execute()]
+
+    def mark_many(self, ids: Sequence[str]) -> None:
+        now = utc_now_ms()
+        pipe = self._r.pipeline(transaction=False)
+        for i in ids:
+            pipe.set(self._base + i, now, ex=self._ttl_s)
+        pipe.execute()
+
 
 class MemoryDedup:
     """A bounded in-memory store for receivers without durable side effects (the terminal tail)."""
@@ -53,3 +75,10 @@ class MemoryDedup:
         self._ids[alert_id] = None
         if len(self._ids) > self._capacity:
             self._ids.popitem(last=False)
+
+    def seen_many(self, ids: Sequence[str]) -> list[bool]:
+        return [self.seen(i) for i in ids]
+
+    def mark_many(self, ids: Sequence[str]) -> None:
+        for i in ids:
+            self.mark(i)

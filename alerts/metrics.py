@@ -49,6 +49,18 @@ class _Families:
             label,
             registry=registry,
         )
+        self.held = Gauge(
+            "fleetfence_alert_receiver_held",
+            "Alerts a batching receiver (e-mail) holds for its next message; their offsets wait.",
+            label,
+            registry=registry,
+        )
+        self.messages = Counter(
+            "fleetfence_alert_receiver_messages_sent",
+            "Messages a batching receiver sent (e-mail: one per recipient and interval).",
+            label,
+            registry=registry,
+        )
         self.lag = Gauge(
             "fleetfence_alert_receiver_lag_messages",
             "Records behind the end of fleet.alerts.",
@@ -74,11 +86,14 @@ class Snapshot:
     dead_lettered: int = 0
     duplicates: int = 0
     filtered: int = 0
+    held: int = 0
+    messages: int = 0
     lag: int = -1
 
     @property
     def reconciles(self) -> bool:
-        """Every consumed record ended in exactly one bucket (the 'counts reconcile' invariant)."""
+        """Every consumed record ended in exactly one bucket (the 'counts reconcile' invariant). An
+        alert a batching receiver holds is in none yet: it is counted when its message went out."""
         return self.consumed == self.delivered + self.dead_lettered + self.duplicates + self.filtered
 
 
@@ -94,6 +109,8 @@ class ReceiverMetrics:
         self._u = fam.duplicates.labels(receiver)
         self._f = fam.filtered.labels(receiver)
         self._lag = fam.lag.labels(receiver)
+        self._held = fam.held.labels(receiver)
+        self._m = fam.messages.labels(receiver)
         self._snap = Snapshot()
         self._lock = threading.Lock()
 
@@ -130,6 +147,16 @@ class ReceiverMetrics:
         with self._lock:
             self._snap.filtered += 1
         self._f.inc()
+
+    def held(self, n: int) -> None:
+        with self._lock:
+            self._snap.held = n
+        self._held.set(n)
+
+    def message_sent(self) -> None:
+        with self._lock:
+            self._snap.messages += 1
+        self._m.inc()
 
     def lag(self, n: int) -> None:
         with self._lock:

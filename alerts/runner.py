@@ -9,6 +9,10 @@ For each record a runner does, in this order:
 5. record the `alert_id` in the de-duplication store,
 6. commit the offset (periodically, and synchronously on revoke and stop).
 
+A sink that batches (`HoldingSink`, the e-mail receiver) may hold an alert at step 4: steps 4 and 5
+then happen later, when the sink `settle`s it, and until then no offset at or past the held alert is
+committed (step 6 stops short of it), so a crash or a rebalance makes it be read again.
+
 A crash between 4 and 5 repeats the side effect on restart (at-least-once for that one alert);
 a crash between 5 and 6 only re-reads records that step 3 then skips. Sinks whose side effect is
 idempotent by construction (the history store's `SET NX`) skip the external store for alerts; it
@@ -22,6 +26,7 @@ bounded by the config (see `WebhookConfig`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -43,7 +48,7 @@ from alerts.dedup import Dedup
 from alerts.errors import StopRequestedError
 from alerts.metrics import ReceiverMetrics
 from alerts.model import INVALID_ALERT, Alert, AlertFilter, SourceRecord, parse_alert
-from alerts.sink import Context, Outcome, Sink
+from alerts.sink import Context, HoldingSink, Outcome, Settled, Sink
 from fleetfence.errors import ContractError, KafkaDeliveryError, LifecycleError
 from fleetfence.kafka import group_consumer
 
@@ -85,6 +90,7 @@ class ReceiverRunner:
     ) -> None:
         self.name = name
         self.sink = sink
+        self.holding: HoldingSink | None = sink if isinstance(sink, HoldingSink) else None
         self.filter = alert_filter
         self.options = options
         self.dedup = dedup
@@ -177,7 +183,7 @@ class ReceiverRunner:
                 self._commit(c, synchronous=True)
             except KafkaException as exc:  # the next owner re-reads; de-duplication skips repeats
                 logger.warning("offset commit on revoke failed receiver=%s error=%s", self.name, exc)
-            self._forget(parts)
+            self._forget(parts)  # with what the sink holds of them: committed before it, re-read
             logger.info(
                 "partitions revoked receiver=%s instance=%s removed=%s owned=%s",
                 self.name,
@@ -218,6 +224,7 @@ class ReceiverRunner:
                 try:
                     for m in msgs:
                         self._one(m)
+                    self._settle()
                 except StopRequestedError:
                     break
                 self._advance_past_markers(consumer)
@@ -238,6 +245,9 @@ class ReceiverRunner:
             self._owned.discard(key)
             self._processed.pop(key, None)
             self._sent.pop(key, None)
+        if self.holding is not None:
+            self.holding.release((tp.topic, tp.partition) for tp in parts)
+            self.metrics.held(self.holding.held_count())
 
     def _one(self, m: Message) -> None:
         err = m.error()
@@ -297,6 +307,26 @@ class ReceiverRunner:
             return
         ctx = Context(src, self.metrics, self.dead_letters, self._stop)
         outcome = self.sink.deliver(alert, ctx)
+        if outcome is Outcome.HELD:
+            return
+        self._record(alert, outcome)
+
+    def _settle(self) -> None:
+        """Let a batching sink perform what is due and record the alerts it completed."""
+        holding = self.holding
+        if holding is None:
+            return
+        settled: list[Settled] = []
+
+        def step() -> None:
+            settled.extend(holding.settle(time.monotonic()))
+
+        self._with_retries(step)
+        self.metrics.held(holding.held_count())
+        for s in settled:
+            self._with_retries(functools.partial(self._record, s.alert, s.outcome))
+
+    def _record(self, alert: Alert, outcome: Outcome) -> None:
         if not self.sink.idempotent and outcome is not Outcome.DUPLICATE:
             self.dedup.mark(alert.alert_id)
         if outcome is Outcome.DELIVERED:
@@ -347,8 +377,15 @@ class ReceiverRunner:
             if tp.offset != OFFSET_INVALID and tp.offset > self._processed.get(key, OFFSET_INVALID):
                 self._processed[key] = tp.offset
 
+    def _committable(self) -> dict[tuple[str, int], int]:
+        """The offsets handled so far, each stopped at the first alert a batching sink still holds."""
+        if self.holding is None:
+            return self._processed
+        held = self.holding.held_from()
+        return {k: min(v, held.get(k, v)) for k, v in self._processed.items()}
+
     def _maybe_commit(self, consumer: Consumer) -> None:
-        if self._processed == self._sent:
+        if self._committable() == self._sent:
             return
         if (time.monotonic() - self._last_commit) * 1000 >= self.options.commit_interval_ms:
             self._commit(consumer, synchronous=False)
@@ -356,10 +393,9 @@ class ReceiverRunner:
     def _commit(self, consumer: Consumer, *, synchronous: bool) -> None:
         if not self.options.commit or not self._processed:
             return
+        committable = self._committable()
         todo = (
-            self._processed
-            if synchronous
-            else {k: v for k, v in self._processed.items() if self._sent.get(k) != v}
+            committable if synchronous else {k: v for k, v in committable.items() if self._sent.get(k) != v}
         )
         if not todo:
             return

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from alerts.config import (
     ALERTS_METRICS_PORT,
     AlertsSettings,
+    AnyReceiver,
     HistoryConfig,
     MqttConfig,
     ReceiversFile,
@@ -28,6 +29,7 @@ from alerts.config import (
 )
 from alerts.dead_letters import DeadLetters
 from alerts.dedup import MemoryDedup, RedisDedup
+from alerts.email import EmailSink
 from alerts.errors import ReceiverCrashedError
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
@@ -83,17 +85,19 @@ class AlertService:
             self._producer = idempotent_producer(self.settings.bootstrap_servers, **{"linger.ms": 0})
         return self._producer
 
-    def _build(self, cfg: HistoryConfig | MqttConfig | WebhookConfig) -> ReceiverRunner:
+    def _build(self, cfg: AnyReceiver) -> ReceiverRunner:
         s = self.settings
+        dedup = RedisDedup(self._redis_client(), s.redis_prefix, cfg.name, s.alerts_dedup_ttl_s)
         sink: Sink
         if isinstance(cfg, HistoryConfig):
             sink = HistorySink(self._redis_client(), s.redis_prefix)
         elif isinstance(cfg, MqttConfig):
             host, port = s.mqtt_host_port
             sink = MqttFanoutSink(cfg, host, port, account=service_account(s, "alerts"))
-        else:
+        elif isinstance(cfg, WebhookConfig):
             sink = WebhookSink(cfg)
-        dedup = RedisDedup(self._redis_client(), s.redis_prefix, cfg.name, s.alerts_dedup_ttl_s)
+        else:
+            sink = EmailSink(cfg, dedup)  # records per recipient in the receiver's own store
         options = RunnerOptions(
             bootstrap=s.bootstrap_servers,
             topic=s.topics.alerts,

@@ -10,7 +10,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from alerts.config import WebhookConfig, load_config, parse_config
+from alerts.config import EmailConfig, WebhookConfig, load_config, parse_config
 from alerts.errors import UnmappedAlertTypeError
 from alerts.model import AlertFilter, condition_change, parse_alert, summary
 from alerts.tail import render
@@ -157,11 +157,15 @@ def test_backoff_is_exponential_capped_and_jittered() -> None:
 
 def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISPATCH_WEBHOOK_SECRET", "x")
+    monkeypatch.setenv("OPS_SMTP_PASSWORD", "x")
     cfg = load_config(REPO / "docs" / "receivers.example.toml")
     kinds = {r.name: r.kind for r in cfg.receivers}
-    assert set(kinds.values()) == {"history", "mqtt", "webhook"}
+    assert set(kinds.values()) == {"history", "mqtt", "webhook", "email"}
     hook = next(r for r in cfg.enabled if isinstance(r, WebhookConfig))
     assert hook.filter.build().types == {AlertType.ROUTE_DEVIATION}
+    mail = next(r for r in cfg.enabled if isinstance(r, EmailConfig))
+    assert (mail.smtp_port, mail.tls, mail.interval_s) == (587, "starttls", 60)
+    assert set(mail.subject) == {"default", "VEHICLE_SILENT"}
 
 
 @pytest.mark.parametrize(

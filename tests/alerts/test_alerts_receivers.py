@@ -1,4 +1,5 @@
-"""Alert receivers against the real broker, Mosquitto, Redis and a local HTTP webhook target.
+"""Alert receivers against the real broker, Mosquitto, Redis, a local HTTP webhook target and a local
+SMTP server.
 
 Alerts are produced the way the processor writes them: in Kafka transactions, some aborted, so
 every test also proves that aborted alerts never reach a receiver.
@@ -41,7 +42,7 @@ from fleetfence.mqtt import DynSec, account_env, acl, login
 from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
 from fleetfence.testing import mqtt_test_account, wait_for
-from tests.alerts.helpers import SECRET, WebhookTarget
+from tests.alerts.helpers import SECRET, SMTP_PASSWORD, SMTP_USER, SmtpServer, WebhookTarget
 
 pytestmark = pytest.mark.services
 
@@ -756,3 +757,187 @@ def test_a_second_receiver_takes_partitions_over_without_duplicates_or_losses(
     assert all(x.duplicates == 0 and x.reconciles for x in snaps), snaps
     assert all(x.delivered > 0 for x in snaps), snaps
     assert_fully_committed(s, group_id(s, "hook"))
+
+
+def email_receivers_toml(server: SmtpServer, interval_s: float, *, bad: bool = True) -> str:
+    """`mail` logs in right and mails two recipients; `mail-bad` has a wrong password."""
+    common = f"""kind = "email"
+host = "127.0.0.1"
+port = {server.port}
+tls = "starttls"
+ca_file = "{server.tls_files.ca}"
+username = "{SMTP_USER}"
+sender = "FleetFence <alerts@fleet.example>"
+interval_s = {interval_s}
+backoff_initial_ms = 10
+backoff_max_ms = 20
+timeout_s = 5
+"""
+    good = f"""
+[[receivers]]
+name = "mail"
+password_env = "FF_TEST_SMTP_PASSWORD"
+recipients = ["ops@fleet.example", "dispatch@fleet.example"]
+{common}
+"""
+    wrong = f"""
+[[receivers]]
+name = "mail-bad"
+password_env = "FF_TEST_SMTP_WRONG"
+recipients = ["ops@fleet.example"]
+{common}
+"""
+    return good + (wrong if bad else "")
+
+
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning")
+def test_email_holds_a_storm_uncommitted_then_mails_it_once_per_recipient_across_restarts(
+    settings: Settings, smtp_server: SmtpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run holds the storm in its window and is stopped before the window closes: nothing
+    is mailed and no offset passes a held alert. The second run mails the storm, one message per
+    recipient listing all of it, and dead-letters it for the receiver whose login the server refuses.
+    A replay under new groups mails nothing again."""
+    monkeypatch.setenv("FF_TEST_SMTP_PASSWORD", SMTP_PASSWORD)
+    monkeypatch.setenv("FF_TEST_SMTP_WRONG", "not-the-password")
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=100)
+    run = uuid.uuid4().hex[:6]
+    storm = [make_alert(f"m{run}-{i % 4}", "OVERSPEED", i) for i in range(12)]
+    aborted = [make_alert(f"m{run}-{i % 4}", "ZONE_ENTER", 100 + i, zone="z") for i in range(4)]
+    writer = AlertWriter(s)
+    writer.batch(storm, partition=lambda a: a["seq"] % 4)
+    writer.batch(aborted, commit=False, partition=lambda a: a["seq"] % 4)
+    ids = [a["alert_id"] for a in storm]
+
+    held = AlertService(s, parse_config(email_receivers_toml(smtp_server, 3600)), CollectorRegistry()).start()
+    try:
+        wait_for(
+            lambda: all(x.consumed == 12 and x.held == 12 for x in held.snapshots().values()),
+            30,
+            "both receivers to hold the whole storm",
+        )
+    finally:
+        held.stop()
+    assert smtp_server.data_attempts == 0
+    assert smtp_server.auth_failures == 0
+    for name in ("mail", "mail-bad"):  # each partition's first record is held: nothing past it
+        assert set(committed_offsets(s, group_id(s, name)).values()) <= {-1001, 0}
+
+    registry = CollectorRegistry()
+    service = AlertService(s, parse_config(email_receivers_toml(smtp_server, 0.5)), registry).start()
+    try:
+
+        def settled() -> dict[str, Snapshot] | None:
+            snaps = service.snapshots()
+            done = all(x.consumed == 12 and x.held == 0 and x.reconciles for x in snaps.values())
+            return snaps if done else None
+
+        snaps = wait_for(settled, 30, "both receivers to settle the storm")
+    finally:
+        service.stop()
+    got = smtp_server.snapshot()
+    assert sorted(r.rcpt_tos[0] for r in got) == ["dispatch@fleet.example", "ops@fleet.example"]
+    for r in got:
+        assert r.tls
+        assert r.message["Subject"] == "[FleetFence] 12 alerts: 12 OVERSPEED"
+        # Partitions interleave in the read; each partition's alerts keep their order.
+        assert sorted(r.message["X-FleetFence-Alert-Ids"].split(", ")) == sorted(ids)
+    assert smtp_server.auth_failures >= 1
+    assert (snaps["mail"].delivered, snaps["mail"].messages, snaps["mail"].dead_lettered) == (12, 2, 0)
+    assert (snaps["mail-bad"].delivered, snaps["mail-bad"].messages, snaps["mail-bad"].dead_lettered) == (
+        0,
+        0,
+        12,
+    )
+    assert (
+        registry.get_sample_value("fleetfence_alert_receiver_messages_sent_total", {"receiver": "mail"}) == 2
+    )
+    dlq = read_dlq(s, expected=12)
+    assert sorted(h["alert_id"] for _, h in dlq) == sorted(ids)
+    for v, h in dlq:
+        assert (h["receiver"], h["reason"], h["smtp_code"], h["recipient"]) == (
+            "mail-bad",
+            "rejected",
+            "535",
+            "ops@fleet.example",
+        )
+        assert v == orjson.dumps(storm[ids.index(h["alert_id"])])
+    for name in ("mail", "mail-bad"):
+        assert_fully_committed(s, group_id(s, name))
+
+    # A replay from the start under new groups (as after an offset reset) mails nothing again.
+    replay_cfg = parse_config(email_receivers_toml(smtp_server, 0.5))
+    for rc in replay_cfg.receivers:
+        rc.group_id = f"{s.topic_prefix}replay-{rc.name}"
+    replay = AlertService(s, replay_cfg, CollectorRegistry()).start()
+    try:
+        wait_for(
+            lambda: all(x.consumed == 12 and x.reconciles for x in replay.snapshots().values()),
+            30,
+            "the replay to read everything",
+        )
+        replay_snaps = replay.snapshots()
+    finally:
+        replay.stop()
+    assert all((x.delivered, x.duplicates, x.messages) == (0, 12, 0) for x in replay_snaps.values())
+    assert len(smtp_server.snapshot()) == 2
+    assert len(read_dlq(s, expected=12)) == 12
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning")
+def test_email_alerts_held_on_partitions_that_move_are_mailed_once_by_their_new_owner(
+    settings: Settings, smtp_server: SmtpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Member `a` holds every alert in a long window. Member `b` joins: `a` gives up half of the
+    partitions, committed only up to what it holds there, and forgets those alerts; `b` reads them
+    again and mails them. Then `a` stops, still holding the rest, and comes back with a short
+    window: it mails the rest. Each recipient gets each alert exactly once."""
+    monkeypatch.setenv("FF_TEST_SMTP_PASSWORD", SMTP_PASSWORD)
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=100)
+    run = uuid.uuid4().hex[:6]
+    storm = [make_alert(f"q{run}-{i % 4}", "ROUTE_DEVIATION", i) for i in range(12)]
+    AlertWriter(s).batch(storm, partition=lambda a: a["seq"] % 4)
+    by_partition = {p: {a["alert_id"] for a in storm if a["seq"] % 4 == p} for p in range(4)}
+
+    def member(instance: str, interval_s: float) -> AlertService:
+        return AlertService(
+            s.model_copy(update={"alerts_instance_id": f"{instance}{run}"}),
+            parse_config(email_receivers_toml(smtp_server, interval_s, bad=False)),
+            CollectorRegistry(),
+        ).start()
+
+    def mailed() -> Counter[tuple[str, str]]:
+        return Counter(
+            (r.rcpt_tos[0], aid)
+            for r in smtp_server.snapshot()
+            for aid in r.message["X-FleetFence-Alert-Ids"].split(", ")
+        )
+
+    a = member("a", 3600)
+    b: AlertService | None = None
+    again: AlertService | None = None
+    try:
+        wait_for(lambda: a.snapshots()["mail"].held == 12, 30, "a to hold the storm")
+        b = member("b", 0.5)
+        ra, rb = a.runners["mail"], b.runners["mail"]
+        wait_for(lambda: len(ra.partitions) == len(rb.partitions) == 2, 60, "the group to balance")
+        moved = {p for _, p in rb.partitions}
+        moved_ids = set().union(*(by_partition[p] for p in moved))
+        wait_for(lambda: b.snapshots()["mail"].delivered == 6 if b else None, 30, "b to mail what moved")
+        assert a.snapshots()["mail"].held == 6
+        assert {aid for _, aid in mailed()} == moved_ids  # b's mails; a mailed nothing
+        a.stop()
+        again = member("a", 0.5)  # the same static member: its partitions back, no rebalance
+        wait_for(
+            lambda: again.snapshots()["mail"].delivered == 6 if again else None, 30, "a to mail the rest"
+        )
+    finally:
+        for m in (a, b, again):
+            if m is not None:
+                m.stop()
+    recipients = ["ops@fleet.example", "dispatch@fleet.example"]
+    assert mailed() == Counter({(r, x["alert_id"]): 1 for r in recipients for x in storm})
+    assert_fully_committed(s, group_id(s, "mail"))
