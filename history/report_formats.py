@@ -325,10 +325,13 @@ def to_gpx(data: ReportData) -> bytes:
 
 
 def _extended_data(pm: ET.Element, q: str, row: dict[str, Any]) -> None:
+    """Every column of the row as a `<Data>`; a null one is left out (an empty `<value/>` reads as
+    no value at all in KML readers)."""
     ext = _sub(pm, f"{q}ExtendedData")
     for k, v in row.items():
-        d = _sub(ext, f"{q}Data", name=k)
-        _sub(d, f"{q}value", "" if v is None else str(v))
+        if v is not None:
+            d = _sub(ext, f"{q}Data", name=k)
+            _sub(d, f"{q}value", str(v))
 
 
 def _kml_coords(points: list[tuple[float, float]]) -> str:
