@@ -270,7 +270,9 @@ def _xml(root: ET.Element) -> bytes:
 
 
 def _num(v: float) -> str:
-    return repr(float(v))
+    """The shortest text that reads back as the same float, never in exponent notation (GPX's
+    coordinates are xsd:decimal, which has none: repr(1e-05) would be invalid)."""
+    return np.format_float_positional(float(v), unique=True, trim="-")
 
 
 def _visit_end_ms(row: dict[str, Any]) -> int:

@@ -206,6 +206,7 @@ def test_empty_range(archive: Path) -> None:
     assert empty.adherence().empty
     assert empty.zone_visits().empty
     assert empty.heatmap().empty
+    assert empty.speeding_tracks().empty
 
 
 def test_bad_ranges() -> None:

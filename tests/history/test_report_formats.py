@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +405,16 @@ def test_cli_formats_are_the_exports_and_the_table() -> None:
     from cli.history import ReportFormat
 
     assert {f.value for f in ReportFormat} == {"table", *MEDIA_TYPES}
+
+
+def test_xml_coordinates_are_decimals_that_read_back_exactly() -> None:
+    """GPX coordinates are xsd:decimal (no exponent): a fix a metre from Greenwich stays 0.00001."""
+    rows = visits_rows()
+    rows.loc[0, ["entry_lon", "entry_lat"]] = [1e-05, 0.1]
+    data = ReportData("zone_visits", rows)
+    body = export(data, "gpx")
+    assert b'lat="0.1" lon="0.00001"' in body
+    assert all("e" not in v for v in re.findall(r'(?:lat|lon)="([^"]*)"', body.decode()))
+    wpt = read_gpx(body).waypoints[0]
+    assert (wpt.longitude, wpt.latitude) == (1e-05, 0.1)
+    assert read_kml(export(data, "kml"))[0].geometry.x == 1e-05
