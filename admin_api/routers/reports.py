@@ -44,11 +44,21 @@ from history.settings import HistorySettings
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/reports", tags=["reports"])
 
-_NOT_ACCEPTABLE_EXAMPLE = {
-    "detail": "the heatmap report gives none of the accepted types (application/gpx+xml); it offers: "
-    "application/json, application/geo+json, text/csv, application/vnd.apache.parquet",
-    "offered": ["application/json", "application/geo+json", "text/csv", "application/vnd.apache.parquet"],
-}
+
+def _offered_media(name: str) -> list[str]:
+    return [MEDIA_TYPES[f] for f in OFFERED[name]]
+
+
+def not_acceptable_body(name: str, accept: str | None) -> dict[str, Any]:
+    """The 406's body: the Problem shape, plus the media types the report does offer."""
+    offered = _offered_media(name)
+    return {
+        "detail": f"the {name} report gives none of the accepted types ({accept}); "
+        f"it offers: {', '.join(offered)}",
+        "offered": offered,
+    }
+
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: UNAUTHORIZED,
     422: {**INVALID, "description": "Bad date range, vehicle id or parameter"},
@@ -78,7 +88,7 @@ NEGOTIATED_ERRORS: dict[int | str, dict[str, Any]] = {
         "content": {
             "application/json": {
                 "schema": {"$ref": "#/components/schemas/Problem"},
-                "example": _NOT_ACCEPTABLE_EXAMPLE,
+                "example": not_acceptable_body("heatmap", "application/gpx+xml"),
             }
         },
     },
@@ -257,15 +267,7 @@ def choose_format(name: str, accept: str | None, query: str | None) -> str | Res
     by_media = {MEDIA_TYPES[f]: f for f in offered}
     media = negotiate(accept, list(by_media))
     if media is None:
-        return OrjsonResponse(
-            {
-                "detail": f"the {name} report gives none of the accepted types ({accept}); "
-                f"it offers: {', '.join(by_media)}",
-                "offered": list(by_media),
-            },
-            status_code=406,
-            headers={"Vary": "Accept"},
-        )
+        return OrjsonResponse(not_acceptable_body(name, accept), status_code=406, headers={"Vary": "Accept"})
     return by_media[media]
 
 

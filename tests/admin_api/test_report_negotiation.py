@@ -12,7 +12,7 @@ import pytest
 from fastapi import HTTPException, Response
 
 from admin_api.negotiation import negotiate
-from admin_api.routers.reports import choose_format
+from admin_api.routers.reports import choose_format, not_acceptable_body
 from history.report_formats import MEDIA_TYPES, OFFERED
 
 JSON, GEOJSON, CSV = "application/json", "application/geo+json", "text/csv"
@@ -71,6 +71,7 @@ def test_a_report_that_gives_none_of_the_accepted_types_is_a_406_listing_those_i
     body = _body(resp)
     assert body["offered"] == [JSON, GEOJSON, CSV, PARQUET]
     assert "the heatmap report gives none of the accepted types" in body["detail"]
+    assert body == not_acceptable_body("heatmap", f"{GPX}, {KML}")  # as the OpenAPI example shows it
     assert isinstance(choose_format("adherence", GPX, None), Response)
     assert choose_format("speeding", GPX, None) == "gpx"
     assert choose_format("zone_visits", KML, None) == "kml"
