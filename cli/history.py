@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -161,7 +162,8 @@ def restate_cmd(
 # --------------------------------------------------------------------------- history reports
 
 report_app = typer.Typer(
-    help="History reports over the telemetry archive (SedonaDB): tables, JSON, PNG charts.",
+    help="History reports over the telemetry archive (SedonaDB): tables, exports (JSON, GeoJSON, CSV,"
+    " GeoParquet, GPX, KML), PNG charts.",
     no_args_is_help=True,
 )
 app.add_typer(report_app, name="report")
@@ -177,10 +179,35 @@ ReportArchive = Annotated[
 ReportGeojson = Annotated[Path | None, typer.Option("--geojson", help="Also write GeoJSON to this file.")]
 
 
-def _report(name: str, **kwargs: Any) -> None:
+class ReportFormat(StrEnum):
+    """`--format`: `table` or an export of history/report_formats.py (MEDIA_TYPES); each report gives
+    some of them (report_formats.OFFERED), and refuses the others naming the ones it gives."""
+
+    table = "table"
+    json = "json"
+    geojson = "geojson"
+    csv = "csv"
+    geoparquet = "geoparquet"
+    parquet = "parquet"
+    gpx = "gpx"
+    kml = "kml"
+
+
+ReportFormatOpt = Annotated[
+    ReportFormat | None,
+    typer.Option(
+        "--format",
+        help="table (default) or an export: json, geojson, csv, geoparquet (parquet for adherence), gpx and"
+        " kml (zones, speeding). Exports go to --out or standard output (Parquet: not to a terminal).",
+    ),
+]
+ReportOut = Annotated[Path | None, typer.Option("--out", help="Write the --format export to this file.")]
+
+
+def _report(name: str, fmt: ReportFormat | None, **kwargs: Any) -> None:
     from history.report_cli import run as run_report_cli
 
-    run_report_cli(name, settings_from_env(), **kwargs)
+    run_report_cli(name, settings_from_env(), fmt=None if fmt is None else fmt.value, **kwargs)
 
 
 @report_app.command("adherence")
@@ -192,9 +219,21 @@ def report_adherence(
     png: ReportPng = None,
     as_json: ReportJson = False,
     archive: ReportArchive = None,
+    fmt: ReportFormatOpt = None,
+    out: ReportOut = None,
 ) -> None:
     """Share of fixes inside the route corridor, time and distance off-route, per vehicle and day."""
-    _report("adherence", start=start, end=end, vehicle_id=vehicle, png=png, as_json=as_json, archive=archive)
+    _report(
+        "adherence",
+        fmt,
+        start=start,
+        end=end,
+        vehicle_id=vehicle,
+        png=png,
+        as_json=as_json,
+        archive=archive,
+        out=out,
+    )
 
 
 @report_app.command("zones")
@@ -207,10 +246,14 @@ def report_zones(
     as_json: ReportJson = False,
     archive: ReportArchive = None,
     geojson: ReportGeojson = None,
+    fmt: ReportFormatOpt = None,
+    out: ReportOut = None,
 ) -> None:
     """Zone visits: entry, exit and dwell time of each run of fixes inside a zone."""
     _report(
         "zone_visits",
+        fmt,
+        out=out,
         start=start,
         end=end,
         vehicle_id=vehicle,
@@ -230,9 +273,21 @@ def report_speeding(
     png: ReportPng = None,
     as_json: ReportJson = False,
     archive: ReportArchive = None,
+    fmt: ReportFormatOpt = None,
+    out: ReportOut = None,
 ) -> None:
-    """Speeding episodes: runs of fixes above the assigned route's limit."""
-    _report("speeding", start=start, end=end, vehicle_id=vehicle, png=png, as_json=as_json, archive=archive)
+    """Speeding episodes: runs of fixes above the assigned route's limit (tracks in GPX, KML, GeoJSON)."""
+    _report(
+        "speeding",
+        fmt,
+        start=start,
+        end=end,
+        vehicle_id=vehicle,
+        png=png,
+        as_json=as_json,
+        archive=archive,
+        out=out,
+    )
 
 
 @report_app.command("heatmap")
@@ -246,10 +301,14 @@ def report_heatmap(
     archive: ReportArchive = None,
     geojson: ReportGeojson = None,
     resolution: Annotated[int, typer.Option(min=0, max=15, help="H3 resolution.")] = 9,
+    fmt: ReportFormatOpt = None,
+    out: ReportOut = None,
 ) -> None:
     """Off-route fixes per H3 cell (GeoJSON polygons with --geojson)."""
     _report(
         "heatmap",
+        fmt,
+        out=out,
         start=start,
         end=end,
         vehicle_id=vehicle,

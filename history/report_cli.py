@@ -1,12 +1,18 @@
-"""`fleetfence report ...`: run a history report and show it as a rich table, JSON, GeoJSON or a
+"""`fleetfence report ...`: run a history report and show it as a rich table or export it
+(`--format`: JSON, GeoJSON, CSV, (Geo)Parquet, GPX, KML; history/report_formats.py), optionally with a
 PNG chart. The typer commands live in cli/history.py; this module does the work so the CLI's
 start-up does not import SedonaDB, pandas or matplotlib until a report actually runs.
+
+Where an export goes: `--out FILE`, else standard output. Parquet is binary, so it is written to
+standard output only when that is not a terminal (a pipe or a redirect); to a terminal it needs
+`--out`. A format the report cannot give is refused before anything is computed.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +24,10 @@ from rich.table import Table
 
 from fleetfence.contracts import ms_to_iso
 from fleetfence.settings import Settings
-from history.report_formats import heatmap_geojson, records, visits_geojson
+from history.errors import ReportError
+from history.report_formats import BINARY, check_format, export, heatmap_geojson, visits_geojson, wants_tracks
 from history.report_inputs import report_range
-from history.reports import run_report
+from history.reports import report_data
 from history.settings import HistorySettings
 
 logger = logging.getLogger(__name__)
@@ -58,7 +65,7 @@ def render_table(name: str, df: pd.DataFrame, console: Console) -> None:
         table.add_row(*(_cell(c, getattr(row, c)) for c in cols))
     console.print(table)
     if len(df) > MAX_TABLE_ROWS:
-        console.print(f"[dim]first {MAX_TABLE_ROWS} of {len(df):,} rows; --json for all[/]")
+        console.print(f"[dim]first {MAX_TABLE_ROWS} of {len(df):,} rows; --format json|csv|... for all[/]")
 
 
 def write_png(name: str, df: pd.DataFrame, path: Path) -> None:
@@ -107,6 +114,22 @@ def write_png(name: str, df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def output_format(name: str, fmt: str | None, as_json: bool, out: Path | None) -> str:
+    """The format asked for (`--format`, or the older `--json`), checked against what the report
+    can give and where it would go, before anything is computed."""
+    if as_json and fmt not in (None, "json"):
+        raise ReportError(f"--json and --format {fmt} ask for two formats; give one")
+    chosen = fmt or ("json" if as_json else "table")
+    if chosen == "table":
+        if out is not None:
+            raise ReportError("--out writes an export: give a --format too (e.g. --format csv)")
+        return chosen
+    check_format(name, chosen)
+    if chosen in BINARY and out is None and sys.stdout.isatty():
+        raise ReportError(f"{chosen} is binary: give --out FILE, or redirect standard output")
+    return chosen
+
+
 def run(
     name: str,
     base: Settings,
@@ -119,19 +142,31 @@ def run(
     png: Path | None,
     geojson: Path | None = None,
     resolution: int = 9,
+    fmt: str | None = None,
+    out: Path | None = None,
 ) -> None:
-    """Validate the range, run the report, print it (table or JSON), optionally chart/GeoJSON it."""
+    """Validate the range and the format, run the report, show or export it, optionally chart it and
+    write GeoJSON beside it."""
+    chosen = output_format(name, fmt, as_json, out)
     rng = report_range(start, end, vehicle_id)
     hs = HistorySettings.from_base(base)
     root = archive or hs.archive_root
     err = Console(stderr=True)
     with err.status(f"computing {name} over {root}…"):
-        df = run_report(name, root, rng, hs.history_buckets, resolution=resolution)
-    out = Console()
-    if as_json:
-        out.file.write(orjson.dumps(records(df)).decode() + "\n")
+        tracks = wants_tracks(name, chosen) or (geojson is not None and wants_tracks(name, "geojson"))
+        data = report_data(name, root, rng, hs.history_buckets, resolution=resolution, tracks=tracks)
+    df = data.rows
+    if chosen == "table":
+        render_table(name, df, Console())
     else:
-        render_table(name, df, out)
+        body = export(data, chosen)
+        if out is not None:
+            out.write_bytes(body)
+            err.print(f"wrote {out} ({chosen}, {len(df):,} rows)")
+        else:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(body if chosen in BINARY or body.endswith(b"\n") else body + b"\n")
+            sys.stdout.buffer.flush()
     if geojson is not None:
         fc = heatmap_geojson(df, resolution) if name == "heatmap" else visits_geojson(df)
         geojson.write_bytes(orjson.dumps(fc))

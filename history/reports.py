@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -53,38 +54,70 @@ logger = logging.getLogger(__name__)
 DEFAULT_H3_RESOLUTION = 9
 REPORTS = ("adherence", "zone_visits", "speeding", "heatmap")
 
-ADHERENCE_COLUMNS = [
-    "vehicle_id",  # str
-    "date",  # str YYYY-MM-DD, UTC day of the fix
-    "fixes",  # int: all fixes of the vehicle that day
-    "assigned_fixes",  # int: fixes with a route assigned (only these can be on or off route)
-    "inside_fixes",  # int: assigned fixes inside the corridor
-    "inside_share",  # float in [0, 1]: inside_fixes / assigned_fixes, NaN when nothing assigned
-    "off_route_s",  # float: sum of intervals to the next fix, over fixes outside the corridor
-    "off_route_m",  # float: haversine metres to the next fix, over fixes outside the corridor
-]
-VISIT_COLUMNS = [
-    "vehicle_id",
-    "zone_id",
-    "entry_ts_ms",  # first fix inside
-    "exit_ts_ms",  # first fix after the run (outside); <NA> when the run reaches the end of the data
-    "last_inside_ts_ms",
-    "dwell_s",  # (exit or last inside) - entry, seconds
-    "fixes",  # fixes inside in the run
-    "entry_lon",
-    "entry_lat",
-]
-SPEEDING_COLUMNS = [
-    "vehicle_id",
-    "route_id",
-    "speed_limit_kmh",
-    "start_ts_ms",  # first fix above the limit
-    "end_ts_ms",  # last fix above the limit
-    "duration_s",
-    "fixes",
-    "max_kmh",
-]
-HEATMAP_COLUMNS = ["h3_cell", "off_route_fixes"]
+# Each report's columns and their types, in order: the one statement of a report's shape. The
+# exports (history/report_formats.py) cast every DataFrame to its schema, so a report whose columns
+# drift from it fails loudly instead of writing a different file.
+ADHERENCE_SCHEMA = pa.schema(
+    [
+        ("vehicle_id", pa.string()),
+        ("date", pa.string()),  # YYYY-MM-DD, UTC day of the fix
+        ("fixes", pa.int64()),  # all fixes of the vehicle that day
+        ("assigned_fixes", pa.int64()),  # fixes with a route assigned (only these can be on or off route)
+        ("inside_fixes", pa.int64()),  # assigned fixes inside the corridor
+        ("inside_share", pa.float64()),  # in [0, 1]: inside_fixes / assigned_fixes, NaN when nothing assigned
+        ("off_route_s", pa.float64()),  # sum of intervals to the next fix, over fixes outside the corridor
+        ("off_route_m", pa.float64()),  # haversine metres to the next fix, over fixes outside the corridor
+    ]
+)
+VISIT_SCHEMA = pa.schema(
+    [
+        ("vehicle_id", pa.string()),
+        ("zone_id", pa.string()),
+        ("entry_ts_ms", pa.int64()),  # first fix inside
+        ("exit_ts_ms", pa.int64()),  # first fix after the run (outside); null when the data ends inside
+        ("last_inside_ts_ms", pa.int64()),
+        ("dwell_s", pa.float64()),  # (exit or last inside) - entry, seconds
+        ("fixes", pa.int64()),  # fixes inside in the run
+        ("entry_lon", pa.float64()),
+        ("entry_lat", pa.float64()),
+    ]
+)
+SPEEDING_SCHEMA = pa.schema(
+    [
+        ("vehicle_id", pa.string()),
+        ("route_id", pa.string()),
+        ("speed_limit_kmh", pa.float64()),
+        ("start_ts_ms", pa.int64()),  # first fix above the limit
+        ("end_ts_ms", pa.int64()),  # last fix above the limit
+        ("duration_s", pa.float64()),
+        ("fixes", pa.int64()),
+        ("max_kmh", pa.float64()),
+    ]
+)
+HEATMAP_SCHEMA = pa.schema([("h3_cell", pa.string()), ("off_route_fixes", pa.int64())])
+# The fixes of each speeding episode, in fix order: its track for the GPX, KML, GeoJSON and
+# GeoParquet exports. (vehicle_id, start_ts_ms) is the episode's key in SPEEDING_SCHEMA.
+TRACK_SCHEMA = pa.schema(
+    [
+        ("vehicle_id", pa.string()),
+        ("start_ts_ms", pa.int64()),
+        ("ts_ms", pa.int64()),
+        ("lon", pa.float64()),
+        ("lat", pa.float64()),
+        ("speed_kmh", pa.float64()),
+    ]
+)
+SCHEMAS = {
+    "adherence": ADHERENCE_SCHEMA,
+    "zone_visits": VISIT_SCHEMA,
+    "speeding": SPEEDING_SCHEMA,
+    "heatmap": HEATMAP_SCHEMA,
+}
+ADHERENCE_COLUMNS: list[str] = ADHERENCE_SCHEMA.names
+VISIT_COLUMNS: list[str] = VISIT_SCHEMA.names
+SPEEDING_COLUMNS: list[str] = SPEEDING_SCHEMA.names
+HEATMAP_COLUMNS: list[str] = HEATMAP_SCHEMA.names
+TRACK_COLUMNS: list[str] = TRACK_SCHEMA.names
 
 
 # --------------------------------------------------------------------------- SQL
@@ -196,6 +229,20 @@ GROUP BY vehicle_id, grp
 ORDER BY vehicle_id, start_ts_ms
 """
 
+# The fixes of each speeding run (the same runs as SPEEDING_SQL), keyed by the run's first fix time.
+SPEEDING_TRACKS_SQL = """
+WITH o AS (
+    SELECT vehicle_id, rn, ts_ms, lon, lat, speed_kmh,
+           rn - row_number() OVER (PARTITION BY vehicle_id ORDER BY rn) AS grp
+    FROM enriched
+    WHERE speed_limit_kmh IS NOT NULL AND speed_kmh > speed_limit_kmh
+)
+SELECT vehicle_id, min(ts_ms) OVER (PARTITION BY vehicle_id, grp) AS start_ts_ms, ts_ms, lon, lat,
+       speed_kmh, rn
+FROM o
+ORDER BY vehicle_id, rn
+"""
+
 HEATMAP_SQL = "SELECT lat, lon FROM enriched WHERE NOT inside"
 
 
@@ -259,6 +306,10 @@ class SedonaReports:
 
     def speeding(self) -> pd.DataFrame:
         return finish_speeding(self._query(SPEEDING_SQL))
+
+    def speeding_tracks(self) -> pd.DataFrame:
+        """The fixes of every speeding episode (TRACK_COLUMNS), in fix order."""
+        return finish_tracks(self._query(SPEEDING_TRACKS_SQL))
 
     def heatmap(self, resolution: int = DEFAULT_H3_RESOLUTION) -> pd.DataFrame:
         """SedonaDB has no H3 functions (0.5.0): the off-route fixes come from SQL, h3-py bins them."""
@@ -330,6 +381,14 @@ def finish_speeding(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["vehicle_id", "start_ts_ms"], kind="stable").reset_index(drop=True)
 
 
+def finish_tracks(df: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame({c: df[c] for c in TRACK_COLUMNS}).astype(
+        {"vehicle_id": str, "start_ts_ms": "int64", "ts_ms": "int64", "lon": "float64", "lat": "float64"}
+    )
+    out["speed_kmh"] = out["speed_kmh"].astype("float64")
+    return out.reset_index(drop=True)
+
+
 def h3_counts(lat: np.ndarray, lon: np.ndarray, resolution: int) -> pd.DataFrame:
     """Count points per H3 cell with h3-py (one call per point; only off-route fixes get here)."""
     cells = [h3.latlng_to_cell(la, lo, resolution) for la, lo in zip(lat.tolist(), lon.tolist(), strict=True)]
@@ -342,6 +401,41 @@ def h3_counts(lat: np.ndarray, lon: np.ndarray, resolution: int) -> pd.DataFrame
     ).reset_index(drop=True)
 
 
+@dataclass(frozen=True)
+class ReportData:
+    """A report's rows with what its exports need beside them: the heat map's resolution, and the
+    speeding episodes' tracks (TRACK_COLUMNS; None when not asked for)."""
+
+    name: str
+    rows: pd.DataFrame
+    resolution: int = DEFAULT_H3_RESOLUTION
+    tracks: pd.DataFrame | None = None
+
+
+def report_data(
+    name: str,
+    root: str | Path,
+    rng: ReportRange,
+    buckets: int,
+    *,
+    resolution: int = DEFAULT_H3_RESOLUTION,
+    tracks: bool = False,
+) -> ReportData:
+    """One report by name, with SedonaDB (the entry point of the API and the CLI); `tracks` adds the
+    speeding episodes' fixes from the same session (the enriched fixes are materialised once)."""
+    if name not in REPORTS:
+        raise ReportError(f"unknown report {name!r}; one of {', '.join(REPORTS)}")
+    reports = SedonaReports(root, rng, buckets)
+    logger.info("report %s over %d files %s..%s", name, reports.files, rng.from_ms, rng.to_ms)
+    if name == "adherence":
+        return ReportData(name, reports.adherence())
+    if name == "zone_visits":
+        return ReportData(name, reports.zone_visits())
+    if name == "speeding":
+        return ReportData(name, reports.speeding(), tracks=reports.speeding_tracks() if tracks else None)
+    return ReportData(name, reports.heatmap(resolution), resolution=resolution)
+
+
 def run_report(
     name: str,
     root: str | Path,
@@ -350,15 +444,5 @@ def run_report(
     *,
     resolution: int = DEFAULT_H3_RESOLUTION,
 ) -> pd.DataFrame:
-    """One report by name, with SedonaDB (the entry point of the API and the CLI)."""
-    if name not in REPORTS:
-        raise ReportError(f"unknown report {name!r}; one of {', '.join(REPORTS)}")
-    reports = SedonaReports(root, rng, buckets)
-    logger.info("report %s over %d files %s..%s", name, reports.files, rng.from_ms, rng.to_ms)
-    if name == "adherence":
-        return reports.adherence()
-    if name == "zone_visits":
-        return reports.zone_visits()
-    if name == "speeding":
-        return reports.speeding()
-    return reports.heatmap(resolution)
+    """One report's rows by name, with SedonaDB."""
+    return report_data(name, root, rng, buckets, resolution=resolution).rows

@@ -1,4 +1,10 @@
-"""History reports over the telemetry archive (SedonaDB), as JSON and GeoJSON.
+"""History reports over the telemetry archive (SedonaDB): JSON, GeoJSON and file exports (CSV,
+GeoParquet or Parquet, GPX, KML; history/report_formats.py).
+
+The format is chosen by the `Accept` header, or by the `format` query parameter, which wins (a plain
+link can download a file). A report that gives none of the accepted media types answers 406 with
+those it offers; files come with `Content-Disposition: attachment`. Every negotiated answer says
+`Vary: Accept`.
 
 The reports read the archive directly (`FLEETFENCE_HISTORY_ARCHIVE_PATH`, default
 `<state_dir>/archive`), not Redis. They are CPU-bound and synchronous, so the endpoints are plain
@@ -14,24 +20,51 @@ import pandas as pd
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from admin_api.deps import Viewer
+from admin_api.negotiation import negotiate
 from admin_api.responses import GeoJsonResponse, OrjsonResponse
-from admin_api.schemas import INVALID, UNAUTHORIZED
+from admin_api.schemas import INVALID, UNAUTHORIZED, Problem
 from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
 from history.errors import ReportError
-from history.report_formats import heatmap_geojson, records, visits_geojson
+from history.report_formats import (
+    BINARY,
+    MEDIA_TYPES,
+    OFFERED,
+    export,
+    filename,
+    geojson,
+    heatmap_geojson,
+    records,
+    visits_geojson,
+    wants_tracks,
+)
 from history.report_inputs import ReportRange, report_range
-from history.reports import DEFAULT_H3_RESOLUTION, run_report
+from history.reports import DEFAULT_H3_RESOLUTION, ReportData, report_data
 from history.settings import HistorySettings
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/reports", tags=["reports"])
 
+
+def _offered_media(name: str) -> list[str]:
+    return [MEDIA_TYPES[f] for f in OFFERED[name]]
+
+
+def not_acceptable_body(name: str, accept: str | None) -> dict[str, Any]:
+    """The 406's body: the Problem shape, plus the media types the report does offer."""
+    offered = _offered_media(name)
+    return {
+        "detail": f"the {name} report gives none of the accepted types ({accept}); "
+        f"it offers: {', '.join(offered)}",
+        "offered": offered,
+    }
+
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: UNAUTHORIZED,
     422: {**INVALID, "description": "Bad date range, vehicle id or parameter"},
 }
-# The GeoJSON routes document their 200 as application/geo+json; FastAPI would file the error
-# models under that media type too, but errors are plain JSON, so those are spelled out.
+# The 200s of these routes have several media types (or application/geo+json only); FastAPI would
+# file the error models under those too, but errors are plain JSON, so they are spelled out.
 GEOJSON_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {
         "description": UNAUTHORIZED["description"],
@@ -47,6 +80,20 @@ GEOJSON_ERRORS: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ValidationProblem"}}},
     },
 }
+NEGOTIATED_ERRORS: dict[int | str, dict[str, Any]] = {
+    **GEOJSON_ERRORS,
+    406: {
+        "model": Problem,
+        "description": "The report gives none of the media types in `Accept`: `offered` lists those it gives",
+        "content": {
+            "application/json": {
+                "schema": {"$ref": "#/components/schemas/Problem"},
+                "example": not_acceptable_body("heatmap", "application/gpx+xml"),
+            }
+        },
+    },
+}
+
 
 # Examples for the docs, shaped by the same functions as the real responses.
 _RANGE = ReportRange(from_ms=1_795_132_800_000, to_ms=1_795_305_600_000, vehicle_id=None)  # 2026-11-20..21
@@ -77,11 +124,6 @@ def _envelope_example(name: str, items: list[dict[str, Any]], **extra: Any) -> d
         **extra,
         "items": items,
     }
-
-
-def _ok(content: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
-    """A 200 with one example per media type."""
-    return {200: {"content": {media: {"example": example} for media, example in content.items()}}}
 
 
 ADHERENCE_EXAMPLE = _envelope_example(
@@ -122,6 +164,57 @@ SPEEDING_EXAMPLE = _envelope_example(
 )
 HEATMAP_EXAMPLE = _envelope_example("heatmap", records(_CELLS), resolution=DEFAULT_H3_RESOLUTION)
 HEATMAP_GEOJSON_EXAMPLE = heatmap_geojson(_CELLS, DEFAULT_H3_RESOLUTION)
+# A speeding episode's track (the example's 15 fixes, one a second, eastwards).
+_TRACK = pd.DataFrame(
+    {
+        "vehicle_id": "truck-042",
+        "start_ts_ms": 1_795_158_600_000,
+        "ts_ms": [1_795_158_600_000 + 1000 * i for i in range(15)],
+        "lon": [13.4 + 0.00025 * i for i in range(15)],
+        "lat": 52.52,
+        "speed_kmh": [51.0 + 0.8 * i for i in range(15)],
+    }
+)
+_SPEEDING_ROWS = pd.DataFrame(SPEEDING_EXAMPLE["items"]).drop(columns=["start_ts", "end_ts"])
+EXAMPLE_DATA = {
+    "adherence": ReportData("adherence", pd.DataFrame(ADHERENCE_EXAMPLE["items"])),
+    "zone_visits": ReportData("zone_visits", _VISITS),
+    "speeding": ReportData("speeding", _SPEEDING_ROWS, tracks=_TRACK),
+    "heatmap": ReportData("heatmap", _CELLS),
+}
+JSON_EXAMPLES = {
+    "adherence": ADHERENCE_EXAMPLE,
+    "zone_visits": VISITS_EXAMPLE,
+    "speeding": SPEEDING_EXAMPLE,
+    "heatmap": HEATMAP_EXAMPLE,
+}
+
+
+def _ok(name: str) -> dict[int | str, dict[str, Any]]:
+    """The 200 of a report: one entry per media type it offers, each with an example made by the
+    same functions as the real responses (Parquet is binary: described, not shown)."""
+    data = EXAMPLE_DATA[name]
+    content: dict[str, Any] = {}
+    for fmt in OFFERED[name]:
+        media = MEDIA_TYPES[fmt]
+        if fmt == "json":
+            content[media] = {"example": JSON_EXAMPLES[name]}
+        elif fmt == "geojson":
+            content[media] = {"example": geojson(data)}
+        elif fmt in BINARY:
+            content[media] = {"schema": {"type": "string", "format": "binary"}}
+        else:
+            content[media] = {"schema": {"type": "string"}, "example": export(data, fmt).decode()}
+    offered = ", ".join(f"`{MEDIA_TYPES[f]}` ({f})" for f in OFFERED[name])
+    return {
+        200: {
+            "description": f"The report as `Accept` (or `format`) asks: {offered}. Files (CSV, Parquet, "
+            "GPX, KML) come with `Content-Disposition: attachment`.",
+            "content": content,
+        }
+    }
+
+
 From = Annotated[
     str,
     Query(
@@ -133,7 +226,14 @@ To = Annotated[
     Query(alias="to", description="End: a UTC date (inclusive, whole day) or an ISO-8601 time (exclusive)."),
 ]
 VehicleQ = Annotated[str | None, Query(pattern=VEHICLE_ID_RE.pattern, description="Only this vehicle.")]
-Format = Annotated[Literal["json", "geojson"], Query(description="`geojson`: a FeatureCollection.")]
+Format = Annotated[
+    Literal["json", "geojson", "csv", "geoparquet", "parquet", "gpx", "kml"] | None,
+    Query(
+        description="Instead of the `Accept` header: `json`, `geojson` (a FeatureCollection), `csv`,"
+        " `geoparquet` (`parquet` for adherence), `gpx`, `kml`, among those the report offers (the media"
+        " types of its 200)."
+    ),
+]
 Resolution = Annotated[int, Query(ge=0, le=15, description="H3 resolution of the heat map cells.")]
 
 
@@ -155,14 +255,25 @@ def _range(start: str, end: str, vehicle_id: str | None) -> ReportRange:
         ) from exc
 
 
-def _run(
-    request: Request, name: str, rng: ReportRange, resolution: int = DEFAULT_H3_RESOLUTION
-) -> pd.DataFrame:
-    hs = _history(request)
-    return run_report(name, hs.archive_root, rng, hs.history_buckets, resolution=resolution)
+def choose_format(name: str, accept: str | None, query: str | None) -> str | Response:
+    """The format to answer in: the `format` parameter if given (a 422 if the report cannot give
+    it), else the offered type `Accept` prefers; a 406 response when it accepts none of them."""
+    offered = OFFERED[name]
+    if query is not None:
+        if query not in offered:
+            msg = f"the {name} report cannot be given as {query}; it can be: {', '.join(offered)}"
+            raise HTTPException(422, [{"loc": ["query", "format"], "msg": msg, "type": "value_error"}])
+        return query
+    by_media = {MEDIA_TYPES[f]: f for f in offered}
+    media = negotiate(accept, list(by_media))
+    if media is None:
+        return OrjsonResponse(not_acceptable_body(name, accept), status_code=406, headers={"Vary": "Accept"})
+    return by_media[media]
 
 
-def _envelope(name: str, rng: ReportRange, df: pd.DataFrame, **extra: Any) -> Response:
+def _envelope(
+    name: str, rng: ReportRange, df: pd.DataFrame, headers: dict[str, str], **extra: Any
+) -> Response:
     return OrjsonResponse(
         {
             "report": name,
@@ -171,72 +282,86 @@ def _envelope(name: str, rng: ReportRange, df: pd.DataFrame, **extra: Any) -> Re
             "vehicle_id": rng.vehicle_id,
             **extra,
             "items": records(df),
-        }
+        },
+        headers=headers,
     )
 
 
-@router.get("/adherence", responses={**ERRORS, **_ok({"application/json": ADHERENCE_EXAMPLE})})
-def adherence(request: Request, _: Viewer, start: From, end: To, vehicle_id: VehicleQ = None) -> Response:
-    """Route adherence per vehicle and UTC day: share of fixes inside the corridor, time and
-    distance off-route."""
-    rng = _range(start, end, vehicle_id)
-    return _envelope("adherence", rng, _run(request, "adherence", rng))
-
-
-def _zone_visits(request: Request, rng: ReportRange, fmt: str) -> Response:
-    df = _run(request, "zone_visits", rng)
-    if fmt == "geojson":
-        return GeoJsonResponse(visits_geojson(df))
-    return _envelope("zone_visits", rng, df)
-
-
-@router.get(
-    "/zone-visits",
-    responses={
-        **ERRORS,
-        **_ok({"application/json": VISITS_EXAMPLE, "application/geo+json": VISITS_GEOJSON_EXAMPLE}),
-    },
-)
-def zone_visits(
-    request: Request, _: Viewer, start: From, end: To, vehicle_id: VehicleQ = None, format: Format = "json"
+def _respond(
+    request: Request,
+    name: str,
+    rng: ReportRange,
+    fmt: str | Response,
+    resolution: int = DEFAULT_H3_RESOLUTION,
 ) -> Response:
-    """Zone visits (runs of consecutive fixes inside a zone) with entry, exit and dwell time."""
-    return _zone_visits(request, _range(start, end, vehicle_id), format)
+    """Run the report and answer in `fmt`: the JSON envelope, GeoJSON, or a file to download."""
+    if isinstance(fmt, Response):
+        return fmt  # the 406
+    hs = _history(request)
+    data = report_data(
+        name, hs.archive_root, rng, hs.history_buckets, resolution=resolution, tracks=wants_tracks(name, fmt)
+    )
+    vary = {"Vary": "Accept"}
+    if fmt == "json":
+        extra = {"resolution": resolution} if name == "heatmap" else {}
+        return _envelope(name, rng, data.rows, vary, **extra)
+    if fmt == "geojson":
+        return GeoJsonResponse(geojson(data), headers=vary)
+    media = MEDIA_TYPES[fmt] + ("; charset=utf-8; header=present" if fmt == "csv" else "")
+    disposition = f'attachment; filename="{filename(name, rng.from_ms, rng.to_ms, fmt)}"'
+    return Response(export(data, fmt), media_type=media, headers={**vary, "Content-Disposition": disposition})
+
+
+def _accept(request: Request) -> str | None:
+    return request.headers.get("accept")
+
+
+@router.get("/adherence", responses={**NEGOTIATED_ERRORS, **_ok("adherence")})
+def adherence(
+    request: Request, _: Viewer, start: From, end: To, vehicle_id: VehicleQ = None, format: Format = None
+) -> Response:
+    """Route adherence per vehicle and UTC day: share of fixes inside the corridor, time and
+    distance off-route. No geometry: JSON, CSV or plain Parquet."""
+    fmt = choose_format("adherence", _accept(request), format)
+    return _respond(request, "adherence", _range(start, end, vehicle_id), fmt)
+
+
+@router.get("/zone-visits", responses={**NEGOTIATED_ERRORS, **_ok("zone_visits")})
+def zone_visits(
+    request: Request, _: Viewer, start: From, end: To, vehicle_id: VehicleQ = None, format: Format = None
+) -> Response:
+    """Zone visits (runs of consecutive fixes inside a zone) with entry, exit and dwell time; with a
+    geometry, the entry fix (GPX waypoints, KML Point placemarks with the visit's time span)."""
+    fmt = choose_format("zone_visits", _accept(request), format)
+    return _respond(request, "zone_visits", _range(start, end, vehicle_id), fmt)
 
 
 @router.get(
     "/zone-visits.geojson",
     response_class=GeoJsonResponse,
-    responses={**GEOJSON_ERRORS, **_ok({"application/geo+json": VISITS_GEOJSON_EXAMPLE})},
+    responses={
+        **GEOJSON_ERRORS,
+        200: {"content": {"application/geo+json": {"example": VISITS_GEOJSON_EXAMPLE}}},
+    },
 )
 def zone_visits_geojson(
     request: Request, _: Viewer, start: From, end: To, vehicle_id: VehicleQ = None
 ) -> Response:
     """Zone visits as GeoJSON Points at the first fix inside."""
-    return _zone_visits(request, _range(start, end, vehicle_id), "geojson")
+    return _respond(request, "zone_visits", _range(start, end, vehicle_id), "geojson")
 
 
-@router.get("/speeding", responses={**ERRORS, **_ok({"application/json": SPEEDING_EXAMPLE})})
-def speeding(request: Request, _: Viewer, start: From, end: To, vehicle_id: VehicleQ = None) -> Response:
-    """Speeding episodes: runs of fixes above the assigned route's speed limit."""
-    rng = _range(start, end, vehicle_id)
-    return _envelope("speeding", rng, _run(request, "speeding", rng))
+@router.get("/speeding", responses={**NEGOTIATED_ERRORS, **_ok("speeding")})
+def speeding(
+    request: Request, _: Viewer, start: From, end: To, vehicle_id: VehicleQ = None, format: Format = None
+) -> Response:
+    """Speeding episodes: runs of fixes above the assigned route's speed limit; with a geometry
+    (GeoJSON, CSV, GeoParquet, GPX, KML), each episode's track along its fixes."""
+    fmt = choose_format("speeding", _accept(request), format)
+    return _respond(request, "speeding", _range(start, end, vehicle_id), fmt)
 
 
-def _heatmap(request: Request, rng: ReportRange, resolution: int, fmt: str) -> Response:
-    df = _run(request, "heatmap", rng, resolution)
-    if fmt == "geojson":
-        return GeoJsonResponse(heatmap_geojson(df, resolution))
-    return _envelope("heatmap", rng, df, resolution=resolution)
-
-
-@router.get(
-    "/heatmap",
-    responses={
-        **ERRORS,
-        **_ok({"application/json": HEATMAP_EXAMPLE, "application/geo+json": HEATMAP_GEOJSON_EXAMPLE}),
-    },
-)
+@router.get("/heatmap", responses={**NEGOTIATED_ERRORS, **_ok("heatmap")})
 def heatmap(
     request: Request,
     _: Viewer,
@@ -244,16 +369,20 @@ def heatmap(
     end: To,
     vehicle_id: VehicleQ = None,
     resolution: Resolution = DEFAULT_H3_RESOLUTION,
-    format: Format = "json",
+    format: Format = None,
 ) -> Response:
-    """Off-route fixes counted per H3 cell."""
-    return _heatmap(request, _range(start, end, vehicle_id), resolution, format)
+    """Off-route fixes counted per H3 cell (the cell polygons in GeoJSON, CSV and GeoParquet)."""
+    fmt = choose_format("heatmap", _accept(request), format)
+    return _respond(request, "heatmap", _range(start, end, vehicle_id), fmt, resolution)
 
 
 @router.get(
     "/heatmap.geojson",
     response_class=GeoJsonResponse,
-    responses={**GEOJSON_ERRORS, **_ok({"application/geo+json": HEATMAP_GEOJSON_EXAMPLE})},
+    responses={
+        **GEOJSON_ERRORS,
+        200: {"content": {"application/geo+json": {"example": HEATMAP_GEOJSON_EXAMPLE}}},
+    },
 )
 def heatmap_geojson_path(
     request: Request,
@@ -264,4 +393,4 @@ def heatmap_geojson_path(
     resolution: Resolution = DEFAULT_H3_RESOLUTION,
 ) -> Response:
     """The heat map as GeoJSON: one H3 cell polygon per feature, `off_route_fixes` in properties."""
-    return _heatmap(request, _range(start, end, vehicle_id), resolution, "geojson")
+    return _respond(request, "heatmap", _range(start, end, vehicle_id), "geojson", resolution)

@@ -285,3 +285,85 @@ def write_report_archive(root: Path) -> Path:
 
 
 FULL = report_range("2026-11-20", "2026-11-21")
+
+
+# --------------------------------------------------------------------------- report exports, read back
+
+
+@dataclass(frozen=True)
+class KmlPlacemark:
+    name: str
+    geometry: Any  # shapely, from the KML coordinates
+    begin_ms: int
+    end_ms: int
+    data: dict[str, str]  # ExtendedData
+
+
+def read_gpx(body: bytes) -> Any:
+    """The GPX as gpxpy reads it (a GPX 1.1 reader independent of the writer)."""
+    import gpxpy
+
+    gpx = gpxpy.parse(body.decode("utf-8"))
+    assert gpx.version == "1.1"
+    assert gpx.creator == "FleetFence"
+    return gpx
+
+
+def read_kml(body: bytes) -> list[KmlPlacemark]:
+    """The Placemarks of a KML document as fastkml reads it (strict: unknown elements fail)."""
+    from datetime import datetime as _datetime
+
+    import shapely
+    from fastkml import containers, data, features, kml, times
+
+    doc = kml.KML.from_string(body.decode("utf-8"), strict=True)
+    (document,) = doc.features
+    assert isinstance(document, containers.Document)
+    out = []
+    for pm in document.features:
+        assert isinstance(pm, features.Placemark)
+        assert pm.geometry is not None
+        assert isinstance(pm.times, times.TimeSpan)
+        assert pm.times.begin is not None
+        assert pm.times.end is not None
+        begin, end = pm.times.begin.dt, pm.times.end.dt
+        assert isinstance(begin, _datetime)
+        assert isinstance(end, _datetime)
+        assert pm.extended_data is not None
+        fields = {}
+        for d in pm.extended_data.elements:
+            assert isinstance(d, data.Data)
+            assert d.name is not None
+            fields[d.name] = d.value or ""
+        out.append(
+            KmlPlacemark(
+                name=pm.name or "",
+                geometry=shapely.from_wkt(pm.geometry.wkt),
+                begin_ms=int(begin.timestamp() * 1000),
+                end_ms=int(end.timestamp() * 1000),
+                data=fields,
+            )
+        )
+    return out
+
+
+def read_geoparquet(path: Path) -> Any:
+    """geopandas' GeoDataFrame of a GeoParquet file, after checking its `geo` metadata (1.1, WKB,
+    CRS omitted = OGC:CRS84, a bbox that holds every geometry)."""
+    import geopandas
+    import pyarrow.parquet as pq
+    import shapely
+    from pyproj import CRS
+
+    geo = json.loads(pq.read_metadata(path).metadata[b"geo"])
+    assert geo["version"] == "1.1.0"
+    assert geo["primary_column"] == "geometry"
+    col = geo["columns"]["geometry"]
+    assert col["encoding"] == "WKB"
+    assert "crs" not in col  # omitted: OGC:CRS84 by the spec
+    gdf = geopandas.read_parquet(path)
+    assert gdf.crs == CRS("OGC:CRS84")
+    assert sorted(col["geometry_types"]) == sorted(set(gdf.geometry.geom_type))
+    if len(gdf):
+        assert col["bbox"] == list(shapely.total_bounds(gdf.geometry.values))
+    return gdf

@@ -18,6 +18,7 @@ The archive (built by tests/history/helpers.py, buckets=4, GeoParquet via histor
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
 from datetime import UTC, datetime
@@ -29,13 +30,25 @@ import numpy as np
 import orjson
 import pandas as pd
 import pytest
+import shapely
 from fastapi.testclient import TestClient
 
 from history.errors import ReportError
 from history.report_inputs import report_range
-from history.reports import SedonaReports
+from history.reports import TRACK_COLUMNS, SedonaReports
 from history.reports_baseline import BaselineReports
-from tests.history.helpers import BUCKETS, D1, D2, FIXES, R_M, V3_T0, ZONE_BOX
+from tests.history.helpers import (
+    BUCKETS,
+    D1,
+    D2,
+    FIXES,
+    R_M,
+    V3_T0,
+    ZONE_BOX,
+    read_geoparquet,
+    read_gpx,
+    read_kml,
+)
 
 
 def haversine(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -123,6 +136,18 @@ def expected_speeding() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def expected_tracks() -> pd.DataFrame:
+    """The fixes of each speeding episode of expected_speeding(), keyed by its first fix."""
+    v1, v3 = fixes_of("v1", D1), fixes_of("v3")
+    runs = [v1[2:5], v1[8:10], v3[0:2]]
+    rows = [
+        (f["vehicle_id"], run[0]["ts_ms"], f["ts_ms"], f["lon"], f["lat"], f["speed_kmh"])
+        for run in runs
+        for f in run
+    ]
+    return pd.DataFrame(rows, columns=TRACK_COLUMNS)
+
+
 def expected_heat(resolution: int) -> dict[str, int]:
     off = [fixes_of("v1", D1)[i] for i in (4, 5, 6)] + fixes_of("v3")[:2]
     return dict(Counter(h3.latlng_to_cell(f["lat"], f["lon"], resolution) for f in off))
@@ -147,6 +172,13 @@ def test_zone_visits(sedona: SedonaReports) -> None:
 
 def test_speeding(sedona: SedonaReports) -> None:
     assert_same(sedona.speeding(), expected_speeding())
+
+
+def test_speeding_tracks(sedona: SedonaReports) -> None:
+    """The exports' track of each episode: exactly its fixes above the limit, in fix order."""
+    assert_same(sedona.speeding_tracks(), expected_tracks())
+    episodes = sedona.speeding_tracks().groupby(["vehicle_id", "start_ts_ms"], sort=False).size()
+    assert episodes.tolist() == expected_speeding()["fixes"].tolist()
 
 
 @pytest.mark.parametrize("resolution", [7, 11])
@@ -174,6 +206,7 @@ def test_empty_range(archive: Path) -> None:
     assert empty.adherence().empty
     assert empty.zone_visits().empty
     assert empty.heatmap().empty
+    assert empty.speeding_tracks().empty
 
 
 def test_bad_ranges() -> None:
@@ -306,6 +339,78 @@ def test_api_heatmap_geojson(api: tuple[TestClient, dict[str, str]]) -> None:
 
 
 @pytest.mark.services
+def test_api_exports_by_accept(api: tuple[TestClient, dict[str, str]], tmp_path: Path) -> None:
+    """Each export negotiated by Accept, read back by a real reader; a file is an attachment."""
+    client, key = api
+
+    def get(path: str, accept: str, **params: Any) -> Any:
+        res = client.get(f"/api/v1/reports/{path}", params={**Q, **params}, headers={**key, "Accept": accept})
+        assert res.status_code == 200, res.text
+        assert res.headers["vary"] == "Accept"
+        return res
+
+    res = get("speeding", "application/gpx+xml")
+    assert res.headers["content-type"] == "application/gpx+xml"
+    assert res.headers["content-disposition"] == (
+        'attachment; filename="speeding_20261120T000000Z_20261122T000000Z.gpx"'
+    )
+    gpx = read_gpx(res.content)
+    tracks = expected_tracks()
+    assert [
+        [(p.longitude, p.latitude, int(p.time.timestamp() * 1000)) for p in t.segments[0].points]
+        for t in gpx.tracks
+    ] == [list(zip(g["lon"], g["lat"], g["ts_ms"], strict=True)) for _, g in tracks.groupby("start_ts_ms")]
+
+    res = get("zone-visits", "application/vnd.google-earth.kml+xml, application/json;q=0.5")
+    assert res.headers["content-type"] == "application/vnd.google-earth.kml+xml"
+    placemarks = read_kml(res.content)
+    visits = expected_visits()
+    assert [(p.begin_ms, p.geometry.x, p.geometry.y) for p in placemarks] == list(
+        zip(visits["entry_ts_ms"], visits["entry_lon"], visits["entry_lat"], strict=True)
+    )
+
+    res = get("adherence", "text/csv")
+    assert res.headers["content-type"] == "text/csv; charset=utf-8; header=present"
+    assert res.headers["content-disposition"].endswith('.csv"')
+    got = pd.read_csv(io.BytesIO(res.content))
+    assert_same(got[list(expected_adherence().columns)], expected_adherence())
+
+    res = get("heatmap", "application/vnd.apache.parquet", resolution=10)
+    path = tmp_path / "heat.parquet"
+    path.write_bytes(res.content)
+    gdf = read_geoparquet(path)
+    assert dict(zip(gdf["h3_cell"], gdf["off_route_fixes"], strict=True)) == expected_heat(10)
+    centres = shapely.centroid(gdf.geometry.values)  # each polygon is its cell
+    assert [h3.latlng_to_cell(c.y, c.x, 10) for c in centres] == gdf["h3_cell"].tolist()
+
+    res = get("speeding", "application/geo+json", vehicle_id="v3")
+    (feature,) = res.json()["features"]
+    assert feature["geometry"]["type"] == "LineString"
+    assert len(feature["geometry"]["coordinates"]) == 2
+
+    res = get("adherence", "text/html,*/*;q=0.8")  # a browser: the JSON envelope, as before
+    assert res.json()["report"] == "adherence"
+    res = get("zone-visits", "application/json", format="gpx")  # the parameter wins
+    assert len(read_gpx(res.content).waypoints) == len(visits)
+
+
+@pytest.mark.services
+def test_api_refuses_what_a_report_cannot_give(api: tuple[TestClient, dict[str, str]]) -> None:
+    client, key = api
+    res = client.get("/api/v1/reports/heatmap", params=Q, headers={**key, "Accept": "application/gpx+xml"})
+    assert res.status_code == 406
+    assert res.json()["offered"] == [
+        "application/json",
+        "application/geo+json",
+        "text/csv",
+        "application/vnd.apache.parquet",
+    ]
+    res = client.get("/api/v1/reports/adherence", params={**Q, "format": "kml"}, headers=key)
+    assert res.status_code == 422
+    assert "it can be: json, csv, parquet" in res.text
+
+
+@pytest.mark.services
 @pytest.mark.parametrize(
     ("params", "status"),
     [
@@ -362,3 +467,57 @@ def test_cli_report(archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     res = runner.invoke(app, ["report", "speeding", "--from", "2026-11-21", "--to", "2026-11-20"])
     assert res.exit_code == 2
     assert "end must be after" in res.output
+
+
+def test_cli_report_exports(archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--format` to `--out` or to standard output, read back by real readers."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    monkeypatch.setenv("FLEETFENCE_HISTORY_BUCKETS", str(BUCKETS))
+    runner = CliRunner()
+    common = ["--from", "2026-11-20", "--to", "2026-11-21", "--archive", str(archive)]
+
+    gpx_path = tmp_path / "speeding.gpx"
+    res = runner.invoke(app, ["report", "speeding", *common, "--format", "gpx", "--out", str(gpx_path)])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == ""  # the file, and the note on standard error
+    tracks = expected_tracks()
+    assert [
+        [(p.longitude, p.latitude, int(p.time.timestamp() * 1000)) for p in t.segments[0].points]
+        for t in read_gpx(gpx_path.read_bytes()).tracks
+    ] == [list(zip(g["lon"], g["lat"], g["ts_ms"], strict=True)) for _, g in tracks.groupby("start_ts_ms")]
+
+    res = runner.invoke(app, ["report", "zones", *common, "--format", "kml"])  # to standard output
+    assert res.exit_code == 0, res.output
+    visits = expected_visits()
+    assert [p.begin_ms for p in read_kml(res.stdout_bytes)] == visits["entry_ts_ms"].tolist()
+    gpx = read_gpx(runner.invoke(app, ["report", "zones", *common, "--format", "gpx"]).stdout_bytes)
+    assert [(w.longitude, w.latitude) for w in gpx.waypoints] == list(
+        zip(visits["entry_lon"], visits["entry_lat"], strict=True)
+    )
+
+    res = runner.invoke(app, ["report", "adherence", *common, "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    got = pd.read_csv(io.StringIO(res.stdout))
+    assert_same(got[list(expected_adherence().columns)], expected_adherence())
+
+    pq_path = tmp_path / "speeding.parquet"
+    res = runner.invoke(app, ["report", "speeding", *common, "--format", "geoparquet", "--out", str(pq_path)])
+    assert res.exit_code == 0, res.output
+    gdf = read_geoparquet(pq_path)
+    assert gdf["start_ts_ms"].tolist() == expected_speeding()["start_ts_ms"].tolist()
+    assert gdf.geometry.geom_type.tolist() == ["LineString"] * 3
+    assert [len(g.coords) for g in gdf.geometry] == expected_speeding()["fixes"].tolist()
+
+    res = runner.invoke(app, ["report", "adherence", *common, "--format", "parquet"])  # not a terminal
+    assert res.exit_code == 0, res.output
+    assert res.stdout_bytes[:4] == b"PAR1"
+    assert len(pd.read_parquet(io.BytesIO(res.stdout_bytes))) == len(expected_adherence())
+
+    res = runner.invoke(app, ["report", "heatmap", *common, "--format", "kml"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2
+    assert (
+        "the heatmap report cannot be given as kml; it can be: json, geojson, csv, geoparquet" in res.output
+    )
