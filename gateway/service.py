@@ -37,7 +37,7 @@ from fleetfence.registry import Announcer, new_record
 from gateway.core import route
 from gateway.inflight import InFlight, Pending
 from gateway.metrics import GatewayCollector, GatewayStats, make_registry
-from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient
+from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient, RawWrite, topic_bytes
 from gateway.settings import GATEWAY_METRICS_PORT, GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class Gateway:
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         """paho's path (packets the fast path leaves to it): same handling."""
         payload = msg.payload if isinstance(msg.payload, bytes) else bytes(msg.payload)
-        self._take(bytes(msg._topic), payload, msg.mid, msg.qos, bool(msg.dup))
+        self._take(topic_bytes(msg), payload, msg.mid, msg.qos, bool(msg.dup))
 
     def _take(self, topic_raw: bytes, payload: bytes, mid: int, qos: int, dup: bool) -> None:
         stats = self.stats
@@ -383,34 +383,13 @@ class Gateway:
 
     def _flush_acks(self) -> None:
         """Write the pending PUBACKs, only between paho's packets so bytes never interleave."""
-        c = self._client
-        if c.want_write():
-            c.loop_write()
-            if c.want_write():
-                return
-        sock = c.socket()
-        if sock is None:
-            self._ackbuf.clear()
-            return
+        if self._client.writes_pending():
+            return  # paho's packet first; ours wait for the next loop turn
         data = bytes(self._ackbuf)
         self._ackbuf.clear()
-        deadline = time.monotonic() + 5.0
-        while data:
-            try:
-                data = data[sock.send(data) :]
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    # A half-written PUBACK must not be followed by paho's bytes: drop the
-                    # connection (its unacknowledged messages are redelivered to the next one).
-                    logger.warning("MQTT socket not writable for 5 s: reconnecting")
-                    c._sock_close()
-                    self._generation += 1
-                    self._connected = False
-                    return
-                select.select([], [sock], [], 0.1)
-            except OSError as exc:  # the connection broke: paho notices on its next read
-                logger.warning("PUBACK write failed error=%s", exc)
-                return
+        if self._client.write_raw(data) is RawWrite.CLOSED:
+            self._generation += 1
+            self._connected = False
 
     # ------------------------------------------------------------------ the I/O loop
 
