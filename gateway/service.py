@@ -17,19 +17,15 @@ import logging
 import select
 import threading
 import time
-from collections import deque
-from functools import partial
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fleetfence.errors import ServiceUnavailableError
-from fleetfence.kafka import idempotent_producer
 from fleetfence.metrics import MetricsServer, serve_metrics
 from fleetfence.mqtt import login, service_account
 from fleetfence.readmodels import ReadKeys
@@ -38,6 +34,7 @@ from gateway.core import route
 from gateway.inflight import InFlight, Pending
 from gateway.metrics import GatewayCollector, GatewayStats, make_registry
 from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient, RawWrite, topic_bytes
+from gateway.producer import Forwarder
 from gateway.settings import GATEWAY_METRICS_PORT, GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -64,11 +61,8 @@ class Gateway:
         self._topics = settings.topics
         self._rm = settings.gateway_receive_maximum
         self._inflight = InFlight(settings.gateway_ack_in_order)
-        self._retry: deque[tuple[float, Pending]] = deque()
-        self._backoff_s = settings.gateway_retry_backoff_ms / 1000
         self._generation = 0
         self._connected = False
-        self._fatal = False
         self._subscribed = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -82,7 +76,7 @@ class Gateway:
         self._metrics_server: MetricsServer | None = None
         self._announcer: Announcer | None = None
         self.metrics_port: int | None = None
-        self._producer = self._new_producer()
+        self._out = Forwarder(settings, self.client_id, self.stats, self._stored, self._inflight.unconfirmed)
         self._client = self._new_client()
 
     # ------------------------------------------------------------------ public API
@@ -223,19 +217,6 @@ class Gateway:
         login(c, self._account)
         return c
 
-    def _new_producer(self) -> Producer:
-        return idempotent_producer(
-            self.settings.bootstrap_servers,
-            **{
-                "client.id": self.client_id,
-                "linger.ms": self.settings.gateway_kafka_linger_ms,
-                "message.timeout.ms": self.settings.gateway_kafka_message_timeout_ms,
-                "error_cb": self._on_kafka_error,
-                # Back within a second of the broker's return, not librdkafka's default 10 s.
-                "reconnect.backoff.max.ms": 1000,
-            },
-        )
-
     # ------------------------------------------------------------------ paho callbacks (I/O thread)
 
     def _on_connect(
@@ -299,77 +280,16 @@ class Gateway:
         except UnicodeDecodeError:
             topic = topic_raw
         record = route(self._topics, topic, payload, time.time_ns() // 1_000_000)
-        e = self._inflight.add(mid if qos > 0 else 0, self._generation, record, time.monotonic())
-        self._produce(e)
+        self._out.produce(
+            self._inflight.add(mid if qos > 0 else 0, self._generation, record, time.monotonic())
+        )
 
-    # ------------------------------------------------------------------ Kafka
+    # ------------------------------------------------------------------ acknowledgement
 
-    def _produce(self, e: Pending) -> None:
-        e.attempt += 1
-        e.produced_mono_s = time.monotonic()
-        r = e.record
-        cb = partial(self._on_delivery, e, e.attempt)
-        while True:
-            try:
-                self._producer.produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=cb)
-                return
-            except BufferError:  # local queue full: let Kafka catch up (bounded by Receive Maximum)
-                self._producer.poll(0.05)
-            except KafkaException as exc:
-                self._kafka_failed(e, exc.args[0] if exc.args else None)
-                return
-
-    def _on_delivery(self, e: Pending, attempt: int, err: KafkaError | None, _msg: Message) -> None:
-        if attempt != e.attempt:
-            return  # superseded by a newer attempt (a replaced producer)
-        if err is not None:
-            self._kafka_failed(e, err)
-            return
-        self.stats.observe_latency(time.monotonic() - e.produced_mono_s)
-        if e.record.reason is None:
-            self.stats.forwarded += 1
-        else:
-            self.stats.dead_lettered[e.record.reason] += 1
+    def _stored(self, e: Pending) -> None:
+        """Kafka has `e`'s record: release the PUBACKs that may go now."""
         for done in self._inflight.confirm(e):
             self._ack(done)
-
-    def _kafka_failed(self, e: Pending, err: KafkaError | None) -> None:
-        name = err.name() if isinstance(err, KafkaError) else "unknown"
-        self.stats.kafka_errors[name] += 1
-        if isinstance(err, KafkaError) and err.fatal():
-            logger.error("Kafka producer fatal error=%s: replacing the producer", err)
-            self._fatal = True
-            return
-        if self.stats.kafka_errors[name] in (1, 10, 100, 1000) or self.stats.kafka_errors[name] % 10000 == 0:
-            logger.warning(
-                "Kafka delivery failed, will produce again error=%s count=%s",
-                err,
-                self.stats.kafka_errors[name],
-            )
-        self._retry.append((time.monotonic() + self._backoff_s, e))
-
-    def _on_kafka_error(self, err: KafkaError) -> None:
-        self.stats.kafka_errors[err.name()] += 1
-        if err.fatal():
-            self._fatal = True
-        logger.warning("Kafka client error=%s", err)
-
-    def _restart_producer(self) -> None:
-        """Replace a producer that hit a fatal (idempotence) error and re-send what it held."""
-        self._fatal = False
-        old = self._producer
-        self._producer = self._new_producer()
-        self.stats.producer_restarts += 1
-        self._retry.clear()
-        pending = self._inflight.unconfirmed()
-        try:
-            old.purge()
-        except KafkaException:
-            logger.warning("purge of the failed producer failed", exc_info=True)
-        for e in pending:
-            self.stats.produce_retries += 1
-            self._produce(e)
-        logger.info("producer replaced records_resent=%s", len(pending))
 
     def _ack(self, e: Pending) -> None:
         if e.mid == 0:
@@ -405,7 +325,7 @@ class Gateway:
             except Exception:
                 logger.debug("disconnect failed", exc_info=True)
             self._connected = False
-            left = self._producer.flush(2.0)
+            left = self._out.flush(2.0)
             logger.info(
                 "gateway stopped client_id=%s drained=%s in_flight=%s unflushed=%s received=%s forwarded=%s "
                 "dead_lettered=%s acked=%s acks_dropped=%s redelivered=%s",
@@ -448,8 +368,8 @@ class Gateway:
                         client.reconnect()
                     except OSError as exc:
                         logger.warning("MQTT reconnect failed client_id=%s error=%s", self.client_id, exc)
-                self._producer.poll(0.05)
-                self._retry_due(now)
+                self._out.poll(0.05)
+                self._out.retry_due(now)
                 continue
             want_read = draining or len(self._inflight) < read_cap
             if want_read and client.buffered:
@@ -461,7 +381,7 @@ class Gateway:
             r: list[Any]
             if not want_read and not client.want_write():
                 r = []
-                self._producer.poll(0.01)  # paused: wait for Kafka instead of the socket
+                self._out.poll(0.01)  # paused: wait for Kafka instead of the socket
             else:
                 try:
                     r, _w, _x = select.select(
@@ -475,13 +395,13 @@ class Gateway:
             if client.want_write():
                 client.loop_write()
             client.loop_misc()
-            self._producer.poll(0)
+            self._out.poll(0)
             if self._ackbuf:
                 self._flush_acks()
-            if self._retry:
-                self._retry_due(now)
-            if self._fatal:
-                self._restart_producer()
+            if self._out.retrying:
+                self._out.retry_due(now)
+            if self._out.failed:
+                self._out.replace()
             if draining:
                 if (
                     not self._inflight
@@ -510,10 +430,3 @@ class Gateway:
                     s.redelivered,
                     sum(s.kafka_errors.values()),
                 )
-
-    def _retry_due(self, now: float) -> None:
-        while self._retry and self._retry[0][0] <= now:
-            _, e = self._retry.popleft()
-            if not e.confirmed:
-                self.stats.produce_retries += 1
-                self._produce(e)
