@@ -300,9 +300,9 @@ def test_acks_are_accepted_by_mosquitto_in_either_order(settings: Settings, in_o
         # Kafka confirms partitions independently, so without in-order release some PUBACKs
         # really do overtake earlier messages; with it, none does.
         if in_order:
-            assert gw._inflight.released_out_of_order == 0
+            assert gw.acks.released_out_of_order == 0
         else:
-            assert gw._inflight.released_out_of_order > 0
+            assert gw.acks.released_out_of_order > 0
         assert gw.stop(drain_timeout_s=5)
         gw2 = Gateway(gs)
         gw2.start()
