@@ -37,7 +37,7 @@ from fleetfence.readmodels import ReadKeys
 from fleetfence.registry import Announcer, new_record
 from gateway.acks import AckOrder, DrainBarrier
 from gateway.core import route
-from gateway.metrics import GatewayCollector, GatewayStats, make_registry
+from gateway.metrics import GatewayCollector, GatewayStats, log_stats, make_registry
 from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient, topic_bytes
 from gateway.producer import Forwarder
 from gateway.settings import GATEWAY_METRICS_PORT, GatewaySettings
@@ -376,15 +376,4 @@ class Gateway:
                     return
             if now >= next_stats:
                 next_stats = now + STATS_LOG_INTERVAL_S
-                s = self.stats
-                logger.info(
-                    "gateway stats received=%s forwarded=%s dead_lettered=%s acked=%s in_flight=%s "
-                    "redelivered=%s kafka_errors=%s",
-                    s.received,
-                    s.forwarded,
-                    s.dead_lettered_total,
-                    s.acked,
-                    self.in_flight,
-                    s.redelivered,
-                    sum(s.kafka_errors.values()),
-                )
+                log_stats(self.stats, self.in_flight)
