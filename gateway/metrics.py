@@ -73,6 +73,21 @@ class GatewayStats:
         self.latency_sum_s += seconds
 
 
+def log_stats(stats: GatewayStats, in_flight: int) -> None:
+    """The periodic one-line summary: the counters in the service log, for a replica nobody scrapes."""
+    logger.info(
+        "gateway stats received=%s forwarded=%s dead_lettered=%s acked=%s in_flight=%s "
+        "redelivered=%s kafka_errors=%s",
+        stats.received,
+        stats.forwarded,
+        stats.dead_lettered_total,
+        stats.acked,
+        in_flight,
+        stats.redelivered,
+        sum(stats.kafka_errors.values()),
+    )
+
+
 class GatewayCollector(Collector):
     """Reads a `GatewayStats` (and live gauges) at scrape time."""
 

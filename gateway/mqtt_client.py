@@ -8,14 +8,21 @@ user-space buffer and drains everything already received in one `loop_read`.
 
 Plain PUBLISH packets (QoS 0/1, no MQTT 5 properties: what Mosquitto forwards for telemetry) that
 sit complete in the buffer skip paho's generic decoder, whose per-message `Properties` object and
-topic matching cost more than validating and producing the message (measured with cProfile in
-bench/gateway.py's setup). Anything else (other packets, properties, a packet split across reads)
-goes through paho unchanged, so session handling stays paho's.
+topic matching cost more than validating and producing the message. Anything else (other
+packets, properties, a packet split across reads) goes through paho unchanged, so session
+handling stays paho's.
+
+This is the gateway's one module that touches paho's private members; everything else uses the
+public API plus what this module exposes: the raw topic bytes of a message (`topic_bytes`) and
+batched PUBACK bytes written between paho's own packets (`BufferedClient.write_raw`).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import select
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +33,27 @@ logger = logging.getLogger(__name__)
 
 READ_CHUNK_BYTES = 65536
 MAX_PACKETS_PER_READ = 2000
+# A raw write that cannot finish in this long leaves a partial packet on the wire: give up the
+# connection rather than let paho's next packet follow it.
+RAW_WRITE_STALL_S = 5.0
 
 # (topic bytes, payload, packet id, qos, dup) for a PUBLISH taken by the fast path.
 FastPublish = Callable[[bytes, bytes, int, int, bool], None]
+
+
+class RawWrite(enum.Enum):
+    """What `BufferedClient.write_raw` did with the bytes it was given."""
+
+    WRITTEN = "written"
+    NO_CONNECTION = "no_connection"  # no socket: dropped, their connection is gone
+    FAILED = "failed"  # the socket broke mid-write; paho notices on its next read
+    CLOSED = "closed"  # stalled mid-packet: the connection was closed so nothing follows it
+
+
+def topic_bytes(msg: mqtt.MQTTMessage) -> bytes:
+    """The topic as received. paho's public `topic` decodes it and raises on invalid UTF-8, and
+    such a message must still reach the dead-letter topic, keyed by its raw topic."""
+    return bytes(msg._topic)
 
 
 class BufferedClient(mqtt.Client):
@@ -120,3 +145,40 @@ class BufferedClient(mqtt.Client):
         self._rpos = body_end
         fast(buf[t0:t1], buf[j + 1 : body_end], mid, qos, bool(b0 & 0x08))
         return True
+
+    def writes_pending(self) -> bool:
+        """Write what paho has queued; True while some of it is still unsent.
+
+        Raw bytes may go out only when this is False: paho writes its packets in pieces, and
+        bytes of ours in between would corrupt the stream.
+        """
+        if self.want_write():
+            self.loop_write()
+        return self.want_write()
+
+    def write_raw(self, data: bytes) -> RawWrite:
+        """Send complete MQTT packets straight to the socket, in one `send` where possible.
+
+        Call only when `writes_pending()` is False. Used for PUBACKs: paho's `ack()` queues one
+        packet and makes one `send` per message, which at tens of thousands of messages per second
+        costs more than the rest of the acknowledgement path.
+        """
+        sock = self.socket()
+        if sock is None:
+            return RawWrite.NO_CONNECTION
+        deadline = time.monotonic() + RAW_WRITE_STALL_S
+        while data:
+            try:
+                data = data[sock.send(data) :]
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    # A half-written packet must not be followed by paho's bytes: drop the
+                    # connection (its unacknowledged messages are redelivered to the next one).
+                    logger.warning("MQTT socket not writable for %g s: reconnecting", RAW_WRITE_STALL_S)
+                    self._sock_close()
+                    return RawWrite.CLOSED
+                select.select([], [sock], [], 0.1)
+            except OSError as exc:  # the connection broke: paho notices on its next read
+                logger.warning("PUBACK write failed error=%s", exc)
+                return RawWrite.FAILED
+        return RawWrite.WRITTEN

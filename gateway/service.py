@@ -1,9 +1,14 @@
 """The gateway service: MQTT shared subscription in, Kafka out, PUBACK only after Kafka has it.
 
+This module is the lifecycle and the wiring: start, the I/O loop, drain and stop. What it wires:
+`gateway.core.route` decides each message's record, `gateway.producer.Forwarder` gets it into
+Kafka (retries, producer replacement), `gateway.acks.AckOrder` releases its PUBACK once Kafka has
+it, and `gateway.mqtt_client.BufferedClient` is paho with a faster read path.
+
 One I/O thread owns both clients. It selects on the MQTT socket, lets paho parse what arrived
 (each message is routed and handed to the idempotent producer without waiting), then polls the
 producer, whose delivery callbacks release PUBACKs. Keeping paho and the producer on one thread
-makes acknowledging thread-safe without locks and lets paho write PUBACKs straight away.
+makes acknowledging thread-safe without locks and lets the PUBACKs be written straight away.
 
 Backpressure: the CONNECT carries a Receive Maximum, and the gateway also stops reading its socket
 when that many messages are unacknowledged (Mosquitto 2.0.11 overshoots the Receive Maximum), so
@@ -17,38 +22,29 @@ import logging
 import select
 import threading
 import time
-from collections import deque
-from functools import partial
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fleetfence.errors import ServiceUnavailableError
-from fleetfence.kafka import idempotent_producer
 from fleetfence.metrics import MetricsServer, serve_metrics
 from fleetfence.mqtt import login, service_account
 from fleetfence.readmodels import ReadKeys
 from fleetfence.registry import Announcer, new_record
+from gateway.acks import AckOrder, DrainBarrier
 from gateway.core import route
-from gateway.inflight import InFlight, Pending
-from gateway.metrics import GatewayCollector, GatewayStats, make_registry
-from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient
+from gateway.metrics import GatewayCollector, GatewayStats, log_stats, make_registry
+from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient, topic_bytes
+from gateway.producer import Forwarder
 from gateway.settings import GATEWAY_METRICS_PORT, GatewaySettings
 
 logger = logging.getLogger(__name__)
 
 STATS_LOG_INTERVAL_S = 10.0
-# UNSUBSCRIBE of a topic we never subscribed: its UNSUBACK proves Mosquitto has processed every
-# PUBACK sent before it. Closing without that proof can lose them: a close() with unread bytes in
-# our receive buffer sends a TCP RST, and Mosquitto drops what it had not read yet.
-DRAIN_BARRIER_TOPIC = "fleetfence/gateway/drain-barrier"
-# MQTT 5 PUBACK, reason "success" omitted (allowed when there are no properties): 4 bytes with the id.
-PUBACK_HEAD = b"\x40\x02"
 RECONNECT_BACKOFF_S = 1.0
 
 
@@ -63,41 +59,33 @@ class Gateway:
         self.stats = GatewayStats()
         self._topics = settings.topics
         self._rm = settings.gateway_receive_maximum
-        self._inflight = InFlight(settings.gateway_ack_in_order)
-        self._retry: deque[tuple[float, Pending]] = deque()
-        self._backoff_s = settings.gateway_retry_backoff_ms / 1000
-        self._generation = 0
-        self._connected = False
-        self._fatal = False
+        # What is held for Kafka and the PUBACKs it releases; public so tests can read the release order.
+        self.acks = AckOrder(settings.gateway_ack_in_order, self.stats)
         self._subscribed = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._drained = False
         self._draining = False
-        self._barrier_mid: int | None = None
-        self._barrier_done = False
-        # PUBACKs released by Kafka confirmations, written in one send() per loop turn instead of
-        # one per message through paho's packet queue.
-        self._ackbuf = bytearray()
+        self._barrier = DrainBarrier()
         self._metrics_server: MetricsServer | None = None
         self._announcer: Announcer | None = None
         self.metrics_port: int | None = None
-        self._producer = self._new_producer()
+        self._out = Forwarder(settings, self.client_id, self.stats, self.acks.stored, self.acks.unconfirmed)
         self._client = self._new_client()
 
     # ------------------------------------------------------------------ public API
 
     @property
     def in_flight(self) -> int:
-        return len(self._inflight)
+        return len(self.acks)
 
     @property
     def max_in_flight_seen(self) -> int:
-        return self._inflight.max_seen
+        return self.acks.max_seen
 
     @property
     def connected(self) -> bool:
-        return self._connected and self._subscribed.is_set()
+        return self.acks.connected and self._subscribed.is_set()
 
     def start(self, timeout_s: float | None = None) -> None:
         """Connect, subscribe and start the I/O thread; return once the subscription is active.
@@ -223,19 +211,6 @@ class Gateway:
         login(c, self._account)
         return c
 
-    def _new_producer(self) -> Producer:
-        return idempotent_producer(
-            self.settings.bootstrap_servers,
-            **{
-                "client.id": self.client_id,
-                "linger.ms": self.settings.gateway_kafka_linger_ms,
-                "message.timeout.ms": self.settings.gateway_kafka_message_timeout_ms,
-                "error_cb": self._on_kafka_error,
-                # Back within a second of the broker's return, not librdkafka's default 10 s.
-                "reconnect.backoff.max.ms": 1000,
-            },
-        )
-
     # ------------------------------------------------------------------ paho callbacks (I/O thread)
 
     def _on_connect(
@@ -244,13 +219,13 @@ class Gateway:
         if rc.is_failure:
             logger.error("MQTT connect refused client_id=%s reason=%s", self.client_id, rc)
             return
-        self._connected = True
+        self.acks.connection_opened()
         self.stats.mqtt_connects += 1
         logger.info(
             "MQTT connected client_id=%s session_present=%s generation=%s",
             self.client_id,
             flags.session_present,
-            self._generation,
+            self.acks.generation,
         )
         client.subscribe(self.settings.gateway_subscription, qos=1)
 
@@ -265,27 +240,26 @@ class Gateway:
     def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: ReasonCode, _p: Any) -> None:
         # PUBACKs for messages of this connection can no longer be sent: Mosquitto redelivers them
         # to the next connection of this session with the DUP flag.
-        self._generation += 1
-        self._ackbuf.clear()  # ids of the lost connection; Mosquitto redelivers those messages
-        if self._connected:
+        was_connected = self.acks.connected
+        self.acks.connection_lost()
+        if was_connected:
             logger.warning(
                 "MQTT disconnected client_id=%s reason=%s unacknowledged=%s",
                 self.client_id,
                 rc,
                 self.in_flight,
             )
-        self._connected = False
 
     def _on_unsubscribe(self, _c: mqtt.Client, _u: Any, mid: int, _rcs: list[ReasonCode], _p: Any) -> None:
-        if mid == self._barrier_mid:
-            self._barrier_done = True
+        self._barrier.unsubscribed(mid)
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         """paho's path (packets the fast path leaves to it): same handling."""
         payload = msg.payload if isinstance(msg.payload, bytes) else bytes(msg.payload)
-        self._take(bytes(msg._topic), payload, msg.mid, msg.qos, bool(msg.dup))
+        self._take(topic_bytes(msg), payload, msg.mid, msg.qos, bool(msg.dup))
 
     def _take(self, topic_raw: bytes, payload: bytes, mid: int, qos: int, dup: bool) -> None:
+        """Every received PUBLISH: route it, hold it until Kafka has it, produce it."""
         stats = self.stats
         if self._draining:
             # Not taken: left unacknowledged, Mosquitto gives it to the next session.
@@ -299,118 +273,7 @@ class Gateway:
         except UnicodeDecodeError:
             topic = topic_raw
         record = route(self._topics, topic, payload, time.time_ns() // 1_000_000)
-        e = self._inflight.add(mid if qos > 0 else 0, self._generation, record, time.monotonic())
-        self._produce(e)
-
-    # ------------------------------------------------------------------ Kafka
-
-    def _produce(self, e: Pending) -> None:
-        e.attempt += 1
-        e.produced_mono_s = time.monotonic()
-        r = e.record
-        cb = partial(self._on_delivery, e, e.attempt)
-        while True:
-            try:
-                self._producer.produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=cb)
-                return
-            except BufferError:  # local queue full: let Kafka catch up (bounded by Receive Maximum)
-                self._producer.poll(0.05)
-            except KafkaException as exc:
-                self._kafka_failed(e, exc.args[0] if exc.args else None)
-                return
-
-    def _on_delivery(self, e: Pending, attempt: int, err: KafkaError | None, _msg: Message) -> None:
-        if attempt != e.attempt:
-            return  # superseded by a newer attempt (a replaced producer)
-        if err is not None:
-            self._kafka_failed(e, err)
-            return
-        self.stats.observe_latency(time.monotonic() - e.produced_mono_s)
-        if e.record.reason is None:
-            self.stats.forwarded += 1
-        else:
-            self.stats.dead_lettered[e.record.reason] += 1
-        for done in self._inflight.confirm(e):
-            self._ack(done)
-
-    def _kafka_failed(self, e: Pending, err: KafkaError | None) -> None:
-        name = err.name() if isinstance(err, KafkaError) else "unknown"
-        self.stats.kafka_errors[name] += 1
-        if isinstance(err, KafkaError) and err.fatal():
-            logger.error("Kafka producer fatal error=%s: replacing the producer", err)
-            self._fatal = True
-            return
-        if self.stats.kafka_errors[name] in (1, 10, 100, 1000) or self.stats.kafka_errors[name] % 10000 == 0:
-            logger.warning(
-                "Kafka delivery failed, will produce again error=%s count=%s",
-                err,
-                self.stats.kafka_errors[name],
-            )
-        self._retry.append((time.monotonic() + self._backoff_s, e))
-
-    def _on_kafka_error(self, err: KafkaError) -> None:
-        self.stats.kafka_errors[err.name()] += 1
-        if err.fatal():
-            self._fatal = True
-        logger.warning("Kafka client error=%s", err)
-
-    def _restart_producer(self) -> None:
-        """Replace a producer that hit a fatal (idempotence) error and re-send what it held."""
-        self._fatal = False
-        old = self._producer
-        self._producer = self._new_producer()
-        self.stats.producer_restarts += 1
-        self._retry.clear()
-        pending = self._inflight.unconfirmed()
-        try:
-            old.purge()
-        except KafkaException:
-            logger.warning("purge of the failed producer failed", exc_info=True)
-        for e in pending:
-            self.stats.produce_retries += 1
-            self._produce(e)
-        logger.info("producer replaced records_resent=%s", len(pending))
-
-    def _ack(self, e: Pending) -> None:
-        if e.mid == 0:
-            return
-        if e.generation != self._generation or not self._connected:
-            self.stats.acks_dropped += 1
-            return
-        self._ackbuf += PUBACK_HEAD
-        self._ackbuf += e.mid.to_bytes(2, "big")
-        self.stats.acked += 1
-
-    def _flush_acks(self) -> None:
-        """Write the pending PUBACKs, only between paho's packets so bytes never interleave."""
-        c = self._client
-        if c.want_write():
-            c.loop_write()
-            if c.want_write():
-                return
-        sock = c.socket()
-        if sock is None:
-            self._ackbuf.clear()
-            return
-        data = bytes(self._ackbuf)
-        self._ackbuf.clear()
-        deadline = time.monotonic() + 5.0
-        while data:
-            try:
-                data = data[sock.send(data) :]
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    # A half-written PUBACK must not be followed by paho's bytes: drop the
-                    # connection (its unacknowledged messages are redelivered to the next one).
-                    logger.warning("MQTT socket not writable for 5 s: reconnecting")
-                    c._sock_close()
-                    self._generation += 1
-                    self._connected = False
-                    return
-                select.select([], [sock], [], 0.1)
-            except OSError as exc:  # the connection broke: paho notices on its next read
-                logger.warning("PUBACK write failed error=%s", exc)
-                return
+        self._out.produce(self.acks.hold(mid, qos, record, time.monotonic()))
 
     # ------------------------------------------------------------------ the I/O loop
 
@@ -425,8 +288,8 @@ class Gateway:
                 self._client.loop_write()
             except Exception:
                 logger.debug("disconnect failed", exc_info=True)
-            self._connected = False
-            left = self._producer.flush(2.0)
+            self.acks.connection_lost()
+            left = self._out.flush(2.0)
             logger.info(
                 "gateway stopped client_id=%s drained=%s in_flight=%s unflushed=%s received=%s forwarded=%s "
                 "dead_lettered=%s acked=%s acks_dropped=%s redelivered=%s",
@@ -444,9 +307,9 @@ class Gateway:
 
     def _loop(self) -> None:
         client = self._client
-        # Our own bound, not only the broker's: Mosquitto 2.0.11 was measured sending past the
-        # Receive Maximum once PUBACKs flowed (tests/gateway/test_gateway_faults.py). At the cap we stop
-        # reading the socket, so TCP flow control pushes back and the rest waits in Mosquitto.
+        # Our own bound, not only the broker's: Mosquitto 2.0.11 sends past the Receive Maximum
+        # once PUBACKs flow. At the cap we stop reading the socket, so TCP flow control pushes
+        # back and the rest waits in Mosquitto.
         read_cap = self._rm
         draining = False
         drain_deadline = 0.0
@@ -460,29 +323,29 @@ class Gateway:
                 logger.info("gateway draining in_flight=%s", self.in_flight)
             sock = client.socket()
             if sock is None:
-                if draining and (not self._inflight or now > drain_deadline):
-                    self._drained = not self._inflight
+                if draining and (not self.acks or now > drain_deadline):
+                    self._drained = not self.acks
                     return
-                if not draining and now >= next_reconnect and len(self._inflight) < read_cap:
+                if not draining and now >= next_reconnect and len(self.acks) < read_cap:
                     next_reconnect = now + RECONNECT_BACKOFF_S
                     try:
                         client.reconnect()
                     except OSError as exc:
                         logger.warning("MQTT reconnect failed client_id=%s error=%s", self.client_id, exc)
-                self._producer.poll(0.05)
-                self._retry_due(now)
+                self._out.poll(0.05)
+                self._out.retry_due(now)
                 continue
-            want_read = draining or len(self._inflight) < read_cap
+            want_read = draining or len(self.acks) < read_cap
             if want_read and client.buffered:
                 timeout = 0.0
-            elif self._inflight:
+            elif self.acks:
                 timeout = 0.002
             else:
                 timeout = 0.05
             r: list[Any]
             if not want_read and not client.want_write():
                 r = []
-                self._producer.poll(0.01)  # paused: wait for Kafka instead of the socket
+                self._out.poll(0.01)  # paused: wait for Kafka instead of the socket
             else:
                 try:
                     r, _w, _x = select.select(
@@ -492,26 +355,20 @@ class Gateway:
                     r = []
             if want_read and (r or client.buffered):
                 # Never parse past the cap: every packet read may be one more message to hold.
-                client.loop_read(MAX_PACKETS_PER_READ if draining else read_cap - len(self._inflight))
+                client.loop_read(MAX_PACKETS_PER_READ if draining else read_cap - len(self.acks))
             if client.want_write():
                 client.loop_write()
             client.loop_misc()
-            self._producer.poll(0)
-            if self._ackbuf:
-                self._flush_acks()
-            if self._retry:
-                self._retry_due(now)
-            if self._fatal:
-                self._restart_producer()
+            self._out.poll(0)
+            if self.acks.unsent:
+                self.acks.flush(client)
+            if self._out.retrying:
+                self._out.retry_due(now)
+            if self._out.failed:
+                self._out.replace()
             if draining:
-                if (
-                    not self._inflight
-                    and not self._ackbuf
-                    and not client.want_write()
-                    and self._barrier_mid is None
-                ):
-                    _rc, self._barrier_mid = client.unsubscribe(DRAIN_BARRIER_TOPIC)
-                if self._barrier_done:
+                self._barrier.send_when_acked(client, self.acks)
+                if self._barrier.done:
                     self._drained = True
                     return
                 if now > drain_deadline:
@@ -519,22 +376,4 @@ class Gateway:
                     return
             if now >= next_stats:
                 next_stats = now + STATS_LOG_INTERVAL_S
-                s = self.stats
-                logger.info(
-                    "gateway stats received=%s forwarded=%s dead_lettered=%s acked=%s in_flight=%s "
-                    "redelivered=%s kafka_errors=%s",
-                    s.received,
-                    s.forwarded,
-                    s.dead_lettered_total,
-                    s.acked,
-                    self.in_flight,
-                    s.redelivered,
-                    sum(s.kafka_errors.values()),
-                )
-
-    def _retry_due(self, now: float) -> None:
-        while self._retry and self._retry[0][0] <= now:
-            _, e = self._retry.popleft()
-            if not e.confirmed:
-                self.stats.produce_retries += 1
-                self._produce(e)
+                log_stats(self.stats, self.in_flight)

@@ -221,7 +221,7 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         # or confirmed any more, so reading the gateway's table from this thread is safe. The cap
         # counts entries not yet acknowledged; a few of them may be confirmed already and wait only
         # for an earlier one (PUBACKs go in receive order), so fewer than `rm` are unconfirmed.
-        held = [orjson.loads(e.record.value) for e in gw._inflight.unconfirmed()]
+        held = [orjson.loads(e.record.value) for e in gw.acks.unconfirmed()]
         assert 0 < len(held) <= rm
         load.join(30)
         pub.wait_all()  # all 4000 fixes are Mosquitto's now; at most `rm` of them are ours
