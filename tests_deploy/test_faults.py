@@ -641,3 +641,69 @@ def test_restart_the_spark_master(deployment: Deployment, tmp_path: Path) -> Non
         assert dep.states()["processor"]["restarts"] == driver_restarts, "the driver did not survive"
 
     under_load(dep, "SIGKILL the Spark master, restarted by its policy", fault, tmp_path)
+
+
+class Reset(Partition):
+    """Every TCP packet one container sends to some addresses answered with a reset (iptables
+    REJECT --reject-with tcp-reset in its namespace): its open connections to them break at their
+    next packet and new ones are refused, a cut the peer's client sees at once (unlike a partition's
+    silence)."""
+
+    def __init__(self, pid: int, peers: list[str]) -> None:
+        super().__init__(pid, peers)
+        self.rules = [("OUTPUT", "-d", ip) for ip in peers]
+
+    def _iptables(self, op: str, chain: str, flag: str, ip: str, check: bool) -> bool:
+        argv = ["nsenter", "-t", str(self.pid), "-n", "iptables", "-w", op, chain, flag, ip]
+        argv += ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]
+        return run(argv, timeout_s=30, check=check).returncode == 0
+
+
+def test_cut_the_connections_between_spark_and_kafka(deployment: Deployment, tmp_path: Path) -> None:
+    """The Spark application's connections to the brokers reset, in the driver (the sink's
+    transactions, the markers, offset planning) and in the executor (the Kafka source's reads),
+    until no micro-batch has completed for several samples; then the link is back. Kafka's clients
+    reconnect and the batch that was cut runs again from its planned offsets, or the driver fails
+    and its restart policy starts it on the checkpoint. Nothing lost, nothing emitted twice."""
+    dep = deployment
+
+    def fault() -> None:
+        kafka_ips = [ip for k in dep.kafka_nodes for ip in compose_ips(dep, k)]
+        restarts = dep.states()["processor"]["restarts"]
+        cuts = [Reset(container_pid(dep, svc), kafka_ips) for svc in ("processor", "spark-worker")]
+        t0 = time.monotonic()
+        for c in cuts:
+            c.cut()
+        try:
+            still = standing_still(lambda: batches(dep), 5)
+            wait_for(
+                lambda: dep.states()["processor"]["restarts"] > restarts or still(),
+                180,
+                "no batch completing while cut (or the driver failed)",
+                interval_s=2.0,
+                ignore=(DeployError,),
+            )
+            MEASURED["connections reset for"] = time.monotonic() - t0
+        finally:
+            for c in cuts:
+                c.heal()
+        t1 = time.monotonic()
+        wait_for(
+            lambda: dep.states()["processor"]["health"] == "healthy",
+            600,
+            "the processor healthy",
+            interval_s=2.0,
+            ignore=(DeployError,),
+        )
+        n = batches(dep)
+        wait_for(
+            lambda: batches(dep) > n + 1,
+            600,
+            "batches completing again",
+            interval_s=1.0,
+            ignore=(DeployError,),
+        )
+        MEASURED["batches completing again after the link was back"] = time.monotonic() - t1
+        print(f"\nprocessor restarts during the fault: {dep.states()['processor']['restarts'] - restarts}")
+
+    under_load(dep, "Spark's connections to Kafka reset (driver and executor), then back", fault, tmp_path)
