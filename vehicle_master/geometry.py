@@ -11,11 +11,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import shapely
 from shapely.geometry import shape
 from shapely.validation import explain_validity
 
-from fleetfence.geo import EARTH_RADIUS_M, MAX_CIRCLE_RADIUS_M
+from fleetfence.geo import EARTH_RADIUS_M, MAX_CIRCLE_RADIUS_M, LocalProjection, circle_polygon_m
 from vehicle_master.errors import GeometryError
 
 Position = Sequence[float]
@@ -124,6 +125,18 @@ def validate_circle(geometry: dict[str, Any]) -> dict[str, Any]:
     if abs(lon) + half_lon > 180.0:
         raise GeometryError("a circle must not reach across the antimeridian")
     return {"type": "Point", "coordinates": [lon, lat], "radius_m": float(r)}
+
+
+def zone_area(geometry: dict[str, Any]) -> shapely.Geometry:
+    """A valid zone geometry as a lon/lat Shapely geometry for overlap questions (which zones lie in
+    an area): its polygon, or for a circle a polygon containing its disc (64 chords tangent to it).
+    Never what decides a fix: that is `fleetfence.geo.circle_distance_m`."""
+    if geometry.get("type") != "Point":
+        return shape(geometry)
+    lon0, lat0 = (float(v) for v in geometry["coordinates"][:2])
+    ring = circle_polygon_m(float(geometry["radius_m"]), outside=True)
+    lon, lat = LocalProjection(lon0, lat0).inverse(ring[:, 0], ring[:, 1])
+    return shapely.polygons(np.column_stack((lon, lat)))
 
 
 def _rings_of(geometry: dict[str, Any]) -> list[list[list[float]]]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 import pytest
+import shapely
+import shapely.geometry
 from confluent_kafka import TopicPartition
 
 from fleetfence.kafka import ensure_topics, group_consumer, topic_specs
@@ -30,7 +32,7 @@ from vehicle_master.errors import (
     VersionConflictError,
 )
 from vehicle_master.geojson import infer_entity, parse_feature_collection
-from vehicle_master.geometry import validate_circle, validate_line_string, validate_zone_geometry
+from vehicle_master.geometry import validate_circle, validate_line_string, validate_zone_geometry, zone_area
 from vehicle_master.models import AssignmentData, RouteData, VehicleData, ZoneData
 from vehicle_master.relay import OutboxRelay
 from vehicle_master.settings import MasterSettings
@@ -155,6 +157,21 @@ def test_circle_is_canonical_and_a_point_feature_is_a_zone() -> None:
     items, problems = parse_feature_collection({"type": "FeatureCollection", "features": [feature]})
     assert problems == []
     assert [d.model_dump(mode="json")["geometry"] for _i, d in items] == [CIRCLE]
+
+
+def test_zone_area_of_a_circle_contains_its_disc() -> None:
+    """What overlap questions (the load test's "zones in this area") see of a circle: its disc."""
+    import numpy as np
+
+    from fleetfence.geo import LocalProjection
+
+    area = zone_area(CIRCLE)
+    proj = LocalProjection(13.4, 52.5)
+    ang = np.linspace(0, 2 * np.pi, 1000)
+    lon, lat = proj.inverse(250.0 * np.cos(ang), 250.0 * np.sin(ang))
+    assert shapely.contains_xy(area, lon, lat).all()
+    assert area.area < 1.01 * np.pi * (250.0 / proj.kx) * (250.0 / proj.ky)
+    assert zone_area(SQUARE).equals(shapely.geometry.shape(SQUARE))
 
 
 def test_model_rules_reject_bad_numbers_and_windows() -> None:
