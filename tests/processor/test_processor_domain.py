@@ -818,3 +818,34 @@ def test_circle_radius_one_ulp_short_leaves_the_boundary_fix_outside() -> None:
         index = ZoneIndex.build([compile_zone("c1", 1, {"geometry": g}, cfg.hysteresis_m)])
         (fi, _), _ = index.memberships(np.array([lon]), np.array([lat0]))
         assert (len(fi) == 1) is inside, radius
+
+
+@pytest.mark.parametrize("radius_m", [0.5, 7.0, 90.0, 600.0, 4000.0])
+def test_circle_index_cells_cover_the_whole_disc_and_band(radius_m: float) -> None:
+    """Fixes all around a circle, a hair inside and outside the radius and radius + hysteresis (at
+    the angles where the index's polygon is furthest from the circle too): the H3 candidates never
+    miss one, from circles smaller than a cell to ones covering many full cells."""
+    from fleetfence.geo import circle_distance_m
+    from processor.geometry import ZoneIndex, compile_zone
+
+    lon0, lat0, h = 13.4, 52.5, 15.0
+    geometry = {"type": "Point", "coordinates": [lon0, lat0], "radius_m": radius_m}
+    index = ZoneIndex.build([compile_zone("c", 1, {"geometry": geometry}, h)])
+    proj = LocalProjection(lon0, lat0)
+    ang = np.linspace(0.0, 2 * np.pi, 4096, endpoint=False)
+    rings = [
+        radius_m - 1e-6,
+        radius_m,
+        radius_m + 1e-6,
+        radius_m + h - 1e-6,
+        radius_m + h,
+        radius_m + h + 1e-6,
+    ]
+    x = np.concatenate([r * np.cos(ang) for r in rings])
+    y = np.concatenate([r * np.sin(ang) for r in rings])
+    lon, lat = proj.inverse(x, y)
+    (fi, _), (fo, _) = index.memberships(lon, lat)
+    d = circle_distance_m(lon, lat, lon0, lat0)
+    assert sorted(fi.tolist()) == np.flatnonzero(d <= radius_m).tolist()
+    assert sorted(fo.tolist()) == np.flatnonzero(d <= radius_m + h).tolist()
+    assert 0 < len(fi) < len(fo) < len(lon)
