@@ -679,18 +679,11 @@ class ZoneIndex:
             test_fix, test_zone = test_fix[order], test_zone[order]
             x, y = lon[test_fix], lat[test_fix]
             circle = self._is_circle[test_zone]
-            in_poly = np.zeros(len(test_fix), dtype=bool)
-            in_outer = np.zeros(len(test_fix), dtype=bool)
-            poly = np.flatnonzero(~circle)
-            if len(poly):
-                in_poly[poly] = shapely.contains_xy(self._polygons[test_zone[poly]], x[poly], y[poly])
-                in_outer[poly] = shapely.contains_xy(self._outers[test_zone[poly]], x[poly], y[poly])
-            disc = np.flatnonzero(circle)
-            if len(disc):
-                c = self._circle[test_zone[disc]]
-                d = circle_distance_m(x[disc], y[disc], c[:, 0], c[:, 1])
-                in_poly[disc] = d <= c[:, 2]
-                in_outer[disc] = d <= c[:, 3]
+            if not circle.any():  # polygons only: one call per shape kind, no copies
+                in_poly = shapely.contains_xy(self._polygons[test_zone], x, y)
+                in_outer = shapely.contains_xy(self._outers[test_zone], x, y)
+            else:
+                in_poly, in_outer = self._mixed_tests(test_zone, x, y, circle)
             inner_fix.append(test_fix[in_poly])
             inner_zone.append(test_zone[in_poly])
             outer_fix.append(test_fix[in_outer])
@@ -699,6 +692,24 @@ class ZoneIndex:
             (np.concatenate(inner_fix), np.concatenate(inner_zone)),
             (np.concatenate(outer_fix), np.concatenate(outer_zone)),
         )
+
+    def _mixed_tests(
+        self, zone: np.ndarray, x: np.ndarray, y: np.ndarray, circle: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(inside, inside the grown shape) of candidate pairs among polygons and circles: the
+        polygons' by `contains_xy`, the circles' by their distance from the centre."""
+        in_poly = np.zeros(len(zone), dtype=bool)
+        in_outer = np.zeros(len(zone), dtype=bool)
+        poly = np.flatnonzero(~circle)
+        if len(poly):
+            in_poly[poly] = shapely.contains_xy(self._polygons[zone[poly]], x[poly], y[poly])
+            in_outer[poly] = shapely.contains_xy(self._outers[zone[poly]], x[poly], y[poly])
+        disc = np.flatnonzero(circle)
+        c = self._circle[zone[disc]]
+        d = circle_distance_m(x[disc], y[disc], c[:, 0], c[:, 1])
+        in_poly[disc] = d <= c[:, 2]
+        in_outer[disc] = d <= c[:, 3]
+        return in_poly, in_outer
 
 
 def _sorted_multimap(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
