@@ -849,3 +849,74 @@ def test_circle_index_cells_cover_the_whole_disc_and_band(radius_m: float) -> No
     assert sorted(fi.tolist()) == np.flatnonzero(d <= radius_m).tolist()
     assert sorted(fo.tolist()) == np.flatnonzero(d <= radius_m + h).tolist()
     assert 0 < len(fi) < len(fo) < len(lon)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.floats(-1.0, 1.0), st.floats(-1.0, 1.0)), min_size=1, max_size=60),
+    st.lists(st.floats(min_value=0.5, max_value=300.0), min_size=1, max_size=3),
+    st.integers(min_value=1, max_value=5),
+)
+# Across every circle and back, through the band at each edge.
+@example(
+    [(k / 20.0, 0.0) for k in range(-20, 21)] + [(k / 20.0, 0.01) for k in range(20, -21, -1)], [60.0, 5.0], 3
+)
+def test_engine_circle_alerts_equal_the_fold_over_exact_distances(
+    steps: list[tuple[float, float]], radii: list[float], n_batches: int
+) -> None:
+    """A vehicle wandering in and out of concentric-ish circles, many fixes in the hysteresis band:
+    the engine's zone alerts (H3 index, batches) are those of folding `step` over fixes whose
+    memberships come straight from the definition, d <= r to enter and d <= r + h to stay."""
+    from fleetfence.geo import circle_distance_m
+
+    proj = LocalProjection(13.05, 52.005)
+    zones = [circle_zone(f"c{i}", 40.0 * i, 0.0, r) for i, r in enumerate(radii)]
+    m = MasterState()
+    for z in zones:
+        m.apply({"entity": "zone", "id": z["zone_id"], "version": 1, "op": "upsert", "data": z})
+    scale = max(radii) + CFG.hysteresis_m + 50.0
+    x, y = np.array([a for a, _ in steps]) * scale, np.array([b for _, b in steps]) * scale
+    lon, lat = proj.inverse(x, y)
+    rows = [["w", k, T0 + k * 1000, float(lat[k]), float(lon[k]), 20.0, 0] for k in range(len(steps))]
+    df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"])
+    states = empty_states()
+    held: dict[str, list[RawFix]] = {}
+    got: list[str] = []
+    cat = Catalog(CFG)
+    for b in range(n_batches):  # interleaved batches: the reorder buffer holds what runs ahead
+        r = process_bucket(states, held, m, df.iloc[b::n_batches], 0, CFG, cat)
+        states, held = r.states, r.held
+        got.extend(a.alert_id for a in r.alerts)
+    s = VehicleState("w")
+    want: list[str] = []
+    for k in range(len(rows)):
+        inside: set[str] = set()
+        outer: set[str] = set()
+        for z in zones:
+            clon, clat = z["geometry"]["coordinates"]
+            d = float(circle_distance_m(lon[k], lat[k], clon, clat))
+            if d <= z["geometry"]["radius_m"]:
+                inside.add(z["zone_id"])
+            if d <= z["geometry"]["radius_m"] + CFG.hysteresis_m:
+                outer.add(z["zone_id"])
+        f = Fix(
+            k,
+            T0 + k * 1000,
+            float(lat[k]),
+            float(lon[k]),
+            20.0,
+            zones_in=frozenset(inside),
+            zones_outer=frozenset(outer),
+        )
+        s, out = step(s, f, None, CFG)
+        want.extend(a.alert_id for a in out)
+    assert sorted(got) == sorted(want)
+    CIRCLE_ALERTS.append(len(want))
+
+
+CIRCLE_ALERTS: list[int] = []
+
+
+def test_the_circle_fold_property_saw_alerts() -> None:
+    """Guard: the property above compared real enters and exits, not only empty lists."""
+    assert sum(CIRCLE_ALERTS) > 0
