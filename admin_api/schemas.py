@@ -63,6 +63,13 @@ ZONE_EXAMPLE: dict[str, Any] = {
     },
     "properties": {"name": "Main depot", "kind": "depot", "dwell_limit_s": 3600},
 }
+CIRCLE_ZONE_EXAMPLE: dict[str, Any] = {
+    "type": "Feature",
+    "id": "z-customer-7",
+    # A circle: its centre as a Point and its radius as the geometry's `radius_m`.
+    "geometry": {"type": "Point", "coordinates": [13.4105, 52.5235], "radius_m": 150},
+    "properties": {"name": "Customer 7", "kind": "customer", "dwell_limit_s": 1800},
+}
 
 UPDATED_EXAMPLE = "2026-11-22T06:00:00.000Z"
 ROUTE_OUT_EXAMPLE: dict[str, Any] = {
@@ -187,7 +194,9 @@ class ZonePropsIn(ZoneProps, Echoed):
 
 
 class ZoneFeatureIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [ZONE_EXAMPLE]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [ZONE_EXAMPLE, CIRCLE_ZONE_EXAMPLE]}
+    )
     type: Literal["Feature"]
     id: EntityId | None = Field(default=None, description="The zone id (required on POST).")
     geometry: ZoneGeometry

@@ -33,6 +33,10 @@ def simulate_cmd(
     ] = None,
     route_length: Annotated[float, typer.Option(min=200, help="Synthetic route length in metres.")] = 8000.0,
     zones_per_route: Annotated[int, typer.Option(min=0, max=10)] = 2,
+    circle_zones: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="Share of the zones laid as circles (a Point with radius_m)."),
+    ] = 0.0,
     bbox: Annotated[
         str | None, typer.Option(help="City box min_lon,min_lat,max_lon,max_lat (default central Berlin).")
     ] = None,
@@ -123,6 +127,7 @@ def simulate_cmd(
         routes=routes,
         route_length_m=route_length,
         zones_per_route=zones_per_route,
+        circle_zones=circle_zones,
         bbox=parse_bbox(bbox) if bbox else DEFAULT_BBOX,
         routes_geojson=read_routes_geojson(Path(routes_geojson)) if routes_geojson else None,
         rules=simulated_rules(

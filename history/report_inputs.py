@@ -15,6 +15,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,6 +23,7 @@ import shapely
 from shapely.geometry import shape
 
 from fleetfence.contracts import VEHICLE_ID_RE
+from fleetfence.geo import EARTH_RADIUS_M, LocalProjection, circle_polygon_m
 from history.errors import ReportError
 from history.schema import MASTER, MASTER_SCHEMA, TELEMETRY, bucket_of
 
@@ -95,12 +97,36 @@ def telemetry_files(root: str | Path, rng: ReportRange, buckets: int) -> list[st
     return files
 
 
+def circle_zone_columns(geometry: dict[str, Any]) -> dict[str, Any]:
+    """A zone's columns in the zones table. A polygon: its WKB, the circle columns null. A circle:
+    a polygon containing its disc (chords tangent to a circle 1 m larger, in its frame) as the
+    spatial pre-filter, and what the exact test needs: the centre, the metres per degree of its
+    local projection (the same expressions as `fleetfence.geo.circle_distance_m`) and the radius."""
+    if geometry.get("type") != "Point":
+        none = {"cx": None, "cy": None, "kx": None, "ky": None, "radius_m": None}
+        return {"poly_wkb": shapely.to_wkb(shape(geometry)), **none}
+    cx, cy = (float(v) for v in geometry["coordinates"][:2])
+    radius = float(geometry["radius_m"])
+    ring = circle_polygon_m(radius + 1.0, outside=True)
+    lon, lat = LocalProjection(cx, cy).inverse(ring[:, 0], ring[:, 1])
+    return {
+        "poly_wkb": shapely.to_wkb(shapely.polygons(np.column_stack((lon, lat)))),
+        "cx": cx,
+        "cy": cy,
+        "kx": float(np.radians(1.0) * EARTH_RADIUS_M * np.cos(np.radians(cy))),
+        "ky": float(np.radians(1.0) * EARTH_RADIUS_M),
+        "radius_m": radius,
+    }
+
+
 @dataclass(frozen=True)
 class MasterTables:
     """Master data as validity intervals [from_ms, to_ms) of each entity version.
 
     routes: route_id, version, from_ms, to_ms, corridor_width_m, speed_limit_kmh, line_wkb
-    zones: zone_id, version, from_ms, to_ms, poly_wkb
+    zones: zone_id, version, from_ms, to_ms, poly_wkb, and for a circle zone its centre (cx, cy),
+        its projection's metres per degree (kx, ky) and radius_m (null for a polygon); its poly_wkb
+        is then a polygon around the disc, a pre-filter only (`circle_zone_columns`)
     assignments: vehicle_id, route_id, from_ms, to_ms
     """
 
@@ -161,7 +187,7 @@ def master_tables(events: pa.Table) -> MasterTables:
                         "version": version,
                         "from_ms": lo,
                         "to_ms": hi,
-                        "poly_wkb": shapely.to_wkb(shape(data["geometry"])),
+                        **circle_zone_columns(data["geometry"]),
                     }
                 )
             elif entity == "assignment" and data.get("route_id"):
@@ -197,6 +223,11 @@ ZONES_SCHEMA = pa.schema(
         ("from_ms", pa.int64()),
         ("to_ms", pa.int64()),
         ("poly_wkb", pa.binary()),
+        ("cx", pa.float64()),
+        ("cy", pa.float64()),
+        ("kx", pa.float64()),
+        ("ky", pa.float64()),
+        ("radius_m", pa.float64()),
     ]
 )
 ASSIGNMENTS_SCHEMA = pa.schema(

@@ -4,7 +4,10 @@ Four reports (definitions, SQL and tolerances in docs/reports.md):
 
 - `adherence`: per vehicle and UTC day, share of fixes inside the assigned route's corridor, time
   and distance off-route;
-- `zone_visits`: runs of consecutive fixes inside a zone, with entry/exit and dwell time;
+- `zone_visits`: runs of consecutive fixes inside a zone, with entry/exit and dwell time (a circle
+  zone exactly as the processor decides it: within its radius of the centre, measured in the
+  centre's local projection; not ST_DistanceSphere, whose great-circle metres differ from the
+  projection's by a sliver, enough to put a fix at the edge on the other side);
 - `speeding`: runs of consecutive fixes above the assigned route's speed limit;
 - `heatmap`: off-route fixes counted per H3 cell (GeoJSON polygons).
 
@@ -194,14 +197,20 @@ ORDER BY vehicle_id, day
 """
 
 # Gaps and islands: within a run, rn - (row number among the matching fixes) is constant.
+# A circle zone's polygon only contains its disc (a pre-filter); inside is the processor's test,
+# within radius_m of the centre in the centre's local projection (fleetfence.geo.circle_distance_m:
+# the same metres per degree, computed once per zone in Python, and the same formula).
 ZONE_VISITS_SQL = """
 WITH zv AS (
-    SELECT zone_id, from_ms, to_ms, ST_GeomFromWKB(poly_wkb) AS poly FROM zones
+    SELECT zone_id, from_ms, to_ms, ST_GeomFromWKB(poly_wkb) AS poly, cx, cy, kx, ky, radius_m FROM zones
 ),
 zf AS (
     SELECT f.vehicle_id, z.zone_id, f.rn, f.ts_ms, f.next_ts, f.lon, f.lat
     FROM enriched f JOIN zv z
       ON ST_Contains(z.poly, ST_Point(f.lon, f.lat)) AND f.ts_ms >= z.from_ms AND f.ts_ms < z.to_ms
+         AND (z.radius_m IS NULL
+              OR sqrt(((f.lon - z.cx) * z.kx) * ((f.lon - z.cx) * z.kx)
+                      + ((f.lat - z.cy) * z.ky) * ((f.lat - z.cy) * z.ky)) <= z.radius_m)
 ),
 g AS (
     SELECT *, rn - row_number() OVER (PARTITION BY vehicle_id, zone_id ORDER BY rn) AS grp FROM zf

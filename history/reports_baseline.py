@@ -2,7 +2,8 @@
 
 Independent of the SQL in history/reports.py for everything that matters: fixes are read with
 pyarrow, routes are compiled with the live processor's own code (processor/geometry.py
-`compile_route`, tested with `corridor_tests`), zones are tested with `shapely.contains_xy`, and
+`compile_route`, tested with `corridor_tests`), zones are tested with `shapely.contains_xy` (circle
+zones with `fleetfence.geo.circle_distance_m`), and
 runs are found with numpy on the fixes sorted by (vehicle, time, seq). Only the decoding of master
 events into validity intervals and the final shaping of the tables are shared with the SedonaDB
 implementation, so both produce comparable tables.
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 import shapely
 from shapely.geometry import mapping
 
-from fleetfence.geo import haversine_m
+from fleetfence.geo import circle_distance_m, haversine_m
 from history.report_inputs import NEVER_MS, ReportRange, master_tables, read_master_events, telemetry_files
 from history.reports import DEFAULT_H3_RESOLUTION, finish_adherence, finish_speeding, finish_visits, h3_counts
 from processor.geometry import CompiledRoute, compile_route, corridor_tests
@@ -191,6 +192,9 @@ class BaselineReports:
                 & (self.ts[cand] < row["to_ms"])
             ]
             hit = cand[shapely.contains_xy(poly, self.lon[cand], self.lat[cand])]
+            if row["radius_m"] is not None:  # a circle: its polygon is a pre-filter, the distance decides
+                d = circle_distance_m(self.lon[hit], self.lat[hit], row["cx"], row["cy"])
+                hit = hit[d <= row["radius_m"]]
             m = members.setdefault(row["zone_id"], np.zeros(n, dtype=bool))
             m[hit] = True
         frames = []

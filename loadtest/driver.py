@@ -600,9 +600,9 @@ def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: 
 def zones_in_areas(settings: Settings, areas: list[tuple[float, float, float, float]]) -> list[str]:
     """Ids of the vehicle master's zones that intersect any of the areas (lon/lat boxes)."""
     from shapely import box
-    from shapely.geometry import shape
     from shapely.strtree import STRtree
 
+    from vehicle_master.geometry import zone_area
     from vehicle_master.store import VehicleMaster
 
     tree = STRtree([box(*a) for a in areas])
@@ -611,7 +611,7 @@ def zones_in_areas(settings: Settings, areas: list[tuple[float, float, float, fl
         return [
             rec.id
             for rec in vm.scan(MasterEntity.ZONE)
-            if len(tree.query(shape(rec.data["geometry"]), predicate="intersects"))
+            if len(tree.query(zone_area(rec.data["geometry"]), predicate="intersects"))
         ]
     finally:
         vm.close()

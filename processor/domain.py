@@ -12,7 +12,10 @@ Semantics, all in event time:
 - OVERSPEED: above the route's limit for >= `overspeed_min_s`; the episode ends only when the speed
   drops `overspeed_hysteresis_kmh` below the limit, and a new episode alerts again.
 - ZONE_ENTER when a fix is inside a zone polygon; ZONE_EXIT (with the dwell time) when a fix is
-  outside the zone grown by the hysteresis band.
+  outside the zone grown by the hysteresis band. A circle zone (a centre and `radius_m`) is the same
+  rule over the distance d from its centre (`fleetfence.geo.circle_distance_m`, in the local
+  projection around the centre): inside iff d <= radius_m, the boundary included; outside the grown
+  zone iff d > radius_m + hysteresis_m. Exact, not a polygon of the circle.
 - VEHICLE_SILENT when the watermark passes the last fix's time plus `silent_after_s`; once per silence.
 - VEHICLE_RESUMED at the first fix after a silence, with the length of the gap in event time (a
   tracker back from a dead zone uploads what it stored: its stretch is then applied in order).

@@ -11,6 +11,12 @@ Hysteresis is spatial as well as temporal: a fix counts as *outside* when it lea
 as *back inside* only once it is within the inner corridor (narrower by `hysteresis_m`); for zones, a
 fix *enters* inside the polygon and *leaves* only outside the polygon grown by `hysteresis_m`. GPS
 jitter smaller than the band cannot make alerts flap.
+
+A circle zone (a Point with `radius_m`) is decided exactly, never by a polygon of it: a fix enters
+within `radius_m` of the centre (`fleetfence.geo.circle_distance_m`, in the local projection around
+the centre: the frame a polygon zone is grown in around its centroid) and leaves beyond
+`radius_m + hysteresis_m`, which is the disc grown by the band, as a polygon's `outer` is the polygon
+grown by it. Its polygons (`polygon`, `outer`) only cover the disc for the H3 index.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import shapely
 from h3ronpy.vector import coordinates_to_cells
 from shapely.geometry import LineString, MultiPolygon, Polygon, shape
 
-from fleetfence.geo import LocalProjection
+from fleetfence.geo import LocalProjection, circle_distance_m, circle_polygon_m
 from fleetfence.rules import STOP_ZONE_KINDS, RouteRules
 
 ZONE_H3_RESOLUTION = 9  # ~0.1 km² cells: a few hundred cells for a depot-sized zone
@@ -476,6 +482,17 @@ def _passes(
 # --------------------------------------------------------------------------- zones
 
 
+@dataclass(frozen=True)
+class Circle:
+    """A circle zone's exact shape: inside within `radius_m` of the centre, still inside within
+    `outer_m` (the radius grown by the hysteresis band)."""
+
+    lon: float
+    lat: float
+    radius_m: float
+    outer_m: float
+
+
 @dataclass
 class CompiledZone:
     zone_id: str
@@ -484,17 +501,44 @@ class CompiledZone:
     dwell_limit_s: float | None
     # A zone where stopping is planned (a depot, a customer, a rest area): no UNPLANNED_STOP in it.
     planned_stop: bool
-    polygon: Polygon | MultiPolygon  # lon/lat, prepared: the "enter" shape
-    outer: Polygon | MultiPolygon  # lon/lat, prepared: grown by the hysteresis band, the "still inside" shape
+    # lon/lat, prepared: the "enter" shape (for a circle: a polygon around the disc, the index's only)
+    polygon: Polygon | MultiPolygon
+    # lon/lat, prepared: grown by the hysteresis band, the "still inside" shape (for a circle: a
+    # polygon around the grown disc, for the index)
+    outer: Polygon | MultiPolygon
+    circle: Circle | None = None  # a circle zone, decided by its distance from the centre
+
+
+# A circle's index polygons lie this far outside its discs (metres): the H3 cells found from them
+# must cover every point of the disc despite rounding in the lon/lat <-> metre maps, and a cell's
+# planar outline (what decides a "full" cell) departs from its geodesic edges by far less.
+CIRCLE_COVER_PAD_M = 1.0
+
+
+def _circle_cover(proj: LocalProjection, radius_m: float) -> Polygon:
+    """A polygon (lon/lat) containing the whole disc of `radius_m` around the projection's reference."""
+    ring = circle_polygon_m(radius_m + CIRCLE_COVER_PAD_M, outside=True)
+    lon, lat = proj.inverse(ring[:, 0], ring[:, 1])
+    return Polygon(np.column_stack((lon, lat)))
 
 
 def compile_zone(zone_id: str, version: int, data: dict[str, Any], hysteresis_m: float) -> CompiledZone:
-    poly = shape(data["geometry"])
-    if not isinstance(poly, Polygon | MultiPolygon):
-        raise ValueError(f"zone {zone_id} geometry must be a Polygon or MultiPolygon")
-    c = poly.centroid
-    proj = LocalProjection(c.x, c.y)
-    outer = proj.to_lonlat(shapely.buffer(proj.to_metric(poly), hysteresis_m, quad_segs=4))
+    geometry = data["geometry"]
+    circle: Circle | None = None
+    if geometry.get("type") == "Point":
+        lon, lat = (float(v) for v in geometry["coordinates"][:2])
+        radius = float(geometry["radius_m"])
+        circle = Circle(lon, lat, radius, radius + hysteresis_m)
+        proj = LocalProjection(lon, lat)
+        poly: Polygon | MultiPolygon = _circle_cover(proj, radius)
+        outer = _circle_cover(proj, circle.outer_m)
+    else:
+        poly = shape(geometry)
+        if not isinstance(poly, Polygon | MultiPolygon):
+            raise ValueError(f"zone {zone_id} geometry must be a Polygon, a MultiPolygon or a circle")
+        c = poly.centroid
+        proj = LocalProjection(c.x, c.y)
+        outer = proj.to_lonlat(shapely.buffer(proj.to_metric(poly), hysteresis_m, quad_segs=4))
     shapely.prepare(poly)
     shapely.prepare(outer)
     dwell = data.get("dwell_limit_s")
@@ -508,7 +552,20 @@ def compile_zone(zone_id: str, version: int, data: dict[str, Any], hysteresis_m:
         kind in STOP_ZONE_KINDS if planned is None else bool(planned),
         poly,
         outer,
+        circle,
     )
+
+
+def _cell_inside(z: CompiledZone, cell: str, cell_poly: Polygon) -> bool:
+    """Whether every point of an H3 cell is inside the zone's "enter" shape (then its fixes need no
+    test). A circle's disc is convex in the frame it is measured in, and that frame is an affine map
+    of lon/lat, so the cell's outline is inside when its vertices are, with the pad for its geodesic
+    edges."""
+    if z.circle is None:
+        return bool(shapely.contains(z.polygon, cell_poly))
+    lat, lon = np.asarray(h3.cell_to_boundary(cell)).T
+    d = circle_distance_m(lon, lat, z.circle.lon, z.circle.lat)
+    return bool((d <= z.circle.radius_m - CIRCLE_COVER_PAD_M).all())
 
 
 def _h3_shape(geom: Polygon | MultiPolygon) -> Any:
@@ -566,6 +623,8 @@ class ZoneIndex:
     partial_zones: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _polygons: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object), repr=False)
     _outers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object), repr=False)
+    _is_circle: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool), repr=False)
+    _circle: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)), repr=False)  # lon, lat, r, outer
 
     @staticmethod
     def build(zones: Iterable[CompiledZone], resolution: int = ZONE_H3_RESOLUTION) -> ZoneIndex:
@@ -580,13 +639,19 @@ class ZoneIndex:
             # gets the same answer the exact test would give.
             for cell in full_cells:
                 cell_poly = Polygon([(lng, lat) for lat, lng in h3.cell_to_boundary(cell)])
-                dest = full if shapely.contains(z.polygon, cell_poly) else partial
+                dest = full if _cell_inside(z, cell, cell_poly) else partial
                 dest.append((h3.str_to_int(cell), zi))
             partial.extend((h3.str_to_int(cell), zi) for cell in overlap - full_cells)
         idx.full_cells, idx.full_zones = _sorted_multimap(full)
         idx.partial_cells, idx.partial_zones = _sorted_multimap(partial)
         idx._polygons = np.array([z.polygon for z in idx.zones] + [None], dtype=object)[:-1]
         idx._outers = np.array([z.outer for z in idx.zones] + [None], dtype=object)[:-1]
+        circles = [z.circle for z in idx.zones]
+        idx._is_circle = np.array([c is not None for c in circles], dtype=bool)
+        idx._circle = np.array(
+            [(c.lon, c.lat, c.radius_m, c.outer_m) if c else (0.0, 0.0, 0.0, 0.0) for c in circles],
+            dtype=np.float64,
+        ).reshape(-1, 4)
         return idx
 
     def __len__(self) -> int:
@@ -597,7 +662,8 @@ class ZoneIndex:
         as two index arrays (fix positions, positions in `zones`).
 
         Pairs from fully covered cells skip the polygon test; the rest are tested in one
-        contains_xy call per shape kind, grouped by zone so each prepared polygon stays in cache.
+        contains_xy call per shape kind, grouped by zone so each prepared polygon stays in cache,
+        and the circle zones' pairs by their distance from the centre, in one vectorized call.
         """
         if not self.zones or not len(lon):
             empty = np.zeros(0, dtype=np.int64)
@@ -612,8 +678,12 @@ class ZoneIndex:
             order = np.argsort(keys, kind="stable")  # a radix sort for 16-bit keys
             test_fix, test_zone = test_fix[order], test_zone[order]
             x, y = lon[test_fix], lat[test_fix]
-            in_poly = shapely.contains_xy(self._polygons[test_zone], x, y)
-            in_outer = shapely.contains_xy(self._outers[test_zone], x, y)
+            circle = self._is_circle[test_zone]
+            if not circle.any():  # polygons only: one call per shape kind, no copies
+                in_poly = shapely.contains_xy(self._polygons[test_zone], x, y)
+                in_outer = shapely.contains_xy(self._outers[test_zone], x, y)
+            else:
+                in_poly, in_outer = self._mixed_tests(test_zone, x, y, circle)
             inner_fix.append(test_fix[in_poly])
             inner_zone.append(test_zone[in_poly])
             outer_fix.append(test_fix[in_outer])
@@ -622,6 +692,24 @@ class ZoneIndex:
             (np.concatenate(inner_fix), np.concatenate(inner_zone)),
             (np.concatenate(outer_fix), np.concatenate(outer_zone)),
         )
+
+    def _mixed_tests(
+        self, zone: np.ndarray, x: np.ndarray, y: np.ndarray, circle: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(inside, inside the grown shape) of candidate pairs among polygons and circles: the
+        polygons' by `contains_xy`, the circles' by their distance from the centre."""
+        in_poly = np.zeros(len(zone), dtype=bool)
+        in_outer = np.zeros(len(zone), dtype=bool)
+        poly = np.flatnonzero(~circle)
+        if len(poly):
+            in_poly[poly] = shapely.contains_xy(self._polygons[zone[poly]], x[poly], y[poly])
+            in_outer[poly] = shapely.contains_xy(self._outers[zone[poly]], x[poly], y[poly])
+        disc = np.flatnonzero(circle)
+        c = self._circle[zone[disc]]
+        d = circle_distance_m(x[disc], y[disc], c[:, 0], c[:, 1])
+        in_poly[disc] = d <= c[:, 2]
+        in_outer[disc] = d <= c[:, 3]
+        return in_poly, in_outer
 
 
 def _sorted_multimap(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

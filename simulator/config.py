@@ -48,6 +48,9 @@ class ScenarioConfig:
     routes: int = 0  # 0: one per 25 vehicles, 1..20
     route_length_m: float = 8000.0
     zones_per_route: int = 2
+    # The share of zones laid as circles (a Point with radius_m) instead of rectangles; at 0 no draw
+    # is made for it, so a seed keeps the fleet and zones it had before circles existed.
+    circle_zones: float = 0.0
     bbox: tuple[float, float, float, float] = DEFAULT_BBOX
     routes_geojson: Any | None = None
     rules: RouteRules = field(default_factory=simulated_rules)
@@ -117,6 +120,8 @@ class ScenarioConfig:
             p = getattr(self.inject, name)
             if not 0.0 <= p <= 1.0:
                 raise ConfigError(f"injection {name} must be in [0, 1], got {p}")
+        if not 0.0 <= self.circle_zones <= 1.0:
+            raise ConfigError(f"circle_zones must be in [0, 1], got {self.circle_zones}")
         if self.inject.duplicate + self.inject.out_of_order + self.inject.late > 1.0:
             raise ConfigError("fault probabilities add up to more than 1")
         if self.inject.wrong_way + self.inject.schedule > 1.0:

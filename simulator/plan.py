@@ -17,6 +17,7 @@ import math
 import numpy as np
 import shapely
 
+from fleetfence.geo import LocalProjection
 from simulator.batch import ScenarioStats
 from simulator.config import ScenarioConfig
 from simulator.geo import BoolArray, FloatArray, IntArray
@@ -84,18 +85,35 @@ class Fleet:
         # Zones of each vehicle's route, padded to the same count.
         zmax = max([len(r.zones) for r in self.city.routes] + [0])
         self.zmax = zmax
-        za = np.full((n_routes, max(zmax, 1)), np.nan)
-        zb = np.full((n_routes, max(zmax, 1)), np.nan)
-        tzx = np.zeros((n_routes, max(zmax, 1)))
-        tzy = np.zeros((n_routes, max(zmax, 1)))
+        # Per zone, along its route: the enter edges (za, zb), the stay-inside edges grown by the
+        # hysteresis band (zao, zbo), and how much further inside its edges a noisy fix must stay
+        # to be inside whatever its sideways noise (zpi at the enter edges, zpo at the grown ones:
+        # 0 for a rectangle, whose sides lie far beyond the noise; a circle's chord shortens).
+        h = cfg.assume.hysteresis_m
+        shape_ = (n_routes, max(zmax, 1))
+        za, zb, zao, zbo = (np.full(shape_, np.nan) for _ in range(4))
+        zpi, zpo = np.zeros(shape_), np.zeros(shape_)
+        tzx = np.zeros(shape_)
+        tzy = np.zeros(shape_)
         self.zone_ids: list[list[str]] = []
         for ri, r in enumerate(self.city.routes):
             self.zone_ids.append([z.zone_id for z in r.zones])
             for zi, z in enumerate(r.zones):
-                za[ri, zi], zb[ri, zi] = z.start_m, z.end_m
                 _x, _y, ux, uy = r.line.at(np.array([z.start_m + 1.0]))
                 tzx[ri, zi], tzy[ri, zi] = ux[0], uy[0]
+                if z.circle is None:
+                    za[ri, zi], zb[ri, zi] = z.start_m, z.end_m
+                    zao[ri, zi], zbo[ri, zi] = z.start_m - h, z.end_m + h
+                    continue
+                edges = circle_edges(
+                    city.projection, z.circle, float(ux[0]), float(uy[0]), h, cfg.noise_bound_m
+                )
+                c = (z.start_m + z.end_m) / 2
+                za[ri, zi], zb[ri, zi] = c - edges[0], c + edges[0]
+                zao[ri, zi], zbo[ri, zi] = c - edges[1], c + edges[1]
+                zpi[ri, zi], zpo[ri, zi] = edges[2], edges[3]
         self.za, self.zb, self.tzx, self.tzy = za, zb, tzx, tzy
+        self.zao, self.zbo, self.zpi, self.zpo = zao, zbo, zpi, zpo
         self.zone_planned = np.zeros((n_routes, max(zmax, 1)), dtype=bool)
         for ri, r in enumerate(self.city.routes):
             for zi, z in enumerate(r.zones):
@@ -284,16 +302,48 @@ class Fleet:
             b = self.zb[route_idx, zi]
             valid = on_route & ~np.isnan(a)
             a0, b0 = np.nan_to_num(a, nan=-1e12), np.nan_to_num(b, nan=-1e12)
+            ao, bo = (np.nan_to_num(e[route_idx, zi], nan=-1e12) for e in (self.zao, self.zbo))
+            pi, po = self.zpi[route_idx, zi], self.zpo[route_idx, zi]
             tzx, tzy = self.tzx[route_idx, zi], self.tzy[route_idx, zi]
             along = nx * tzx + ny * tzy
             new = s_eff + along
-            for thr in (a0 - h, a0, b0, b0 + h):
+            # Each edge with the extra margin on its inside: above the lower edges, below the upper.
+            for thr, pad_above, pad_below in ((ao, po, 0.0), (a0, pi, 0.0), (b0, 0.0, pi), (bo, 0.0, po)):
                 above = s_eff > thr
-                new = np.where(valid & above, np.maximum(new, thr + clamp), new)
-                new = np.where(valid & ~above, np.minimum(new, thr - clamp), new)
+                new = np.where(valid & above, np.maximum(new, thr + clamp + pad_above), new)
+                new = np.where(valid & ~above, np.minimum(new, thr - clamp - pad_below), new)
             fix = new - s_eff - along
             shift += fix
             nx, ny = nx + fix * tzx, ny + fix * tzy
             in_poly[:, zi] = valid & (s_eff > a0) & (s_eff < b0)
-            in_outer[:, zi] = valid & (s_eff > a0 - h) & (s_eff < b0 + h)
+            in_outer[:, zi] = valid & (s_eff > ao) & (s_eff < bo)
         return nx, ny, in_poly, in_outer, shift
+
+
+def circle_edges(
+    city: LocalProjection,
+    circle: tuple[float, float, float],
+    tx: float,
+    ty: float,
+    hysteresis_m: float,
+    noise_bound_m: float,
+) -> tuple[float, float, float, float]:
+    """A circle zone on a straight run (direction (tx, ty) in the city's frame), in arc length from
+    its centre: how far the enter edge and the grown edge lie, and how much further inside them a
+    fix with sideways noise up to `noise_bound_m` must stay to be inside (a chord is shorter than the
+    diameter).
+
+    The processor measures in the circle's own frame (`fleetfence.geo.circle_distance_m`), which
+    differs from the city's by its longitude scale: along the run a metre of the city's frame is
+    `sigma` metres of the circle's, so the radius r lies r / sigma along the run. The sideways margin
+    is the chord's shortening with a little slack for the frames' skew and the centre's rounding."""
+    lon, lat, radius = circle
+    sx = LocalProjection(lon, lat).kx / city.kx
+    sigma = math.hypot(tx * sx, ty)
+    side = noise_bound_m * max(sx, 1.0) * 1.01 + 0.01
+
+    def chord_pad(r_along: float) -> float:
+        return r_along - math.sqrt(max(r_along**2 - side**2, 0.0)) + 0.05
+
+    enter, grown = radius / sigma, (radius + hysteresis_m) / sigma
+    return enter, grown, chord_pad(enter), chord_pad(grown)

@@ -69,7 +69,7 @@ def scenario_entities(sc: Scenario) -> list[EntityData]:
                     "name": z.name,
                     "kind": z.kind,
                     "planned_stop": z.planned_stop,
-                    "geometry": {"type": "Polygon", "coordinates": [z.ring_lonlat]},
+                    "geometry": z.geometry(),
                 }
             )
         )

@@ -4,7 +4,9 @@ Pure (no I/O besides parsing a GeoJSON document handed in). Zones are rectangles
 *straight* run of a route, away from every other route and from the rest of their own route, so a
 vehicle of that route is inside a zone exactly when its arc length lies between the zone's two
 edges; the ground truth can then be derived from the planned arc length alone (see
-`simulator.scenario`), without testing polygons.
+`simulator.scenario`), without testing polygons. A share of them can be circles centred on the run
+instead (`ScenarioConfig.circle_zones`): along the run, inside a circle is again an interval of arc
+length around its centre (`simulator.plan.Fleet` works out its ends in the circle's own frame).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from shapely.geometry import LineString, Polygon
 from shapely.ops import substring
 
 from fleetfence.errors import ConfigError
-from fleetfence.geo import LocalProjection
+from fleetfence.geo import LocalProjection, circle_polygon_m
 from fleetfence.rules import STOP_ZONE_KINDS
 from simulator.geo import FloatArray, Polyline
 
@@ -44,7 +46,10 @@ class Run:
 
 @dataclass
 class ZoneGeom:
-    """A rectangular zone across a straight run: inside <=> start_m < arc length < end_m."""
+    """A rectangular zone across a straight run: inside <=> start_m < arc length < end_m. Or a
+    circle centred on the run at (start_m + end_m) / 2, of radius (end_m - start_m) / 2: then
+    `circle` is its registered centre (lon, lat) and radius, `polygon_m` a polygon containing the
+    disc (in the city's frame), and `ring_lonlat` empty."""
 
     zone_id: str
     name: str
@@ -54,6 +59,14 @@ class ZoneGeom:
     end_m: float
     polygon_m: Polygon
     ring_lonlat: list[list[float]]
+    circle: tuple[float, float, float] | None = None
+
+    def geometry(self) -> dict[str, Any]:
+        """The zone's GeoJSON geometry as registered in the vehicle master."""
+        if self.circle is not None:
+            lon, lat, radius = self.circle
+            return {"type": "Point", "coordinates": [lon, lat], "radius_m": radius}
+        return {"type": "Polygon", "coordinates": [self.ring_lonlat]}
 
     @property
     def planned_stop(self) -> bool:
@@ -208,8 +221,11 @@ def place_zones(
     noise_bound_m: float,
     prefix: str,
     end_clear_m: float = 0.0,
+    circle_share: float = 0.0,
 ) -> None:
-    """Lay up to `zones_per_route` rectangles across straight runs of each route.
+    """Lay up to `zones_per_route` rectangles across straight runs of each route; each is a circle
+    instead with probability `circle_share` (drawn only when it is above 0, so a seed keeps its
+    zones without circles).
 
     A candidate is kept only if its grown shape (hysteresis + noise + margin) touches no other
     route, no other zone and no part of its own route outside the run it was laid on; so the only
@@ -223,6 +239,7 @@ def place_zones(
     for ri, route in enumerate(city.routes):
         others = [r.line_m for j, r in enumerate(city.routes) if j != ri]
         for k in range(zones_per_route):
+            circle = circle_share > 0 and float(rng.random()) < circle_share
             for _attempt in range(60):
                 length = float(rng.uniform(80, 200))
                 need = length + 2 * (guard + 2.0)
@@ -243,6 +260,15 @@ def place_zones(
                 rect = Polygon(corners)
                 if not rect.exterior.is_ccw:
                     rect = Polygon(corners[::-1])
+                centre: tuple[float, float, float] | None = None
+                if circle:
+                    # The disc on the run's axis, its diameter the rectangle's length; the polygon
+                    # standing for it contains it (its chords tangent to a slightly larger circle).
+                    (cx, cy, _tx, _ty) = route.line.at(np.array([(a + b) / 2]))
+                    ring = circle_polygon_m(length / 2 + 0.5, outside=True)
+                    rect = Polygon(np.add(ring, (float(cx[0]), float(cy[0]))))
+                    clon, clat = city.projection.inverse(cx, cy)
+                    centre = (round(float(clon[0]), 8), round(float(clat[0]), 8), round(length / 2, 3))
                 grown = rect.buffer(guard)
                 lo, hi = a - guard - 1.0, b + guard + 1.0
                 if hi + end_clear_m > route.line.length_m:
@@ -255,13 +281,23 @@ def place_zones(
                 placed.append(grown)
                 ex, ey = rect.exterior.coords.xy
                 lon, lat = city.projection.inverse(np.asarray(ex), np.asarray(ey))
-                ring = [[round(float(o), 8), round(float(t), 8)] for o, t in zip(lon, lat, strict=True)]
-                ring[-1] = ring[0]
+                ring_ll = [[round(float(o), 8), round(float(t), 8)] for o, t in zip(lon, lat, strict=True)]
+                ring_ll[-1] = ring_ll[0]
                 # A depot and a restricted zone first: a long stop in the one is planned, in the
                 # other it raises UNPLANNED_STOP (the ground truth knows which from the kind).
                 kind = "depot" if k == 0 else "restricted" if k == 1 else "customer"
                 route.zones.append(
-                    ZoneGeom(f"{prefix}z{ri:03d}-{k}", f"{kind} {ri}-{k}", kind, ri, a, b, rect, ring)
+                    ZoneGeom(
+                        f"{prefix}z{ri:03d}-{k}",
+                        f"{kind} {ri}-{k}",
+                        kind,
+                        ri,
+                        a,
+                        b,
+                        rect,
+                        [] if centre else ring_ll,
+                        centre,
+                    )
                 )
                 break
             else:

@@ -13,6 +13,8 @@ noisy fixes or from processor code:
   lies in the ambiguous band around the corridor edge;
 - zones are rectangles across straight runs; a fix's along-route noise is clamped so it never
   crosses a zone edge (or the edge grown by the hysteresis band) relative to the planned position;
+  a circle zone on a run (`circle_zones`) is an interval of the run too, its ends worked out in the
+  circle's own frame, and a fix inside stays inside by the chord its sideways noise could cost;
 - speeds are reported exactly as planned, cruising below limit - hysteresis, speeding well above;
 - a vehicle goes silent early enough that the rest of the fleet moves the watermark past its due
   time; only "calm" fixes (whose loss changes no alert) are delivered late.
@@ -75,6 +77,7 @@ class Scenario:
             cfg.noise_bound_m,
             cfg.vehicle_prefix,
             end_clear_m=cfg.rules.completion_radius_m + cfg.noise_bound_m + EDGE_MARGIN_M + 10.0,
+            circle_share=cfg.circle_zones,
         )
         self.stats = ScenarioStats()
         self.fleet = Fleet(cfg, self.city, rng, self.stats)

@@ -90,7 +90,7 @@ def infer_entity(feature: dict[str, Any]) -> MasterEntity:
     kind = geometry.get("type") if isinstance(geometry, dict) else None
     if kind == "LineString":
         return MasterEntity.ROUTE
-    if kind in ("Polygon", "MultiPolygon"):
+    if kind in ("Polygon", "MultiPolygon", "Point"):  # a Point is a circle zone (with radius_m)
         return MasterEntity.ZONE
     raise MasterValidationError(
         "cannot tell the entity: set properties.entity (route, zone, vehicle, assignment)",

@@ -11,15 +11,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import shapely
 from shapely.geometry import shape
 from shapely.validation import explain_validity
 
+from fleetfence.geo import EARTH_RADIUS_M, MAX_CIRCLE_RADIUS_M, LocalProjection, circle_polygon_m
 from vehicle_master.errors import GeometryError
 
 Position = Sequence[float]
 
 MAX_POINTS = 100_000  # a route or zone beyond this is a data error, and would slow every fix check
+# A circle's centre stays off the poles, where the local projection its distance is measured in
+# degenerates (as the map's Web Mercator does at 85.05 degrees).
+MAX_CIRCLE_LAT = 85.0
 
 
 def check_position(pos: Any, where: str) -> tuple[float, float]:
@@ -99,6 +104,39 @@ def validate_zone_geometry(geometry: dict[str, Any]) -> dict[str, Any]:
     if geom.area <= 0:
         raise GeometryError(f"{kind} has zero area")
     return canonical
+
+
+def validate_circle(geometry: dict[str, Any]) -> dict[str, Any]:
+    """A circle zone: a GeoJSON Point (its centre) with `radius_m`, a foreign member of the geometry
+    object (RFC 7946, 6.1), as Tile38, Traccar and Amazon Location model circles. The radius is a
+    finite number in (0, MAX_CIRCLE_RADIUS_M]; the centre is within MAX_CIRCLE_LAT of the equator,
+    and the disc does not reach across the antimeridian. Returns it canonical (2-D, floats)."""
+    if geometry.get("type") != "Point":
+        raise GeometryError(f"a circle zone is a Point with radius_m, got {geometry.get('type')!r}")
+    lon, lat = check_position(geometry.get("coordinates"), "centre")
+    r = geometry.get("radius_m")
+    if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r):
+        raise GeometryError(f"radius_m must be a finite number, got {r!r}")
+    if not 0 < r <= MAX_CIRCLE_RADIUS_M:
+        raise GeometryError(f"radius_m {r} outside (0, {MAX_CIRCLE_RADIUS_M:g}]")
+    if abs(lat) > MAX_CIRCLE_LAT:
+        raise GeometryError(f"a circle's centre must be within {MAX_CIRCLE_LAT} degrees of the equator")
+    half_lon = float(r) / (math.radians(1.0) * EARTH_RADIUS_M * math.cos(math.radians(lat)))
+    if abs(lon) + half_lon > 180.0:
+        raise GeometryError("a circle must not reach across the antimeridian")
+    return {"type": "Point", "coordinates": [lon, lat], "radius_m": float(r)}
+
+
+def zone_area(geometry: dict[str, Any]) -> shapely.Geometry:
+    """A valid zone geometry as a lon/lat Shapely geometry for overlap questions (which zones lie in
+    an area): its polygon, or for a circle a polygon containing its disc (64 chords tangent to it).
+    Never what decides a fix: that is `fleetfence.geo.circle_distance_m`."""
+    if geometry.get("type") != "Point":
+        return shape(geometry)
+    lon0, lat0 = (float(v) for v in geometry["coordinates"][:2])
+    ring = circle_polygon_m(float(geometry["radius_m"]), outside=True)
+    lon, lat = LocalProjection(lon0, lat0).inverse(ring[:, 0], ring[:, 1])
+    return shapely.polygons(np.column_stack((lon, lat)))
 
 
 def _rings_of(geometry: dict[str, Any]) -> list[list[list[float]]]:

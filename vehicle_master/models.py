@@ -14,8 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity
+from fleetfence.geo import MAX_CIRCLE_RADIUS_M
 from fleetfence.rules import RouteRules
-from vehicle_master.geometry import validate_line_string, validate_zone_geometry
+from vehicle_master.geometry import validate_circle, validate_line_string, validate_zone_geometry
 
 EntityId = Annotated[str, StringConstraints(pattern=VEHICLE_ID_RE.pattern)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
@@ -58,7 +59,22 @@ class MultiPolygon(_Strict):
         return self
 
 
-ZoneGeometry = Annotated[Polygon | MultiPolygon, Field(discriminator="type")]
+class Circle(_Strict):
+    """A circle zone: its centre as a GeoJSON Point, and its radius as the geometry's foreign member
+    `radius_m` (Tile38, Traccar and Amazon Location model circles the same way). Inside means within
+    `radius_m` of the centre, exactly (`fleetfence.geo.circle_distance_m`), not a polygon of it."""
+
+    type: Literal["Point"]
+    coordinates: Coordinate
+    radius_m: float = Field(gt=0, le=MAX_CIRCLE_RADIUS_M, strict=True, description="Metres from the centre.")
+
+    @model_validator(mode="after")
+    def _valid(self) -> Circle:
+        self.coordinates = validate_circle(self.model_dump())["coordinates"]
+        return self
+
+
+ZoneGeometry = Annotated[Polygon | MultiPolygon | Circle, Field(discriminator="type")]
 
 
 class ZoneKind(StrEnum):

@@ -17,6 +17,7 @@ from admin_api.readmodels import last_fix_ms
 from admin_api.responses import OrjsonResponse
 from admin_api.routers.credentials import revoke_on_delete
 from admin_api.schemas import (
+    CIRCLE_ZONE_EXAMPLE,
     INVALID,
     READ_ERRORS,
     ROUTE_EXAMPLE,
@@ -45,6 +46,11 @@ from vehicle_master.models import AssignmentData, EntityData, RouteData, Vehicle
 from vehicle_master.store import AsyncVehicleMaster, Filter, MasterRecord, parse_entity
 
 router = APIRouter(prefix="/api/v1")
+
+ZONE_EXAMPLES: dict[str, Any] = {
+    "depot": {"summary": "A depot zone", "value": ZONE_EXAMPLE},
+    "circle": {"summary": "A circle zone (a Point with radius_m)", "value": CIRCLE_ZONE_EXAMPLE},
+}
 
 ID = VEHICLE_ID_RE.pattern
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
@@ -205,11 +211,10 @@ async def list_zones(
 async def create_zone(
     _: Admin,
     master: Master,
-    body: Annotated[
-        ZoneFeatureIn, Body(openapi_examples={"depot": {"summary": "A depot zone", "value": ZONE_EXAMPLE}})
-    ],
+    body: Annotated[ZoneFeatureIn, Body(openapi_examples=ZONE_EXAMPLES)],
 ) -> Response:
-    """Create a zone from a GeoJSON Polygon or MultiPolygon Feature."""
+    """Create a zone from a GeoJSON Polygon or MultiPolygon Feature, or a circle: a Point Feature
+    whose geometry carries `radius_m` (metres, > 0, at most 50 km)."""
     return await _create(master, _feature(MasterEntity.ZONE, body, None), "zones")
 
 
@@ -223,9 +228,7 @@ async def put_zone(
     _: Admin,
     master: Master,
     zone_id: EntityPath,
-    body: Annotated[
-        ZoneFeatureIn, Body(openapi_examples={"depot": {"summary": "A depot zone", "value": ZONE_EXAMPLE}})
-    ],
+    body: Annotated[ZoneFeatureIn, Body(openapi_examples=ZONE_EXAMPLES)],
     if_match: IfMatch = None,
 ) -> Response:
     return await _put(master, _feature(MasterEntity.ZONE, body, zone_id), if_match)
@@ -426,10 +429,10 @@ async def import_features(
 ) -> Response:
     """Create or replace many entities from one GeoJSON FeatureCollection.
 
-    LineStrings are routes, (Multi)Polygons zones; vehicles and assignments are Features with
-    `"geometry": null` and `properties.entity`. The whole collection is validated (including that
-    every assignment names a vehicle and route that exist or are in the file) before anything is
-    written; identical entities are left at their version.
+    LineStrings are routes, (Multi)Polygons and Points with `radius_m` (circles) zones; vehicles
+    and assignments are Features with `"geometry": null` and `properties.entity`. The whole
+    collection is validated (including that every assignment names a vehicle and route that exist
+    or are in the file) before anything is written; identical entities are left at their version.
     """
     items, problems = parse_feature_collection(body)
     if not problems:

@@ -15,7 +15,7 @@
 import { api, ApiError, clearKey, getKey, listAll, setKey } from "./api.js";
 import { askForKey } from "./auth.js";
 import { $, say, showPanel } from "./dom.js";
-import { cancelDrawing, closeEditor, onShapeDrawn, startDraw, startRouteEdit } from "./editor.js";
+import { cancelDrawing, closeEditor, onShapeDrawn, startDraw, startRouteEdit, startZoneEdit } from "./editor.js";
 import { gridLayer } from "./grid.js";
 import { addRoute, restyleCorridors, wireRoutes } from "./routes.js";
 import { routeDefaults } from "./schema.js";
@@ -91,9 +91,11 @@ function wire() {
   $("change-key").addEventListener("click", () => askForKey());
   $("draw-route").addEventListener("click", () => startDraw("route"));
   $("draw-zone").addEventListener("click", () => startDraw("zone"));
+  $("draw-circle").addEventListener("click", () => startDraw("circle"));
+  state.zoneClick = (id) => startZoneEdit(id);
   $("toggle-panel").addEventListener("click", () => showPanel(document.body.classList.contains("panel-closed")));
   document.addEventListener("keydown", (ev) => {
-    if (ev.key === "Escape" && (state.drawing || state.editing) && !$("key-dialog").open) {
+    if (ev.key === "Escape" && (state.drawing || state.editing || state.zoneEditing) && !$("key-dialog").open) {
       cancelDrawing();
       closeEditor();
       say("Drawing cancelled.");

@@ -13,7 +13,9 @@ export const state = {
   selectedRoute: null,
   stream: null,
   streamRetryMs: 1000,
-  drawing: null, // {kind: "route"|"zone", layer} while an unsaved shape is on the map
+  drawing: null, // {kind: "route"|"zone"|"circle", layer} while an unsaved shape is on the map
   editing: null, // {id, layer} while an existing route's geometry is being edited
+  zoneEditing: null, // {id, circle} while an existing circle zone is being edited
+  zoneClick: null, // what a click on a zone does (set by app.js: the circle editor, for admins)
 };
 window.fleetfence = state; // for debugging in the console (and the browser tests)

@@ -115,6 +115,99 @@ def test_zone_vehicle_assignment_round_trips_and_filters(api: Api) -> None:
     assert c.delete("/api/v1/vehicles/v1", headers=api.admin).status_code == 204
 
 
+CIRCLE = {"type": "Point", "coordinates": [13.405, 52.515], "radius_m": 250.0}
+
+
+def circle_feature(zid: str = "c1", radius_m: float = 250.0, **props: Any) -> dict[str, Any]:
+    f = zone_feature(zid, **props)
+    f["geometry"] = {**CIRCLE, "radius_m": radius_m}
+    return f
+
+
+def test_circle_zone_round_trip_versions_and_lists(api: Api) -> None:
+    """A circle zone (a Point with radius_m) comes back in the shape it was sent, is versioned like
+    any zone, and a GET body can be sent back as is."""
+    c = api.c
+    created = c.post("/api/v1/zones", json=circle_feature("c1", kind="customer"), headers=api.admin)
+    assert created.status_code == 201, created.text
+    assert created.headers["etag"] == '"1"'
+    body = created.json()
+    assert body["geometry"] == CIRCLE
+    assert body["properties"]["kind"] == "customer"
+    got = c.get("/api/v1/zones/c1", headers=api.viewer)
+    assert got.json() == body
+    echoed = got.json()
+    echoed["geometry"]["radius_m"] = 300.5
+    put = c.put("/api/v1/zones/c1", json=echoed, headers={**api.admin, "If-Match": got.headers["etag"]})
+    assert (put.status_code, put.headers["etag"]) == (200, '"2"')
+    assert put.json()["geometry"] == {**CIRCLE, "radius_m": 300.5}
+    same = c.put("/api/v1/zones/c1", json=echoed, headers=api.admin)
+    assert same.headers["etag"] == '"2"'  # unchanged: no new version
+    stale = c.put("/api/v1/zones/c1", json=circle_feature("c1", 10), headers={**api.admin, "If-Match": '"1"'})
+    assert stale.status_code == 412
+    polygon = c.put("/api/v1/zones/c1", json=zone_feature("c1"), headers=api.admin)
+    assert (polygon.headers["etag"], polygon.json()["geometry"]["type"]) == ('"3"', "Polygon")
+    c.post("/api/v1/zones", json=circle_feature("c2"), headers=api.admin)
+    listed = c.get("/api/v1/zones", headers=api.viewer).json()
+    assert [(f["id"], f["geometry"]["type"]) for f in listed["features"]] == [
+        ("c1", "Polygon"),
+        ("c2", "Point"),
+    ]
+    assert listed["features"][1]["geometry"] == CIRCLE
+    entries = api.r.xrange(f"{api.p}master:outbox")
+    assert entries is not None
+    events = [orjson.loads(f[b"event"]) for _sid, f in entries if f is not None]
+    zone_events = [(e["id"], e["version"], e["data"]["geometry"].get("radius_m")) for e in events]
+    assert zone_events == [("c1", 1, 250.0), ("c1", 2, 300.5), ("c1", 3, None), ("c2", 1, 250.0)]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('"radius_m": NaN', "finite number"),
+        ('"radius_m": Infinity', "finite number"),
+        ('"radius_m": -Infinity', "finite number"),
+        ('"radius_m": 1e400', "finite number"),
+        ('"radius_m": 0', "greater than 0"),
+        ('"radius_m": 50000.5', "less than or equal to 50000"),
+        ('"radius_m": "250"', "valid number"),
+        ('"radius_m": true', "valid number"),
+        ('"radius_m": null', "valid number"),
+        ('"radius": 250', "Field required"),
+    ],
+)
+def test_bad_circle_radius_is_a_422_never_a_500(api: Api, raw: str, message: str) -> None:
+    """Malformed circles answer 422 naming the problem, NaN and Infinity included (Python's JSON
+    parser accepts them), and write nothing."""
+    body = orjson.dumps(circle_feature("cb")).decode().replace('"radius_m":250.0', raw)
+    assert raw in body
+    before = api.r.xlen(f"{api.p}master:outbox")
+    res = api.c.post("/api/v1/zones", content=body, headers={**api.admin, "Content-Type": "application/json"})
+    assert res.status_code == 422, res.text
+    assert message in " | ".join(d["msg"] for d in res.json()["detail"])
+    assert api.r.xlen(f"{api.p}master:outbox") == before
+
+
+@pytest.mark.parametrize(
+    ("coordinates", "message"),
+    [
+        ("[13.4, NaN]", "finite number"),
+        ("[Infinity, 52.5]", "finite number"),
+        ("[181, 52.5]", "longitude 181.0 outside"),
+        ("[13.4, 86]", "85.0 degrees"),
+        ("[179.999, 0]", "antimeridian"),
+        ("[13.4]", "at least 2"),
+        ("[[13.4, 52.5]]", "valid number"),
+    ],
+)
+def test_bad_circle_centre_is_a_422(api: Api, coordinates: str, message: str) -> None:
+    body = orjson.dumps(circle_feature("cb")).decode().replace("[13.405,52.515]", coordinates)
+    assert coordinates in body
+    res = api.c.post("/api/v1/zones", content=body, headers={**api.admin, "Content-Type": "application/json"})
+    assert res.status_code == 422, res.text
+    assert message in " | ".join(d["msg"] for d in res.json()["detail"])
+
+
 def test_pagination_visits_every_vehicle_once(api: Api) -> None:
     for i in range(23):
         api.c.post("/api/v1/vehicles", json={"vehicle_id": f"v{i:02d}", "label": "x"}, headers=api.admin)

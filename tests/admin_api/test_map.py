@@ -504,6 +504,63 @@ def test_admin_draws_a_route_that_the_api_returns(
     assert watched.external() == []
 
 
+def test_admin_draws_and_edits_a_circle_zone(
+    map_server: MapServer, watched: Watched, artifacts: Path
+) -> None:
+    """A circle zone is drawn (centre, then a radius click), its radius typed, saved as a Point with
+    radius_m, shown as a circle, then edited from the map (If-Match) to a new radius."""
+    api_circle = {
+        "type": "Feature",
+        "id": "c-api",
+        "geometry": {"type": "Point", "coordinates": [13.376, 52.505], "radius_m": 120.0},
+        "properties": {"kind": "depot"},
+    }
+    res = httpx.post(f"{map_server.base}/api/v1/zones", json=api_circle, headers=map_server.admin)
+    assert res.status_code == 201, res.text
+    page = watched.page
+    watched.login(map_server.admin_key)
+    assert page.locator("path.zone-circle").count() == 1  # a stored circle is drawn as one
+    page.evaluate("() => window.fleetfence.map.setView([52.505, 13.386], 15, {animate: false})")
+    page.get_by_role("button", name="Draw circle").click()
+    for lat, lon in [(52.505, 13.390), (52.505, 13.393)]:  # the centre, then a point on the rim
+        x, y = watched.screen_point(lat, lon)
+        page.mouse.click(x, y)
+    page.get_by_label("Zone id").fill("c-drawn")
+    drawn_radius = float(page.get_by_label("Radius (m)").input_value())
+    assert 150 < drawn_radius < 260  # 0.003 degrees of longitude at 52.5 N: about 203 m
+    assert abs(float(page.get_by_label("Centre latitude").input_value()) - 52.505) < 2e-4
+    page.get_by_label("Radius (m)").fill("150")
+    page.get_by_label("Name").fill("Drawn customer")
+    page.get_by_label("Kind").select_option("customer")
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Zone c-drawn saved (version 1, radius 150 m).").wait_for()
+    zone = httpx.get(f"{map_server.base}/api/v1/zones/c-drawn", headers=map_server.viewer).json()
+    assert zone["geometry"]["type"] == "Point"
+    assert zone["geometry"]["radius_m"] == 150.0
+    lon, lat = zone["geometry"]["coordinates"]
+    assert abs(lat - 52.505) < 2e-4
+    assert abs(lon - 13.390) < 2e-4
+    assert zone["properties"]["kind"] == "customer"
+    assert page.locator("path.zone-circle").count() == 2
+    page.screenshot(path=str(artifacts / "09-admin-circle-saved.png"))
+
+    # Edit it from the map: a click on the circle opens its form with its centre and radius.
+    x, y = watched.screen_point(lat, lon)
+    page.mouse.click(x + 20, y + 20)
+    page.get_by_text("Edit circle zone c-drawn").wait_for()
+    assert float(page.get_by_label("Radius (m)").input_value()) == 150.0
+    assert page.get_by_label("Kind").input_value() == "customer"
+    page.get_by_label("Radius (m)").fill("180.5")
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Zone c-drawn saved (version 2, radius 180.5 m).").wait_for()
+    edited = httpx.get(f"{map_server.base}/api/v1/zones/c-drawn", headers=map_server.viewer).json()
+    assert edited["geometry"] == {**zone["geometry"], "radius_m": 180.5}
+    assert edited["properties"]["name"] == "Drawn customer"
+    assert page.locator("path.zone-circle").count() == 2
+    assert watched.errors == []
+    assert watched.external() == []
+
+
 def register(map_server: MapServer, *vids: str) -> None:
     for vid in vids:
         res = httpx.post(

@@ -42,6 +42,7 @@ from tests.history.helpers import (
     D1,
     D2,
     FIXES,
+    FULL,
     R_M,
     V3_T0,
     ZONE_BOX,
@@ -231,6 +232,76 @@ def test_sedonadb_reads_the_archive_as_geoparquet(sedona: SedonaReports) -> None
         " AS same FROM telemetry"
     ).to_arrow_table()
     assert rows.to_pylist() == [{"n": len(FIXES), "same": len(FIXES)}]
+
+
+def test_circle_zone_visits_are_the_processors_circle(tmp_path: Path) -> None:
+    """A circle zone's visits are decided as the processor decides them: within radius_m of the
+    centre in its local projection, the boundary included; 1 cm outside is outside even though the
+    polygon the query pre-filters with contains it. SedonaDB and the baseline agree with that."""
+    from fleetfence.geo import LocalProjection, circle_distance_m
+    from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned
+
+    cx, cy = 13.4265, 52.5015
+    proj = LocalProjection(cx, cy)
+    # Due north the distance is |dlat| x ky, exactly, in numpy and in SQL alike: a fix exactly on
+    # the circle, whose distance is the radius.
+    on_lat = float(proj.inverse(np.array([0.0]), np.array([60.0]))[1][0])
+    r = float(circle_distance_m(cx, on_lat, cx, cy))
+    east = [-100.0, -(r + 0.01), -(r - 0.01), 0.0, r - 0.01, r + 0.01, 100.0]
+    elon, elat = proj.inverse(np.array(east), np.zeros(len(east)))
+    north_lat = [cy, on_lat, float(proj.inverse(np.array([0.0]), np.array([r + 0.01]))[1][0])]
+    fixes = [
+        {
+            "vehicle_id": "ve",
+            "seq": i,
+            "ts_ms": D1 + 1000 * i,
+            "lon": float(x),
+            "lat": float(y),
+            "speed_kmh": 20.0,
+        }
+        for i, (x, y) in enumerate(zip(elon, elat, strict=True))
+    ] + [
+        {"vehicle_id": "vn", "seq": i, "ts_ms": D1 + 1000 * i, "lon": cx, "lat": y, "speed_kmh": 20.0}
+        for i, y in enumerate(north_lat)
+    ]
+    circle = {"type": "Point", "coordinates": [cx, cy], "radius_m": r}
+    write_master(
+        tmp_path,
+        [
+            {
+                "entity": "zone",
+                "id": "c1",
+                "version": 1,
+                "data": {"zone_id": "c1", "kind": "customer", "geometry": circle},
+                "event_ts_ms": D1 - 86_400_000,
+            }
+        ],
+    )
+    cols = {k: [f[k] for f in fixes] for k in fixes[0]}
+    write_telemetry_partitioned(telemetry_table(cols), tmp_path, BUCKETS, "part-0.parquet")
+    d = circle_distance_m(np.array(cols["lon"]), np.array(cols["lat"]), cx, cy)
+    assert d[8] == r
+    assert list(d <= r) == [False, False, True, True, True, False, False, True, True, False]
+    want = pd.DataFrame(
+        [
+            ("ve", "c1", D1 + 2000, D1 + 5000, D1 + 4000, 3.0, 3, float(elon[2]), float(elat[2])),
+            ("vn", "c1", D1, D1 + 2000, D1 + 1000, 2.0, 2, cx, cy),
+        ],
+        columns=[
+            "vehicle_id",
+            "zone_id",
+            "entry_ts_ms",
+            "exit_ts_ms",
+            "last_inside_ts_ms",
+            "dwell_s",
+            "fixes",
+            "entry_lon",
+            "entry_lat",
+        ],
+    )
+    want["exit_ts_ms"] = want["exit_ts_ms"].astype("Int64")
+    assert_same(SedonaReports(tmp_path, FULL, BUCKETS).zone_visits(), want)
+    assert_same(BaselineReports(tmp_path, FULL, BUCKETS).zone_visits(), want)
 
 
 # --------------------------------------------------------------------------- baseline cross-check

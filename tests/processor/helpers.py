@@ -90,6 +90,19 @@ def master_events(trips: bool = False) -> list[dict[str, Any]]:
     return ev
 
 
+def circle_zone_event() -> dict[str, Any]:
+    """A circle zone (issue #40), 150 m around the line 2 km west of the frame's centre, clear of the
+    depot: every vehicle of `scenario` enters it (100 m from the centre) and leaves it (200 m)."""
+    lon, lat = LocalProjection(13.05, 52.5).inverse(np.array([-2000.0]), np.array([0.0]))
+    data = {
+        "zone_id": "yard",
+        "name": "Yard",
+        "kind": "customer",
+        "geometry": {"type": "Point", "coordinates": [float(lon[0]), float(lat[0])], "radius_m": 150.0},
+    }
+    return {"entity": "zone", "id": "yard", "version": 1, "op": "upsert", "ts_ms": T0, "data": data}
+
+
 def scenario(n_fixes: int = 60, trips: bool = False) -> list[Telemetry]:
     """Six vehicles drive east along the route at 1 Hz. v1 leaves the corridor (300 m) for fixes
     20-29; v2 speeds at 90 km/h for fixes 10-25; every vehicle crosses the depot zone; v3 stops

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from fleetfence.testing import read_all
 from processor.job import start_query
 from tests.processor.helpers import (
     T0,
+    circle_zone_event,
     committed_alerts,
     expected_alerts,
     markers,
@@ -41,18 +43,22 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     ps = processor_settings(settings, tmp_path)
     fixes = scenario()
-    produce_master(settings, master_events())
+    master = [*master_events(), circle_zone_event()]  # a circle zone too (issue #40)
+    produce_master(settings, master)
     produce_telemetry(settings, fixes)
     bad = [b"not json", b'{"vehicle_id": "v0"}', orjson.dumps({"vehicle_id": "v9", "seq": "x"})]
     produce(settings, settings.topics.telemetry, [(b"junk", b) for b in bad])
-    expected = expected_alerts(fixes, ps.engine_config())
-    # Hand-checked: every vehicle crosses the depot; v1 deviates and returns; v2 speeds once.
+    expected = expected_alerts(fixes, ps.engine_config(), master)
+    # Hand-checked: every vehicle crosses the depot and the yard (a circle); v1 deviates and
+    # returns; v2 speeds once.
     kinds = sorted((a["vehicle_id"], a["type"].value) for a in expected.values())
     assert kinds.count(("v1", "ROUTE_DEVIATION")) == 1
     assert kinds.count(("v1", "ROUTE_RETURN")) == 1
     assert kinds.count(("v2", "OVERSPEED")) == 1
-    assert sum(1 for _, t in kinds if t == "ZONE_ENTER") == 6
-    assert len(expected) == 15
+    assert sum(1 for _, t in kinds if t == "ZONE_ENTER") == 12
+    zones = Counter((a["type"].value, a.get("zone_id")) for a in expected.values())
+    assert zones[("ZONE_ENTER", "yard")] == zones[("ZONE_EXIT", "yard")] == 6
+    assert len(expected) == 27
 
     q = start_query(spark, ps)
     try:

@@ -172,6 +172,84 @@ def test_zones_are_clean_rectangles_and_enter_exit_follow_the_plan() -> None:
         assert not grown[a.zone_id].contains(Point(float(x), float(y)))
 
 
+CIRCLES = Injections(0.2, 0.2, dwell=1.0, silent=0.1, duplicate=0.03, out_of_order=0.03, late=0.03)
+
+
+@pytest.mark.parametrize(
+    ("share", "noise_sigma_m", "ticks_per_batch"),
+    # All circles under the largest noise the inner band allows (its sideways noise shortens a
+    # circle's chord by metres), and a mix of circles and rectangles.
+    [(1.0, 10.0, 3), (0.5, 3.0, 7)],
+)
+def test_processor_engine_reproduces_the_ground_truth_with_circle_zones(
+    share: float, noise_sigma_m: float, ticks_per_batch: int
+) -> None:
+    sc, batches, truth = run(small(circle_zones=share, seed=5, noise_sigma_m=noise_sigma_m, inject=CIRCLES))
+    circles = [z for z in sc.city.zones if z.circle is not None]
+    assert len(circles) >= 3
+    if share < 1:
+        assert len(circles) < len(sc.city.zones)
+    entered = {a.zone_id for a in truth if a.type == "ZONE_ENTER"}
+    assert entered & {z.zone_id for z in circles}
+    observed = engine_alerts(sc, batches, ticks_per_batch)
+    res = compare(truth, observed)
+    assert res.missing == []
+    assert res.unexpected == []
+    assert {a.key: a.ts_ms for a in truth} == {o.key: o.ts_ms for o in observed}
+
+
+def test_circle_zones_enter_within_the_radius_and_exit_beyond_the_band() -> None:
+    """Checked on the published fixes with the circle's one distance, independently of the plan:
+    an enter fix is within the radius (its previous fix not), an exit fix beyond radius + band."""
+    from fleetfence.geo import circle_distance_m
+
+    sc, batches, truth = run(
+        small(
+            circle_zones=1.0,
+            noise_sigma_m=10.0,
+            inject=Injections(0, 0, dwell=1.0, silent=0, duplicate=0, out_of_order=0, late=0),
+        )
+    )
+    circles = {z.zone_id: z.circle for z in sc.city.zones if z.circle is not None}
+    h = sc.cfg.assume.hysteresis_m
+    fixes: dict[tuple[str, int], tuple[float, float]] = {}
+    vids = sc.vehicle_ids()
+    for b in batches:
+        for v, s, lat, lon in zip(
+            b.vehicle.tolist(), b.seq.tolist(), b.lat.tolist(), b.lon.tolist(), strict=True
+        ):
+            fixes[(vids[v], s)] = (lon, lat)
+
+    def distance(key: tuple[str, int], zone_id: str) -> float:
+        lon0, lat0, _r = circles[zone_id]
+        return float(circle_distance_m(*fixes[key], lon0, lat0))
+
+    enters = [a for a in truth if a.type == "ZONE_ENTER" and a.zone_id in circles]
+    exits = [a for a in truth if a.type == "ZONE_EXIT" and a.zone_id in circles]
+    assert enters
+    assert exits
+    for a in enters:
+        assert a.zone_id is not None
+        assert distance((a.vehicle_id, a.seq), a.zone_id) <= circles[a.zone_id][2]
+        if (a.vehicle_id, a.seq - 1) in fixes:
+            assert distance((a.vehicle_id, a.seq - 1), a.zone_id) > circles[a.zone_id][2]
+    for a in exits:
+        assert a.zone_id is not None
+        assert distance((a.vehicle_id, a.seq), a.zone_id) > circles[a.zone_id][2] + h
+
+
+def test_no_circle_share_draws_nothing_more() -> None:
+    """At circle_zones=0 no random draw is made for circles: the seed's zones and fleet are the
+    ones it had before circles existed (fixed seeds are what the other tests rely on)."""
+    sc, batches, truth = run(small(seed=5, vehicles=6, duration_s=120, circle_zones=0.0))
+    assert all(z.circle is None for z in sc.city.zones)
+    _sc2, batches2, truth2 = run(small(seed=5, vehicles=6, duration_s=120))
+    assert [a.key for a in truth] == [a.key for a in truth2]
+    assert np.array_equal(np.concatenate([b.lat for b in batches]), np.concatenate([b.lat for b in batches2]))
+    with pytest.raises(ConfigError, match="circle_zones"):
+        ScenarioConfig(circle_zones=1.5).validate()
+
+
 def test_faults_are_exactly_the_injected_ones() -> None:
     cfg = small(inject=Injections(0, 0, 0, 0, duplicate=0.05, out_of_order=0.05, late=0.05))
     sc, batches, _truth = run(cfg)

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 import pytest
+import shapely
+import shapely.geometry
 from confluent_kafka import TopicPartition
 
 from fleetfence.kafka import ensure_topics, group_consumer, topic_specs
@@ -29,7 +31,8 @@ from vehicle_master.errors import (
     UnknownReferenceError,
     VersionConflictError,
 )
-from vehicle_master.geometry import validate_line_string, validate_zone_geometry
+from vehicle_master.geojson import infer_entity, parse_feature_collection
+from vehicle_master.geometry import validate_circle, validate_line_string, validate_zone_geometry, zone_area
 from vehicle_master.models import AssignmentData, RouteData, VehicleData, ZoneData
 from vehicle_master.relay import OutboxRelay
 from vehicle_master.settings import MasterSettings
@@ -109,6 +112,66 @@ def test_valid_geometries_are_canonical() -> None:
     }
     multi = {"type": "MultiPolygon", "coordinates": [SQUARE["coordinates"]]}
     assert validate_zone_geometry(multi)["type"] == "MultiPolygon"
+
+
+CIRCLE = {"type": "Point", "coordinates": [13.4, 52.5], "radius_m": 250.0}
+
+
+@pytest.mark.parametrize(
+    ("geometry", "message"),
+    [
+        ({**CIRCLE, "radius_m": 0}, "radius_m"),
+        ({**CIRCLE, "radius_m": -5}, "radius_m"),
+        ({**CIRCLE, "radius_m": 50_001}, "radius_m"),
+        ({**CIRCLE, "radius_m": float("nan")}, "radius_m"),
+        ({**CIRCLE, "radius_m": float("inf")}, "radius_m"),
+        ({**CIRCLE, "radius_m": True}, "radius_m"),
+        ({**CIRCLE, "radius_m": "250"}, "radius_m"),
+        ({"type": "Point", "coordinates": [13.4, 52.5]}, "radius_m"),
+        ({**CIRCLE, "coordinates": [13.4, float("nan")]}, "coordinates|finite"),
+        ({**CIRCLE, "coordinates": [float("-inf"), 52.5]}, "coordinates|finite"),
+        ({**CIRCLE, "coordinates": [190, 52.5]}, "longitude|less than"),
+        ({**CIRCLE, "coordinates": [13.4, -91]}, "latitude|85"),
+        ({**CIRCLE, "coordinates": [13.4, 86]}, "85"),
+        ({**CIRCLE, "coordinates": [179.999, 0]}, "antimeridian"),
+        ({**CIRCLE, "coordinates": [[13.4, 52.5]]}, "coordinates|position"),
+        ({**CIRCLE, "radius": 250}, "Extra inputs|radius"),
+    ],
+)
+def test_circle_rejections(geometry: dict[str, Any], message: str) -> None:
+    """Bad circles are validation errors (the API's 422), never an exception from deeper down."""
+    with pytest.raises(MasterValidationError, match=message):
+        parse_entity("zone", {"zone_id": "c1", "geometry": geometry})
+
+
+def test_circle_is_canonical_and_a_point_feature_is_a_zone() -> None:
+    assert validate_circle({"type": "Point", "coordinates": [13, 52, 40], "radius_m": 5}) == {
+        "type": "Point",
+        "coordinates": [13.0, 52.0],
+        "radius_m": 5.0,
+    }
+    z = parse_entity("zone", {"zone_id": "c1", "geometry": {**CIRCLE, "coordinates": [13.4, 52.5, 7.0]}})
+    assert z.model_dump(mode="json")["geometry"] == CIRCLE
+    feature = {"type": "Feature", "id": "c1", "geometry": CIRCLE, "properties": {"kind": "depot"}}
+    assert infer_entity(feature) == "zone"
+    items, problems = parse_feature_collection({"type": "FeatureCollection", "features": [feature]})
+    assert problems == []
+    assert [d.model_dump(mode="json")["geometry"] for _i, d in items] == [CIRCLE]
+
+
+def test_zone_area_of_a_circle_contains_its_disc() -> None:
+    """What overlap questions (the load test's "zones in this area") see of a circle: its disc."""
+    import numpy as np
+
+    from fleetfence.geo import LocalProjection
+
+    area = zone_area(CIRCLE)
+    proj = LocalProjection(13.4, 52.5)
+    ang = np.linspace(0, 2 * np.pi, 1000)
+    lon, lat = proj.inverse(250.0 * np.cos(ang), 250.0 * np.sin(ang))
+    assert shapely.contains_xy(area, lon, lat).all()
+    assert area.area < 1.01 * np.pi * (250.0 / proj.kx) * (250.0 / proj.ky)
+    assert zone_area(SQUARE).equals(shapely.geometry.shape(SQUARE))
 
 
 def test_model_rules_reject_bad_numbers_and_windows() -> None:
@@ -202,6 +265,28 @@ def test_versions_unchanged_conflict_delete_and_recreate(vm: VehicleMaster) -> N
         (4, "upsert"),
     ]
     assert events[2]["data"]["name"] == "R2"  # a delete carries the last data it deleted
+
+
+def test_circle_zone_versions_like_a_polygon(vm: VehicleMaster) -> None:
+    """A circle zone is versioned as any zone: an identical write changes nothing, a new radius or
+    centre (or a polygon in its place) is a new version, and each event carries the whole circle."""
+
+    def zone(geometry: dict[str, Any]) -> ZoneData:
+        return ZoneData.model_validate({"zone_id": "c1", "kind": "customer", "geometry": geometry})
+
+    assert vm.create(zone(CIRCLE)).version == 1
+    assert vm.upsert(zone({**CIRCLE, "radius_m": 250})).changed is False
+    assert vm.update(zone({**CIRCLE, "radius_m": 300.5}), if_version=1).version == 2
+    with pytest.raises(VersionConflictError):
+        vm.update(zone({**CIRCLE, "radius_m": 400}), if_version=1)
+    assert vm.upsert(zone({**CIRCLE, "coordinates": [13.41, 52.5], "radius_m": 300.5})).version == 3
+    assert vm.upsert(zone(SQUARE)).version == 4
+    assert vm.upsert(zone(CIRCLE)).version == 5
+    assert vm.get("zone", "c1").data["geometry"] == CIRCLE
+    events = outbox_events(vm)
+    assert [e["version"] for e in events] == [1, 2, 3, 4, 5]
+    assert [e["data"]["geometry"].get("radius_m") for e in events] == [250.0, 300.5, 300.5, None, 250.0]
+    assert events[2]["data"]["geometry"]["coordinates"] == [13.41, 52.5]
 
 
 def test_assignment_references_and_in_use(vm: VehicleMaster) -> None:
