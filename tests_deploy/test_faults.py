@@ -69,6 +69,16 @@ def docker(*argv: str, timeout_s: float = 120) -> str:
     return run(["docker", *argv], timeout_s=timeout_s).stdout
 
 
+# Python in the driver container: delete every entity a load test registered (ids "lt<run>s...").
+UNREGISTER_LOADTESTS = """
+import os
+from fleetfence.settings import Settings
+from simulator.register import unregister_prefix
+print(unregister_prefix(Settings(), "lt", api_url=os.environ["FLEETFENCE_SIMULATOR_API_URL"],
+                        api_key=os.environ["FLEETFENCE_SIMULATOR_API_KEY"]))
+"""
+
+
 def under_load(dep: Deployment, name: str, fault: Callable[[], None], tmp_path: Path) -> dict[str, Any]:
     """Run the fleet, inject `fault` once publishing is under way, wait for the run, check it exact."""
     log = tmp_path / f"{name}.log"
@@ -86,8 +96,11 @@ def under_load(dep: Deployment, name: str, fault: Callable[[], None], tmp_path: 
         rc = proc.wait(timeout=1500)
     finally:
         if proc.poll() is None:
+            # Killed before its own clean-up ran: remove what it registered, or the next run's
+            # check finds these zones in its area and refuses to start.
             proc.kill()
             proc.wait(30)
+            dep.driver("python", "-c", UNREGISTER_LOADTESTS, timeout_s=300, check=False)
     assert rc == 0, f"{name}: the load test failed:\n{log.read_text()[-8000:]}"
     return record(name, dep.report(name))
 
@@ -305,8 +318,12 @@ def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: P
             ignore=(DeployError,),
         )
         MEASURED["processor healthy again after"] = time.monotonic() - t0
-        logs = dep.logs("processor", tail=400)
-        assert "lease lost" in logs, f"the woken driver did not report its lost lease:\n{logs[-3000:]}"
+        # Woken, its lease thread finds the key gone ("lease lost") or, on a loaded machine, its
+        # first renewal times out after the margin had passed ("lease not renewed"): fenced either way.
+        logs = dep.logs("processor", tail=800)
+        assert "lease lost" in logs or "lease not renewed" in logs, (
+            f"the woken driver did not report its lost lease:\n{logs[-3000:]}"
+        )
 
     under_load(dep, "processor frozen past its lease (docker pause), then woken", fault, tmp_path)
 
@@ -539,7 +556,7 @@ def test_partition_the_processor_from_redis(deployment: Deployment, tmp_path: Pa
             ignore=(DeployError,),
         )
         MEASURED["processor healthy again after"] = time.monotonic() - t0
-        logs = dep.logs("processor", tail=600)
+        logs = dep.logs("processor", tail=800)
         assert "lease not renewed" in logs, f"the processor did not say why it stopped:\n{logs[-3000:]}"
 
     under_load(dep, "processor partitioned from Redis (its lease), restarted by its policy", fault, tmp_path)
