@@ -86,12 +86,13 @@ def under_load(dep: Deployment, name: str, fault: Callable[[], None], tmp_path: 
     proc = dep.driver_popen(*dep.loadtest_argv(name, vehicles=VEHICLES, duration_s=DURATION_S), log=log)
     try:
         # Under way: the fleet's fixes are reaching Kafka.
-        wait_for(
-            lambda: proc.poll() is None and records(dep) > start + 20 * VEHICLES,
-            600,
-            f"{name}: the fleet publishing",
-            interval_s=2.0,
-        )
+
+        def publishing() -> bool:
+            if proc.poll() is not None:
+                raise DeployError(f"{name}: the load test ended early:\n{log.read_text()[-4000:]}")
+            return records(dep) > start + 20 * VEHICLES
+
+        wait_for(publishing, 600, f"{name}: the fleet publishing", interval_s=2.0)
         fault()
         rc = proc.wait(timeout=1500)
     finally:
@@ -283,6 +284,17 @@ def test_sigkill_mosquitto_and_restart(deployment: Deployment, tmp_path: Path) -
     under_load(dep, "SIGKILL Mosquitto, restarted by its policy", fault, tmp_path)
 
 
+def pause(cid: str, attempts: int = 5) -> None:
+    """`docker pause`, again if the cgroup freezer gave up: on a loaded machine it may not freeze
+    every task in time ("unable to freeze"), and the container is then left running."""
+    for attempt in range(1, attempts + 1):
+        out = run(["docker", "pause", cid], timeout_s=120, check=False)
+        if out.returncode == 0:
+            return
+        if "unable to freeze" not in out.stderr or attempt == attempts:
+            raise DeployError(f"docker pause failed: {out.stderr.strip()}")
+
+
 def lease_holders(dep: Deployment) -> list[str]:
     """The processor's checkpoint lease keys present in Redis (processor.lease)."""
     out = dep.compose(
@@ -303,7 +315,7 @@ def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: P
         cid = dep.container("processor")
         assert lease_holders(dep), "the active processor holds no lease"
         t0 = time.monotonic()
-        docker("pause", cid)
+        pause(cid)
         try:
             wait_for(lambda: not lease_holders(dep), 60, "the frozen driver's lease expired", interval_s=0.5)
             MEASURED["lease expired after"] = time.monotonic() - t0
