@@ -19,6 +19,7 @@ import os
 import subprocess
 import uuid
 from base64 import urlsafe_b64encode
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,13 +204,17 @@ def _format_kafka_storage(
     logger.info("kafka storage formatted cluster_id=%s dir=%s", cluster_id, node.dir)
 
 
-def start_kafka(settings: Settings) -> dict[str, subprocess.Popen[bytes] | None]:
-    """Start every node that is not running (a cluster's others keep running); returns each node's
-    process by name, None for one that was running already."""
+def start_kafka(
+    settings: Settings, names: Collection[str] | None = None
+) -> dict[str, subprocess.Popen[bytes] | None]:
+    """Start every node (of `names`, default all) that is not running (a cluster's others keep
+    running); returns each node's process by name, None for one that was running already."""
     nodes = kafka_nodes(settings)
     started: dict[str, subprocess.Popen[bytes] | None] = {}
     down = []
     for node in nodes:
+        if names is not None and node.name not in names:
+            continue
         running = read_pid(settings, node.name)
         if running and alive(*running):
             started[node.name] = None
