@@ -352,25 +352,37 @@ def down(settings: Settings) -> list[str]:
     return [*stop_kafka(settings), *(name for name in ("mqtt", "redis") if stop_one(settings, name))]
 
 
+def _recorded_address(settings: Settings, name: str) -> str:
+    """The client address a cluster node was started with (its server.properties)."""
+    props = settings.kafka_dir / f"node-{name.removeprefix('kafka-')}" / "server.properties"
+    for line in props.read_text().splitlines() if props.is_file() else []:
+        if line.startswith("advertised.listeners=PLAINTEXT://"):
+            return line.removeprefix("advertised.listeners=PLAINTEXT://")
+    return "?"
+
+
+def _stray_ping(addr: str) -> str:
+    return f"{kafka_ping(addr)}; export FLEETFENCE_KAFKA_BROKERS as at `infra up`"
+
+
 def status(settings: Settings) -> list[ServiceStatus]:
     """A row per service, a cluster's Kafka nodes each in a row of its own (probed alone: a node that
     is down shows DOWN while the others answer)."""
     host, port = settings.mqtt_host_port
     checks: list[tuple[str, str, bool, Callable[[], str]]] = []
-    if settings.kafka_external or settings.kafka_brokers == 1:
+    if settings.kafka_external:
         checks.append(
-            (
-                "kafka",
-                settings.bootstrap_servers,
-                settings.kafka_external,
-                lambda: kafka_ping(settings.bootstrap_servers),
-            )
+            ("kafka", settings.bootstrap_servers, True, partial(kafka_ping, settings.bootstrap_servers))
         )
     else:
-        checks += [
-            (node.name, node.bootstrap, False, partial(kafka_ping, node.bootstrap))
-            for node in kafka_nodes(settings)
-        ]
+        configured = kafka_nodes(settings)
+        strays = [n for n in _kafka_pid_names(settings) if n not in {c.name for c in configured}]
+        for node in configured:
+            if not strays or read_pid(settings, node.name) is not None:
+                checks.append((node.name, node.bootstrap, False, partial(kafka_ping, node.bootstrap)))
+        for name in strays:  # started with another FLEETFENCE_KAFKA_BROKERS
+            addr = _recorded_address(settings, name)
+            checks.append((name, addr, False, partial(_stray_ping, addr)))
     checks += [
         (
             "mqtt",
