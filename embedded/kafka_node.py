@@ -92,7 +92,8 @@ def kafka_server_properties(settings: Settings, node: KafkaNode, controllers: di
 
     A single node: internal topics get replication 1 and the quorum is the node alone (formatted
     `--standalone`). A cluster: the static quorum of every node, and the replication of
-    docker-compose.yml (three replicas, two in sync; leadership goes back to a returning broker).
+    docker-compose.yml (three replicas, two in sync; leadership goes back to a returning broker; no
+    topic auto-created). tests/cli/test_deploy.py compares them.
     Either way few internal partitions (a small machine: 50 offset partitions cost seconds at the
     first consumer group), and the log cleaner looks for work every second so `fleet.master` is
     compacted soon after it is dirty. Kafka writes acknowledged records to the page cache before
@@ -112,6 +113,7 @@ def kafka_server_properties(settings: Settings, node: KafkaNode, controllers: di
             f"default.replication.factor={rf}",
             f"min.insync.replicas={isr}",
             "auto.leader.rebalance.enable=true",
+            "auto.create.topics.enable=false",
         ]
     return "\n".join(
         [
