@@ -353,8 +353,11 @@ def down(settings: Settings) -> list[str]:
 
 
 def _recorded_address(settings: Settings, name: str) -> str:
-    """The client address a cluster node was started with (its server.properties)."""
-    props = settings.kafka_dir / f"node-{name.removeprefix('kafka-')}" / "server.properties"
+    """The client address a Kafka node was started with (its server.properties)."""
+    folder = (
+        settings.kafka_dir if name == "kafka" else settings.kafka_dir / f"node-{name.removeprefix('kafka-')}"
+    )
+    props = folder / "server.properties"
     for line in props.read_text().splitlines() if props.is_file() else []:
         if line.startswith("advertised.listeners=PLAINTEXT://"):
             return line.removeprefix("advertised.listeners=PLAINTEXT://")
