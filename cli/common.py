@@ -38,8 +38,9 @@ def friendly_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def settings_from_env() -> Settings:
-    """The settings from the environment, with logging configured from them."""
-    s = get_settings()
+def settings_from_env(**overrides: Any) -> Settings:
+    """The settings from the environment (a command's options in `overrides` win), with logging
+    configured from them."""
+    s = Settings(**overrides) if overrides else get_settings()
     configure_logging(s.log_level, s.log_json)
     return s

@@ -34,11 +34,29 @@ def print_status(statuses: list[infra.ServiceStatus]) -> bool:
     return all(s.healthy for s in statuses)
 
 
+def _odd_quorum(n: int | None) -> int | None:
+    if n is not None and n not in (1, 3, 5):
+        raise typer.BadParameter(
+            f"{n}: 1, or 3 or 5 (a KRaft quorum of an even size survives no more failures)"
+        )
+    return n
+
+
 @infra_app.command("up")
 @friendly_errors
-def infra_up() -> None:
+def infra_up(
+    kafka_brokers: Annotated[
+        int | None,
+        typer.Option(
+            callback=_odd_quorum,
+            help="Kafka nodes, each a broker and a KRaft controller voter: 1, or 3 or 5 for a cluster "
+            "whose topics get 3 replicas, 2 in sync (default FLEETFENCE_KAFKA_BROKERS, 1). Export "
+            "FLEETFENCE_KAFKA_BROKERS for the other commands, so their bootstrap lists every node.",
+        ),
+    ] = None,
+) -> None:
     """Start the embedded services (those without an external endpoint) and create the topics."""
-    s = settings_from_env()
+    s = settings_from_env() if kafka_brokers is None else settings_from_env(kafka_brokers=kafka_brokers)
     with console.status("starting Kafka, Mosquitto and Redis…"):
         statuses = infra.up(s)
     print_status(statuses)
@@ -63,7 +81,9 @@ def infra_status() -> None:
 @infra_app.command("restart")
 @friendly_errors
 def infra_restart(
-    service: Annotated[str, typer.Argument(help=f"One of: {', '.join(infra.SERVICES)}.")],
+    service: Annotated[
+        str, typer.Argument(help=f"One of: {', '.join(infra.SERVICES)}; kafka-<i> for one node of a cluster.")
+    ],
 ) -> None:
     """Restart one embedded service: SIGTERM (as `down` does), then start it again on its data."""
     s = settings_from_env()

@@ -1,4 +1,5 @@
-"""The embedded infrastructure: Apache Kafka (a single KRaft node), Mosquitto and Redis.
+"""The embedded infrastructure: Apache Kafka (a single KRaft node, or a cluster of 3 or 5 with
+FLEETFENCE_KAFKA_BROKERS), Mosquitto and Redis.
 
 Each service is a real server process bound to loopback, with its data under one state folder,
 started only when no external endpoint is configured for it. Kafka runs from the official jars on
@@ -7,7 +8,8 @@ installation runs, so an acknowledged record is in the broker's log (the OS page
 producer hears about it and survives a SIGKILL of the broker process. `up` waits for a real protocol
 round trip (Kafka metadata, MQTT publish/receive, Redis PING), records pid files, and creates the
 topics; `down` stops exactly the processes whose pid files it wrote, after checking that the pid
-still belongs to the binary it started (pids get recycled).
+still belongs to the binary it started (pids get recycled). A Kafka cluster's nodes are services
+of their own (`kafka-1`, `kafka-2`, ...: a pid file, a status row, a restart each).
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ import getpass
 import logging
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from embedded.kafka_node import start_kafka
+from confluent_kafka.admin import AdminClient
+
+from embedded.kafka_node import kafka_nodes, start_kafka
 from embedded.processes import alive, check_port, read_pid, spawn, stop_one, system_binary
-from fleetfence.errors import ConfigError, InfraError, MissingBinaryError
+from fleetfence.errors import ConfigError, InfraError, MissingBinaryError, ServiceUnavailableError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import DYNSEC_FILE, DynSec, embedded_accounts, service_account, write_bootstrap
 from fleetfence.pki import CA_CERT, SERVER_CERT, SERVER_KEY
-from fleetfence.probes import free_port, kafka_ping, mqtt_ping, redis_ping, wait_until
+from fleetfence.probes import free_port, kafka_ping, mqtt_ping, port_free, redis_ping, wait_until
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -44,13 +50,33 @@ class ServiceStatus:
     detail: str
 
 
-def private_fields(state_dir: Path) -> dict[str, Any]:
-    """Settings fields for an embedded broker, Mosquitto and Redis of one's own, on free ports with
-    their data under `state_dir`: tests and benchmarks never touch the machine's shared instances on
-    the standard ports, nor any external endpoint from the environment."""
+def kafka_service_names(settings: Settings) -> list[str]:
+    """The embedded Kafka's services: `kafka`, or a cluster's `kafka-1` ... `kafka-N`."""
+    return [node.name for node in kafka_nodes(settings)]
+
+
+def service_names(settings: Settings) -> list[str]:
+    """Every embedded service of these settings, each with its own pid file."""
+    return [*kafka_service_names(settings), "mqtt", "redis"]
+
+
+def _free_ports(n: int) -> int:
+    """The first of `n` consecutive free ports (a Kafka cluster's nodes take KAFKA_PORT + i)."""
+    while True:
+        first = free_port()
+        if first + n <= 65536 and all(port_free("127.0.0.1", first + i) for i in range(1, n)):
+            return first
+
+
+def private_fields(state_dir: Path, kafka_brokers: int = 1) -> dict[str, Any]:
+    """Settings fields for an embedded broker (or a cluster of `kafka_brokers`), Mosquitto and Redis
+    of one's own, on free ports with their data under `state_dir`: tests and benchmarks never touch
+    the machine's shared instances on the standard ports, nor any external endpoint from the
+    environment."""
     return {
         "state_dir": state_dir,
-        "kafka_port": free_port(),
+        **({"kafka_brokers": kafka_brokers} if kafka_brokers != 1 else {}),
+        "kafka_port": _free_ports(kafka_brokers),
         "mqtt_port": free_port(),
         "redis_port": free_port(),
         "kafka_bootstrap": None,
@@ -196,41 +222,82 @@ def start_redis(settings: Settings) -> subprocess.Popen[bytes] | None:
     return spawn(settings, "redis", argv, d / "redis.log")
 
 
-def up(settings: Settings, *, create_topics: bool = True) -> list[ServiceStatus]:
-    """Start every service without an external endpoint, wait for each, create the topics."""
+def wait_for_kafka(settings: Settings, procs: dict[str, subprocess.Popen[bytes] | None]) -> str:
+    """Wait until every embedded Kafka node answers a metadata round trip (failing fast when one
+    started here exits) and, in a cluster, until the metadata lists every broker: a topic with
+    three replicas cannot be created while one of three is still registering."""
+    nodes = kafka_nodes(settings)
+    for node in nodes:
+        wait_until(
+            partial(kafka_ping, node.bootstrap),
+            settings.startup_timeout_s,
+            f"Kafka broker {node.name}" if len(nodes) > 1 else "Kafka broker",
+            procs.get(node.name),
+            node.dir / "broker.log",
+        )
+
+    def all_registered() -> str:
+        found = kafka_brokers_registered(settings.bootstrap_servers)
+        if found < len(nodes):
+            raise ServiceUnavailableError(f"{found} of {len(nodes)} brokers registered")
+        return f"{found} broker(s)"
+
+    return wait_until(all_registered, settings.startup_timeout_s, "every Kafka broker", None, None)
+
+
+def kafka_brokers_registered(bootstrap: str, timeout_s: float = 2.0) -> int:
+    """How many brokers the cluster's metadata lists (registered with the controller, unfenced)."""
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0}
+    )
+    return len(admin.list_topics(timeout=timeout_s).brokers)
+
+
+def up(
+    settings: Settings, *, create_topics: bool = True, only: tuple[str, ...] = SERVICES
+) -> list[ServiceStatus]:
+    """Start every service without an external endpoint (of `only`: "kafka", "mqtt", "redis"),
+    wait for each, create the topics. Already running ones are left as they are: after a cluster
+    node died, `up` starts that node alone."""
     procs: dict[str, subprocess.Popen[bytes] | None] = {}
     try:
-        if not settings.kafka_external:
-            procs["kafka"] = start_kafka(settings)
-        if not settings.mqtt_external:
+        if "kafka" in only and not settings.kafka_external:
+            procs.update(start_kafka(settings))
+        if "mqtt" in only and not settings.mqtt_external:
             procs["mqtt"] = start_mqtt(settings)
-        if not settings.redis_external:
+        if "redis" in only and not settings.redis_external:
             procs["redis"] = start_redis(settings)
         host, port = settings.mqtt_host_port
-        wait_until(
-            lambda: kafka_ping(settings.bootstrap_servers),
-            settings.startup_timeout_s,
-            "Kafka broker",
-            procs.get("kafka"),
-            settings.kafka_dir / "broker.log",
-        )
-        wait_until(
-            lambda: mqtt_ping(host, port, account=service_account(settings, "admin")),
-            settings.startup_timeout_s,
-            "Mosquitto",
-            procs.get("mqtt"),
-            settings.mqtt_dir / "mosquitto.log",
-        )
-        wait_until(
-            lambda: redis_ping(settings.redis_dsn),
-            settings.startup_timeout_s,
-            "Redis",
-            procs.get("redis"),
-            settings.redis_dir / "redis.log",
-        )
-        if settings.mqtt_auth:
-            ensure_mqtt_accounts(settings)
-        if create_topics:
+        if "kafka" in only:
+            if settings.kafka_external:
+                wait_until(
+                    lambda: kafka_ping(settings.bootstrap_servers),
+                    settings.startup_timeout_s,
+                    "Kafka broker",
+                    None,
+                    None,
+                )
+            else:
+                wait_for_kafka(settings, procs)
+        if "mqtt" in only:
+            wait_until(
+                lambda: mqtt_ping(host, port, account=service_account(settings, "admin")),
+                settings.startup_timeout_s,
+                "Mosquitto",
+                procs.get("mqtt"),
+                settings.mqtt_dir / "mosquitto.log",
+            )
+            if settings.mqtt_auth:
+                ensure_mqtt_accounts(settings)
+        if "redis" in only:
+            wait_until(
+                lambda: redis_ping(settings.redis_dsn),
+                settings.startup_timeout_s,
+                "Redis",
+                procs.get("redis"),
+                settings.redis_dir / "redis.log",
+            )
+        if create_topics and "kafka" in only:
             ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     except BaseException:
         # Leave nothing half-started behind.
@@ -242,34 +309,84 @@ def up(settings: Settings, *, create_topics: bool = True) -> list[ServiceStatus]
 
 
 def restart(settings: Settings, name: str) -> list[ServiceStatus]:
-    """Stop one embedded service (SIGTERM, as `down` does) and start it again with its data."""
-    if name not in SERVICES:
-        raise InfraError(f"unknown service {name!r}; one of: {', '.join(SERVICES)}")
+    """Stop one embedded service (SIGTERM, as `down` does) and start it again with its data; in a
+    cluster `kafka` is every node, `kafka-<i>` one of them."""
+    nodes = kafka_service_names(settings)
+    known = [*SERVICES, *(n for n in nodes if n != "kafka")]
+    if name not in known:
+        raise InfraError(f"unknown service {name!r}; one of: {', '.join(known)}")
     external = {
         "kafka": settings.kafka_external,
         "mqtt": settings.mqtt_external,
         "redis": settings.redis_external,
     }
-    if external[name]:
+    if external[name.partition("-")[0]]:
         raise InfraError(f"{name} is an external endpoint here: restart it where it runs")
-    stop_one(settings, name)
+    if name.startswith("kafka"):
+        stop_kafka(settings, nodes if name == "kafka" else [name])
+    else:
+        stop_one(settings, name)
     return up(settings, create_topics=False)
+
+
+def _kafka_pid_names(settings: Settings) -> list[str]:
+    """The configured nodes' pid-file names, and any other Kafka node's pid file in the state
+    folder (a cluster started with another FLEETFENCE_KAFKA_BROKERS): `down` stops them all."""
+    found = {p.stem for p in settings.run_dir.glob("kafka*.pid")} if settings.run_dir.is_dir() else set()
+    configured = kafka_service_names(settings)
+    return [*configured, *sorted(found - set(configured))]
+
+
+def stop_kafka(settings: Settings, names: list[str] | None = None) -> list[str]:
+    """Stop Kafka nodes (default: every one with a pid file), all at once: stopped one after the
+    other, the last of a cluster would wait for a controller that the quorum, two voters gone, no
+    longer elects, and be killed after the timeout."""
+    names = _kafka_pid_names(settings) if names is None else names
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        stopped = list(pool.map(lambda name: stop_one(settings, name), names))
+    return [name for name, ok in zip(names, stopped, strict=True) if ok]
 
 
 def down(settings: Settings) -> list[str]:
     """Stop exactly the processes `up` started; returns the names stopped."""
-    return [name for name in SERVICES if stop_one(settings, name)]
+    return [*stop_kafka(settings), *(name for name in ("mqtt", "redis") if stop_one(settings, name))]
+
+
+def _recorded_address(settings: Settings, name: str) -> str:
+    """The client address a Kafka node was started with (its server.properties)."""
+    folder = (
+        settings.kafka_dir if name == "kafka" else settings.kafka_dir / f"node-{name.removeprefix('kafka-')}"
+    )
+    props = folder / "server.properties"
+    for line in props.read_text().splitlines() if props.is_file() else []:
+        if line.startswith("advertised.listeners=PLAINTEXT://"):
+            return line.removeprefix("advertised.listeners=PLAINTEXT://")
+    return "?"
+
+
+def _stray_ping(addr: str) -> str:
+    return f"{kafka_ping(addr)}; export FLEETFENCE_KAFKA_BROKERS as at `infra up`"
 
 
 def status(settings: Settings) -> list[ServiceStatus]:
+    """A row per service, a cluster's Kafka nodes each in a row of its own (probed alone: a node that
+    is down shows DOWN while the others answer)."""
     host, port = settings.mqtt_host_port
-    checks: list[tuple[str, str, bool, Callable[[], str]]] = [
-        (
-            "kafka",
-            settings.bootstrap_servers,
-            settings.kafka_external,
-            lambda: kafka_ping(settings.bootstrap_servers),
-        ),
+    checks: list[tuple[str, str, bool, Callable[[], str]]] = []
+    if settings.kafka_external:
+        checks.append(
+            ("kafka", settings.bootstrap_servers, True, partial(kafka_ping, settings.bootstrap_servers))
+        )
+    else:
+        configured = kafka_nodes(settings)
+        strays = [n for n in _kafka_pid_names(settings) if n not in {c.name for c in configured}]
+        for node in configured:
+            if not strays or read_pid(settings, node.name) is not None:
+                checks.append((node.name, node.bootstrap, False, partial(kafka_ping, node.bootstrap)))
+        for name in strays:  # started with another FLEETFENCE_KAFKA_BROKERS
+            addr = _recorded_address(settings, name)
+            checks.append((name, addr, False, partial(_stray_ping, addr)))
+    checks += [
         (
             "mqtt",
             f"mqtt://{host}:{port}",

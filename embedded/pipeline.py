@@ -218,7 +218,7 @@ class Pipeline:
         pipeline started (Kafka's JVM, Mosquitto, Redis; none when they are external)."""
         out = {svc.name: svc.proc.pid for svc in self.services}
         if self._infra_started:
-            for name in infra.SERVICES:
+            for name in infra.service_names(self.settings):
                 running = read_pid(self.settings, name)
                 if running is not None:
                     out[name] = running[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import urlparse
 
-from pydantic import Field, SecretStr, computed_field
+from pydantic import Field, SecretStr, computed_field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetfence.errors import ConfigError
@@ -67,7 +67,16 @@ class Settings(BaseSettings):
     mqtt_url: str | None = Field(default=None, description="External MQTT broker, mqtt://host:port.")
     redis_url: str | None = Field(default=None, description="External Redis, redis://host:port/db.")
     # Embedded service ports (loopback only).
-    kafka_port: int = Field(default=19092, ge=1, le=65535)
+    kafka_port: int = Field(
+        default=19092, ge=1, le=65535, description="The embedded Kafka's port (in a cluster, node i's: +i-1)."
+    )
+    kafka_brokers: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Nodes of the embedded Kafka, each a broker and a KRaft controller voter: 1, or 3 or 5 "
+        "(a quorum survives the loss of a minority), for fault tests without Docker.",
+    )
     mqtt_port: int = Field(default=11883, ge=1, le=65535)
     redis_port: int = Field(default=16379, ge=1, le=65535)
     host: str = Field(default="127.0.0.1", description="Address embedded services bind to.")
@@ -126,6 +135,28 @@ class Settings(BaseSettings):
         "disappears from `fleetfence status` this long after its last heartbeat.",
     )
 
+    @field_validator("kafka_brokers")
+    @classmethod
+    def _odd_quorum(cls, n: int) -> int:
+        if n % 2 == 0:
+            raise ValueError(
+                f"kafka_brokers={n}: a KRaft quorum of {n} voters survives no more failures than one of "
+                f"{n - 1}; use 1, 3 or 5"
+            )
+        return n
+
+    @model_validator(mode="after")
+    def _cluster_replication(self) -> Self:
+        """On an embedded cluster the topics get what docker-compose.yml's cluster gives them (3
+        replicas, 2 in sync for a write) unless the variables say otherwise; a single broker and an
+        external cluster keep the variables' values (1 and 1 by default)."""
+        if self.kafka_brokers > 1 and not self.kafka_external:
+            if "topic_replication_factor" not in self.model_fields_set:
+                self.topic_replication_factor = min(3, self.kafka_brokers)
+            if "topic_min_insync_replicas" not in self.model_fields_set:
+                self.topic_min_insync_replicas = 2
+        return self
+
     @classmethod
     def from_base(cls, base: Settings, **overrides: object) -> Self:
         """A component's settings on top of already-built shared settings: the shared fields from
@@ -157,8 +188,13 @@ class Settings(BaseSettings):
         return self.redis_url is not None
 
     @property
+    def kafka_ports(self) -> list[int]:
+        """The embedded Kafka nodes' ports: FLEETFENCE_KAFKA_PORT and the next ones in a cluster."""
+        return [self.kafka_port + i for i in range(self.kafka_brokers)]
+
+    @property
     def bootstrap_servers(self) -> str:
-        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
+        return self.kafka_bootstrap or ",".join(f"{self.host}:{port}" for port in self.kafka_ports)
 
     @property
     def mqtt_host_port(self) -> tuple[str, int]:

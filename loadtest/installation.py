@@ -179,7 +179,7 @@ class RunningInstallation:
         """The registered services that run on this machine, and the embedded Kafka, Mosquitto and
         Redis when this machine's state folder started them (`fleetfence infra up`)."""
         out = {_name(e.record): e.record.pid for e in self.known.values() if e.record.host == self.hostname}
-        for name in infra.SERVICES:
+        for name in infra.service_names(self.settings):
             running = read_pid(self.settings, name)
             if running is not None and Path(f"/proc/{running[0]}").exists():
                 out[name] = running[0]

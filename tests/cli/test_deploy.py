@@ -762,6 +762,36 @@ def test_kafka_is_three_kraft_voters_and_topics_are_replicated() -> None:
     assert cfg["enable.idempotence"] is True
 
 
+def test_embedded_cluster_is_configured_as_the_compose_kafka(tmp_path: Path) -> None:
+    """`fleetfence infra up --kafka-brokers 3` runs what compose runs, but for addresses and folders:
+    every KAFKA_* setting of the compose nodes is in each embedded node's server.properties, and
+    one quorum of three voters, node i a broker and voter i."""
+    from embedded.kafka_node import kafka_nodes, kafka_server_properties
+    from fleetfence.settings import Settings
+
+    s = Settings(state_dir=tmp_path, kafka_brokers=3)
+    assert (s.topic_replication_factor, s.topic_min_insync_replicas) == (3, 2)
+    nodes = kafka_nodes(s)
+    controllers = {n.node_id: 30000 + n.node_id for n in nodes}
+    where = {"NODE_ID", "LISTENERS", "ADVERTISED_LISTENERS", "CONTROLLER_QUORUM_VOTERS", "LOG_DIRS"}
+    svcs = services()
+    for node, compose_node in zip(nodes, KAFKA_NODES, strict=True):
+        props = dict(
+            line.split("=", 1) for line in kafka_server_properties(s, node, controllers).splitlines() if line
+        )
+        env = env_of(svcs[compose_node])
+        for key, value in env.items():
+            if key.startswith("KAFKA_") and key.removeprefix("KAFKA_") not in where:
+                ours = props[key.removeprefix("KAFKA_").lower().replace("_", ".")]
+                assert sorted(ours.split(",")) == sorted(value.split(",")), key  # a map's order aside
+        assert props["node.id"] == env["KAFKA_NODE_ID"]
+        assert props["controller.quorum.voters"] == ",".join(
+            f"{i}@127.0.0.1:{port}" for i, port in controllers.items()
+        )
+        assert props["advertised.listeners"] == f"PLAINTEXT://{node.bootstrap}"
+    assert s.bootstrap_servers == ",".join(n.bootstrap for n in nodes)
+
+
 def test_pyspark_pin_is_the_spark_version_of_the_jars() -> None:
     import tomllib
 

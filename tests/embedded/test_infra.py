@@ -262,3 +262,22 @@ def test_mqtt_auth_off_runs_an_anonymous_broker(tmp_path: object) -> None:
         assert not (s.mqtt_dir / "accounts.json").exists()
     finally:
         processes.stop_one(s, "mqtt")
+
+
+def test_infra_up_takes_a_kafka_cluster_of_an_odd_size_only(tmp_path: object) -> None:
+    """`--kafka-brokers 2` is refused before anything starts: two voters survive no more failures
+    than one."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    res = CliRunner().invoke(
+        app,
+        ["infra", "up", "--kafka-brokers", "2"],
+        env={"FLEETFENCE_STATE_DIR": str(tmp_path), "COLUMNS": "200"},
+    )
+    assert res.exit_code == 2, res.output
+    assert "1, or 3 or 5" in res.output
+    assert not (Path(str(tmp_path)) / "run").exists()

@@ -75,3 +75,23 @@ def test_bad_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETFENCE_HISTORY_BUCKETS", "0")
     with pytest.raises(ValueError, match="history_buckets"):
         HistorySettings.from_base(Settings())
+
+
+def test_an_embedded_kafka_cluster_replicates_as_compose_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLEETFENCE_KAFKA_BROKERS=3: the bootstrap lists every node (KAFKA_PORT and the next ones) and
+    topics get 3 replicas, 2 in sync, unless the topic variables say otherwise; an external cluster
+    and a single broker keep the variables' defaults; an even quorum is refused."""
+    one = Settings()
+    assert (one.kafka_brokers, one.topic_replication_factor, one.topic_min_insync_replicas) == (1, 1, 1)
+    assert one.bootstrap_servers == f"127.0.0.1:{one.kafka_port}"
+    monkeypatch.setenv("FLEETFENCE_KAFKA_BROKERS", "3")
+    monkeypatch.setenv("FLEETFENCE_KAFKA_PORT", "29092")
+    three = Settings()
+    assert three.bootstrap_servers == "127.0.0.1:29092,127.0.0.1:29093,127.0.0.1:29094"
+    assert (three.topic_replication_factor, three.topic_min_insync_replicas) == (3, 2)
+    assert Settings.from_base(three).topic_replication_factor == 3
+    monkeypatch.setenv("FLEETFENCE_TOPIC_MIN_INSYNC_REPLICAS", "1")
+    assert Settings().topic_min_insync_replicas == 1
+    assert Settings(kafka_bootstrap="k:9092").topic_replication_factor == 1
+    with pytest.raises(ValueError, match="kafka_brokers=2"):
+        Settings(kafka_brokers=2)
