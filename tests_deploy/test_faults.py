@@ -126,6 +126,24 @@ def restarted(dep: Deployment, service: str, restarts_before: int) -> bool:
     return bool(st["restarts"] > restarts_before and st["status"] == "running" and st["health"] == "healthy")
 
 
+def crash(dep: Deployment, service: str, what: str) -> float:
+    """SIGKILL a service's process from the host (a crash, as Docker sees one) and wait until its
+    restart policy has it running and healthy again; `MEASURED[what]` = seconds that took. Returns
+    the moment of the kill (time.monotonic())."""
+    before = dep.states()[service]["restarts"]
+    t0 = time.monotonic()
+    kill(dep, service, stay_down=False)
+    wait_for(
+        lambda: restarted(dep, service, before),
+        300,
+        f"{service} restarted and healthy",
+        interval_s=1.0,
+        ignore=(DeployError,),
+    )
+    MEASURED[what] = time.monotonic() - t0
+    return t0
+
+
 def revive(dep: Deployment, service: str, cid: str) -> None:
     docker("start", cid)
     wait_for(
@@ -268,19 +286,9 @@ def test_sigkill_mosquitto_and_restart(deployment: Deployment, tmp_path: Path) -
     dep = deployment
 
     def fault() -> None:
-        before = dep.states()["mosquitto"]["restarts"]
-        t0 = time.monotonic()
-        kill(dep, "mosquitto", stay_down=False)
         # Its restart policy brings it back, as in production; the vehicles and the gateways
         # reconnect on their own.
-        wait_for(
-            lambda: restarted(dep, "mosquitto", before),
-            300,
-            "Mosquitto restarted and healthy",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
-        MEASURED["Mosquitto healthy again after"] = time.monotonic() - t0
+        crash(dep, "mosquitto", "Mosquitto healthy again after")
 
     under_load(dep, "SIGKILL Mosquitto, restarted by its policy", fault, tmp_path)
 
@@ -408,16 +416,7 @@ def test_sigkill_redis_and_restart(deployment: Deployment, tmp_path: Path) -> No
     def fault() -> None:
         writer.thread.start()
         wait_for(lambda: len(writer.ok) >= 20, 120, "API writes answered before the kill", interval_s=0.5)
-        restarts = dep.states()["redis"]["restarts"]
-        t0 = time.monotonic()
-        kill(dep, "redis", stay_down=False)  # its restart policy brings it back
-        wait_for(
-            lambda: restarted(dep, "redis", restarts),
-            300,
-            "Redis restarted and healthy",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
+        t0 = crash(dep, "redis", "Redis healthy again after")
         before = len(writer.ok)
         wait_for(lambda: len(writer.ok) > before + 20, 300, "API writes answered again", interval_s=0.5)
         MEASURED["API writes answered again after"] = time.monotonic() - t0
@@ -608,17 +607,7 @@ def test_sigkill_the_spark_worker(deployment: Deployment, tmp_path: Path) -> Non
     dep = deployment
 
     def fault() -> None:
-        restarts = dep.states()["spark-worker"]["restarts"]
-        t0 = time.monotonic()
-        kill(dep, "spark-worker", stay_down=False)
-        wait_for(
-            lambda: restarted(dep, "spark-worker", restarts),
-            300,
-            "the Spark worker restarted and healthy",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
-        MEASURED["worker healthy again after"] = time.monotonic() - t0
+        t0 = crash(dep, "spark-worker", "worker healthy again after")
         n = batches(dep)
         wait_for(lambda: batches(dep) > n + 1, 300, "micro-batches completing again", interval_s=1.0)
         MEASURED["batches completing again after"] = time.monotonic() - t0
@@ -638,17 +627,8 @@ def test_restart_the_spark_master(deployment: Deployment, tmp_path: Path) -> Non
         assert before["status"] == "ALIVE", before
         assert len(before["apps"]) == 1, before
         app = before["apps"][0][0]
-        states = dep.states()
-        restarts, driver_restarts = states["spark-master"]["restarts"], states["processor"]["restarts"]
-        t0 = time.monotonic()
-        kill(dep, "spark-master", stay_down=False)
-        wait_for(
-            lambda: restarted(dep, "spark-master", restarts),
-            300,
-            "the Spark master restarted and healthy",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
+        driver_restarts = dep.states()["processor"]["restarts"]
+        t0 = crash(dep, "spark-master", "master healthy again after")
 
         def recovered() -> bool:
             m = spark_master(dep)
