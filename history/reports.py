@@ -223,13 +223,19 @@ GROUP BY vehicle_id, zone_id, grp
 ORDER BY vehicle_id, entry_ts_ms, zone_id
 """
 
-SPEEDING_SQL = """
+# The fixes over their route's limit, each with the number of its run (consecutive fixes of one
+# vehicle over the limit): the episodes of SPEEDING_SQL and the tracks of SPEEDING_TRACKS_SQL.
+_SPEEDING_RUNS = """
 WITH o AS (
-    SELECT vehicle_id, route_id, speed_limit_kmh, rn, ts_ms, speed_kmh,
+    SELECT vehicle_id, route_id, speed_limit_kmh, rn, ts_ms, lon, lat, speed_kmh,
            rn - row_number() OVER (PARTITION BY vehicle_id ORDER BY rn) AS grp
     FROM enriched
     WHERE speed_limit_kmh IS NOT NULL AND speed_kmh > speed_limit_kmh
-)
+)"""
+
+SPEEDING_SQL = (
+    _SPEEDING_RUNS
+    + """
 SELECT vehicle_id, first_value(route_id ORDER BY rn) AS route_id,
        first_value(speed_limit_kmh ORDER BY rn) AS speed_limit_kmh,
        min(ts_ms) AS start_ts_ms, max(ts_ms) AS end_ts_ms, count(*) AS fixes, max(speed_kmh) AS max_kmh
@@ -237,20 +243,18 @@ FROM o
 GROUP BY vehicle_id, grp
 ORDER BY vehicle_id, start_ts_ms
 """
+)
 
 # The fixes of each speeding run (the same runs as SPEEDING_SQL), keyed by the run's first fix time.
-SPEEDING_TRACKS_SQL = """
-WITH o AS (
-    SELECT vehicle_id, rn, ts_ms, lon, lat, speed_kmh,
-           rn - row_number() OVER (PARTITION BY vehicle_id ORDER BY rn) AS grp
-    FROM enriched
-    WHERE speed_limit_kmh IS NOT NULL AND speed_kmh > speed_limit_kmh
-)
+SPEEDING_TRACKS_SQL = (
+    _SPEEDING_RUNS
+    + """
 SELECT vehicle_id, min(ts_ms) OVER (PARTITION BY vehicle_id, grp) AS start_ts_ms, ts_ms, lon, lat,
        speed_kmh, rn
 FROM o
 ORDER BY vehicle_id, rn
 """
+)
 
 HEATMAP_SQL = "SELECT lat, lon FROM enriched WHERE NOT inside"
 

@@ -166,6 +166,11 @@ def test_no_flapping_under_bounded_jitter(jitter: list[float], base: float) -> N
     assert types.count(AlertType.ROUTE_DEVIATION) <= 1
 
 
+def pairs(fixes: np.ndarray, zones: np.ndarray) -> set[tuple[int, int]]:
+    """A memberships array pair as a set of (fix, zone)."""
+    return set(zip(fixes.tolist(), zones.tolist(), strict=True))
+
+
 def test_grouped_corridor_tests_equal_one_shapely_call_per_fix() -> None:
     """The grouped kernel (radix-sorted by route, one contains_xy per route) answers exactly what a
     per-fix prepared test answers, in the caller's order, with -1 and None meaning "no route"."""
@@ -234,8 +239,7 @@ def test_zone_index_finds_exactly_the_zones_a_scan_of_every_polygon_finds() -> N
     x, y = rng.uniform(-4000, 6000, n), rng.uniform(-4000, 4000, n)
     lon, lat = proj.inverse(x, y)
     (in_fix, in_zone), (out_fix, out_zone) = index.memberships(lon, lat)
-    got_in = set(zip(in_fix.tolist(), in_zone.tolist(), strict=True))
-    got_out = set(zip(out_fix.tolist(), out_zone.tolist(), strict=True))
+    got_in, got_out = pairs(in_fix, in_zone), pairs(out_fix, out_zone)
     want_in: set[tuple[int, int]] = set()
     want_out: set[tuple[int, int]] = set()
     for zi, z in enumerate(index.zones):
@@ -670,8 +674,7 @@ def test_zone_index_finds_exactly_the_circles_a_distance_scan_finds() -> None:
     x, y = rng.uniform(-4000, 4000, n), rng.uniform(-4000, 4000, n)
     lon, lat = proj.inverse(x, y)
     (in_fix, in_zone), (out_fix, out_zone) = index.memberships(lon, lat)
-    got_in = set(zip(in_fix.tolist(), in_zone.tolist(), strict=True))
-    got_out = set(zip(out_fix.tolist(), out_zone.tolist(), strict=True))
+    got_in, got_out = pairs(in_fix, in_zone), pairs(out_fix, out_zone)
     want_in: set[tuple[int, int]] = set()
     want_out: set[tuple[int, int]] = set()
     for zi, z in enumerate(index.zones):
