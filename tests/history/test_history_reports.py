@@ -51,6 +51,20 @@ from tests.history.helpers import (
     read_kml,
 )
 
+# The zone-visit report's columns, in order, as a user reads them (written here, not taken from the
+# code under test).
+VISIT_COLUMNS = [
+    "vehicle_id",
+    "zone_id",
+    "entry_ts_ms",
+    "exit_ts_ms",
+    "last_inside_ts_ms",
+    "dwell_s",
+    "fixes",
+    "entry_lon",
+    "entry_lat",
+]
+
 
 def haversine(a: dict[str, Any], b: dict[str, Any]) -> float:
     p1, p2 = math.radians(a["lat"]), math.radians(b["lat"])
@@ -101,18 +115,7 @@ def expected_visits() -> pd.DataFrame:
         ("v1", "z1", v1b[1]["ts_ms"], pd.NA, v1b[2]["ts_ms"], 10.0, 2, v1b[1]["lon"], v1b[1]["lat"]),
         ("v2", "z1", v2[1]["ts_ms"], v2[3]["ts_ms"], v2[2]["ts_ms"], 20.0, 2, v2[1]["lon"], v2[1]["lat"]),
     ]
-    cols = [
-        "vehicle_id",
-        "zone_id",
-        "entry_ts_ms",
-        "exit_ts_ms",
-        "last_inside_ts_ms",
-        "dwell_s",
-        "fixes",
-        "entry_lon",
-        "entry_lat",
-    ]
-    df = pd.DataFrame(rows, columns=cols)
+    df = pd.DataFrame(rows, columns=VISIT_COLUMNS)
     df["exit_ts_ms"] = df["exit_ts_ms"].astype("Int64")
     return df
 
@@ -287,17 +290,7 @@ def test_circle_zone_visits_are_the_processors_circle(tmp_path: Path) -> None:
             ("ve", "c1", D1 + 2000, D1 + 5000, D1 + 4000, 3.0, 3, float(elon[2]), float(elat[2])),
             ("vn", "c1", D1, D1 + 2000, D1 + 1000, 2.0, 2, cx, cy),
         ],
-        columns=[
-            "vehicle_id",
-            "zone_id",
-            "entry_ts_ms",
-            "exit_ts_ms",
-            "last_inside_ts_ms",
-            "dwell_s",
-            "fixes",
-            "entry_lon",
-            "entry_lat",
-        ],
+        columns=VISIT_COLUMNS,
     )
     want["exit_ts_ms"] = want["exit_ts_ms"].astype("Int64")
     assert_same(SedonaReports(tmp_path, FULL, BUCKETS).zone_visits(), want)

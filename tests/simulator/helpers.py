@@ -47,6 +47,18 @@ def run(cfg: ScenarioConfig) -> tuple[Scenario, list[TickBatch], list[TruthAlert
     return sc, batches, [a for b in batches for a in b.truth]
 
 
+def positions(sc: Scenario, batches: list[TickBatch]) -> dict[tuple[str, int], tuple[float, float]]:
+    """(vehicle id, seq) -> (lon, lat) of every fix the scenario published."""
+    out: dict[tuple[str, int], tuple[float, float]] = {}
+    vids = sc.vehicle_ids()
+    for b in batches:
+        for v, seq, lat, lon in zip(
+            b.vehicle.tolist(), b.seq.tolist(), b.lat.tolist(), b.lon.tolist(), strict=True
+        ):
+            out[(vids[v], seq)] = (lon, lat)
+    return out
+
+
 def master_of(sc: Scenario) -> MasterState:
     m = MasterState()
     for e in scenario_entities(sc):

@@ -21,7 +21,7 @@ from fleetfence.errors import ConfigError
 from simulator.config import Injections, ScenarioConfig
 from simulator.scenario import Scenario
 from simulator.verify import compare
-from tests.simulator.helpers import engine_alerts, run, small
+from tests.simulator.helpers import engine_alerts, positions, run, small
 
 
 @pytest.mark.parametrize("ticks_per_batch", [1, 7])
@@ -148,13 +148,7 @@ def test_zones_are_clean_rectangles_and_enter_exit_follow_the_plan() -> None:
     zones = {z.zone_id: Polygon(z.ring_lonlat) for z in sc.city.zones}
     assert len(zones) >= 3
     grown = {z.zone_id: shapely.buffer(z.polygon_m, sc.cfg.assume.hysteresis_m) for z in sc.city.zones}
-    fixes: dict[tuple[str, int], tuple[float, float]] = {}
-    vids = sc.vehicle_ids()
-    for b in batches:
-        for v, s, lat, lon in zip(
-            b.vehicle.tolist(), b.seq.tolist(), b.lat.tolist(), b.lon.tolist(), strict=True
-        ):
-            fixes[(vids[v], s)] = (lon, lat)
+    fixes = positions(sc, batches)
     enters = [a for a in truth if a.type == "ZONE_ENTER"]
     exits = [a for a in truth if a.type == "ZONE_EXIT"]
     assert enters
@@ -212,13 +206,7 @@ def test_circle_zones_enter_within_the_radius_and_exit_beyond_the_band() -> None
     )
     circles = {z.zone_id: z.circle for z in sc.city.zones if z.circle is not None}
     h = sc.cfg.assume.hysteresis_m
-    fixes: dict[tuple[str, int], tuple[float, float]] = {}
-    vids = sc.vehicle_ids()
-    for b in batches:
-        for v, s, lat, lon in zip(
-            b.vehicle.tolist(), b.seq.tolist(), b.lat.tolist(), b.lon.tolist(), strict=True
-        ):
-            fixes[(vids[v], s)] = (lon, lat)
+    fixes = positions(sc, batches)
 
     def distance(key: tuple[str, int], zone_id: str) -> float:
         lon0, lat0, _r = circles[zone_id]
