@@ -133,15 +133,23 @@ def crash(dep: Deployment, service: str, what: str) -> float:
     before = dep.states()[service]["restarts"]
     t0 = time.monotonic()
     kill(dep, service, stay_down=False)
+    back_healthy(dep, service, before, what, t0, timeout_s=300)
+    return t0
+
+
+def back_healthy(
+    dep: Deployment, service: str, restarts_before: int, what: str, t0: float, timeout_s: float = 600
+) -> None:
+    """Wait until the service's restart policy has it running and healthy again;
+    `MEASURED[what]` = seconds since `t0`."""
     wait_for(
-        lambda: restarted(dep, service, before),
-        300,
+        lambda: restarted(dep, service, restarts_before),
+        timeout_s,
         f"{service} restarted and healthy",
         interval_s=1.0,
         ignore=(DeployError,),
     )
     MEASURED[what] = time.monotonic() - t0
-    return t0
 
 
 def revive(dep: Deployment, service: str, cid: str) -> None:
@@ -331,14 +339,7 @@ def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: P
         finally:
             docker("unpause", cid)
         MEASURED["frozen for"] = time.monotonic() - t0
-        wait_for(
-            lambda: restarted(dep, "processor", restarts),
-            600,
-            "the woken processor fenced itself and was restarted, healthy",
-            interval_s=2.0,
-            ignore=(DeployError,),
-        )
-        MEASURED["processor healthy again after"] = time.monotonic() - t0
+        back_healthy(dep, "processor", restarts, "processor healthy again after", t0)
         # Woken, its lease thread finds the key gone ("lease lost") or, on a loaded machine, its
         # first renewal times out after the margin had passed ("lease not renewed"): fenced either way.
         logs = dep.logs("processor", tail=800)
@@ -560,14 +561,7 @@ def test_partition_the_processor_from_redis(deployment: Deployment, tmp_path: Pa
             MEASURED["processor fenced itself, exited and restarted after"] = time.monotonic() - t0
         finally:
             cut.heal()
-        wait_for(
-            lambda: restarted(dep, "processor", restarts),
-            600,
-            "the processor restarted and healthy",
-            interval_s=2.0,
-            ignore=(DeployError,),
-        )
-        MEASURED["processor healthy again after"] = time.monotonic() - t0
+        back_healthy(dep, "processor", restarts, "processor healthy again after", t0)
         logs = dep.logs("processor", tail=800)
         assert "lease not renewed" in logs, f"the processor did not say why it stopped:\n{logs[-3000:]}"
 
