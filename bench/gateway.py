@@ -7,7 +7,7 @@ not limit anyone. Contenders, each in its own process:
   ceiling   `mosquitto_sub -c -q 1 ... -C N > /dev/null`: Mosquitto's own drain rate, no Kafka
   gateway   `python -m gateway`: validation, Kafka with delivery callbacks, PUBACK after Kafka
             (PUBACKs in receive order, the default, and in Kafka-confirmation order)
-  replicas  the same gateway as 2 (`--replicas`) processes on one shared subscription
+  replicas  the same gateway as 2 (`--replicas`) processes, each forwarding its shard of the vehicles
   naive     paho callback -> `produce` + `flush` per message, then paho's automatic PUBACK
 
 The gateway's and the naive bridge's rates are measured from their first Kafka confirmation to the
@@ -119,7 +119,7 @@ def _cli_login() -> list[str]:
     return ["-u", LOGIN["user"], "-P", LOGIN["password"]] if LOGIN["user"] else []
 
 
-def create_session(host: str, port: int, client_id: str, group: str) -> None:
+def create_session(host: str, port: int, client_id: str) -> None:
     """Subscribe once and go offline: Mosquitto now queues every telemetry message for us."""
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
     _login(c)
@@ -127,7 +127,7 @@ def create_session(host: str, port: int, client_id: str, group: str) -> None:
     c.on_subscribe = lambda *_a: done.set()
     c.connect(host, port, clean_start=True, properties=_props(3600))
     c.loop_start()
-    c.subscribe(f"$share/{group}/fleet/+/telemetry", qos=1)
+    c.subscribe("fleet/+/telemetry", qos=1)
     if not done.wait(10):
         raise RuntimeError("no SUBACK")
     c.disconnect()
@@ -199,8 +199,8 @@ def publish_backlog(host: str, port: int, n: int, vehicles: int, progress: Progr
 
 
 def run_ceiling(host: str, port: int, n: int, progress: Progress) -> Result:
-    client_id, group = "bench-ceiling", "bceil"
-    create_session(host, port, client_id, group)
+    client_id = "bench-ceiling"
+    create_session(host, port, client_id)
     publish_backlog(host, port, n, VEHICLES, progress, "mosquitto_sub")
     task = progress.add_task("ceiling: mosquitto_sub draining", total=None)
     ru0, svc0 = resource.getrusage(resource.RUSAGE_CHILDREN), service_cpu_s()
@@ -223,7 +223,7 @@ def run_ceiling(host: str, port: int, n: int, progress: Progress) -> Result:
             "-q",
             "1",
             "-t",
-            f"$share/{group}/fleet/+/telemetry",
+            "fleet/+/telemetry",
             "-C",
             str(n),
         ],
@@ -280,19 +280,19 @@ def _drain_metrics(
 def run_gateway(
     settings: GatewaySettings, n: int, progress: Progress, *, in_order: bool, replicas: int = 1
 ) -> Result:
-    """`replicas` gateway processes on one shared subscription, as deployed (docker-compose runs two).
+    """`replicas` gateway processes, one shard each, as deployed (docker-compose runs two).
 
-    Each replica has its own persistent session in the share group, created before the backlog is
-    published, so Mosquitto spreads the backlog over the sessions round-robin; the rate runs from
-    the first acknowledgement of any replica to the n-th of all of them.
+    Each replica has its own persistent session, created before the backlog is published, so
+    Mosquitto queues the whole backlog in every session and each replica forwards its shard's
+    share; the rate runs from the first acknowledgement of any replica to the n-th of all of them.
     """
     tag = "in" if in_order else "ooo"
-    group = f"bgw{tag}{replicas}"
     replica_settings = [
         settings.model_copy(
             update={
                 "gateway_client_id": f"bench-gw-{tag}-{replicas}-{k}",
-                "gateway_share_group": group,
+                "gateway_shard_index": k,
+                "gateway_shard_count": replicas,
                 "gateway_ack_in_order": in_order,
             }
         )
@@ -300,7 +300,7 @@ def run_gateway(
     ]
     host, port = settings.mqtt_host_port
     for gs in replica_settings:
-        create_session(host, port, gs.gateway_client_id, group)
+        create_session(host, port, gs.gateway_client_id)
     publish_backlog(host, port, n, VEHICLES, progress, f"gateway ({tag}, {replicas} replica(s))")
     procs: list[subprocess.Popen[bytes]] = []
     mports: list[int] = []
@@ -351,14 +351,14 @@ def naive_worker(host: str, port: int, bootstrap: str, topic: str, n: int) -> No
 
     c.on_message = on_message
     c.connect(host, port, clean_start=False, properties=_props(3600))
-    c.subscribe("$share/bnaive/fleet/+/telemetry", qos=1)
+    c.subscribe("fleet/+/telemetry", qos=1)
     c.loop_forever()
     print(json.dumps({"seconds": (time.perf_counter() - t0[0]) * n / max(n - 1, 1)}))
 
 
 def run_naive(settings: GatewaySettings, n: int, progress: Progress) -> Result:
     host, port = settings.mqtt_host_port
-    create_session(host, port, "bench-naive", "bnaive")
+    create_session(host, port, "bench-naive")
     publish_backlog(host, port, n, VEHICLES, progress, "naive bridge")
     task = progress.add_task("naive bridge draining", total=None)
     out = subprocess.run(

@@ -149,6 +149,8 @@ class Pipeline:
                 [*py, "gateway"],
                 {
                     "FLEETFENCE_GATEWAY_CLIENT_ID": f"fleetfence-gw-{i}-{os.getpid()}",
+                    "FLEETFENCE_GATEWAY_SHARD_INDEX": str(i - 1),
+                    "FLEETFENCE_GATEWAY_SHARD_COUNT": str(spec.gateway_replicas),
                     "FLEETFENCE_GATEWAY_METRICS_PORT": str(port),
                 },
                 port,

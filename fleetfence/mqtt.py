@@ -83,9 +83,10 @@ def service_acls(kind: ServiceKind) -> list[dict[str, Any]]:
             acl("publishClientReceive", HEALTH_TOPICS),
         ]
     if kind == "gateway":
-        # The subscribe check sees the whole filter, `$share/<group>/...`: any group may be used.
+        # Every replica subscribes to every vehicle's telemetry and forwards its shard's
+        # (gateway.core.Shard): a replica that could subscribe but not receive would lose its shard.
         return [
-            acl("subscribePattern", "$share/+/fleet/+/telemetry"),
+            acl("subscribePattern", "fleet/+/telemetry"),
             acl("publishClientReceive", "fleet/+/telemetry"),
         ]
     # The alert fan-out's default topics (alerts.config.MqttConfig): per vehicle and fleet-wide.

@@ -69,6 +69,10 @@ class AckOrder:
         """Hold a received message until Kafka has its record (QoS 0 needs no PUBACK: mid 0)."""
         return self._inflight.add(mid if qos > 0 else 0, self.generation, record, now_mono_s)
 
+    def pass_on(self, mid: int, qos: int, now_mono_s: float) -> None:
+        """Acknowledge another shard's message without producing it, in its place in the order."""
+        self.stored(self._inflight.add(mid if qos > 0 else 0, self.generation, None, now_mono_s))
+
     def stored(self, e: Pending) -> None:
         """Kafka has `e`'s record: release the PUBACKs that may go now."""
         for done in self._inflight.confirm(e):
@@ -77,12 +81,13 @@ class AckOrder:
     def _release(self, e: Pending) -> None:
         if e.mid == 0:
             return
+        ours = e.record is not None  # the counters are about this replica's shard
         if e.generation != self.generation or not self.connected:
-            self._stats.acks_dropped += 1
+            self._stats.acks_dropped += ours
             return
         self._unsent += PUBACK_HEAD
         self._unsent += e.mid.to_bytes(2, "big")
-        self._stats.acked += 1
+        self._stats.acked += ours
 
     def connection_opened(self) -> None:
         self.connected = True

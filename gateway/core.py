@@ -8,6 +8,7 @@ broker, and the hot path stays one function call.
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass
 
 from fleetfence.contracts import DlqHeaders, DlqReason, fast_canonical, validate_telemetry
@@ -27,6 +28,46 @@ class Record:
     value: bytes
     headers: DlqHeaders | None
     reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """The vehicles one gateway replica forwards: those whose `shard_of` is `index`, of `count`.
+
+    Why shards and not an MQTT shared subscription: a shared subscription hands a vehicle's
+    messages round-robin to every replica, so a replica that holds its share (cut off from Kafka,
+    frozen) lets the others forward the same vehicle's later fixes first, and the held ones reach
+    Kafka out of order, later than the processor waits for a missing fix. With shards every replica
+    receives every message and forwards only its own vehicles', so each vehicle has one path into
+    Kafka and a held replica delays its vehicles without reordering them. The rest it acknowledges
+    without producing: each of them is another replica's, which receives the same message through
+    its own subscription (or finds it queued in its persistent session when it comes back).
+    """
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index}/{self.count}: need 0 <= index < count")
+
+    def owns(self, mqtt_topic: bytes) -> bool:
+        """Whether this replica forwards `mqtt_topic`'s message (its dead letter included)."""
+        return self.count == 1 or shard_of(mqtt_topic, self.count) == self.index
+
+
+def shard_of(mqtt_topic: bytes, count: int) -> int:
+    """The shard of a telemetry topic `fleet/<vehicle>/telemetry`: CRC-32 of the vehicle segment.
+
+    Computed from the topic's bytes, not the payload, so a malformed payload has an owner too and
+    every message is forwarded or dead-lettered by exactly one replica. The hash is stable across
+    processes and versions (Python's `hash` is salted per process); a topic of another shape (the
+    subscription admits none) belongs to shard 0.
+    """
+    parts = mqtt_topic.split(b"/", 2)
+    if len(parts) < 3:
+        return 0
+    return zlib.crc32(parts[1]) % count
 
 
 def dead_letter(

@@ -22,7 +22,7 @@ class Pending:
     serial: int
     mid: int
     generation: int  # MQTT connection it arrived on; its mid is meaningless on any other
-    record: Record
+    record: Record | None  # None: another replica's message, acknowledged without producing
     received_mono_s: float
     attempt: int = 0
     produced_mono_s: float = 0.0
@@ -43,7 +43,7 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, mid: int, generation: int, record: Record, now_mono_s: float) -> Pending:
+    def add(self, mid: int, generation: int, record: Record | None, now_mono_s: float) -> Pending:
         e = Pending(self._next_serial, mid, generation, record, now_mono_s)
         self._next_serial += 1
         self._entries[e.serial] = e

@@ -50,7 +50,8 @@ LATENCY_BUCKETS_S = (
 class GatewayStats:
     """Monotonic counters of one gateway; written only by its I/O thread."""
 
-    received: int = 0
+    received: int = 0  # this replica's shard only; every other counter but other_shard too
+    other_shard: int = 0  # another replica's vehicles: acknowledged without producing
     forwarded: int = 0
     dead_lettered: Counter[str] = field(default_factory=Counter)
     acked: int = 0
@@ -76,9 +77,10 @@ class GatewayStats:
 def log_stats(stats: GatewayStats, in_flight: int) -> None:
     """The periodic one-line summary: the counters in the service log, for a replica nobody scrapes."""
     logger.info(
-        "gateway stats received=%s forwarded=%s dead_lettered=%s acked=%s in_flight=%s "
+        "gateway stats received=%s other_shard=%s forwarded=%s dead_lettered=%s acked=%s in_flight=%s "
         "redelivered=%s kafka_errors=%s",
         stats.received,
+        stats.other_shard,
         stats.forwarded,
         stats.dead_lettered_total,
         stats.acked,
@@ -92,16 +94,24 @@ class GatewayCollector(Collector):
     """Reads a `GatewayStats` (and live gauges) at scrape time."""
 
     def __init__(
-        self, stats: GatewayStats, in_flight: Callable[[], int], connected: Callable[[], bool]
+        self,
+        stats: GatewayStats,
+        in_flight: Callable[[], int],
+        connected: Callable[[], bool],
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         self.stats = stats
+        self.shard = shard
         self.in_flight = in_flight
         self.connected = connected
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats
         p = "fleetfence_gateway_"
-        yield CounterMetricFamily(p + "received", "MQTT messages received", value=s.received)
+        yield CounterMetricFamily(p + "received", "MQTT messages of this replica's shard", value=s.received)
+        yield CounterMetricFamily(
+            p + "other_shard", "MQTT messages of other replicas' shards, not produced", value=s.other_shard
+        )
         yield CounterMetricFamily(p + "forwarded", "valid fixes stored in fleet.telemetry", value=s.forwarded)
         dl = CounterMetricFamily(
             p + "dead_lettered", "messages stored in fleet.telemetry.dlq", labels=["reason"]
@@ -128,6 +138,12 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily(p + "mqtt_connects", "MQTT (re)connections", value=s.mqtt_connects)
         yield GaugeMetricFamily(p + "in_flight", "received, not yet acknowledged", value=self.in_flight())
         yield GaugeMetricFamily(p + "mqtt_connected", "1 when subscribed", value=int(self.connected()))
+        # Which shard this replica serves: a dashboard can check that each index of the count is up once.
+        info = GaugeMetricFamily(
+            p + "shard", "this replica's shard (index of count)", labels=["index", "count"]
+        )
+        info.add_metric([str(self.shard[0]), str(self.shard[1])], 1)
+        yield info
         buckets: list[tuple[str, float]] = []
         acc = 0
         for bound, n in zip(LATENCY_BUCKETS_S, s.latency_counts, strict=False):

@@ -91,6 +91,7 @@ class Forwarder:
         e.attempt += 1
         e.produced_mono_s = time.monotonic()
         r = e.record
+        assert r is not None, "another shard's message is acknowledged on receipt, never produced"
         cb = partial(self._on_delivery, e, e.attempt)
         while True:
             try:
@@ -109,10 +110,11 @@ class Forwarder:
             self._failed(e, err)
             return
         self._stats.observe_latency(time.monotonic() - e.produced_mono_s)
-        if e.record.reason is None:
+        reason = e.record.reason if e.record is not None else None
+        if reason is None:
             self._stats.forwarded += 1
         else:
-            self._stats.dead_lettered[e.record.reason] += 1
+            self._stats.dead_lettered[reason] += 1
         self._on_stored(e)
 
     def _failed(self, e: Pending, err: KafkaError | None) -> None:

@@ -1,4 +1,4 @@
-"""The gateway service: MQTT shared subscription in, Kafka out, PUBACK only after Kafka has it.
+"""The gateway service: MQTT in, its shard's vehicles to Kafka, PUBACK only after Kafka has it.
 
 This module is the lifecycle and the wiring: start, the I/O loop, drain and stop. What it wires:
 `gateway.core.route` decides each message's record, `gateway.producer.Forwarder` gets it into
@@ -58,6 +58,7 @@ class Gateway:
         self.client_id = settings.gateway_client_id_effective
         self.stats = GatewayStats()
         self._topics = settings.topics
+        self._shard = settings.gateway_shard
         self._rm = settings.gateway_receive_maximum
         # What is held for Kafka and the PUBACKs it releases; public so tests can read the release order.
         self.acks = AckOrder(settings.gateway_ack_in_order, self.stats)
@@ -124,7 +125,12 @@ class Gateway:
                 self.settings.gateway_metrics_port,
                 default_port=GATEWAY_METRICS_PORT,
                 registry=make_registry(
-                    GatewayCollector(self.stats, lambda: self.in_flight, lambda: self.connected)
+                    GatewayCollector(
+                        self.stats,
+                        lambda: self.in_flight,
+                        lambda: self.connected,
+                        (self._shard.index, self._shard.count),
+                    )
                 ),
             )
         except BaseException:
@@ -143,10 +149,12 @@ class Gateway:
             ),
         ).start()
         logger.info(
-            "gateway started client_id=%s subscription=%s receive_maximum=%s in_order_acks=%s "
-            "metrics_port=%s",
+            "gateway started client_id=%s subscription=%s shard=%s/%s receive_maximum=%s "
+            "in_order_acks=%s metrics_port=%s",
             self.client_id,
             self.settings.gateway_subscription,
+            self._shard.index,
+            self._shard.count,
             self._rm,
             self.settings.gateway_ack_in_order,
             self.metrics_port,
@@ -264,6 +272,10 @@ class Gateway:
         if self._draining:
             # Not taken: left unacknowledged, Mosquitto gives it to the next session.
             stats.deferred += 1
+            return
+        if not self._shard.owns(topic_raw):
+            stats.other_shard += 1
+            self.acks.pass_on(mid, qos, time.monotonic())
             return
         stats.received += 1
         if dup:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fleetfence.settings import Settings
+from gateway.core import Shard
 
 # The replica's Prometheus endpoint; when this default is busy (a second replica on the host) it
 # serves on an ephemeral port and announces that one (fleetfence.metrics, fleetfence.registry).
@@ -25,7 +26,15 @@ class GatewaySettings(Settings):
         description="MQTT client id; stable per replica so the broker keeps its session across "
         "restarts. Empty: fleetfence-gw-<hostname>.",
     )
-    gateway_share_group: str = Field(default="gw", description="MQTT 5 shared-subscription group.")
+    gateway_shard_index: int = Field(
+        default=0, ge=0, description="This replica's shard: it forwards the vehicles of this shard."
+    )
+    gateway_shard_count: int = Field(
+        default=1,
+        ge=1,
+        description="How many shards the fleet's vehicles are spread over: one replica per shard, "
+        "every shard index from 0 to count - 1 served by a running replica.",
+    )
     gateway_receive_maximum: int = Field(
         default=2000, ge=1, le=65535, description="MQTT Receive Maximum: the in-flight bound."
     )
@@ -53,10 +62,24 @@ class GatewaySettings(Settings):
     )
     gateway_retry_backoff_ms: int = Field(default=500, ge=10)
 
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> GatewaySettings:
+        if self.gateway_shard_index >= self.gateway_shard_count:
+            raise ValueError(
+                f"FLEETFENCE_GATEWAY_SHARD_INDEX={self.gateway_shard_index} must be below "
+                f"FLEETFENCE_GATEWAY_SHARD_COUNT={self.gateway_shard_count}"
+            )
+        return self
+
+    @property
+    def gateway_shard(self) -> Shard:
+        return Shard(self.gateway_shard_index, self.gateway_shard_count)
+
     @property
     def gateway_client_id_effective(self) -> str:
         return self.gateway_client_id or f"fleetfence-gw-{socket.gethostname()}"
 
     @property
     def gateway_subscription(self) -> str:
-        return f"$share/{self.gateway_share_group}/fleet/+/telemetry"
+        """Every replica receives every vehicle's messages (`gateway.core.Shard` says why)."""
+        return "fleet/+/telemetry"

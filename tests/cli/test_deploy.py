@@ -299,22 +299,25 @@ def test_volumes_are_declared_and_bind_mounts_exist() -> None:
 # --------------------------------------------------------------------------- FleetFence services
 
 
-def test_two_gateway_replicas_with_distinct_client_ids() -> None:
+def test_two_gateway_replicas_with_distinct_client_ids_and_shards() -> None:
     gateways = services_with_target("gateway")
     replicas = 0
-    client_ids, groups = [], set()
+    client_ids, shards, counts = [], [], set()
     for name, svc in gateways.items():
         n = int((svc.get("deploy") or {}).get("replicas", 1))
         assert n == 1, f"{name}: replicas of one service would share one MQTT client id"
         replicas += n
         env = env_of(svc)
         client_ids.append(env.get("FLEETFENCE_GATEWAY_CLIENT_ID"))
-        groups.add(env.get("FLEETFENCE_GATEWAY_SHARE_GROUP", "gw"))
+        shards.append(int(env.get("FLEETFENCE_GATEWAY_SHARD_INDEX", 0)))
+        counts.add(int(env.get("FLEETFENCE_GATEWAY_SHARD_COUNT", 1)))
         assert "container_name" not in svc
     assert replicas >= 2
     assert all(client_ids), f"a gateway without FLEETFENCE_GATEWAY_CLIENT_ID: {client_ids}"
     assert len(set(client_ids)) == len(client_ids), f"client ids repeat: {client_ids}"
-    assert len(groups) == 1, f"gateways in different share groups: {groups}"
+    # Every shard served exactly once: a shard nobody serves is acknowledged by the others and lost.
+    assert counts == {replicas}, f"shard counts {counts} for {replicas} replicas"
+    assert sorted(shards) == list(range(replicas)), f"shard indexes {shards}"
 
 
 def test_processor_runs_on_the_spark_master_with_a_shared_checkpoint() -> None:

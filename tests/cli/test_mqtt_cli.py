@@ -391,7 +391,7 @@ def test_deploy_config_serves_vehicles_over_tls_with_bootstrapped_files(
         gateway = Session("fleetfence-gateway", GATEWAY_SECRET)
         sessions.append(gateway)
         assert not gateway.start("127.0.0.1", plain).is_failure
-        gateway.client.subscribe("$share/gw/fleet/+/telemetry", qos=1)
+        gateway.client.subscribe("fleet/+/telemetry", qos=1)
         wait_for(gateway.subscribed.is_set, 10, "the gateway's SUBACK")
 
         vehicle = Session("veh-tls-1", "vehicle-secret-0123456789")

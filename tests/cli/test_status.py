@@ -134,14 +134,15 @@ def test_status_reports_running_services_and_those_that_stopped(
     api_instance = f"{socket.gethostname()}:{api_port}"
     # Both replicas keep the default metrics port: one of them (or both, if something else holds
     # it) serves on an ephemeral port, and the registry announces the real one.
-    for client_id in gw:
+    for index, client_id in enumerate(gw):
         services.start(
             client_id,
             [sys.executable, "-m", "gateway"],
             service_env(
                 ss,
                 FLEETFENCE_GATEWAY_CLIENT_ID=client_id,
-                FLEETFENCE_GATEWAY_SHARE_GROUP=f"st{run}",
+                FLEETFENCE_GATEWAY_SHARD_INDEX=str(index),
+                FLEETFENCE_GATEWAY_SHARD_COUNT=str(len(gw)),
                 FLEETFENCE_GATEWAY_SESSION_EXPIRY_S="0",
             ),
         )

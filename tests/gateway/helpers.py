@@ -10,12 +10,11 @@ from gateway.settings import GatewaySettings
 
 
 def gw_settings(settings: Settings, **over: Any) -> GatewaySettings:
-    """Gateway settings on the test's services, with a client id and a share group of their own."""
+    """Gateway settings on the test's services, with a client id of their own (one shard of one)."""
     base = GatewaySettings(**settings.model_dump(exclude={"topics"}))
     tag = uuid.uuid4().hex[:8]
     upd: dict[str, Any] = {
         "gateway_client_id": f"gw-test-{tag}",
-        "gateway_share_group": f"g{tag}",
         "gateway_metrics_port": 0,
         "gateway_kafka_linger_ms": 2,
     }

@@ -5,15 +5,20 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from fleetfence.contracts import MAX_DLQ_VALUE_BYTES, DlqReason, Telemetry, fast_canonical, validate_telemetry
 from fleetfence.errors import ContractError
 from fleetfence.settings import TopicNames
-from gateway.core import Record, route
+from gateway.acks import PUBACK_HEAD, AckOrder
+from gateway.core import Record, Shard, route, shard_of
 from gateway.inflight import InFlight
+from gateway.metrics import GatewayStats
+from gateway.settings import GatewaySettings
 from gateway.testing import fix
 from tests.strategies import json_values
 
@@ -133,3 +138,40 @@ def test_out_of_order_release_is_immediate_and_counted() -> None:
     assert f.confirm(a) == [a]
     assert f.released_out_of_order == 1
     assert f.confirm(a) == []  # a second confirmation releases nothing
+
+
+@given(st.text(min_size=1, max_size=40).filter(lambda v: "/" not in v), st.integers(1, 8))
+def test_every_topic_has_exactly_one_shard(vehicle: str, count: int) -> None:
+    topic = f"fleet/{vehicle}/telemetry".encode()
+    assert sum(Shard(i, count).owns(topic) for i in range(count)) == 1
+
+
+def test_shards_are_stable_across_processes_and_releases() -> None:
+    # Literal values: a replica and its restarted successor (another process, maybe another
+    # release) must agree on every vehicle's shard, so the hash is fixed, never Python's `hash`.
+    assert [shard_of(b"fleet/veh-1/telemetry", n) for n in (2, 3, 7)] == [0, 1, 2]
+    assert [shard_of(b"fleet/truck-042/telemetry", n) for n in (2, 3, 7)] == [0, 2, 2]
+    assert [shard_of(b"fleet/a/telemetry", n) for n in (2, 3, 7)] == [1, 0, 4]
+    assert shard_of(b"not-a-telemetry-topic", 5) == 0
+
+
+def test_shard_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="index < count"):
+        Shard(2, 2)
+    with pytest.raises(ValidationError, match="SHARD_INDEX=3 must be below"):
+        GatewaySettings(gateway_shard_index=3, gateway_shard_count=3)
+    assert GatewaySettings(gateway_shard_index=1, gateway_shard_count=2).gateway_shard == Shard(1, 2)
+
+
+def test_another_shards_message_is_acknowledged_in_its_place_and_not_counted() -> None:
+    stats = GatewayStats()
+    acks = AckOrder(True, stats)
+    acks.connection_opened()
+    mine = acks.hold(1, 1, Record("t", b"k", b"v", None, None), 0.0)
+    acks.pass_on(2, 1, 0.0)
+    assert not acks.unsent  # waits behind the held message: PUBACKs go in receive order
+    assert [e.mid for e in acks.unconfirmed()] == [1]  # nothing of another shard is ever produced
+    acks.stored(mine)
+    assert acks._unsent == PUBACK_HEAD + b"\x00\x01" + PUBACK_HEAD + b"\x00\x02"
+    assert stats.acked == 1
+    assert len(acks) == 0

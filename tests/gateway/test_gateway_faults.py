@@ -25,6 +25,7 @@ from fleetfence.errors import WaitTimeoutError
 from fleetfence.mqtt import account_fields, service_account
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
+from gateway.core import shard_of
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import (
@@ -175,6 +176,84 @@ def test_sigterm_drains_in_flight_without_duplicates(
         reader.close()
 
 
+def test_a_frozen_replica_delays_its_shard_and_reorders_nothing(
+    fleet: tuple[GatewaySettings, Publisher, str], tmp_path: Path
+) -> None:
+    """Two replicas, one shard each; one is frozen (SIGSTOP) while the fleet keeps publishing.
+
+    Its vehicles' fixes wait for it (in Mosquitto and in its in-flight window) while the other
+    replica forwards its own vehicles' fixes and none of the frozen one's: after SIGCONT every fix is
+    in Kafka once, and each vehicle's fixes are in its partition in seq order. With one shared
+    subscription instead, the other replica would have forwarded the frozen one's vehicles' later
+    fixes ahead of the held ones.
+    """
+    gs, pub, prefix = fleet
+    vehicles = [f"{prefix}{i}" for i in range(12)]
+    n = 300
+    shards = [
+        gs.model_copy(
+            update={
+                "gateway_client_id": f"{gs.gateway_client_id}-{k}",
+                "gateway_shard_index": k,
+                "gateway_shard_count": 2,
+            }
+        )
+        for k in range(2)
+    ]
+    owner = {v: shard_of(f"fleet/{v}/telemetry".encode(), 2) for v in vehicles}
+    assert set(owner.values()) == {0, 1}, "the fleet must have vehicles in both shards"
+    load = PacedPublisher(pub, vehicles, n, rate_per_s=600)
+    reader = TopicReader(gs.bootstrap_servers, [gs.topics.telemetry])
+    procs = [GatewayProcess(s, tmp_path / f"gw{k}.log") for k, s in enumerate(shards)]
+    frozen = procs[1]
+    try:
+        load.start()
+        reader.read_until(lambda rs: len(rs) >= 300, 30, "both replicas forwarding")
+        frozen.proc.send_signal(signal.SIGSTOP)
+
+        def newest(shard: int) -> int:
+            got = telemetry_seqs(reader.records, prefix)
+            return max((s for v, s in got if owner[v] == shard), default=-1)
+
+        # What it had sent before the signal shows up meanwhile; then its shard stands still while
+        # the running replica moves on by as much again.
+        start = newest(0)
+        reader.read_until(lambda _rs: newest(0) >= start + 30, 60, "the running replica to move on")
+        held_at = newest(1)
+        reader.read_until(lambda _rs: newest(0) >= start + 60, 60, "the running replica to move on again")
+        assert newest(1) == held_at, "the frozen replica's vehicles must not move on meanwhile"
+        assert newest(0) > held_at + 20
+        frozen.proc.send_signal(signal.SIGCONT)
+        load.join(60)
+        pub.wait_all()
+        want = {(v, s) for v in vehicles for s in range(n)}
+        reader.read_until(lambda rs: want <= set(telemetry_seqs(rs, prefix)), 90, "every fix in Kafka")
+        got = telemetry_seqs(reader.records, prefix)
+        assert len(got) == len(want), f"{len(got) - len(want)} duplicates"
+        by_vehicle: dict[str, list[tuple[int, int, int]]] = collections.defaultdict(list)
+        for r in reader.records:
+            if r.key.startswith(prefix.encode()):
+                by_vehicle[r.key.decode()].append((r.partition, r.offset, orjson.loads(r.value)["seq"]))
+        for v, rows in by_vehicle.items():
+            assert len({p for p, _o, _s in rows}) == 1, f"{v}: one key, one partition"
+            seqs = [s for _p, _o, s in sorted(rows)]
+            assert seqs == list(range(n)), f"{v} (shard {owner[v]}) out of order: {seqs[:20]}..."
+        ms = [p.metrics() for p in procs]
+        # Each replica forwarded exactly its shard and passed the other's on.
+        for k, m in enumerate(ms):
+            mine = sum(1 for v in vehicles if owner[v] == k) * n
+            assert m["fleetfence_gateway_received_total"] == m["fleetfence_gateway_forwarded_total"] == mine
+            assert m["fleetfence_gateway_other_shard_total"] == len(want) - mine
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGCONT)
+            p.stop()
+        reader.close()
+        for s in shards:
+            forget_session(*s.mqtt_host_port, s.gateway_client_id, service_account(s, "gateway"))
+
+
 def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, tmp_path: Path) -> None:
     host, port = settings.mqtt_host_port
     own = Settings(
@@ -221,7 +300,7 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         # or confirmed any more, so reading the gateway's table from this thread is safe. The cap
         # counts entries not yet acknowledged; a few of them may be confirmed already and wait only
         # for an earlier one (PUBACKs go in receive order), so fewer than `rm` are unconfirmed.
-        held = [orjson.loads(e.record.value) for e in gw.acks.unconfirmed()]
+        held = [orjson.loads(e.record.value) for e in gw.acks.unconfirmed() if e.record is not None]
         assert 0 < len(held) <= rm
         load.join(30)
         pub.wait_all()  # all 4000 fixes are Mosquitto's now; at most `rm` of them are ours
