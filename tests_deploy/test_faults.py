@@ -504,10 +504,11 @@ def standing_still(read: Callable[[], float | None], samples: int) -> Callable[[
 
 def test_partition_one_gateway_from_kafka(deployment: Deployment, tmp_path: Path) -> None:
     """gateway-1 cut off from all three brokers while it keeps its MQTT connection. What it receives
-    it cannot store, so it acknowledges none of it: the vehicles' publishes routed to it wait
-    unacknowledged in their in-flight windows (the fleet slows down), nothing is acknowledged that
-    Kafka does not have. When the network heals, its producer delivers what it holds and the
-    acknowledgements follow; gateway-2 carried its share meanwhile. Nothing is lost."""
+    of its shard it cannot store, so it acknowledges none of it: its vehicles' fixes wait, in
+    order, in its in-flight window and its session in Mosquitto; nothing is acknowledged that Kafka
+    does not have. gateway-2 carries its own shard meanwhile and none of gateway-1's vehicles, so
+    when the network heals gateway-1's fixes reach Kafka late but in each vehicle's order, and the
+    alerts are exact (with one shared subscription they were not: docs/deploy.md, run 5)."""
     dep = deployment
     victim = dep.gateways[0]
 
