@@ -28,6 +28,7 @@ from fleetfence.metrics import Scrape
 from fleetfence.readmodels import ReadKeys
 from fleetfence.registry import ServiceCheck, check_all, registered
 from fleetfence.settings import Settings
+from gateway.core import shard_coverage
 
 # The main counters of each kind of service: (name shown, Prometheus sample, label to split by).
 # A labelled one shows its total and, in --json, one value per label value.
@@ -90,15 +91,21 @@ class Report:
     registry_redis: str
     registry_keys: str
     registry_error: str | None
+    gateway_shards: dict[str, tuple[int, int]]  # replica -> (index, count), as its metrics say
+
+    @property
+    def shard_problems(self) -> list[str]:
+        return shard_coverage(self.gateway_shards)
 
     @property
     def ok(self) -> bool:
-        """The exit code's verdict: healthy infrastructure, a readable registry, and every
-        registered service with an endpoint answered."""
+        """The exit code's verdict: healthy infrastructure, a readable registry, every registered
+        service with an endpoint answered, and every gateway shard served."""
         return (
             all(s.healthy for s in self.infrastructure)
             and self.registry_error is None
             and all(s["answered"] is not False for s in self.services)
+            and not self.shard_problems
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -113,6 +120,10 @@ class Report:
                 "error": self.registry_error,
             },
             "services": self.services,
+            "gateway_shards": {
+                "served": {k: {"index": i, "count": n} for k, (i, n) in sorted(self.gateway_shards.items())},
+                "problems": self.shard_problems,
+            },
         }
 
 
@@ -130,7 +141,20 @@ def collect(settings: Settings, timeout_s: float = 2.0) -> Report:
         registry_redis=_without_password(settings.redis_dsn),
         registry_keys=ReadKeys(settings.redis_prefix).service("*", "*"),
         registry_error=registry_error,
+        gateway_shards=_gateway_shards(checks),
     )
+
+
+def _gateway_shards(checks: list[ServiceCheck]) -> dict[str, tuple[int, int]]:
+    """Each answering gateway's shard, from its `fleetfence_gateway_shard{index,count}` sample."""
+    out: dict[str, tuple[int, int]] = {}
+    for c in checks:
+        if c.entry.record.kind != "gateway" or c.metrics is None:
+            continue
+        for sample in c.metrics.samples:
+            if sample.name == "fleetfence_gateway_shard" and sample.value == 1:
+                out[c.entry.record.instance] = (int(sample.labels["index"]), int(sample.labels["count"]))
+    return out
 
 
 def _without_password(dsn: str) -> str:
@@ -196,6 +220,8 @@ def print_services(report: Report) -> None:
         console.print(f"[red]service registry unreadable:[/] {report.registry_error}")
     elif not report.services:
         console.print(f"no service is registered under {report.registry_keys} in {report.registry_redis}")
+    for problem in report.shard_problems:
+        console.print(f"[red]gateway shards:[/] {problem}")
 
 
 @app.command("status")

@@ -70,6 +70,34 @@ def shard_of(mqtt_topic: bytes, count: int) -> int:
     return zlib.crc32(parts[1]) % count
 
 
+def shard_coverage(served: dict[str, tuple[int, int]]) -> list[str]:
+    """What is wrong with the running replicas' shards (`{replica: (index, count)}`); [] when each
+    index below one agreed count has a replica. A shard without one is acknowledged by the others
+    and lost, so an operator's check (`fleetfence status`) fails on it; a shard with two replicas only
+    duplicates, which the processor drops by seq, and is reported for the same reason a rollout
+    leaves it: to be finished."""
+    if not served:
+        return []
+    counts = sorted({count for _index, count in served.values()})
+    if len(counts) > 1:
+        return [f"gateway replicas disagree on the shard count: {', '.join(map(str, counts))}"]
+    count = counts[0]
+    by_index: dict[int, list[str]] = {}
+    for replica, (index, _count) in sorted(served.items()):
+        by_index.setdefault(index, []).append(replica)
+    problems = [
+        f"shard {i} of {count} has no running gateway: its vehicles' fixes are lost"
+        for i in range(count)
+        if i not in by_index
+    ]
+    problems += [
+        f"shard {i} of {count} is served by {len(r)} gateways ({', '.join(r)})"
+        for i, r in sorted(by_index.items())
+        if len(r) > 1
+    ]
+    return problems
+
+
 def dead_letter(
     topics: TopicNames, mqtt_topic: str | bytes, payload: bytes, *, reason: str, detail: str, now_ms: int
 ) -> Record:

@@ -134,17 +134,21 @@ def test_status_reports_running_services_and_those_that_stopped(
     api_instance = f"{socket.gethostname()}:{api_port}"
     # Both replicas keep the default metrics port: one of them (or both, if something else holds
     # it) serves on an ephemeral port, and the registry announces the real one.
+
+    def gateway_env_of(index: int) -> dict[str, str]:
+        return service_env(
+            ss,
+            FLEETFENCE_GATEWAY_CLIENT_ID=gw[index],
+            FLEETFENCE_GATEWAY_SHARD_INDEX=str(index),
+            FLEETFENCE_GATEWAY_SHARD_COUNT=str(len(gw)),
+            FLEETFENCE_GATEWAY_SESSION_EXPIRY_S="0",
+        )
+
     for index, client_id in enumerate(gw):
         services.start(
             client_id,
             [sys.executable, "-m", "gateway"],
-            service_env(
-                ss,
-                FLEETFENCE_GATEWAY_CLIENT_ID=client_id,
-                FLEETFENCE_GATEWAY_SHARD_INDEX=str(index),
-                FLEETFENCE_GATEWAY_SHARD_COUNT=str(len(gw)),
-                FLEETFENCE_GATEWAY_SESSION_EXPIRY_S="0",
-            ),
+            gateway_env_of(index),
         )
     config = tmp_path / "receivers.toml"
     config.write_text('[[receivers]]\nname = "hist"\nkind = "history"\n')
@@ -229,6 +233,10 @@ def test_status_reports_running_services_and_those_that_stopped(
     assert api["health_url"] == f"http://{ss.host}:{api_port}/healthz"
     assert api["answered"] is True
     assert [e["kind"] for e in doc["services"]] == ["api", "gateway", "gateway", "alerts"]
+    assert doc["gateway_shards"] == {
+        "served": {gw[0]: {"index": 0, "count": 2}, gw[1]: {"index": 1, "count": 2}},
+        "problems": [],
+    }
 
     code, out = status_cli(ss)
     assert code == 0, out
@@ -237,11 +245,19 @@ def test_status_reports_running_services_and_those_that_stopped(
     for name in everyone:
         assert name in out
 
-    # A clean stop deletes its key: gone at once, not after its TTL.
+    # A clean stop deletes its key: gone at once, not after its TTL. Its shard has no gateway now,
+    # which status reports and fails on (the other replica acknowledges that shard's fixes).
     stopped = services.procs[gw[1]]
     stopped.send_signal(signal.SIGTERM)
     assert stopped.wait(30) == 0, services.logs()
     assert gw[1] not in by_instance(collect(ss))
+    code, out = status_cli(ss, "--json")
+    assert code == 1, out
+    assert orjson.loads(out)["gateway_shards"]["problems"] == [
+        "shard 1 of 2 has no running gateway: its vehicles' fixes are lost"
+    ]
+    services.start(gw[1], [sys.executable, "-m", "gateway"], gateway_env_of(1))
+    wait_for(lambda: collect(ss).shard_problems == [], 30, "shard 1 served again")
 
     # A killed receiver leaves its key until the TTL: reported as not answering, exit code 1.
     killed = services.procs["alerts"]

@@ -15,7 +15,7 @@ from fleetfence.contracts import MAX_DLQ_VALUE_BYTES, DlqReason, Telemetry, fast
 from fleetfence.errors import ContractError
 from fleetfence.settings import TopicNames
 from gateway.acks import PUBACK_HEAD, AckOrder
-from gateway.core import Record, Shard, route, shard_of
+from gateway.core import Record, Shard, route, shard_coverage, shard_of
 from gateway.inflight import InFlight
 from gateway.metrics import GatewayStats
 from gateway.settings import GatewaySettings
@@ -175,3 +175,17 @@ def test_another_shards_message_is_acknowledged_in_its_place_and_not_counted() -
     assert acks._unsent == PUBACK_HEAD + b"\x00\x01" + PUBACK_HEAD + b"\x00\x02"
     assert stats.acked == 1
     assert len(acks) == 0
+
+
+def test_shard_coverage_names_what_an_operator_must_fix() -> None:
+    assert shard_coverage({}) == []
+    assert shard_coverage({"a": (0, 2), "b": (1, 2)}) == []
+    assert shard_coverage({"a": (0, 3), "b": (2, 3)}) == [
+        "shard 1 of 3 has no running gateway: its vehicles' fixes are lost"
+    ]
+    assert shard_coverage({"a": (0, 2), "b": (1, 2), "c": (1, 2)}) == [
+        "shard 1 of 2 is served by 2 gateways (b, c)"
+    ]
+    assert shard_coverage({"a": (0, 1), "b": (1, 2)}) == [
+        "gateway replicas disagree on the shard count: 1, 2"
+    ]
