@@ -46,7 +46,7 @@ from processor.rebucket import (
     write_seed,
 )
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
-from processor.spark import build_session, service_master
+from processor.spark import build_session, spark_master_url
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _run(s: ProcessorSettings, stop: threading.Event) -> None:
 
 
 def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
-    master = service_master(s.processor_spark_master)
+    master = spark_master_url(s.processor_spark_master)
     spark = build_session(
         app_name="fleetfence-processor", master=master, shuffle_partitions=s.processor_shuffle_partitions
     )
@@ -219,7 +219,7 @@ def run_rebucket(s: ProcessorSettings, target: str, buckets: int, spark: Any = N
         if spark is None:
             spark = own = build_session(
                 app_name="fleetfence-rebucket",
-                master=service_master(s.processor_spark_master),
+                master=spark_master_url(s.processor_spark_master),
                 shuffle_partitions=s.processor_shuffle_partitions,
             )
         return _rebucket(spark, s, target, buckets, lease)

@@ -1,10 +1,10 @@
-"""SparkSession construction with the settings measured to matter on these machines.
+"""SparkSession construction with the settings every FleetFence Spark job depends on.
 
-See ../shared/notes/spark-streaming.md: transformWithState needs the RocksDB state store
-provider; Python worker reuse is 4x faster; shuffle partitions should equal the cores; Python
-workers must run the virtualenv's Python (PYSPARK_PYTHON) to import pyarrow. Spark's Kafka connector
-comes from the project's jar cache (`fleetfence.jars`) through `spark.jars`: the driver serves the
-jars to a cluster's executors, so nothing needs installing on the workers.
+transformWithState needs the RocksDB state store provider; reused Python workers skip a process
+start and the engine's imports on every task; shuffle partitions default to the cores (one task per
+core per stage); Python workers must run the virtualenv's Python (PYSPARK_PYTHON) to import pyarrow.
+Spark's Kafka connector comes from the project's jar cache (`fleetfence.jars`) through `spark.jars`:
+the driver serves the jars to a cluster's executors, so nothing needs installing on the workers.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def service_master(configured: str | None) -> str | None:
-    """The Spark master a service starts on: the configured one; under spark-submit (its scripts
+def spark_master_url(configured: str | None) -> str | None:
+    """The Spark master URL a service starts on: the configured one; under spark-submit (its scripts
     export SPARK_ENV_LOADED) the one spark-submit was given (None keeps it); else local[*]."""
     if configured:
         return configured
