@@ -94,7 +94,7 @@ def contender_spark(
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
 ) -> dict[str, Any]:
     from processor.job import start_query
-    from processor.service import telemetry_events
+    from processor.progress import telemetry_events
     from processor.settings import ProcessorSettings
     from processor.spark import build_session
 
@@ -524,14 +524,14 @@ def batch_phases(progress: list[dict[str, Any]], topic: str) -> dict[str, float]
 
 
 def telemetry_rows(progress: dict[str, Any], topic: str) -> int:
-    from processor.service import telemetry_events
+    from processor.progress import telemetry_events
 
     return int(telemetry_events(progress, topic))
 
 
 def telemetry_end(progress: dict[str, Any], topic: str) -> int:
     """Sum of the telemetry topic's end offsets in a progress report (any source, either format)."""
-    from processor.service import source_offsets
+    from processor.progress import source_offsets
 
     total = 0
     for src in progress["sources"] or []:

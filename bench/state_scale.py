@@ -286,8 +286,8 @@ def spark_config(
     burst (a size: the first that many vehicles' next fix) is one transaction; the micro-batches
     that read each burst, timed."""
     from processor.job import start_query
+    from processor.progress import telemetry_events
     from processor.rebucket import read_bucket_states, state_bytes
-    from processor.service import telemetry_events
     from processor.settings import ProcessorSettings
 
     prefix = f"scale{uuid.uuid4().hex[:6]}."

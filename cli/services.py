@@ -183,7 +183,7 @@ def rebucket_cmd(
 ) -> None:
     """Move the processor checkpoint's state (FLEETFENCE_PROCESSOR_CHECKPOINT) to a new bucket count
     in a new checkpoint, offline: the processor must be stopped (processor.rebucket)."""
-    from processor.service import run_rebucket
+    from processor.rebucket_run import run_rebucket
     from processor.settings import ProcessorSettings
 
     s = ProcessorSettings()
