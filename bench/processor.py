@@ -111,7 +111,7 @@ def contender_spark(
     )
     spark = build_session(
         app_name="bench",
-        master=args.spark_master or f"local[{args.cores}]",
+        spark_master=args.spark_master or f"local[{args.cores}]",
         local_dir=Path(checkpoint).parent,
         shuffle_partitions=args.shuffle_partitions,
         extra_conf=dict(kv.split("=", 1) for kv in args.spark_conf),
@@ -398,7 +398,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
     )
     spark = build_session(
         app_name="bench-latency",
-        master=f"local[{cfg.cores}]",
+        spark_master=f"local[{cfg.cores}]",
         local_dir=cfg.local_dir,
         shuffle_partitions=cfg.shuffle_partitions,
         extra_conf=dict(cfg.spark_conf),

@@ -377,7 +377,7 @@ def spark_view(args: argparse.Namespace) -> list[dict[str, Any]]:
     # a million of them do not fit the processor's default 2 GiB heap.
     spark = build_session(
         app_name="bench-state-scale",
-        master=f"local[{args.cores}]",
+        spark_master=f"local[{args.cores}]",
         extra_conf={"spark.driver.memory": args.driver_memory},
     )
     out = []

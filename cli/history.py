@@ -118,7 +118,9 @@ def restate_cmd(
 
     # A session that already runs in this process (a notebook, a test) is used and left running.
     started = SparkSession.getActiveSession() is None
-    spark = build_session(app_name="fleetfence-restate", master=spark_master_url(hs.history_spark_master))
+    spark = build_session(
+        app_name="fleetfence-restate", spark_master=spark_master_url(hs.history_spark_master)
+    )
     try:
         with console.status("restating over the archive (Spark batch)..."):
             r = run_restatement(spark, archive or hs.archive_root, req, ProcessorSettings().engine_config())

@@ -57,7 +57,7 @@ def run_rebucket(s: ProcessorSettings, target: str, buckets: int, spark: Any = N
         if spark is None:
             spark = own = build_session(
                 app_name="fleetfence-rebucket",
-                master=spark_master_url(s.processor_spark_master),
+                spark_master=spark_master_url(s.processor_spark_master),
                 shuffle_partitions=s.processor_shuffle_partitions,
             )
         return _rebucket(spark, s, target, buckets, lease)

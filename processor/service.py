@@ -69,7 +69,7 @@ def _run(s: ProcessorSettings, stop: threading.Event) -> None:
 def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
     spark = build_session(
         app_name="fleetfence-processor",
-        master=spark_master_url(s.processor_spark_master),
+        spark_master=spark_master_url(s.processor_spark_master),
         shuffle_partitions=s.processor_shuffle_partitions,
     )
     lease = checkpoint_lease(s)

@@ -27,12 +27,12 @@ def spark_master_url(configured: str | None) -> str | None:
 
 def build_session(
     app_name: str = "fleetfence",
-    master: str | None = None,
+    spark_master: str | None = None,
     local_dir: Path | None = None,
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
 ) -> Any:
-    """Create (or return) the SparkSession; `master=None` keeps what spark-submit configured."""
+    """Create (or return) the SparkSession; `spark_master=None` keeps what spark-submit configured."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -40,8 +40,8 @@ def build_session(
     from fleetfence.jars import spark_jars
 
     builder = SparkSession.builder.appName(app_name)
-    if master is not None:
-        builder = builder.master(master)
+    if spark_master is not None:
+        builder = builder.master(spark_master)
     cores = os.cpu_count() or 2
     conf = {
         "spark.sql.shuffle.partitions": str(shuffle_partitions or cores),
