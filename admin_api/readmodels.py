@@ -10,9 +10,9 @@ import redis.asyncio as aioredis
 
 from fleetfence.readmodels import ReadKeys
 
-# One vehicle's live state and its open alerts in one round trip. The GET + HVALS pipeline and the
-# MGET of the alerts that followed it were two round trips and three commands through redis-py's
-# asyncio client, whose per-command Python cost dominated this endpoint (bench/api.py).
+# One vehicle's live state and its open alerts in one round trip. A GET + HVALS pipeline and then an
+# MGET of the alerts would be two round trips and three commands through redis-py's asyncio client,
+# whose per-command Python cost would dominate this endpoint.
 LIVE_ONE_LUA = """
 local state = redis.call('GET', KEYS[1])
 if not state then return {} end

@@ -490,7 +490,7 @@ class LiveState(BaseModel):
         description="Fixes of this vehicle with no assignment valid at their event time (no route alerts "
         "for them): non-zero after back-filled or replayed telemetry older than the assignment's valid_from.",
     )
-    # The trip along the assigned route (issue #26). States written before it lack these fields:
+    # The trip along the assigned route. States written before these fields existed lack them:
     # the defaults below are what such a state means.
     wrong_way: bool = Field(
         default=False, description="Driving the route backwards (WRONG_DIRECTION open, not yet restored)."

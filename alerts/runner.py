@@ -428,8 +428,8 @@ class ReceiverRunner:
             if not assignment:
                 return
             # The watermarks every fetch response carries, cached by librdkafka: asking the broker
-            # (cached=False) queues behind the fetch it holds for fetch.wait.max.ms, which stalled
-            # the loop up to 0.5 s per partition and delayed alerts by as much.
+            # (cached=False) queues behind the fetch it holds for fetch.wait.max.ms, which would
+            # stall the loop for that long per partition and delay alerts by as much.
             total = 0
             for tp in consumer.position(assignment):
                 lo, hi = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), cached=True)

@@ -94,7 +94,7 @@ def contender_spark(
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
 ) -> dict[str, Any]:
     from processor.job import start_query
-    from processor.service import telemetry_events
+    from processor.progress import telemetry_events
     from processor.settings import ProcessorSettings
     from processor.spark import build_session
 
@@ -111,7 +111,7 @@ def contender_spark(
     )
     spark = build_session(
         app_name="bench",
-        master=args.spark_master or f"local[{args.cores}]",
+        spark_master=args.spark_master or f"local[{args.cores}]",
         local_dir=Path(checkpoint).parent,
         shuffle_partitions=args.shuffle_partitions,
         extra_conf=dict(kv.split("=", 1) for kv in args.spark_conf),
@@ -398,7 +398,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
     )
     spark = build_session(
         app_name="bench-latency",
-        master=f"local[{cfg.cores}]",
+        spark_master=f"local[{cfg.cores}]",
         local_dir=cfg.local_dir,
         shuffle_partitions=cfg.shuffle_partitions,
         extra_conf=dict(cfg.spark_conf),
@@ -524,14 +524,14 @@ def batch_phases(progress: list[dict[str, Any]], topic: str) -> dict[str, float]
 
 
 def telemetry_rows(progress: dict[str, Any], topic: str) -> int:
-    from processor.service import telemetry_events
+    from processor.progress import telemetry_events
 
     return int(telemetry_events(progress, topic))
 
 
 def telemetry_end(progress: dict[str, Any], topic: str) -> int:
     """Sum of the telemetry topic's end offsets in a progress report (any source, either format)."""
-    from processor.service import source_offsets
+    from processor.progress import source_offsets
 
     total = 0
     for src in progress["sources"] or []:

@@ -286,8 +286,8 @@ def spark_config(
     burst (a size: the first that many vehicles' next fix) is one transaction; the micro-batches
     that read each burst, timed."""
     from processor.job import start_query
+    from processor.progress import telemetry_events
     from processor.rebucket import read_bucket_states, state_bytes
-    from processor.service import telemetry_events
     from processor.settings import ProcessorSettings
 
     prefix = f"scale{uuid.uuid4().hex[:6]}."
@@ -377,7 +377,7 @@ def spark_view(args: argparse.Namespace) -> list[dict[str, Any]]:
     # a million of them do not fit the processor's default 2 GiB heap.
     spark = build_session(
         app_name="bench-state-scale",
-        master=f"local[{args.cores}]",
+        spark_master=f"local[{args.cores}]",
         extra_conf={"spark.driver.memory": args.driver_memory},
     )
     out = []

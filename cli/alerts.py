@@ -91,4 +91,4 @@ def alerts_check(config: Annotated[str, typer.Argument(help="Receivers TOML file
     Console().print(table)
 
 
-# --------------------------------------------------------------------------- admin API (issue 5)
+# --------------------------------------------------------------------------- admin API

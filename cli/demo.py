@@ -228,4 +228,4 @@ def demo(
     raise typer.Exit(main_demo(s, vehicles=vehicles, duration_s=duration_s, seed=seed))
 
 
-# --------------------------------------------------------------------------- alerts (issue 6)
+# --------------------------------------------------------------------------- alerts

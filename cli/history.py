@@ -89,7 +89,7 @@ def restate_cmd(
     from fleetfence.errors import ConfigError
     from history.restate import RestateRequest, run_restatement
     from processor.settings import ProcessorSettings
-    from processor.spark import build_session, service_master
+    from processor.spark import build_session, spark_master_url
 
     hs = _historysettings_from_env()
     pins: dict[str, int] = {}
@@ -118,8 +118,9 @@ def restate_cmd(
 
     # A session that already runs in this process (a notebook, a test) is used and left running.
     started = SparkSession.getActiveSession() is None
-    master = service_master(hs.history_spark_master)
-    spark = build_session(app_name="fleetfence-restate", master=master)
+    spark = build_session(
+        app_name="fleetfence-restate", spark_master=spark_master_url(hs.history_spark_master)
+    )
     try:
         with console.status("restating over the archive (Spark batch)..."):
             r = run_restatement(spark, archive or hs.archive_root, req, ProcessorSettings().engine_config())

@@ -135,7 +135,7 @@ def apikey_revoke(name: Annotated[str, typer.Argument(help="The key's name.")]) 
     console.print(f"revoked {name}")
 
 
-# --------------------------------------------------------------------------- gateway (issue 3)
+# --------------------------------------------------------------------------- gateway
 
 
 @app.command("gateway")
@@ -151,7 +151,7 @@ def gateway_cmd() -> None:
         raise typer.Exit(1)
 
 
-# --------------------------------------------------------------------------- processor (issue 4)
+# --------------------------------------------------------------------------- processor
 
 
 @app.command("processor")
@@ -183,7 +183,7 @@ def rebucket_cmd(
 ) -> None:
     """Move the processor checkpoint's state (FLEETFENCE_PROCESSOR_CHECKPOINT) to a new bucket count
     in a new checkpoint, offline: the processor must be stopped (processor.rebucket)."""
-    from processor.service import run_rebucket
+    from processor.rebucket_run import run_rebucket
     from processor.settings import ProcessorSettings
 
     s = ProcessorSettings()
@@ -197,4 +197,4 @@ def rebucket_cmd(
     )
 
 
-# --------------------------------------------------------------------------- simulator (issue 7)
+# --------------------------------------------------------------------------- simulator

@@ -29,7 +29,7 @@ from fleetfence.errors import InfraError, KafkaDeliveryError
 
 if TYPE_CHECKING:
     # Annotations only: a Spark executor that builds a reader here (processor.kafka_sink) loads no
-    # settings (pydantic-settings costs it ~0.1 s).
+    # settings (importing pydantic-settings would add to every task's start).
     from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -163,8 +163,8 @@ def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str
         "partition.assignment.strategy": "cooperative-sticky",
         "session.timeout.ms": 6000,
         # A member learns of a rebalance from a heartbeat response, and a cooperative rebalance
-        # takes two rounds: a joining member was balanced in ~6 s with the default 3 s, ~2 s with
-        # 1 s (docs/alerts.md).
+        # takes two rounds: a joining member waits about two heartbeat intervals to be balanced, so
+        # a third of the default 3 s makes it a third as long (docs/alerts.md).
         "heartbeat.interval.ms": 1000,
     }
     cfg.update(overrides)

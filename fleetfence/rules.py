@@ -38,7 +38,7 @@ class RouteRules:
     `overspeed_min_s` above `speed_limit_kmh`; a vehicle is silent after `silent_after_s` without a
     fix. Read as class attributes, the defaulted fields give their defaults.
 
-    Route awareness (issue #26; docs/contracts.md has each alert):
+    Route awareness (docs/contracts.md has each alert):
     - wrong way once progress along the route has gone back by `wrong_way_min_m` from its highest
       point, over >= `wrong_way_min_fixes` fixes and >= `wrong_way_min_s`; restored by the same
       amount forward. A distance, not a count of backward steps: GPS jitter at a standstill moves

@@ -368,10 +368,11 @@ def _run_archive(hs: HistorySettings, stop: threading.Event) -> None:
 
 
 def _run_query(hs: HistorySettings, stop: threading.Event) -> None:
-    from processor.spark import build_session, service_master
+    from processor.spark import build_session, spark_master_url
 
-    master = service_master(hs.history_spark_master)
-    spark = build_session(app_name="fleetfence-archive", master=master)
+    spark = build_session(
+        app_name="fleetfence-archive", spark_master=spark_master_url(hs.history_spark_master)
+    )
     q = start_archive(spark, hs)
     try:
         run_until_stopped(lambda: bool(q.awaitTermination(0.5)), stop)

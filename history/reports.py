@@ -125,15 +125,14 @@ TRACK_COLUMNS: list[str] = TRACK_SCHEMA.names
 
 # --------------------------------------------------------------------------- SQL
 
-# Fixes in range with their route (as of the fix) and the corridor test. The corridor is built
-# once per route version exactly like processor.geometry.compile_route: the line is mapped into
-# metres around its centroid (LocalProjection, an affine map), buffered by half the width with
-# quad_segs=4, and mapped back to lon/lat. The test is a SedonaDB spatial join (R-tree over the
-# corridors, prepared point-in-polygon refinement) of each fix against the corridor of its own route
-# version; the route equality is written as a CASE so the planner keeps the spatial join and applies
-# it as the join filter (a plain equality would turn it into a hash join that tests every fix against
-# an unprepared polygon, measured ~20% slower). At most one corridor matches a fix, so the LEFT join
-# keeps one row per fix.
+# Fixes in range with their route (as of the fix) and the corridor test. The corridor is built once
+# per route version exactly like processor.geometry.compile_route: the line is mapped into metres
+# around its centroid (LocalProjection, an affine map), buffered by half the width with quad_segs=4,
+# and mapped back to lon/lat. The test is a SedonaDB spatial join (R-tree over the corridors,
+# prepared point-in-polygon refinement) of each fix against the corridor of its own route version;
+# the route equality is written as a CASE so the planner keeps the spatial join and applies it as
+# the join filter (a plain equality would turn it into a hash join that tests every fix against an
+# unprepared polygon). At most one corridor matches a fix, so the LEFT join keeps one row per fix.
 ENRICHED_SQL = """
 WITH rv AS (
     SELECT route_id, version, from_ms, to_ms, speed_limit_kmh,

@@ -3,9 +3,9 @@
 Everything a micro-batch needs is answered by one vectorized Shapely 2 call over the whole batch:
 corridors are buffered in metres (a local tangent-plane projection around each route) and then
 mapped back to lon/lat, and the fixes of a batch are grouped by route so each route's prepared
-corridor tests all of its fixes in one `shapely.contains_xy` call. The measured alternative, an
-H3 pre-filter for corridors, does not pay (nearly every fix of a narrow corridor falls in a boundary
-cell); H3 is used where it does pay: finding candidate zones among thousands.
+corridor tests all of its fixes in one `shapely.contains_xy` call. An H3 pre-filter does not pay
+for corridors (nearly every fix of a narrow corridor falls in a boundary cell, which needs the exact
+test anyway); H3 is used where it does pay: finding candidate zones among thousands.
 
 Hysteresis is spatial as well as temporal: a fix counts as *outside* when it leaves the corridor and
 as *back inside* only once it is within the inner corridor (narrower by `hysteresis_m`); for zones, a
@@ -123,7 +123,7 @@ def compile_route(route_id: str, version: int, data: dict[str, Any], hysteresis_
 def _group_by_route(route_index: np.ndarray, sel: np.ndarray) -> np.ndarray:
     """`sel` reordered so fixes of the same route are contiguous (stable, so arrival order holds
     within a route). The index is narrowed to 16 bits where it fits: numpy's stable sort is then a
-    radix sort, ~7x faster than the merge sort of 64-bit keys (measured on 1M fixes)."""
+    radix sort instead of a merge sort of 64-bit keys."""
     keys = route_index[sel]
     if len(keys) and int(keys.max()) < 65536:
         keys = keys.astype(np.uint16)
@@ -136,11 +136,10 @@ def contains_by_route(
     """`shapes[route_index[i]]` contains fix i, for fixes with `route_index >= 0` (True elsewhere).
 
     Fixes are grouped by route, and each group is one `contains_xy` call against one prepared
-    polygon: the polygon's index stays hot in cache (~1.8x faster than arrival order), and a scalar
-    geometry spares building and walking a million-element object array (measured: the grouped
-    scalar calls took bench/geofence_kernel.py from 3.8M to 5.7M checks/s). Clipping corridors into
-    planar tiles to shorten each point-in-polygon test was measured too and lost (1.3-1.8M/s): 96%
-    of fixes land in a partial tile, and hopping between thousands of small pieces thrashes the cache.
+    polygon: the polygon's index stays hot in cache (arrival order would hop between polygons), and
+    a scalar geometry spares building and walking an object array as long as the batch. Clipping
+    corridors into planar tiles to shorten each point-in-polygon test does not pay: nearly every fix
+    lands in a partial tile, and hopping between thousands of small pieces thrashes the cache.
     """
     out = np.ones(len(lon), dtype=bool)
     sel = np.flatnonzero(route_index >= 0)
@@ -227,11 +226,11 @@ class RouteSetIndex:
     with one query, however many routes it touches.
 
     Why one tree and not one per route: a live batch holds a fix or two per vehicle spread over
-    hundreds of routes, and a query per route cost ~80 us of Python and NumPy set-up each (measured:
-    20 of the engine's 33 us a fix in a batch of 1,256 fixes over 296 routes, bench/state_scale.py).
-    A route's frame is an affine image of lon/lat (`LocalProjection`), so a segment within `d` metres
-    of a fix in the frame crosses the lon/lat box of half-sides `d/kx`, `d/ky` around it: the box
-    query finds every candidate, and the exact distance is then computed in the route's frame."""
+    hundreds of routes, and a query per route pays its Python and NumPy set-up for those one or two
+    fixes, which then outweighs the rest of the engine's work on them. A route's frame is an affine
+    image of lon/lat (`LocalProjection`), so a segment within `d` metres of a fix in the frame
+    crosses the lon/lat box of half-sides `d/kx`, `d/ky` around it: the box query finds every
+    candidate, and the exact distance is then computed in the route's frame."""
 
     keys: dict[tuple[str, int], int]
     lon0: np.ndarray  # per route position
@@ -317,9 +316,10 @@ def _candidate_segments(
     its half width: GEOS kept only the segments within it), one for the rest (the whole set's table,
     None: `_passes` keeps the pairs within each fix's half width).
 
-    Measured on 120k fixes over 60 routes, the whole set's tree cost 1.4x the routes' own trees
-    (the boxes catch other routes' segments and are built per fix), while on 1,256 fixes over 296
-    routes it cost 0.13x: so routes with many fixes keep their own tree."""
+    The trade-off: the whole set's tree costs more per fix (its boxes catch other routes' segments
+    and are built per fix), a route's own tree costs a query's set-up per route. A route with many
+    fixes in the batch repays its own query; a route with a few does not, so only routes with at
+    least `_OWN_TREE_MIN_FIXES` fixes keep their own tree."""
     per_route = np.bincount(gr, minlength=len(index.kx))
     own = per_route[gr] >= _OWN_TREE_MIN_FIXES
     groups: list[tuple[np.ndarray, np.ndarray, SegmentTable, float | None]] = []
@@ -574,8 +574,8 @@ def _h3_shape(geom: Polygon | MultiPolygon) -> Any:
 
 def h3_cells_int(lat: np.ndarray, lon: np.ndarray, resolution: int) -> np.ndarray:
     """H3 cells (uint64) of many points in one native call: h3ronpy's vectorized
-    `coordinates_to_cells` (measured 2.4M points/s against 0.8M/s for h3-py's per-point
-    `latlng_to_cell`, with identical cells)."""
+    `coordinates_to_cells`, with the same cells as h3-py's per-point `latlng_to_cell` and no
+    Python call per point."""
     if not len(lat):
         return np.zeros(0, dtype=np.uint64)
     cells = coordinates_to_cells(
@@ -612,7 +612,7 @@ class ZoneIndex:
     a polygon test; zones that only overlap the cell get the exact vectorized test. Built from the
     outer (grown) shapes so the same candidates serve the enter and the stay-inside tests. The two
     cell -> zone multimaps are sorted uint64 arrays, so a whole batch is looked up with numpy
-    instead of one dict probe per fix (measured in bench/geofence_kernel.py: 241k -> 720k checks/s).
+    instead of one dict probe per fix.
     """
 
     zones: list[CompiledZone]

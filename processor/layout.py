@@ -2,8 +2,8 @@
 
 The stateful operator is keyed by bucket, and Spark routes a key to the shuffle partition
 `pmod(murmur3(key, seed 42), partitions)`. With the bucket number itself as the key, 4 buckets on 2
-partitions landed as 1 + 3 (measured: one core ran three buckets while the other idled after one).
-So each bucket gets a key chosen for its hash: bucket `b` goes to partition `b % partitions`.
+partitions land as 1 + 3: one core runs three buckets while the other idles after one. So each
+bucket gets a key chosen for its hash: bucket `b` goes to partition `b % partitions`.
 
 The choice is part of the checkpoint's identity (state lives under these keys, and Spark keeps the
 shuffle partition count of a checkpoint for its whole life), so it is written into the checkpoint

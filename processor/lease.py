@@ -29,6 +29,8 @@ from collections.abc import Callable
 
 import redis
 
+from processor.settings import ProcessorSettings
+
 logger = logging.getLogger(__name__)
 
 # Renew the lease only if this owner still holds it; release likewise. Atomic in Redis.
@@ -42,6 +44,14 @@ def lease_key(redis_prefix: str, checkpoint: str) -> str:
     checkpoint at all (two drivers starting on a fresh one would otherwise each create it)."""
     digest = hashlib.blake2b(checkpoint.rstrip("/").encode(), digest_size=8).hexdigest()
     return f"{redis_prefix}processor:lease:{digest}"
+
+
+def checkpoint_lease(s: ProcessorSettings) -> CheckpointLease | None:
+    """The checkpoint's lease in Redis, or None when leasing is off (FLEETFENCE_PROCESSOR_LEASE_TTL_MS=0)."""
+    if s.processor_lease_ttl_ms <= 0:
+        return None
+    client = redis.Redis.from_url(s.redis_dsn, socket_timeout=max(s.processor_lease_ttl_ms / 4000, 0.2))
+    return CheckpointLease(client, lease_key(s.redis_prefix, s.checkpoint), s.processor_lease_ttl_ms)
 
 
 class CheckpointLease:

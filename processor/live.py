@@ -46,7 +46,7 @@ def live_rows(
         pts = shapely.points((lon[ok] - lon0) * kx, (lat[ok] - lat0) * ky)
         # The state machine's progress where it has one: it follows the pass the vehicle is on, where
         # the nearest point of the whole line may lie on another pass of the same street (and costs
-        # nothing, where locating a point on a long line costs ~17 us). Located only where it has none.
+        # nothing, where locating a point on a long line walks all of it). Located only where it has none.
         p = c["progress_m"][rows][ok].copy()
         none = p < 0
         if none.any():

@@ -1,19 +1,19 @@
 """Parked vehicles: the state of a vehicle with nothing pending, kept apart from its bucket's blob.
 
 A bucket's vehicle table is one blob, read and written whole by every micro-batch that touches the
-bucket, so a batch's state cost grows with the vehicles registered, not with those that report
-(docs/benchmarks.md, "State at scale"). A national fleet is mostly parked: a vehicle that has gone
-silent (its `VEHICLE_SILENT` raised) and holds no fix for reordering has nothing to do until its next
-fix, and the engine never reads its row before then. So such a row leaves the blob for a store with
-one value per vehicle (the operator's `MapState`), written once when the vehicle parks and read once
-when it reports again: the blob, and what a batch rewrites, holds the vehicles that are active.
+bucket, so a batch's state cost grows with the vehicles registered, not with those that report. A
+national fleet is mostly parked: a vehicle that has gone silent (its `VEHICLE_SILENT` raised) and
+holds no fix for reordering has nothing to do until its next fix, and the engine never reads its row
+before then. So such a row leaves the blob for a store with one value per vehicle (the operator's
+`MapState`), written once when the vehicle parks and read once when it reports again: the blob, and
+what a batch rewrites, holds the vehicles that are active.
 
 A parked row is packed by hand rather than pickled: a one-row `StateTable` pickles to kilobytes of
-array headers, the packed row to ~250 bytes (its numeric columns, then its route and zones as JSON).
-The header records how many columns of each kind the row has, and the columns of a kind are
-`VehicleState`'s fields of that kind in their order there, where a new field goes at the end: a row
-parked before a column existed unpacks with that column's "nothing yet" value (as an older pickled
-table does).
+array headers, the packed row to a few hundred bytes (its numeric columns, then its route and zones
+as JSON). The header records how many columns of each kind the row has, and the columns of a kind
+are `VehicleState`'s fields of that kind in their order there, where a new field goes at the end: a
+row parked before a column existed unpacks with that column's "nothing yet" value (as an older
+pickled table does).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The processor keeps each vehicle in one of `FLEETFENCE_PROCESSOR_BUCKETS` state blobs, and a blob
 is read and written whole in every micro-batch that touches its bucket, so the vehicles per bucket
-decide a batch's state cost (docs/benchmarks.md, "State at scale"). The bucket count is part of a
-checkpoint's identity (`processor.layout`: Spark keys the state by bucket), so it changes offline,
-in five steps, all through Spark (any Hadoop path, local or on a cluster):
+decide a batch's state cost. The bucket count is part of a checkpoint's identity
+(`processor.layout`: Spark keys the state by bucket), so it changes offline, in five steps, all
+through Spark (any Hadoop path, local or on a cluster); `processor.rebucket_run` runs them:
 
 1. take the old checkpoint's lease: a processor running on it holds it, and must be stopped first;
 2. drain: run the job on the old checkpoint until it has processed what Kafka holds now

@@ -20,9 +20,9 @@ class ProcessorSettings(ProcessorRulesSettings):
         description="Checkpoint location (any Hadoop path); default <state_dir>/checkpoints/processor",
     )
     processor_buckets: int = Field(default=16, ge=1, le=4096, description="State buckets (vehicle groups).")
-    # A micro-batch has ~1 s of fixed cost here (docs/architecture.md), so the cap decides how fast a
-    # backlog drains: 44k events/s at 100k, ~60k at 200k, ~113k at 400k (docs/bench-log/). Live
-    # batches hold what arrived during the previous one and stay far below it.
+    # A micro-batch has a fixed cost of its own (planning, the state commit, the sink's transaction;
+    # docs/architecture.md), so the cap decides how fast a backlog drains: the larger the batches,
+    # the fewer pay it. Live batches hold what arrived during the previous one and stay far below it.
     processor_max_events_per_batch: int = Field(default=400_000, ge=0, description="0 = no cap.")
     processor_trigger_ms: int = Field(default=200, ge=0)
     processor_lease_ttl_ms: int = Field(

@@ -1,10 +1,10 @@
-"""SparkSession construction with the settings measured to matter on these machines.
+"""SparkSession construction with the settings every FleetFence Spark job depends on.
 
-See ../shared/notes/spark-streaming.md: transformWithState needs the RocksDB state store
-provider; Python worker reuse is 4x faster; shuffle partitions should equal the cores; Python
-workers must run the virtualenv's Python (PYSPARK_PYTHON) to import pyarrow. Spark's Kafka connector
-comes from the project's jar cache (`fleetfence.jars`) through `spark.jars`: the driver serves the
-jars to a cluster's executors, so nothing needs installing on the workers.
+transformWithState needs the RocksDB state store provider; reused Python workers skip a process
+start and the engine's imports on every task; shuffle partitions default to the cores (one task per
+core per stage); Python workers must run the virtualenv's Python (PYSPARK_PYTHON) to import pyarrow.
+Spark's Kafka connector comes from the project's jar cache (`fleetfence.jars`) through `spark.jars`:
+the driver serves the jars to a cluster's executors, so nothing needs installing on the workers.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def service_master(configured: str | None) -> str | None:
-    """The Spark master a service starts on: the configured one; under spark-submit (its scripts
+def spark_master_url(configured: str | None) -> str | None:
+    """The Spark master URL a service starts on: the configured one; under spark-submit (its scripts
     export SPARK_ENV_LOADED) the one spark-submit was given (None keeps it); else local[*]."""
     if configured:
         return configured
@@ -27,12 +27,12 @@ def service_master(configured: str | None) -> str | None:
 
 def build_session(
     app_name: str = "fleetfence",
-    master: str | None = None,
+    spark_master: str | None = None,
     local_dir: Path | None = None,
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
 ) -> Any:
-    """Create (or return) the SparkSession; `master=None` keeps what spark-submit configured."""
+    """Create (or return) the SparkSession; `spark_master=None` keeps what spark-submit configured."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -40,8 +40,8 @@ def build_session(
     from fleetfence.jars import spark_jars
 
     builder = SparkSession.builder.appName(app_name)
-    if master is not None:
-        builder = builder.master(master)
+    if spark_master is not None:
+        builder = builder.master(spark_master)
     cores = os.cpu_count() or 2
     conf = {
         "spark.sql.shuffle.partitions": str(shuffle_partitions or cores),

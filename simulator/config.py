@@ -30,7 +30,7 @@ class Injections:
     duplicate: float = 0.01
     out_of_order: float = 0.01
     late: float = 0.005
-    # Route awareness (issue #26): a stretch driven the wrong way and back; a trip with a planned
+    # Route awareness: a stretch driven the wrong way and back; a trip with a planned
     # arrival that starts late (at risk) and catches up (back on time). Each such vehicle has no
     # other behaviour, so its episode can use its whole timeline.
     wrong_way: float = 0.05

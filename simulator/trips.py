@@ -1,4 +1,4 @@
-"""Planning the route-awareness episodes (issue #26) so their ground truth is exact.
+"""Planning the route-awareness episodes so their ground truth is exact.
 
 The processor decides direction, completion and arrival from *progress along the route*, measured in
 its own frame (a tangent plane at the route's centroid, `fleetfence.geo.LocalProjection`); a noisy

@@ -72,6 +72,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from processor.spark import build_session
 
     warehouse = Path(tmp_path_factory.mktemp("spark"))
-    session = build_session(app_name="fleetfence-tests", master="local[2]", local_dir=warehouse)
+    session = build_session(app_name="fleetfence-tests", spark_master="local[2]", local_dir=warehouse)
     yield session
     session.stop()

@@ -246,9 +246,9 @@ RECORD_FIELDS = ("version", "deleted", "data", "updated_ms")
 Filter = Callable[[dict[str, Any]], bool]
 
 # One page of a list in one round trip: the ids after a cursor and each one's record fields.
-# A ZRANGE followed by a pipeline of HMGETs cost two round trips and, in redis-py's asyncio
-# client, ~40 us of Python per pipelined command: the list endpoint ran at a third of the rate of
-# a single read (bench/api.py). Entity keys are built here like MasterKeys.entity builds them.
+# A ZRANGE followed by a pipeline of HMGETs costs two round trips and, in redis-py's asyncio
+# client, Python work per pipelined command that grows with the page; one script is one command.
+# Entity keys are built here like MasterKeys.entity builds them.
 LIST_LUA = """
 local ids = redis.call('ZRANGE', KEYS[1], ARGV[2], '+', 'BYLEX', 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}

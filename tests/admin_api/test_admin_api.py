@@ -653,7 +653,7 @@ def write_live(api: Api, vid: str, seq: int, ts_ms: int, status: str) -> dict[st
 
 def test_an_assignment_after_telemetry_already_received_answers_with_a_warning(api: Api) -> None:
     """Fixes before valid_from stay unassigned; an assignment that leaves the vehicle's telemetry
-    so far uncovered says so instead of keeping silent (issue #21)."""
+    so far uncovered says so instead of keeping silent."""
     seed(api)
     v = {"vehicle_id": "v7", "label": "Truck 7"}
     assert api.c.post("/api/v1/vehicles", json=v, headers=api.admin).status_code == 201

@@ -1,4 +1,4 @@
-"""The live operations map (issue #8): the page, its stream token, and the page itself in headless
+"""The live operations map: the page, its stream token, and the page itself in headless
 Chromium (Debian's `chromium`, driven by Playwright) against a real `fleetfence api` subprocess.
 
 Live states are written with the processor's own Redis writer and alerts with the alert history
@@ -186,7 +186,7 @@ def test_page_is_self_contained_and_served_at_root_and_map(map_server: MapServer
         res = httpx.get(map_server.base + asset)
         assert res.status_code == 200, asset
         assert len(res.content) > 500, asset
-    # The page's code is split into ES modules (#20): every one is served, as JavaScript (a module
+    # The page's code is split into ES modules: every one is served, as JavaScript (a module
     # script with another MIME type is refused by the browser).
     modules = sorted(p.name for p in STATIC_DIR.glob("*.js"))
     assert "app.js" in modules
@@ -577,7 +577,7 @@ UNASSIGNED_HINT = "no assignment valid at their time (check the assignment's val
 def test_unassigned_fixes_are_shown_in_the_list_and_the_panel(
     map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
-    """Issue #21: the processor counts a vehicle's fixes that had no assignment valid at their event
+    """The processor counts a vehicle's fixes that had no assignment valid at their event
     time (`unassigned_fixes` in its live state). The panel shows a non-zero count; an unassigned
     vehicle with some stands out in the list. A zero count, or a state from an older processor
     without the field, shows nothing."""
@@ -633,7 +633,7 @@ def test_unassigned_fixes_are_shown_in_the_list_and_the_panel(
 def test_assigning_shows_the_api_warning_about_older_fixes(
     map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
-    """Issue #21: an assignment whose valid_from (the map sends none: the API's default, now) is
+    """An assignment whose valid_from (the map sends none: the API's default, now) is
     later than the vehicle's newest fix answers with `warnings` (those fixes stay unassigned); the
     map shows them with the success, as a warning. The API decides from the vehicle's live state
     (its `ts_ms`), which the processor's writer sets here: two hours ago for one vehicle, a few
@@ -773,7 +773,7 @@ def test_configured_tile_server_is_used_and_allowed(
     assert all(p.endswith(".png") and p.count("/") == 3 for p in tiles)
 
 
-# --------------------------------------------------------------------------- MQTT credentials (#25)
+# --------------------------------------------------------------------------- MQTT credentials
 
 
 def credentials_url(map_server: MapServer, vid: str, action: str = "") -> str:
@@ -834,7 +834,7 @@ def click_credentials(page: Page, label: str, url: str, method: str) -> Response
 def test_admin_issues_mqtt_credentials_and_sees_the_password_once(
     map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
-    """Issue #25: an admin issues a vehicle's MQTT credentials from its panel. The password is shown
+    """An admin issues a vehicle's MQTT credentials from its panel. The password is shown
     once, in a marked box with the topic, and stays while the live part of the panel redraws; the
     next look at the vehicle (selecting it again, reloading the page) shows the status only, and the
     page stores it nowhere. The password shown is the one Mosquitto accepts."""
@@ -906,7 +906,7 @@ def test_admin_issues_mqtt_credentials_and_sees_the_password_once(
 def test_admin_rotates_disables_enables_and_revokes_from_the_panel(
     map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
-    """Issue #25: each credential button changes the status the API reports and what Mosquitto lets
+    """Each credential button changes the status the API reports and what Mosquitto lets
     the vehicle do, and the panel then offers the actions the new status allows. An action the API
     refuses (a 409: another admin issued the credentials meanwhile) is told like any refused
     request, and the panel then shows the status the API has."""
@@ -1026,7 +1026,7 @@ def test_admin_rotates_disables_enables_and_revokes_from_the_panel(
 def test_viewer_sees_the_credential_status_but_no_buttons(
     map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
-    """Issue #25: a viewer key reads the credential status; the panel offers it no action (the API
+    """A viewer key reads the credential status; the panel offers it no action (the API
     would refuse them: 403)."""
     vid, none = "v-cred-viewer", "v-cred-none"
     register(map_server, vid, none)
@@ -1066,7 +1066,7 @@ def test_viewer_sees_the_credential_status_but_no_buttons(
     assert watched.external() == []
 
 
-# --------------------------------------------------------------------------- route awareness (#26)
+# --------------------------------------------------------------------------- route awareness
 
 TRIP_COORDS = [[13.440, 52.540], [13.450, 52.545], [13.465, 52.547]]
 # The alert list's colour of each tone (app.css), as the browser computes it.
@@ -1148,7 +1148,7 @@ def test_page_words_and_formats_cover_every_alert_type(map_server: MapServer, wa
 def test_trip_alerts_and_the_vehicle_panel_show_route_awareness(
     map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
-    """Issue #26: each trip alert reaches the list with its label, its tone's colour and the fact
+    """Each trip alert reaches the list with its label, its tone's colour and the fact
     of its details; the vehicle panel shows the trip's state from the live read model: progress,
     ETA and planned arrival as UTC times, the delay in minutes, and badges for wrong way, an
     unplanned stop (since when), arrival at risk and completion. A state from an older processor,
@@ -1327,7 +1327,7 @@ TRIP_RULE_LABELS = {
 def test_admin_sets_trip_rules_and_zones_that_are_planned_stops(
     map_server: MapServer, watched: Watched, artifacts: Path
 ) -> None:
-    """Issue #26: the route form offers the trip rules with the defaults the API's schema states
+    """The route form offers the trip rules with the defaults the API's schema states
     (altered here, so they can only come from there), an empty rule is saved as off, editing a
     route keeps the rules the form did not touch (a PUT replaces the whole route), the route panel
     tells them; the zone form offers the schema's kinds (rest_area among them) and planned_stop."""
@@ -1437,10 +1437,10 @@ def test_admin_sets_trip_rules_and_zones_that_are_planned_stops(
 def test_editing_a_route_stored_before_the_trip_rules_does_not_switch_them_off(
     map_server: MapServer, watched: Watched
 ) -> None:
-    """A route stored before issue #26 has no trip-rule fields (the API returns what was stored; the
-    processor applies the defaults). Its edit form shows those defaults instead of empty fields,
-    which would save as null and switch wrong way, stops and arrival off. The stored record is
-    simulated by taking the fields out of the route list the page loads."""
+    """A route stored before the trip rules existed has no trip-rule fields (the API returns what
+    was stored; the processor applies the defaults). Its edit form shows those defaults instead of
+    empty fields, which would save as null and switch wrong way, stops and arrival off. The stored
+    record is simulated by taking the fields out of the route list the page loads."""
     legacy = route("r-legacy", "Stored before #26", [[13.52, 52.57], [13.53, 52.575]])
     res = httpx.post(f"{map_server.base}/api/v1/routes", json=legacy, headers=map_server.admin)
     assert res.status_code == 201, res.text

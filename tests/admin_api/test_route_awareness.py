@@ -1,4 +1,4 @@
-"""Route awareness through the admin API (issue #26): the per-route trip rules, zones that are
+"""Route awareness through the admin API: the per-route trip rules, zones that are
 planned stops and the assignment's planned times in and out of the vehicle master, and the trip's
 state in the live read model, written by the processor's own engine and writer.
 

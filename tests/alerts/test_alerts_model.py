@@ -104,7 +104,7 @@ CONDITIONS: dict[AlertType, tuple[str | None, tuple[str, ...]]] = {
     AlertType.ZONE_EXIT: (None, ("ZONE:depot-1", "VEHICLE_SILENT")),
     AlertType.VEHICLE_SILENT: ("VEHICLE_SILENT", ()),
     AlertType.VEHICLE_RESUMED: (None, ("VEHICLE_SILENT",)),
-    # The trip's conditions (issue #26); completing the route ends whichever is still open.
+    # The trip's conditions; completing the route ends whichever is still open.
     AlertType.WRONG_DIRECTION: ("WRONG_DIRECTION", ("VEHICLE_SILENT",)),
     AlertType.DIRECTION_RESTORED: (None, ("WRONG_DIRECTION", "VEHICLE_SILENT")),
     AlertType.UNPLANNED_STOP: ("UNPLANNED_STOP", ("VEHICLE_SILENT",)),

@@ -101,7 +101,7 @@ def _caught_up(q: Any, s: Settings) -> bool:
     p = q.lastProgress
     if not p or not p["sources"]:
         return False
-    from processor.service import source_offsets
+    from processor.progress import source_offsets
 
     end: dict[str, dict[str, int]] = {}
     for src in p["sources"]:

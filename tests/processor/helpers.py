@@ -91,7 +91,7 @@ def master_events(trips: bool = False) -> list[dict[str, Any]]:
 
 
 def circle_zone_event() -> dict[str, Any]:
-    """A circle zone (issue #40), 150 m around the line 2 km west of the frame's centre, clear of the
+    """A circle zone, 150 m around the line 2 km west of the frame's centre, clear of the
     depot: every vehicle of `scenario` enters it (100 m from the centre) and leaves it (200 m)."""
     lon, lat = LocalProjection(13.05, 52.5).inverse(np.array([-2000.0]), np.array([0.0]))
     data = {

@@ -1,5 +1,5 @@
 """Exact batch accounting: the processor's counters and its per-batch log lines come from the commit
-markers, so metrics = markers = records (issue #21)."""
+markers, so metrics = markers = records."""
 
 from __future__ import annotations
 

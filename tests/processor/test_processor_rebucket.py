@@ -38,7 +38,7 @@ from processor.rebucket import (
     refuse_incomplete,
     split_buckets,
 )
-from processor.service import run_rebucket
+from processor.rebucket_run import run_rebucket
 from processor.settings import ProcessorSettings
 from tests.processor.helpers import (
     T0,
@@ -222,7 +222,7 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
     assert records_read() == len(first) + len(drained)
     seed = read_seed(LocalCheckpointFiles(new.checkpoint))
     # Run again (as after an interruption): it sees the work done and changes nothing.
-    with caplog.at_level(logging.INFO, logger="processor.service"):
+    with caplog.at_level(logging.INFO, logger="processor.rebucket_run"):
         assert run_rebucket(old, new.checkpoint, 3, spark) == seed
     assert any("rebucket: already done" in r.getMessage() for r in caplog.records)
     assert seed is not None

@@ -125,9 +125,9 @@ def test_fast_path_takes_the_common_fix(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_out_of_int64_numbers_are_dead_lettered_not_a_poison_pill() -> None:
-    """A seq beyond int64, a `true` seq or an event time beyond int64 microseconds used to pass the
-    check and then fail every retry of the read task; an event time outside the gateway's static
-    bounds is refused too (it would drag the watermark)."""
+    """A seq beyond int64, a `true` seq or an event time beyond int64 microseconds would pass a
+    type check and then fail every retry of the read task; they are dead-lettered, and an event time
+    outside the gateway's static bounds is refused too (it would drag the watermark)."""
     values: list[bytes | None] = [
         canonical("a", 1),
         canonical("a", 2, seq=2**63),

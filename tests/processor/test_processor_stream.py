@@ -43,7 +43,7 @@ def test_stream_emits_exactly_the_expected_alerts(spark: Any, settings: Settings
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     ps = processor_settings(settings, tmp_path)
     fixes = scenario()
-    master = [*master_events(), circle_zone_event()]  # a circle zone too (issue #40)
+    master = [*master_events(), circle_zone_event()]  # a circle zone too
     produce_master(settings, master)
     produce_telemetry(settings, fixes)
     bad = [b"not json", b'{"vehicle_id": "v0"}', orjson.dumps({"vehicle_id": "v9", "seq": "x"})]

@@ -1,4 +1,4 @@
-"""Route awareness (issue #26): direction, stops, arrival and completion, on the reference state
+"""Route awareness: direction, stops, arrival and completion, on the reference state
 machine (`domain.step`) and through the batch engine, whose fast path must equal folding `step`."""
 
 from __future__ import annotations
@@ -501,11 +501,11 @@ def test_a_new_assignment_to_the_same_route_starts_a_new_trip() -> None:
     assert r.states.state("a").trip_from_ms == T0
 
 
-# --------------------------------------------------------------------------- first placement (#41)
+# --------------------------------------------------------------------------- first placement
 
-# The load test's case (seed 11, 1,000 vehicles): the route's last leg runs south-east to its end at
-# (0, 0) and crosses, 30 m before it, a diagonal street the route drove early on. Metres, in the
-# route's frame; the fixes as published, 1 s apart, the transport delivering seq 7 before seq 6.
+# A route whose last leg runs south-east to its end at (0, 0) and crosses, 30 m before it, a
+# diagonal street the route drove early on. Metres, in the route's frame; the fixes as published,
+# 1 s apart, the transport delivering seq 7 before seq 6.
 CROSSING_EARLY = [(15.6, 48.5), (-17.0, 27.9), (-49.6, 7.4), (-82.2, -13.2), (-85.0, -15.9)]
 CROSSING_LATE = [(-300.0, 400.0), (-71.6, 95.7), (-47.7, 63.8), (-23.9, 31.9), (0.0, 0.0)]
 CROSSING_FIXES = [
@@ -609,9 +609,9 @@ def test_a_vehicle_first_seen_where_its_route_crosses_its_own_end_completes_wher
 
 
 def test_a_vehicle_first_seen_where_its_route_retraces_a_street_completes_at_the_radius() -> None:
-    """The route's last 300 m drive back along the street it came on (seed 13's shape). A vehicle
-    first seen there is near both passes and cannot be placed, but both lie past half the route:
-    it completes at its first fix within the radius, not once it has driven past the end."""
+    """The route's last 300 m drive back along the street it came on. A vehicle first seen there is
+    near both passes and cannot be placed, but both lie past half the route: it completes at its
+    first fix within the radius, not once it has driven past the end."""
     data = route_data([0.0, 3000.0, 2700.0])
     xs = [2790.0, 2775.0, 2760.0, 2745.0, 2730.0, 2715.0, 2700.0, 2685.0, 2670.0]
     track = [(k, x, 0.0) for k, x in enumerate(xs)]
@@ -628,7 +628,7 @@ def test_a_vehicle_first_seen_where_its_route_retraces_a_street_completes_at_the
         assert states.state("a").completed
 
 
-# Seed 16's shape: a narrow hairpin whose legs run 9 m apart and whose tip lies beyond the half width
+# A narrow hairpin whose legs run 9 m apart and whose tip lies beyond the half width
 # of a fix beside the legs; the segments at the tip are out of that fix's reach.
 HAIRPIN = [
     (-1368.1, -162.6),

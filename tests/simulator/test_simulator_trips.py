@@ -1,4 +1,4 @@
-"""The route-awareness episodes of the simulator (issue #26): planned so their truth is exact."""
+"""The route-awareness episodes of the simulator: planned so their truth is exact."""
 
 from __future__ import annotations
 
@@ -112,10 +112,10 @@ def test_wrong_way_and_schedule_episodes_have_exact_truth_at_the_planned_fixes()
         assert (back[:-1] <= sc.cfg.rules.wrong_way_min_m - 0.9).all()
 
 
-# --------------------------------------------------------------------------- starting anywhere (#41)
+# --------------------------------------------------------------------------- starting anywhere
 
 # Routes (metres around LONLAT) where a vehicle seen for the first time may be near several passes:
-# the load test's route that crosses its own end, one whose end retraces a street (a U-turn), a long
+# a route that crosses its own end, one whose end retraces a street (a U-turn), a long
 # narrow hairpin (legs 20 m apart), and a loop crossing itself mid-way. Hairpin legs nearer each
 # other than the GPS noise bound are left out: near the tip a fix can lie nearer the wrong leg,
 # where the engine keeps the nearer one (docs/architecture.md, "Route progress"). (A route driven out and back

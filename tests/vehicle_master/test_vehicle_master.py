@@ -225,7 +225,7 @@ def test_write_and_event_follow_the_contract(vm: VehicleMaster) -> None:
         "deviation_min_s": 0.0,
         "overspeed_min_s": 10.0,
         "silent_after_s": 120.0,
-        # Route awareness (issue #26), at their defaults; a null planned duration: none planned.
+        # Route awareness, at their defaults; a null planned duration: none planned.
         "wrong_way_min_m": 100.0,
         "wrong_way_min_fixes": 3,
         "wrong_way_min_s": 5.0,

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.service import _log_first_batch, telemetry_events, unseen_progress
+from processor.progress import log_first_batch, telemetry_events, unseen_progress
 
 TOPIC = "fleet.telemetry"
 
@@ -69,8 +69,8 @@ def test_the_first_batch_of_a_start_is_logged_phase_by_phase(caplog: pytest.LogC
             }
         ],
     }
-    with caplog.at_level(logging.INFO, logger="processor.service"):
-        _log_first_batch(p)
+    with caplog.at_level(logging.INFO, logger="processor.progress"):
+        log_first_batch(p)
     line = caplog.records[-1].getMessage()
     assert line.startswith("first batch after start batch_id=7 ")
     for part in ("addBatch_ms=6100", "queryPlanning_ms=300", "triggerExecution_ms=7000", "state_rows=12"):
