@@ -9,6 +9,7 @@ import pickle
 import struct
 from dataclasses import replace
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -187,7 +188,7 @@ def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alon
     """The scenario in 10 s batches, then one far-ahead fix (every other vehicle falls silent and
     parks), then two of them report again (woken, VEHICLE_RESUMED): with and without a lot."""
     far = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, None, None, T0 + 400_000)
-    back = [replace(far, vehicle_id=v, seq=60, ts_ms=T0 + 401_000) for v in ("v2", "v5")]
+    back = [msgspec.structs.replace(far, vehicle_id=v, seq=60, ts_ms=T0 + 401_000) for v in ("v2", "v5")]
     fixes = scenario(60)
     batches = [[f for f in fixes if lo <= f.ts_ms - T0 < lo + 10_000] for lo in range(0, 60_000, 10_000)]
     batches += [[far], [], back]
