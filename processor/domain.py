@@ -69,8 +69,12 @@ class EngineConfig(ProcessorRules):
 
 
 @dataclass(frozen=True, slots=True)
-class Fix:
-    """One accepted fix, with the geometric facts of its assigned route and the zones."""
+class RawFix:
+    """One fix of one vehicle before ordering: what the vehicle's reorder buffer holds (`reorder`).
+
+    The engine's own record of a fix, apart from the wire's `fleetfence.contracts.Telemetry`: only
+    what the state machine reads, without the vehicle (the buffer's key). The state store keeps the
+    buffers pickled, so these fields, in this order, are part of the checkpoint's format."""
 
     seq: int
     ts_ms: int
@@ -78,6 +82,14 @@ class Fix:
     lon: float
     speed_kmh: float
     received_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fix(RawFix):
+    """A fix once ordered and placed: the `RawFix` with the facts of its assigned route and the
+    zones, computed for a whole batch in one vectorized pass (`processor.engine`) so that `step`
+    itself does no geometry."""
+
     route_id: str | None = None
     route_version: int = 0
     in_corridor: bool = True
@@ -560,18 +572,6 @@ def check_silence(
         (("last_ts_ms", s.last_ts_ms), ("silent_s", silent_after_s)),
     )
     return s, [a]
-
-
-@dataclass(frozen=True, slots=True)
-class RawFix:
-    """A fix before ordering: what the reorder buffer holds."""
-
-    seq: int
-    ts_ms: int
-    lat: float
-    lon: float
-    speed_kmh: float
-    received_ms: int
 
 
 def reorder(

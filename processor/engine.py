@@ -127,22 +127,7 @@ def _order(
     base = fx.take(fast_idx)
     if not extra:
         return base, new_held, dropped
-    ev = np.array([v for v, _ in extra], dtype=object)
-    add = Fixes(
-        ev,
-        np.array([f.seq for _, f in extra], dtype=np.int64),
-        np.array([f.ts_ms for _, f in extra], dtype=np.int64),
-        np.array([f.lat for _, f in extra]),
-        np.array([f.lon for _, f in extra]),
-        np.array([f.speed_kmh for _, f in extra]),
-        np.array([f.received_ms for _, f in extra], dtype=np.int64),
-    )
-    allf = Fixes(
-        *(
-            np.concatenate([getattr(base, k), getattr(add, k)])
-            for k in ("vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms")
-        )
-    )
+    allf = Fixes.concat([base, Fixes.of_raw([v for v, _ in extra], [f for _, f in extra])])
     c2, _ = pd.factorize(allf.vehicle_id)
     return allf.take(np.lexsort((allf.seq, c2))), new_held, dropped
 
