@@ -57,10 +57,14 @@ from processor.trip import eta_ms, planned_arrival_ms
 @dataclass(frozen=True)
 class EngineConfig(ProcessorRules):
     """The processor-wide rules as the engine applies them (route-specific ones live in RouteRules),
-    and the one knob of the engine's own: how many fixes a vehicle's reorder buffer holds before it
-    gives up waiting for a missing one."""
+    and the engine's own knobs, which change how it works but not what it emits."""
 
+    # How many fixes a vehicle's reorder buffer holds before it gives up waiting for a missing one.
     max_pending_per_vehicle: int = 1000
+    # False folds every vehicle fix by fix through `step`, the reference semantics, instead of
+    # advancing the quiet ones in columns (`processor.engine`): the same alerts and states, slower.
+    # The engine's property tests run both ways to hold the fast path to the reference.
+    fast_path: bool = True
 
     @classmethod
     def of(cls, rules: ProcessorRules, **engine: Any) -> EngineConfig:

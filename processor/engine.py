@@ -140,7 +140,6 @@ def process_bucket(
     watermark_ms: int,
     cfg: EngineConfig,
     catalog: Catalog,
-    force_slow: bool = False,
 ) -> BucketResult:
     """Advance one bucket by one micro-batch of fixes. `states` is updated in place and returned.
 
@@ -251,7 +250,7 @@ def process_bucket(
         # Computed once: it decides who stays on the fast path, and then advances them.
         plan = _trip_plan(states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg)
         fast &= _trip_is_quiet(states, rows_u, starts, speed, progress, passes, end_dist, trip, plan)
-    if force_slow:
+    if not cfg.fast_path:
         fast[:] = False
     # The inner band only matters to vehicles folded fix by fix.
     in_inner = inner_band_tests(route_list, route_idx, lon, lat, ~fast[codes]) if n else in_corr
