@@ -20,9 +20,9 @@ class ProcessorSettings(ProcessorRulesSettings):
         description="Checkpoint location (any Hadoop path); default <state_dir>/checkpoints/processor",
     )
     processor_buckets: int = Field(default=16, ge=1, le=4096, description="State buckets (vehicle groups).")
-    # A micro-batch has ~1 s of fixed cost here (docs/architecture.md), so the cap decides how fast a
-    # backlog drains: 44k events/s at 100k, ~60k at 200k, ~113k at 400k (docs/bench-log/). Live
-    # batches hold what arrived during the previous one and stay far below it.
+    # A micro-batch has a fixed cost of its own (docs/architecture.md), so the cap decides how fast a
+    # backlog drains: the larger the batches, the fewer times that cost is paid. Live batches hold
+    # what arrived during the previous one and stay far below it.
     processor_max_events_per_batch: int = Field(default=400_000, ge=0, description="0 = no cap.")
     processor_trigger_ms: int = Field(default=200, ge=0)
     processor_lease_ttl_ms: int = Field(
@@ -38,6 +38,14 @@ class ProcessorSettings(ProcessorRulesSettings):
     processor_shuffle_partitions: int | None = Field(default=None, ge=1)
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
     processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
+    processor_parking: bool = Field(
+        default=True,
+        description="Park vehicles with nothing pending (silent, no fix held) out of their bucket's state "
+        "blob, one state value each (processor.parking), so that a micro-batch rewrites only the active "
+        "vehicles. Off keeps every vehicle in the blob: no state call when a vehicle goes silent or "
+        "reports again, but every batch rewrites the whole bucket; only worth it for a small fleet that "
+        "goes silent and resumes often. Vehicles parked before it was turned off are still woken.",
+    )
     processor_metrics_port: int = Field(
         default=PROCESSOR_METRICS_PORT,
         ge=0,
