@@ -88,7 +88,7 @@ class AlertType(StrEnum):
     ZONE_EXIT = "ZONE_EXIT"
     VEHICLE_SILENT = "VEHICLE_SILENT"
     VEHICLE_RESUMED = "VEHICLE_RESUMED"
-    # Route awareness (issue #26): the trip along the assigned route.
+    # Route awareness: the trip along the assigned route.
     WRONG_DIRECTION = "WRONG_DIRECTION"
     DIRECTION_RESTORED = "DIRECTION_RESTORED"
     UNPLANNED_STOP = "UNPLANNED_STOP"

@@ -42,7 +42,7 @@ INT_COLS = _KINDS[int]
 FLOAT_COLS = _KINDS[float]
 BOOL_COLS = _KINDS[bool]
 # Per-vehicle counters the engine keeps beside the state machine (not part of `VehicleState`):
-# `unassigned_fixes` counts fixes with no assignment valid at their event time (issue #21).
+# `unassigned_fixes` counts fixes with no assignment valid at their event time.
 COUNTER_COLS = ("unassigned_fixes",)
 # The "nothing yet" of every numeric column: a new vehicle's, and that of a column a stored table or
 # parked row was written without.

@@ -20,7 +20,7 @@ Semantics, all in event time:
 - VEHICLE_RESUMED at the first fix after a silence, with the length of the gap in event time (a
   tracker back from a dead zone uploads what it stored: its stretch is then applied in order).
 
-Route awareness (issue #26), for a vehicle on an assigned route, from its progress along the route
+Route awareness, for a vehicle on an assigned route, from its progress along the route
 (continuous: of the route's passes near a fix, the one nearest the previous progress, so a street
 the route uses both ways or a route crossing itself never makes progress jump; `continue_progress`):
 - WRONG_DIRECTION once progress has gone back `wrong_way_min_m` from its highest point since the

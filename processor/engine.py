@@ -1,8 +1,8 @@
 """The vectorized batch engine: one micro-batch of one vehicle bucket at a time. Pure, no I/O.
 
 Logically the state is per vehicle; physically it is grouped in buckets (a few hundred to a few
-thousand vehicles each), because Spark's per-key overhead (~1.1 ms per key per core, measured) would
-cap a per-vehicle layout at ~9k events/s on two cores. Inside a bucket the work is columnar:
+thousand vehicles each), because Spark's fixed cost per state key, paid per vehicle, would cap the
+throughput far below a fleet's rate. Inside a bucket the work is columnar:
 
 1. de-duplicate and order fixes by `seq` (vectorized; only vehicles with a gap take the Python
    reorder buffer of `domain.reorder`);
