@@ -181,7 +181,7 @@ def ready(log: Path) -> Callable[[], bool]:
 def expected_ids(fixes: list[dict[str, Any]], vehicles: int, ps: ProcessorSettings) -> set[str]:
     m = MasterState.of(master_events(vehicles))
     cfg = ps.engine_config()
-    r = process_bucket(empty_states(), {}, m, pd.DataFrame(fixes), 0, cfg, Catalog(cfg), force_slow=False)
+    r = process_bucket(empty_states(), {}, m, pd.DataFrame(fixes), 0, cfg, Catalog(cfg))
     return {a.alert_id for a in r.alerts}
 
 

@@ -51,7 +51,7 @@ from rich.table import Table
 from bench import workload as wl
 from bench.common import BENCH_LOG, find_heading, log_text
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
-from bench.state_api import APPLY_IN_PANDAS_WITH_STATE, group_state_stage
+from bench.state_api import APPLY_IN_PANDAS_WITH_STATE, start_group_state_query
 from embedded import infra
 from fleetfence.kafka import ensure_topics, idempotent_producer, produce_waiting, topic_specs
 from fleetfence.settings import Settings
@@ -403,9 +403,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
         shuffle_partitions=cfg.shuffle_partitions,
         extra_conf=dict(cfg.spark_conf),
     )
-    q = start_query(
-        spark, ps, stage=group_state_stage if cfg.state_api == APPLY_IN_PANDAS_WITH_STATE else None
-    )
+    q = (start_group_state_query if cfg.state_api == APPLY_IN_PANDAS_WITH_STATE else start_query)(spark, ps)
     try:
         p = idempotent_producer(s.bootstrap_servers, **{"linger.ms": 5})
         recs = LazyRecords(w)

@@ -1,4 +1,4 @@
-"""The job's stateful operator under `applyInPandasWithState`, for bench/latency.py (issue #23).
+"""The job's stateful operator under `applyInPandasWithState`, for bench/latency.py.
 
 The job runs `GeofenceProcessor` under `transformWithStateInPandas`: three value states per bucket
 (the vehicles blob, the master blob, a digest and timer) and an event-time timer, each state call a
@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from fleetfence.errors import ConfigError
 from processor.domain import EngineConfig
 from processor.settings import ProcessorSettings
 
@@ -56,16 +57,24 @@ def fold_group(cfg: EngineConfig) -> Any:
     return fold
 
 
-def group_state_stage(grouped: Any, s: ProcessorSettings) -> Any:
-    """`processor.job.Stage` for `applyInPandasWithState` with an event-time timeout."""
+def start_group_state_query(
+    spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor"
+) -> Any:
+    """The job (`processor.job.start_query`) with its stateful operator under
+    `applyInPandasWithState` and an event-time timeout: the job's own input and sink around it."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
+    from processor.job import job_input, start_output
     from processor.rows import OUTPUT_DDL
 
-    return grouped.applyInPandasWithState(
+    inp = job_input(spark, s, s.checkpoint, s.processor_starting_offsets)
+    if inp.seed is not None:
+        raise ConfigError(f"{s.checkpoint} is re-bucketed: only the job's own operator reads its seed")
+    out = inp.grouped.applyInPandasWithState(
         fold_group(s.engine_config()),
         outputStructType=OUTPUT_DDL,
         stateStructType=STATE_DDL,
         outputMode="Append",
         timeoutConf=GroupStateTimeout.EventTimeTimeout,
     )
+    return start_output(spark, out, s, inp, query_name)

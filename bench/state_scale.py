@@ -258,19 +258,6 @@ def running(q: Any) -> bool:
     return True
 
 
-def blob_only(grouped: Any, s: Any) -> Any:
-    """`processor.job.Stage`: the job's operator with every vehicle kept in its bucket's blob."""
-    from processor.rows import OUTPUT_DDL
-    from processor.stateful import GeofenceProcessor
-
-    return grouped.transformWithStateInPandas(
-        statefulProcessor=GeofenceProcessor(s.engine_config(), parking=False),
-        outputStructType=OUTPUT_DDL,
-        outputMode="Append",
-        timeMode="EventTime",
-    )
-
-
 def spark_config(
     spark: Any,
     s: Settings,
@@ -315,9 +302,10 @@ def spark_config(
             "processor_checkpoint": checkpoint,
             "processor_buckets": buckets,
             "redis_prefix": f"{prefix}ff:",
+            "processor_parking": parking,
         }
     )
-    q = start_query(spark, ps, stage=None if parking else blob_only)
+    q = start_query(spark, ps)
     batches: list[dict[str, Any]] = []
     try:
         with console.status(f"registering {registered:,} vehicles"):

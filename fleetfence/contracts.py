@@ -12,7 +12,6 @@ import hashlib
 import math
 import re
 import zlib
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import lru_cache
@@ -89,7 +88,7 @@ class AlertType(StrEnum):
     ZONE_EXIT = "ZONE_EXIT"
     VEHICLE_SILENT = "VEHICLE_SILENT"
     VEHICLE_RESUMED = "VEHICLE_RESUMED"
-    # Route awareness (issue #26): the trip along the assigned route.
+    # Route awareness: the trip along the assigned route.
     WRONG_DIRECTION = "WRONG_DIRECTION"
     DIRECTION_RESTORED = "DIRECTION_RESTORED"
     UNPLANNED_STOP = "UNPLANNED_STOP"
@@ -114,9 +113,14 @@ def vehicle_from_topic(topic: str) -> str:
     return parts[1]
 
 
-@dataclass(frozen=True, slots=True)
-class Telemetry:
-    """A validated fix in canonical form, as it travels on `fleet.telemetry`."""
+class Telemetry(msgspec.Struct, frozen=True):
+    """A validated fix in canonical form, as it travels on `fleet.telemetry`: the one definition of
+    the fix on the wire, its fields in the order its JSON writes them.
+
+    The gateway builds it (`validate_telemetry`; `fast_canonical` encodes one straight from the
+    message); the processor and the archive read it back with `PlainFix` and `canonical_fix`, and
+    the processor keeps the fields it needs as columns (`processor.columns.FIX_SCHEMA`); tests hold
+    both to this field list."""
 
     vehicle_id: str
     seq: int
@@ -129,34 +133,17 @@ class Telemetry:
     received_ms: int | None = None
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "vehicle_id": self.vehicle_id,
-                "seq": self.seq,
-                "ts_ms": self.ts_ms,
-                "lat": self.lat,
-                "lon": self.lon,
-                "speed_kmh": self.speed_kmh,
-                "heading_deg": self.heading_deg,
-                "accuracy_m": self.accuracy_m,
-                "received_ms": self.received_ms,
-            }
-        )
+        return _json_encoder.encode(self)
 
     @staticmethod
     def from_json(data: bytes) -> Telemetry:
-        d = orjson.loads(data)
-        return Telemetry(
-            d["vehicle_id"],
-            d["seq"],
-            d["ts_ms"],
-            d["lat"],
-            d["lon"],
-            d["speed_kmh"],
-            d.get("heading_deg"),
-            d.get("accuracy_m"),
-            d.get("received_ms"),
-        )
+        return _telemetry_decoder.decode(data)
+
+
+# One encoder for `to_json` and the gateway's fast path, so both write the same bytes: a Struct's
+# fields in their declared order.
+_json_encoder = msgspec.json.Encoder()
+_telemetry_decoder = msgspec.json.Decoder(Telemetry)
 
 
 def _number(d: dict[str, Any], name: str, *, required: bool, lo: float, hi: float) -> float | None:
@@ -249,18 +236,22 @@ def validate_telemetry(topic: str, payload: bytes, now_ms: int) -> Telemetry:
 
 # --------------------------------------------------------------------------- gateway fast path
 #
-# The gateway validates tens of thousands of messages per second per core; profiling showed the
-# generic validator plus the canonical re-encoding at about a third of its CPU. The common case (a
-# well-formed fix with `ts` in epoch ms) is decoded and range-checked in C by msgspec and re-encoded
-# by it. Anything the fast path does not accept goes through `validate_telemetry`, which decides and
-# names the reason; so the fast path only ever *accepts*, never rejects, and a property test holds
-# it to the validator's result (tests/gateway/test_gateway_core.py).
+# The gateway validates every message on its hot path, where the generic validator and the
+# canonical re-encoding are a large share of its CPU. The common case (a well-formed fix with `ts`
+# in epoch ms) is decoded and range-checked in C by msgspec and re-encoded by it. Anything the fast
+# path does not accept goes through `validate_telemetry`, which decides and names the reason; so the
+# fast path only ever *accepts*, never rejects, and a property test holds it to the validator's
+# result (tests/gateway/test_gateway_core.py).
 
 _Lat = Annotated[float, msgspec.Meta(ge=-90.0, le=90.0)]
 _Lon = Annotated[float, msgspec.Meta(ge=-180.0, le=180.0)]
 
 
 class _FastFix(msgspec.Struct, forbid_unknown_fields=True):
+    """The message a vehicle publishes on MQTT, as msgspec decodes it: not the canonical record
+    (`ts` in epoch ms only, no `received_ms`, no unknown fields), with the gateway's bounds, so
+    that whatever it accepts `validate_telemetry` accepts with the same values."""
+
     vehicle_id: str
     seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
     ts: Annotated[int, msgspec.Meta(ge=MIN_TS_MS, le=MAX_TS_MS)]
@@ -271,22 +262,7 @@ class _FastFix(msgspec.Struct, forbid_unknown_fields=True):
     accuracy_m: Annotated[float, msgspec.Meta(ge=0.0, le=100_000.0)] | None = None
 
 
-class _Canonical(msgspec.Struct):
-    """Field order and names of `Telemetry.to_json`."""
-
-    vehicle_id: str
-    seq: int
-    ts_ms: int
-    lat: float
-    lon: float
-    speed_kmh: float
-    heading_deg: float | None
-    accuracy_m: float | None
-    received_ms: int
-
-
 _fast_decoder = msgspec.json.Decoder(_FastFix)
-_fast_encoder = msgspec.json.Encoder()
 
 
 def fast_canonical(topic: str, payload: bytes, now_ms: int) -> tuple[str, bytes] | None:
@@ -303,8 +279,8 @@ def fast_canonical(topic: str, payload: bytes, now_ms: int) -> tuple[str, bytes]
         return None
     if f.vehicle_id != vid or f.ts > now_ms + MAX_FUTURE_MS:
         return None
-    c = _Canonical(vid, f.seq, f.ts, f.lat, f.lon, f.speed_kmh, f.heading_deg, f.accuracy_m, now_ms)
-    return vid, _fast_encoder.encode(c)
+    t = Telemetry(vid, f.seq, f.ts, f.lat, f.lon, f.speed_kmh, f.heading_deg, f.accuracy_m, now_ms)
+    return vid, _json_encoder.encode(t)
 
 
 # --------------------------------------------------------------------------- a record already on Kafka
@@ -317,9 +293,12 @@ _Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class PlainFix(msgspec.Struct):
-    """The canonical fix as msgspec decodes it in C: the processor's fast path (`processor.parse`).
-    Accepts only what `canonical_fix` accepts, with the same values (a property test holds the two
-    together); whatever it rejects is judged by `canonical_fix`."""
+    """A record of `fleet.telemetry` as the processor reads it: the `Telemetry` fields the engine
+    uses, in their order (a test holds the two lists together), with the processor's bounds rather
+    than the gateway's, because any producer may have written the record. msgspec decodes and checks
+    it in C on the processor's fast path (`processor.parse`); it accepts only what `canonical_fix`
+    accepts, with the same values (a property test holds the two together), and whatever it rejects
+    is judged by `canonical_fix`."""
 
     vehicle_id: Annotated[str, msgspec.Meta(min_length=1)]
     seq: _Int64

@@ -1,5 +1,5 @@
 """The engine's columnar containers: a bucket's vehicle states (`StateTable`) and a batch of fixes
-(`Fixes`), both as numpy columns.
+(`Fixes`, with its Arrow schema `FIX_SCHEMA`), both as numpy columns.
 
 Columnar so the engine's fast path is a handful of fancy-index assignments per batch and the blob
 that goes to the state store is a few numpy buffers, not thousands of Python objects.
@@ -8,15 +8,14 @@ that goes to the state store is a few numpy buffers, not thousands of Python obj
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from processor.domain import STATE_DEFAULTS, RawFix, VehicleState
-
-FIX_COLUMNS = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"]
 
 
 def _state_columns() -> dict[type, tuple[str, ...]]:
@@ -43,7 +42,7 @@ INT_COLS = _KINDS[int]
 FLOAT_COLS = _KINDS[float]
 BOOL_COLS = _KINDS[bool]
 # Per-vehicle counters the engine keeps beside the state machine (not part of `VehicleState`):
-# `unassigned_fixes` counts fixes with no assignment valid at their event time (issue #21).
+# `unassigned_fixes` counts fixes with no assignment valid at their event time.
 COUNTER_COLS = ("unassigned_fixes",)
 # The "nothing yet" of every numeric column: a new vehicle's, and that of a column a stored table or
 # parked row was written without.
@@ -154,9 +153,37 @@ def states_from_objects(states: Iterable[VehicleState]) -> StateTable:
     return t
 
 
+# A batch of fixes as columns: the fields of the canonical record the engine reads
+# (`fleetfence.contracts.PlainFix`, in its order; a test holds the two lists together), then where
+# the record is on the telemetry topic. The Arrow form is what a chunk of the stream carries
+# (`processor.rows.encode_chunk`); `Fixes` is the same columns as numpy arrays, in this order.
+FIX_SCHEMA = pa.schema(
+    [
+        ("vehicle_id", pa.string()),
+        ("seq", pa.int64()),
+        ("ts_ms", pa.int64()),
+        ("lat", pa.float64()),
+        ("lon", pa.float64()),
+        ("speed_kmh", pa.float64()),
+        ("received_ms", pa.int64()),
+        # A fix dead-lettered later (beyond the lateness bound) is sent with the record's original
+        # bytes, read back from here.
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+    ]
+)
+# The numpy dtype of each column (the vehicle id as Python str objects).
+_DTYPES = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in FIX_SCHEMA}
+# The record's place on the topic: known only for fixes read from it (None otherwise).
+_PLACE = ("kafka_partition", "kafka_offset")
+
+
 @dataclass
 class Fixes:
-    """A batch of fixes as numpy columns (what the Spark operator hands over)."""
+    """A batch of fixes as numpy columns, `FIX_SCHEMA`'s in its order: what the engine folds.
+
+    Beside `RawFix` (one fix of one vehicle, held in its reorder buffer) this is the batch form,
+    so that ordering, routing and the fast path are column operations."""
 
     vehicle_id: np.ndarray  # object
     seq: np.ndarray
@@ -171,47 +198,60 @@ class Fixes:
     kafka_offset: np.ndarray | None = None
 
     @staticmethod
+    def of_columns(cols: Iterable[Any]) -> Fixes:
+        """Fixes from columns in `FIX_SCHEMA`'s order (the topic place may be left out, or None)."""
+        return Fixes(*cols)
+
+    def columns(self) -> list[np.ndarray | None]:
+        return [getattr(self, name) for name in FIX_SCHEMA.names]
+
+    @staticmethod
     def from_frame(df: pd.DataFrame) -> Fixes:
-        where = "kafka_partition" in df.columns and "kafka_offset" in df.columns
+        """The columns of `df` by name; the topic place only when `df` has both of its columns."""
+        place = all(c in df.columns for c in _PLACE)
+        return Fixes.of_columns(
+            df[c].to_numpy(dtype=_DTYPES[c]) if place or c not in _PLACE else None for c in FIX_SCHEMA.names
+        )
+
+    @staticmethod
+    def from_table(t: pa.Table) -> Fixes:
+        """A table of `FIX_SCHEMA` (decoded chunks) as numpy columns."""
         return Fixes(
-            df["vehicle_id"].to_numpy(dtype=object),
-            df["seq"].to_numpy(dtype=np.int64),
-            df["ts_ms"].to_numpy(dtype=np.int64),
-            df["lat"].to_numpy(dtype=np.float64),
-            df["lon"].to_numpy(dtype=np.float64),
-            df["speed_kmh"].to_numpy(dtype=np.float64),
-            df["received_ms"].to_numpy(dtype=np.int64),
-            df["kafka_partition"].to_numpy(dtype=np.int32) if where else None,
-            df["kafka_offset"].to_numpy(dtype=np.int64) if where else None,
+            t.column("vehicle_id").to_numpy(zero_copy_only=False).astype(object),
+            *(t.column(c).to_numpy() for c in FIX_SCHEMA.names[1:]),
+        )
+
+    @staticmethod
+    def of_raw(vehicle_ids: list[str], raw: list[RawFix]) -> Fixes:
+        """Fixes released from reorder buffers, `vehicle_ids[i]`'s fix `raw[i]` (no topic place)."""
+        return Fixes(
+            np.array(vehicle_ids, dtype=object),
+            *(
+                np.array([getattr(f, c) for f in raw], dtype=_DTYPES[c])
+                for c in FIX_SCHEMA.names[1:]
+                if c not in _PLACE
+            ),
+        )
+
+    @staticmethod
+    def concat(parts: list[Fixes]) -> Fixes:
+        """The fixes of `parts` in turn; the topic place only when every part has it."""
+        cols = [p.columns() for p in parts]
+        return Fixes.of_columns(
+            None if any(c[k] is None for c in cols) else np.concatenate([c[k] for c in cols])
+            for k in range(len(FIX_SCHEMA))
         )
 
     @staticmethod
     def empty() -> Fixes:
-        i, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        return Fixes(np.zeros(0, dtype=object), i, i, f, f, f, i)
+        return Fixes.of_columns(np.zeros(0, dtype=_DTYPES[c]) for c in FIX_SCHEMA.names if c not in _PLACE)
 
     def take(self, idx: np.ndarray) -> Fixes:
-        return Fixes(
-            self.vehicle_id[idx],
-            self.seq[idx],
-            self.ts_ms[idx],
-            self.lat[idx],
-            self.lon[idx],
-            self.speed_kmh[idx],
-            self.received_ms[idx],
-            None if self.kafka_partition is None else self.kafka_partition[idx],
-            None if self.kafka_offset is None else self.kafka_offset[idx],
-        )
+        return Fixes.of_columns(None if col is None else col[idx] for col in self.columns())
 
     def __len__(self) -> int:
         return len(self.seq)
 
     def raw(self, i: int) -> RawFix:
-        return RawFix(
-            int(self.seq[i]),
-            int(self.ts_ms[i]),
-            float(self.lat[i]),
-            float(self.lon[i]),
-            float(self.speed_kmh[i]),
-            int(self.received_ms[i]),
-        )
+        """The fix at `i` as its vehicle's reorder buffer holds it (Python numbers)."""
+        return RawFix(**{f.name: getattr(self, f.name)[i].item() for f in fields(RawFix)})

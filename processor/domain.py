@@ -20,7 +20,7 @@ Semantics, all in event time:
 - VEHICLE_RESUMED at the first fix after a silence, with the length of the gap in event time (a
   tracker back from a dead zone uploads what it stored: its stretch is then applied in order).
 
-Route awareness (issue #26), for a vehicle on an assigned route, from its progress along the route
+Route awareness, for a vehicle on an assigned route, from its progress along the route
 (continuous: of the route's passes near a fix, the one nearest the previous progress, so a street
 the route uses both ways or a route crossing itself never makes progress jump; `continue_progress`):
 - WRONG_DIRECTION once progress has gone back `wrong_way_min_m` from its highest point since the
@@ -57,10 +57,14 @@ from processor.trip import eta_ms, planned_arrival_ms
 @dataclass(frozen=True)
 class EngineConfig(ProcessorRules):
     """The processor-wide rules as the engine applies them (route-specific ones live in RouteRules),
-    and the one knob of the engine's own: how many fixes a vehicle's reorder buffer holds before it
-    gives up waiting for a missing one."""
+    and the engine's own knobs, which change how it works but not what it emits."""
 
+    # How many fixes a vehicle's reorder buffer holds before it gives up waiting for a missing one.
     max_pending_per_vehicle: int = 1000
+    # False folds every vehicle fix by fix through `step`, the reference semantics, instead of
+    # advancing the quiet ones in columns (`processor.engine`): the same alerts and states, slower.
+    # The engine's property tests run both ways to hold the fast path to the reference.
+    fast_path: bool = True
 
     @classmethod
     def of(cls, rules: ProcessorRules, **engine: Any) -> EngineConfig:
@@ -69,8 +73,12 @@ class EngineConfig(ProcessorRules):
 
 
 @dataclass(frozen=True, slots=True)
-class Fix:
-    """One accepted fix, with the geometric facts of its assigned route and the zones."""
+class RawFix:
+    """One fix of one vehicle before ordering: what the vehicle's reorder buffer holds (`reorder`).
+
+    The engine's own record of a fix, apart from the wire's `fleetfence.contracts.Telemetry`: only
+    what the state machine reads, without the vehicle (the buffer's key). The state store keeps the
+    buffers pickled, so these fields, in this order, are part of the checkpoint's format."""
 
     seq: int
     ts_ms: int
@@ -78,6 +86,14 @@ class Fix:
     lon: float
     speed_kmh: float
     received_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fix(RawFix):
+    """A fix once ordered and placed: the `RawFix` with the facts of its assigned route and the
+    zones, computed for a whole batch in one vectorized pass (`processor.engine`) so that `step`
+    itself does no geometry."""
+
     route_id: str | None = None
     route_version: int = 0
     in_corridor: bool = True
@@ -560,18 +576,6 @@ def check_silence(
         (("last_ts_ms", s.last_ts_ms), ("silent_s", silent_after_s)),
     )
     return s, [a]
-
-
-@dataclass(frozen=True, slots=True)
-class RawFix:
-    """A fix before ordering: what the reorder buffer holds."""
-
-    seq: int
-    ts_ms: int
-    lat: float
-    lon: float
-    speed_kmh: float
-    received_ms: int
 
 
 def reorder(

@@ -1,8 +1,8 @@
 """The vectorized batch engine: one micro-batch of one vehicle bucket at a time. Pure, no I/O.
 
 Logically the state is per vehicle; physically it is grouped in buckets (a few hundred to a few
-thousand vehicles each), because Spark's per-key overhead (~1.1 ms per key per core, measured) would
-cap a per-vehicle layout at ~9k events/s on two cores. Inside a bucket the work is columnar:
+thousand vehicles each), because Spark's fixed cost per state key, paid per vehicle, would cap the
+throughput far below a fleet's rate. Inside a bucket the work is columnar:
 
 1. de-duplicate and order fixes by `seq` (vectorized; only vehicles with a gap take the Python
    reorder buffer of `domain.reorder`);
@@ -127,22 +127,7 @@ def _order(
     base = fx.take(fast_idx)
     if not extra:
         return base, new_held, dropped
-    ev = np.array([v for v, _ in extra], dtype=object)
-    add = Fixes(
-        ev,
-        np.array([f.seq for _, f in extra], dtype=np.int64),
-        np.array([f.ts_ms for _, f in extra], dtype=np.int64),
-        np.array([f.lat for _, f in extra]),
-        np.array([f.lon for _, f in extra]),
-        np.array([f.speed_kmh for _, f in extra]),
-        np.array([f.received_ms for _, f in extra], dtype=np.int64),
-    )
-    allf = Fixes(
-        *(
-            np.concatenate([getattr(base, k), getattr(add, k)])
-            for k in ("vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms")
-        )
-    )
+    allf = Fixes.concat([base, Fixes.of_raw([v for v, _ in extra], [f for _, f in extra])])
     c2, _ = pd.factorize(allf.vehicle_id)
     return allf.take(np.lexsort((allf.seq, c2))), new_held, dropped
 
@@ -155,7 +140,6 @@ def process_bucket(
     watermark_ms: int,
     cfg: EngineConfig,
     catalog: Catalog,
-    force_slow: bool = False,
 ) -> BucketResult:
     """Advance one bucket by one micro-batch of fixes. `states` is updated in place and returned.
 
@@ -266,7 +250,7 @@ def process_bucket(
         # Computed once: it decides who stays on the fast path, and then advances them.
         plan = _trip_plan(states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg)
         fast &= _trip_is_quiet(states, rows_u, starts, speed, progress, passes, end_dist, trip, plan)
-    if force_slow:
+    if not cfg.fast_path:
         fast[:] = False
     # The inner band only matters to vehicles folded fix by fix.
     in_inner = inner_band_tests(route_list, route_idx, lon, lat, ~fast[codes]) if n else in_corr

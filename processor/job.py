@@ -11,22 +11,15 @@ the stateful operator and the sink are plain Spark plan nodes, the checkpoint is
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fleetfence.errors import ConfigError
 from processor.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.layout import checkpoint_layout
-from processor.rebucket import read_seed, refuse_incomplete, refuse_retired, seed_state
+from processor.rebucket import Seed, read_seed, refuse_incomplete, refuse_retired, seed_state
 from processor.settings import ProcessorSettings
 
 logger = logging.getLogger(__name__)
-
-Stage = Callable[[Any, ProcessorSettings], Any]
-"""A stateful operator for the job: (the input grouped by bucket, settings) -> the rows for the sink
-(processor.rows.OUTPUT_DDL). The job's own is `GeofenceProcessor` under `transformWithStateInPandas`;
-bench/state_api.py passes one under `applyInPandasWithState` to measure the two APIs side by side,
-bench/state_scale.py the job's own with parking off (every vehicle in its bucket's blob)."""
 
 
 def register_sink(spark: Any) -> None:
@@ -41,15 +34,25 @@ def checkpoint_sink_id(spark: Any, s: ProcessorSettings) -> str:
     return sink_id_for(HadoopCheckpointFiles(spark, s.checkpoint))
 
 
-def _job(
-    spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: str, stage: Stage | None = None
-) -> tuple[Any, Any]:
-    """The job's dataframe up to the sink (source, watermark, stateful operator), and the
-    checkpoint's files. A re-bucketed checkpoint (`processor.rebucket`) starts from its seed: the
-    seed state as the operator's initial state, Kafka at the old checkpoint's end offsets."""
-    from processor.rows import OUTPUT_DDL
+@dataclass(frozen=True)
+class JobInput:
+    """The job up to its stateful operator: the input rows (processor.rows) with the event-time
+    watermark, grouped by bucket; the checkpoint they belong to; and the re-bucket seed that
+    checkpoint starts from (None for any other checkpoint). The job is composed of three public
+    parts (`job_input`, `geofence_rows`, `start_output`) so that another operator can be run on the
+    same input and sink without a hook in the job itself."""
+
+    grouped: Any
+    checkpoint: str
+    files: HadoopCheckpointFiles
+    seed: Seed | None
+
+
+def job_input(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: str) -> JobInput:
+    """The job's input on `checkpoint`: Spark's Kafka source, the parse into bucket chunks and the
+    watermark. A re-bucketed checkpoint (`processor.rebucket`) starts Kafka at the old checkpoint's
+    end offsets."""
     from processor.source import processor_input
-    from processor.stateful import GeofenceProcessor
 
     t = s.topics
     files = HadoopCheckpointFiles(spark, checkpoint)
@@ -69,21 +72,28 @@ def _job(
         max_events_per_batch=s.processor_max_events_per_batch,
     )
     lateness = f"{int(s.processor_lateness_s * 1000)} milliseconds"
-    grouped = src.withWatermark("ts", lateness).groupBy("bucket")
-    if stage is not None:
-        if seed:
-            raise ConfigError(f"{checkpoint} is re-bucketed: only the job's own operator reads its seed")
-        return stage(grouped, s), files
-    out = grouped.transformWithStateInPandas(
-        statefulProcessor=GeofenceProcessor(s.engine_config(), seed.watermark_ms if seed else 0),
+    return JobInput(src.withWatermark("ts", lateness).groupBy("bucket"), checkpoint, files, seed)
+
+
+def geofence_rows(spark: Any, s: ProcessorSettings, inp: JobInput) -> Any:
+    """The job's stateful operator (`GeofenceProcessor` under `transformWithStateInPandas`) over
+    `inp`: the rows for the sink (processor.rows.OUTPUT_DDL). A re-bucketed checkpoint's seed is
+    its initial state."""
+    from processor.rows import OUTPUT_DDL
+    from processor.stateful import GeofenceProcessor
+
+    seed = inp.seed
+    return inp.grouped.transformWithStateInPandas(
+        statefulProcessor=GeofenceProcessor(
+            s.engine_config(), seed.watermark_ms if seed else 0, parking=s.processor_parking
+        ),
         outputStructType=OUTPUT_DDL,
         outputMode="Append",
         timeMode="EventTime",
         # Spark applies an initial state in a checkpoint's first batch only; passed on every
         # start so the plan is the same whichever batch a restart resumes at.
-        initialState=seed_state(spark, checkpoint) if seed else None,
+        initialState=seed_state(spark, inp.checkpoint) if seed else None,
     )
-    return out, files
 
 
 def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> None:
@@ -93,7 +103,7 @@ def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> 
     sink's own Python processes (the driver's writer planner and commit runner, each a Python
     daemon of its own) started and left idle for the real query, and it writes nothing."""
     register_sink(spark)
-    out, _files = _job(spark, s, scratch_checkpoint, "latest")
+    out = geofence_rows(spark, s, job_input(spark, s, scratch_checkpoint, "latest"))
     q = (
         _sink(out.writeStream, s, "warm-up", dry_run=True)
         .queryName("fleetfence-processor-warm-up")
@@ -127,29 +137,30 @@ def _sink(writer: Any, s: ProcessorSettings, sink_id: str, *, dry_run: bool = Fa
     return writer
 
 
-def start_query(
-    spark: Any,
-    s: ProcessorSettings,
-    query_name: str = "fleetfence-processor",
-    *,
-    available_now: bool = False,
-    stage: Stage | None = None,
+def start_output(
+    spark: Any, out: Any, s: ProcessorSettings, inp: JobInput, query_name: str, *, available_now: bool = False
 ) -> Any:
-    """Build and start the streaming query; returns the StreamingQuery. `available_now` processes
-    what Kafka holds at the start and then stops, its last batch committed (`processor.rebucket`);
-    `stage` replaces the stateful operator (benchmarks only)."""
+    """Start the streaming query writing `out` (rows of processor.rows.OUTPUT_DDL, computed over
+    `inp`) to the exactly-once sink on `inp`'s checkpoint; returns the StreamingQuery."""
     register_sink(spark)
-    checkpoint = s.checkpoint
-    out, files = _job(spark, s, checkpoint, s.processor_starting_offsets, stage)
     writer = (
-        _sink(out.writeStream, s, sink_id_for(files))
+        _sink(out.writeStream, s, sink_id_for(inp.files))
         .queryName(query_name)
-        .option("checkpointLocation", checkpoint)
+        .option("checkpointLocation", inp.checkpoint)
     )
     if available_now:
         writer = writer.trigger(availableNow=True)
     elif s.processor_trigger_ms > 0:
         writer = writer.trigger(processingTime=f"{s.processor_trigger_ms} milliseconds")
     q = writer.start()
-    logger.info("processor started query=%s checkpoint=%s", q.id, checkpoint)
+    logger.info("processor started query=%s checkpoint=%s", q.id, inp.checkpoint)
     return q
+
+
+def start_query(
+    spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor", *, available_now: bool = False
+) -> Any:
+    """Build and start the streaming query; returns the StreamingQuery. `available_now` processes
+    what Kafka holds at the start and then stops, its last batch committed (`processor.rebucket`)."""
+    inp = job_input(spark, s, s.checkpoint, s.processor_starting_offsets)
+    return start_output(spark, geofence_rows(spark, s, inp), s, inp, query_name, available_now=available_now)

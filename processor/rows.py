@@ -18,6 +18,9 @@ import orjson
 import pyarrow as pa
 
 from fleetfence.contracts import Telemetry
+
+# A chunk's schema is part of this contract; it is defined beside the engine's `Fixes`.
+from processor.columns import FIX_SCHEMA as FIX_SCHEMA  # noqa: PLC0414 (re-exported)
 from processor.columns import Fixes
 
 # --------------------------------------------------------------------------- input rows
@@ -42,24 +45,10 @@ ARROW_SCHEMA = pa.schema(
 # `ts` is null on every row but KIND_CLOCK (see there).
 # `bucket` is the Spark state key of the row's vehicle bucket (`processor.layout`), not the bucket
 # number itself, so that the buckets spread evenly over the stateful tasks.
-# One row of the stream carries a whole chunk of one bucket's fixes, as an Arrow IPC stream with
-# this schema: the JVM moves a few large binary values per bucket instead of converting every fix
-# row by row through the shuffle and into the stateful operator (measured: ~44 us per row there).
-FIX_SCHEMA = pa.schema(
-    [
-        ("vehicle_id", pa.string()),
-        ("seq", pa.int64()),
-        ("ts_ms", pa.int64()),
-        ("lat", pa.float64()),
-        ("lon", pa.float64()),
-        ("speed_kmh", pa.float64()),
-        ("received_ms", pa.int64()),
-        # Where the fix's record is on the telemetry topic: a fix dead-lettered later (beyond the
-        # lateness bound) is sent with the record's original bytes, read back from there.
-        ("kafka_partition", pa.int32()),
-        ("kafka_offset", pa.int64()),
-    ]
-)
+# One row of the stream carries a whole chunk of one bucket's fixes, as an Arrow IPC stream of
+# FIX_SCHEMA (`processor.columns`, beside the engine's `Fixes`): the JVM moves a few large binary
+# values per bucket instead of converting every fix row by row through the shuffle and into the
+# stateful operator, where the per-row cost dominates.
 
 KIND_TELEMETRY = "T"
 KIND_MASTER = "M"
@@ -86,18 +75,7 @@ def decode_chunks(chunks: list[bytes]) -> Fixes:
     if not chunks:
         return Fixes.empty()
     tables = [pa.ipc.open_stream(c).read_all() for c in chunks]
-    t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    return Fixes(
-        t.column("vehicle_id").to_numpy(zero_copy_only=False).astype(object),
-        t.column("seq").to_numpy(),
-        t.column("ts_ms").to_numpy(),
-        t.column("lat").to_numpy(),
-        t.column("lon").to_numpy(),
-        t.column("speed_kmh").to_numpy(),
-        t.column("received_ms").to_numpy(),
-        t.column("kafka_partition").to_numpy(),
-        t.column("kafka_offset").to_numpy(),
-    )
+    return Fixes.from_table(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
 
 
 # --------------------------------------------------------------------------- output rows

@@ -38,6 +38,14 @@ class ProcessorSettings(ProcessorRulesSettings):
     processor_shuffle_partitions: int | None = Field(default=None, ge=1)
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
     processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
+    processor_parking: bool = Field(
+        default=True,
+        description="Park vehicles with nothing pending (silent, no fix held) out of their bucket's state "
+        "blob, one state value each (processor.parking), so that a micro-batch rewrites only the active "
+        "vehicles. Off keeps every vehicle in the blob: no state call when a vehicle goes silent or "
+        "reports again, but every batch rewrites the whole bucket; only worth it for a small fleet that "
+        "goes silent and resumes often. Vehicles parked before it was turned off are still woken.",
+    )
     processor_metrics_port: int = Field(
         default=PROCESSOR_METRICS_PORT,
         ge=0,

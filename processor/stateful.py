@@ -7,7 +7,8 @@ State per bucket, in Spark's RocksDB state store (checkpointed, restored on rest
   decoded copy in memory keyed by its digest, so it is only decoded when it changed);
 - `meta`: the master digest and the registered event-time timer;
 - `parked`: one value per parked vehicle (silent, nothing pending: processor.parking), so that the
-  blob, and what every batch rewrites, holds only the vehicles that are active.
+  blob, and what every batch rewrites, holds only the vehicles that are active (unless
+  `FLEETFENCE_PROCESSOR_PARKING` is off).
 
 An event-time timer per bucket fires at the next silence deadline or held-fix release, so a bucket
 that receives no data still reports silent vehicles when the watermark moves on.
@@ -82,12 +83,15 @@ def _digest(blob: bytes) -> str:
 
 
 class GeofenceProcessor(StatefulProcessor):
-    def __init__(self, cfg: EngineConfig, watermark_floor_ms: int = 0, parking: bool = True) -> None:
+    """The job's stateful operator: each bucket's state in Spark's value and map states, folded by
+    `bucket_step`."""
+
+    def __init__(self, cfg: EngineConfig, watermark_floor_ms: int = 0, *, parking: bool = True) -> None:
         self.cfg = cfg
         # A re-bucketed checkpoint's Spark watermark starts again from nothing; the engine keeps
         # judging lateness and releasing held fixes from the old checkpoint's (processor.rebucket).
         self.watermark_floor_ms = watermark_floor_ms
-        # False only for bench/state_scale.py's side by side: every vehicle stays in the blob.
+        # Whether vehicles with nothing pending are parked (ProcessorSettings.processor_parking).
         self.parking = parking
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -146,8 +150,9 @@ class GeofenceProcessor(StatefulProcessor):
         wm = max(int(watermark_ms), 0, self.watermark_floor_ms)
         master, digest, timer_ms = self._load_master()
         vehicles = self._get(self.vehicles) if self.vehicles.exists() else None
-        lot = self.lot if self.parking else None
-        step = bucket_step(vehicles, master, digest, df, wm, self.cfg, self.catalog, lot)
+        step = bucket_step(
+            vehicles, master, digest, df, wm, self.cfg, self.catalog, self.lot, park=self.parking
+        )
         if step.master_blob is not None:
             self.master.update((step.master_blob,))
         self.vehicles.update((step.vehicles,))
@@ -163,8 +168,9 @@ class GeofenceProcessor(StatefulProcessor):
 class MapStateLot:
     """The parking lot of the bucket in hand: the operator's `MapState`, keyed by vehicle.
 
-    Each call is a round trip to the JVM (~70 µs), so the lot is asked only for reporters that are
-    not in the blob, and only when it holds anyone (`exists`: one call for the whole batch)."""
+    Each call is a round trip from the Python worker to the JVM, so the lot is asked only for
+    reporters that are not in the blob, and only when it holds anyone (`exists`: one call for the
+    whole batch)."""
 
     def __init__(self, state: Any) -> None:
         self.state = state
@@ -224,15 +230,17 @@ def bucket_step(
     cfg: EngineConfig,
     catalog: Catalog,
     lot: ParkingLot | None = None,
+    *,
+    park: bool = True,
 ) -> BucketStep:
     """Advance one bucket by a batch of its rows (`df`; None when only its timer fired) at
     watermark `wm`: master events first, dead letters for invalid records, then the engine. With a
-    `lot`, the reporters parked there are woken first, and the rows with nothing pending parked
-    after; without one, every vehicle stays in the blob.
+    `lot`, the reporters parked there are woken first, and (if `park`) the rows with nothing
+    pending parked after; without one, every vehicle stays in the blob.
 
-    Kept apart from the operator so that the state API is a thin adapter: `GeofenceProcessor` keeps
-    three value states and a timer, bench/state_api.py's `applyInPandasWithState` one row and a
-    timeout, and both fold exactly this."""
+    Kept apart from the operator so that a Spark state API is a thin adapter around one fold:
+    `GeofenceProcessor` keeps three value states, a map state and a timer; an operator under
+    `applyInPandasWithState` would keep one row and a timeout and fold exactly this."""
     out: list[tuple[str, str, bytes, int, str | None]] = []
     stats = {"received": 0, "invalid": 0, "accepted": 0, "duplicates": 0, "master_events": 0}
     master_blob: bytes | None = None
@@ -271,7 +279,7 @@ def bucket_step(
         stats["woken"] = len(states) - n_before
     res = process_bucket(states, held, master, fx, wm, cfg, catalog)
     kept = res.states
-    if lot is not None:
+    if lot is not None and park:
         kept, parked = split_parked(res.states, res.held)
         if len(parked):
             lot.park(parked)

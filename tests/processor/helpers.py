@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -14,7 +15,7 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 
-from fleetfence.contracts import AlertRecord, Telemetry
+from fleetfence.contracts import AlertRecord, PlainFix, Telemetry
 from fleetfence.geo import LocalProjection
 from fleetfence.kafka import idempotent_producer
 from fleetfence.settings import Settings
@@ -184,9 +185,8 @@ def expected_alerts(
 ) -> dict[str, AlertRecord]:
     """The reference: the pure engine over all fixes in one batch (no watermark, so no silence),
     against `master` (default `master_events()`)."""
-    r = process_bucket(
-        empty_states(), {}, master_state(master), fixes_frame(fixes), 0, cfg, Catalog(cfg), force_slow=True
-    )
+    ref = replace(cfg, fast_path=False)
+    r = process_bucket(empty_states(), {}, master_state(master), fixes_frame(fixes), 0, ref, Catalog(cfg))
     return {a.alert_id: a.to_dict() for a in r.alerts}
 
 
@@ -196,22 +196,9 @@ def master_state(master: list[dict[str, Any]] | None = None) -> MasterState:
 
 
 def fixes_frame(fixes: list[Telemetry]) -> pd.DataFrame:
-    """Fixes as the engine's input frame."""
-    return pd.DataFrame(
-        [
-            {
-                "vehicle_id": f.vehicle_id,
-                "seq": f.seq,
-                "ts_ms": f.ts_ms,
-                "lat": f.lat,
-                "lon": f.lon,
-                "speed_kmh": f.speed_kmh,
-                "received_ms": f.received_ms,
-            }
-            for f in fixes
-        ],
-        columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "received_ms"],
-    )
+    """Fixes as the engine's input frame: the fields the processor reads (`PlainFix`)."""
+    cols = list(PlainFix.__struct_fields__)
+    return pd.DataFrame([[getattr(f, c) for c in cols] for f in fixes], columns=cols)
 
 
 def telemetry_rows(fixes: list[Telemetry]) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -343,7 +344,7 @@ def build_batches(draws: list[tuple[str, int, float, float, bool]], n_batches: i
 
 
 def run_engine(
-    batches: list[pd.DataFrame], force_slow: bool, m: MasterState | None = None
+    batches: list[pd.DataFrame], fast_path: bool, m: MasterState | None = None
 ) -> tuple[list[str], StateTable, int]:
     m = m or master()
     cat = Catalog(CFG)
@@ -353,7 +354,7 @@ def run_engine(
     wm = 0
     fast = 0
     for b in batches:
-        r = process_bucket(states, held, m, b, wm, CFG, cat, force_slow=force_slow)
+        r = process_bucket(states, held, m, b, wm, replace(CFG, fast_path=fast_path), cat)
         states, held = r.states, r.held
         fast += r.fast_vehicles
         alerts.extend(a.alert_id for a in r.alerts)
@@ -398,8 +399,8 @@ def test_fast_path_equals_reference_fold(
 ) -> None:
     batches = build_batches(draws, n_batches)
     m = master(circles=tuple(circle_zone(f"c{i}", x, y, r) for i, (x, y, r) in enumerate(circles)))
-    fast_alerts, fast_states, fast = run_engine(batches, force_slow=False, m=m)
-    slow_alerts, slow_states, none = run_engine(batches, force_slow=True, m=m)
+    fast_alerts, fast_states, fast = run_engine(batches, fast_path=True, m=m)
+    slow_alerts, slow_states, none = run_engine(batches, fast_path=False, m=m)
     assert none == 0
     FAST_SEEN.append(fast)
     assert sorted(fast_alerts) == sorted(slow_alerts)
@@ -419,7 +420,7 @@ def test_calm_fleet_takes_the_fast_path() -> None:
     draws = [(v, 1, 5.0, 30.0, False) for _ in range(10) for v in ("a", "b", "c", "d")]
     whole = build_batches(draws, 1)[0]
     alerts, _, fast = run_engine(
-        [whole.iloc[:20], whole.iloc[20:]], force_slow=False, m=master(with_zone=False)
+        [whole.iloc[:20], whole.iloc[20:]], fast_path=True, m=master(with_zone=False)
     )
     assert fast == 4  # second batch: every vehicle known and calm
     assert list(alerts) == []
@@ -788,7 +789,7 @@ def test_circle_boundary_is_exact_radius_and_hysteresis_across_batch_cuts() -> N
     want = [(AlertType.ZONE_ENTER, "r"), (AlertType.ZONE_EXIT, "r+h+1cm"), (AlertType.ZONE_ENTER, "r again")]
     cuts: list[list[int]] = [[], list(range(1, len(walk)))] + [[c] for c in range(1, len(walk))]
     for cut in cuts:
-        for force_slow in (False, True):
+        for fast_path in (True, False):
             bounds = [0, *cut, len(walk)]
             states = empty_states()
             held: dict[str, list[RawFix]] = {}
@@ -796,11 +797,11 @@ def test_circle_boundary_is_exact_radius_and_hysteresis_across_batch_cuts() -> N
             dwell: list[float] = []
             cat = Catalog(cfg)
             for a, b in itertools.pairwise(bounds):
-                r = process_bucket(states, held, m, df.iloc[a:b], 0, cfg, cat, force_slow=force_slow)
+                r = process_bucket(states, held, m, df.iloc[a:b], 0, replace(cfg, fast_path=fast_path), cat)
                 states, held = r.states, r.held
                 got.extend((al.type, walk[al.seq][0]) for al in r.alerts)
                 dwell.extend(dict(al.details)["dwell_s"] for al in r.alerts if al.type is AlertType.ZONE_EXIT)
-            assert got == want, (cut, force_slow, got)
+            assert got == want, (cut, fast_path, got)
             assert dwell == [5.0]  # from the fix exactly at the radius to the first beyond the band
 
 

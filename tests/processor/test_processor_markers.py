@@ -4,10 +4,10 @@ markers, so metrics = markers = records."""
 from __future__ import annotations
 
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -9,6 +9,7 @@ import pickle
 import struct
 from dataclasses import replace
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -187,20 +188,24 @@ def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alon
     """The scenario in 10 s batches, then one far-ahead fix (every other vehicle falls silent and
     parks), then two of them report again (woken, VEHICLE_RESUMED): with and without a lot."""
     far = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, None, None, T0 + 400_000)
-    back = [replace(far, vehicle_id=v, seq=60, ts_ms=T0 + 401_000) for v in ("v2", "v5")]
+    back = [msgspec.structs.replace(far, vehicle_id=v, seq=60, ts_ms=T0 + 401_000) for v in ("v2", "v5")]
     fixes = scenario(60)
     batches = [[f for f in fixes if lo <= f.ts_ms - T0 < lo + 10_000] for lo in range(0, 60_000, 10_000)]
     batches += [[far], [], back]
     master = master_state(master_events())
     cat = Catalog(CFG)
 
-    def run(lot: DictLot | None) -> tuple[list[dict[str, object]], StateTable, list[dict[str, int]]]:
+    def run(
+        lot: DictLot | None, park_until: int = len(batches)
+    ) -> tuple[list[dict[str, object]], StateTable, list[dict[str, int]]]:
+        """The batches through `bucket_step`; with `lot`, parking on for the first `park_until`."""
         vehicles: bytes | None = None
         digest, wm = "", 0
         alerts: list[dict[str, object]] = []
         stats: list[dict[str, int]] = []
-        for batch in batches:
-            step = bucket_step(vehicles, master, digest, telemetry_rows(batch), wm, CFG, cat, lot)
+        for i, batch in enumerate(batches):
+            rows = telemetry_rows(batch)
+            step = bucket_step(vehicles, master, digest, rows, wm, CFG, cat, lot, park=i < park_until)
             vehicles, digest = step.vehicles, step.digest
             alerts += [orjson.loads(a) for a in step.out.loc[step.out["kind"] == OUT_ALERT, "value"]]
             stats.append(orjson.loads(step.out.loc[step.out["kind"] == OUT_STATS, "value"].iloc[0]))
@@ -227,3 +232,18 @@ def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alon
     parked = unpack_rows(list(lot.values), list(lot.values.values()))
     assert same_states(concat_states([hot, parked]), everyone)
     assert all(s.silent for s in parked.states())
+
+    # Parking turned off (FLEETFENCE_PROCESSOR_PARKING) once five vehicles have parked: the
+    # two that report again are still woken, and nothing parks any more.
+    lot = DictLot()
+    turned_off, hot, stats = run(lot, park_until=len(batches) - 1)
+    assert turned_off == without
+    assert [s.get("parked", 0) for s in stats][-3:] == [0, 5, 0]
+    assert [s.get("woken", 0) for s in stats][-3:] == [0, 0, 2]
+    assert sorted(lot.values) == ["v1", "v3", "v4"]
+    # Off from the start: every vehicle stays in the blob.
+    lot = DictLot()
+    never, everyone_again, _ = run(lot, park_until=0)
+    assert never == without
+    assert not lot.values
+    assert same_states(everyone_again, everyone)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,11 @@ def reference_alerts(
     emit."""
     cat = Catalog(cfg)
     m = master_state(master)
-    r1 = process_bucket(empty_states(), {}, m, fixes_frame(fixes), 0, cfg, cat, force_slow=True)
+    ref = replace(cfg, fast_path=False)
+    r1 = process_bucket(empty_states(), {}, m, fixes_frame(fixes), 0, ref, cat)
     wm = FAR.ts_ms - cfg.lateness_ms
-    r2 = process_bucket(r1.states, r1.held, m, fixes_frame([FAR]), wm, cfg, cat, force_slow=True)
-    r3 = process_bucket(r2.states, r2.held, m, fixes_frame(back), wm, cfg, cat, force_slow=True)
+    r2 = process_bucket(r1.states, r1.held, m, fixes_frame([FAR]), wm, ref, cat)
+    r3 = process_bucket(r2.states, r2.held, m, fixes_frame(back), wm, ref, cat)
     return {a.alert_id: a.to_dict() for a in r1.alerts + r2.alerts + r3.alerts}
 
 

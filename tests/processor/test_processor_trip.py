@@ -3,6 +3,7 @@ machine (`domain.step`) and through the batch engine, whose fast path must equal
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -226,7 +227,7 @@ def frame(track: list[tuple[str, float, float, float]]) -> pd.DataFrame:
 
 
 def run_engine(
-    batches: list[pd.DataFrame], m: MasterState, force_slow: bool = False
+    batches: list[pd.DataFrame], m: MasterState, fast_path: bool = True
 ) -> tuple[list[Alert], StateTable, int, list[dict[str, Any]]]:
     cat = Catalog(CFG)
     states = empty_states()
@@ -235,7 +236,7 @@ def run_engine(
     live: list[dict[str, Any]] = []
     fast = wm = 0
     for b in batches:
-        r = process_bucket(states, held, m, b, wm, CFG, cat, force_slow=force_slow)
+        r = process_bucket(states, held, m, b, wm, replace(CFG, fast_path=fast_path), cat)
         states, held = r.states, r.held
         fast += r.fast_vehicles
         alerts.extend(r.alerts)
@@ -354,7 +355,7 @@ def test_fast_path_equals_the_reference_fold_with_route_awareness(
         route = out_and_back_route()
     m = master(route, sched)
     fast_alerts, fast_states, fast, _ = run_engine(batches, m)
-    slow_alerts, slow_states, none, _ = run_engine(batches, m, force_slow=True)
+    slow_alerts, slow_states, none, _ = run_engine(batches, m, fast_path=False)
     assert none == 0
     FAST_SEEN.append(fast)
     assert sorted(a.alert_id for a in fast_alerts) == sorted(a.alert_id for a in slow_alerts)
@@ -602,9 +603,9 @@ def test_a_vehicle_first_seen_where_its_route_crosses_its_own_end_completes_wher
     arrived = xy_frame("a", CROSSING_FIXES)
     for cut in (1, 6, 7, 8):
         batches = [arrived.iloc[:cut], arrived.iloc[cut:]]
-        for force_slow in (False, True):
-            alerts, _, _, _ = run_engine(batches, m, force_slow=force_slow)
-            assert completions(alerts) == [(6, 0.0, 0.0)], (cut, force_slow)
+        for fast_path in (True, False):
+            alerts, _, _, _ = run_engine(batches, m, fast_path=fast_path)
+            assert completions(alerts) == [(6, 0.0, 0.0)], (cut, fast_path)
             assert [a.type for a in alerts] == [AlertType.ROUTE_COMPLETED]
 
 
@@ -621,8 +622,8 @@ def test_a_vehicle_first_seen_where_its_route_retraces_a_street_completes_at_the
     assert completions(folded) == [(4, 0.0, 0.0)]  # 30 m from the end; the radius is 40 m
     m = master(data)
     arrived = xy_frame("a", track)
-    for force_slow in (False, True):
-        alerts, states, _, _ = run_engine([arrived.iloc[:3], arrived.iloc[3:]], m, force_slow=force_slow)
+    for fast_path in (True, False):
+        alerts, states, _, _ = run_engine([arrived.iloc[:3], arrived.iloc[3:]], m, fast_path=fast_path)
         assert completions(alerts) == [(4, 0.0, 0.0)]
         assert [a.type for a in alerts] == [AlertType.ROUTE_COMPLETED]
         assert states.state("a").completed

@@ -75,11 +75,11 @@ def master_of(sc: Scenario) -> MasterState:
 
 
 def engine_alerts(
-    sc: Scenario, batches: list[TickBatch], ticks_per_batch: int, force_slow: bool = False
+    sc: Scenario, batches: list[TickBatch], ticks_per_batch: int, fast_path: bool = True
 ) -> list[ObservedAlert]:
     """The processor's pure engine over the published messages, micro-batch by micro-batch
-    (`force_slow`: every vehicle through the reference fold, `domain.step`)."""
-    cfg = EngineConfig.of(sc.cfg.assume)
+    (without the `fast_path`: every vehicle through the reference fold, `domain.step`)."""
+    cfg = EngineConfig.of(sc.cfg.assume, fast_path=fast_path)
     master, catalog, states = master_of(sc), Catalog(cfg), empty_states()
     held: dict[str, list[RawFix]] = {}
     vids = sc.vehicle_ids()
@@ -92,9 +92,7 @@ def engine_alerts(
         df = pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh", "heading"])
         df["received_ms"] = df["ts_ms"]
         wm = max(max_ts - cfg.lateness_ms, 0)
-        res = process_bucket(
-            states, held, master, df.drop(columns="heading"), wm, cfg, catalog, force_slow=force_slow
-        )
+        res = process_bucket(states, held, master, df.drop(columns="heading"), wm, cfg, catalog)
         states, held = res.states, res.held
         for a in res.alerts:
             out.append(

@@ -215,7 +215,7 @@ def test_vehicles_starting_anywhere_on_tricky_routes_match_the_truth_fold_and_fa
     sc, batches, truth = run(tricky(seed))
     expected = Counter(a.key for a in truth)
     fast = Counter(a.key for a in engine_alerts(sc, batches, ticks_per_batch))
-    slow = Counter(a.key for a in engine_alerts(sc, batches, ticks_per_batch, force_slow=True))
+    slow = Counter(a.key for a in engine_alerts(sc, batches, ticks_per_batch, fast_path=False))
     assert fast == slow
     assert fast == expected, (expected - fast, fast - expected)
     assert any(k[1] == AlertType.ROUTE_COMPLETED.value for k in expected)
