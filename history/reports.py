@@ -606,14 +606,12 @@ def h3_counts(lat: np.ndarray, lon: np.ndarray, resolution: int) -> pd.DataFrame
 @dataclass(frozen=True)
 class ReportData:
     """A report's rows with what its exports need beside them: the heat map's resolution, and the
-    speeding episodes' or trips' tracks (TRACK_COLUMNS; None when not asked for); `motion`, the
-    parameters the stops and trips were cut with."""
+    speeding episodes' or trips' tracks (TRACK_COLUMNS; None when not asked for)."""
 
     name: str
     rows: pd.DataFrame
     resolution: int = DEFAULT_H3_RESOLUTION
     tracks: pd.DataFrame | None = None
-    motion: MotionParams = DEFAULT_MOTION
 
 
 def report_data(
@@ -640,11 +638,9 @@ def report_data(
     if name == "speeding":
         return ReportData(name, reports.speeding(), tracks=reports.speeding_tracks() if tracks else None)
     if name == "stops":
-        return ReportData(name, reports.stops(motion), motion=motion)
+        return ReportData(name, reports.stops(motion))
     if name == "trips":
-        return ReportData(
-            name, reports.trips(motion), tracks=reports.trip_tracks(motion) if tracks else None, motion=motion
-        )
+        return ReportData(name, reports.trips(motion), tracks=reports.trip_tracks(motion) if tracks else None)
     return ReportData(name, reports.heatmap(resolution), resolution=resolution)
 
 
