@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.common import app, console, friendly_errors, settings_from_env
+from history.report_params import DEFAULT_MOTION, MotionParams
 
 archive_app = typer.Typer(
     help="The telemetry/alert archive (GeoParquet): writer, compaction, retention.", no_args_is_help=True
@@ -199,10 +200,19 @@ ReportFormatOpt = Annotated[
     typer.Option(
         "--format",
         help="table (default) or an export: json, geojson, csv, geoparquet (parquet for adherence), gpx and"
-        " kml (zones, speeding). Exports go to --out or standard output (Parquet: not to a terminal).",
+        " kml (zones, speeding, stops, trips). Exports go to --out or standard output (Parquet: not to a"
+        " terminal).",
     ),
 ]
 ReportOut = Annotated[Path | None, typer.Option("--out", help="Write the --format export to this file.")]
+StopSpeed = Annotated[
+    float, typer.Option("--stop-speed-kmh", help="A fix is stationary at or below this speed (>= 0).")
+]
+MinStop = Annotated[float, typer.Option("--min-stop-s", help="A stop lasts at least this long (> 0).")]
+MaxGap = Annotated[
+    float,
+    typer.Option("--max-gap-s", help="Fixes further apart than this end a trip and a stop (> 0)."),
+]
 
 
 def _report(name: str, fmt: ReportFormat | None, **kwargs: Any) -> None:
@@ -318,4 +328,64 @@ def report_heatmap(
         archive=archive,
         geojson=geojson,
         resolution=resolution,
+    )
+
+
+@report_app.command("stops")
+@friendly_errors
+def report_stops(
+    start: ReportFrom,
+    end: ReportTo,
+    vehicle: ReportVehicle = None,
+    png: ReportPng = None,
+    as_json: ReportJson = False,
+    archive: ReportArchive = None,
+    fmt: ReportFormatOpt = None,
+    out: ReportOut = None,
+    stop_speed_kmh: StopSpeed = DEFAULT_MOTION.stop_speed_kmh,
+    min_stop_s: MinStop = DEFAULT_MOTION.min_stop_s,
+    max_gap_s: MaxGap = DEFAULT_MOTION.max_gap_s,
+) -> None:
+    """Stops: runs of stationary fixes lasting at least --min-stop-s (GPX waypoints, KML points)."""
+    _report(
+        "stops",
+        fmt,
+        start=start,
+        end=end,
+        vehicle_id=vehicle,
+        png=png,
+        as_json=as_json,
+        archive=archive,
+        out=out,
+        motion=MotionParams(stop_speed_kmh, min_stop_s, max_gap_s),
+    )
+
+
+@report_app.command("trips")
+@friendly_errors
+def report_trips(
+    start: ReportFrom,
+    end: ReportTo,
+    vehicle: ReportVehicle = None,
+    png: ReportPng = None,
+    as_json: ReportJson = False,
+    archive: ReportArchive = None,
+    fmt: ReportFormatOpt = None,
+    out: ReportOut = None,
+    stop_speed_kmh: StopSpeed = DEFAULT_MOTION.stop_speed_kmh,
+    min_stop_s: MinStop = DEFAULT_MOTION.min_stop_s,
+    max_gap_s: MaxGap = DEFAULT_MOTION.max_gap_s,
+) -> None:
+    """Trips: the driving between stops and gaps, with distance and speeds (tracks in GPX, KML, GeoJSON)."""
+    _report(
+        "trips",
+        fmt,
+        start=start,
+        end=end,
+        vehicle_id=vehicle,
+        png=png,
+        as_json=as_json,
+        archive=archive,
+        out=out,
+        motion=MotionParams(stop_speed_kmh, min_stop_s, max_gap_s),
     )

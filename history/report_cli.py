@@ -27,6 +27,7 @@ from fleetfence.settings import Settings
 from history.errors import ReportError
 from history.report_formats import BINARY, check_format, export, heatmap_geojson, visits_geojson, wants_tracks
 from history.report_inputs import report_range
+from history.report_params import DEFAULT_MOTION, MotionParams
 from history.reports import report_data
 from history.settings import HistorySettings
 
@@ -39,7 +40,11 @@ TITLES = {
     "zone_visits": "Zone visits",
     "speeding": "Speeding episodes",
     "heatmap": "Off-route fixes per H3 cell",
+    "stops": "Stops",
+    "trips": "Trips",
 }
+# Coordinates are in the exports; a table at one decimal would only mislead.
+HIDDEN = frozenset({"entry_lon", "entry_lat", "lon", "lat", "start_lon", "start_lat", "end_lon", "end_lat"})
 
 
 def _cell(col: str, v: Any) -> str:
@@ -55,7 +60,7 @@ def _cell(col: str, v: Any) -> str:
 
 
 def render_table(name: str, df: pd.DataFrame, console: Console) -> None:
-    cols = [c for c in df.columns if c not in ("entry_lon", "entry_lat")]
+    cols = [c for c in df.columns if c not in HIDDEN]
     table = Table(title=f"{TITLES[name]} ({len(df):,} rows)")
     for c in cols:
         table.add_column(
@@ -96,6 +101,14 @@ def write_png(name: str, df: pd.DataFrame, path: Path) -> None:
         ax.hist(df["max_kmh"], bins=30)
         ax.set_xlabel("episode max speed, km/h")
         ax.set_ylabel("episodes")
+    elif name == "stops":
+        ax.hist(df["duration_s"] / 60, bins=30)
+        ax.set_xlabel("stop duration, min")
+        ax.set_ylabel("stops")
+    elif name == "trips":
+        ax.hist(df["distance_m"] / 1000, bins=30)
+        ax.set_xlabel("trip distance, km")
+        ax.set_ylabel("trips")
     else:
         import h3
 
@@ -144,9 +157,10 @@ def run(
     resolution: int = 9,
     fmt: str | None = None,
     out: Path | None = None,
+    motion: MotionParams = DEFAULT_MOTION,
 ) -> None:
     """Validate the range and the format, run the report, show or export it, optionally chart it and
-    write GeoJSON beside it."""
+    write GeoJSON beside it; `motion` cuts the stops and trips."""
     chosen = output_format(name, fmt, as_json, out)
     rng = report_range(start, end, vehicle_id)
     hs = HistorySettings.from_base(base)
@@ -154,7 +168,9 @@ def run(
     err = Console(stderr=True)
     with err.status(f"computing {name} over {root}…"):
         tracks = wants_tracks(name, chosen) or (geojson is not None and wants_tracks(name, "geojson"))
-        data = report_data(name, root, rng, hs.history_buckets, resolution=resolution, tracks=tracks)
+        data = report_data(
+            name, root, rng, hs.history_buckets, resolution=resolution, tracks=tracks, motion=motion
+        )
     df = data.rows
     if chosen == "table":
         render_table(name, df, Console())

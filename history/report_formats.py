@@ -10,8 +10,12 @@ Which report gives which format (`OFFERED`) follows from the geometry its rows h
   Placemark with a TimeSpan;
 - `speeding`: a track, the fixes of the episode (`ReportData.tracks`, read from the same SedonaDB
   session): a GPX `<trk>`, a KML LineString Placemark with a TimeSpan (a Point for a one-fix
-  episode), a LineString elsewhere;
-- `heatmap`: an H3 cell polygon: GeoJSON, CSV (WKT), GeoParquet; no GPX or KML.
+  episode, or one whose fixes share one position), a LineString elsewhere;
+- `heatmap`: an H3 cell polygon: GeoJSON, CSV (WKT), GeoParquet; no GPX or KML;
+- `stops`: a point, the stop's first fix, and its time span: like a zone visit, a GPX `<wpt>` and a
+  KML Point Placemark with a TimeSpan;
+- `trips`: a track, the trip's fixes (`ReportData.tracks`, like speeding): a GPX `<trk>`, a KML
+  LineString Placemark with a TimeSpan, a LineString elsewhere.
 
 Coordinates are lon/lat on WGS 84 (OGC:CRS84, axis order lon, lat) everywhere. Every `*_ts_ms`
 column gets an ISO-8601 UTC twin `*_ts` (JSON and CSV: text; Parquet: a UTC timestamp).
@@ -23,7 +27,7 @@ import csv
 import io
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import h3
@@ -64,9 +68,14 @@ OFFERED: dict[str, tuple[str, ...]] = {
     "zone_visits": ("json", "geojson", "csv", "geoparquet", "gpx", "kml"),
     "speeding": ("json", "geojson", "csv", "geoparquet", "gpx", "kml"),
     "heatmap": ("json", "geojson", "csv", "geoparquet"),
+    "stops": ("json", "geojson", "csv", "geoparquet", "gpx", "kml"),
+    "trips": ("json", "geojson", "csv", "geoparquet", "gpx", "kml"),
 }
-# The formats that draw the speeding episodes' tracks (everything with a geometry).
+# The formats that draw the speeding episodes' or trips' tracks (everything with a geometry).
 NEEDS_TRACKS = frozenset({"geojson", "csv", "geoparquet", "gpx", "kml"})
+# The reports whose rows are tracks: each row's fixes in `ReportData.tracks`, keyed by
+# (vehicle_id, start_ts_ms).
+TRACKED = frozenset({"speeding", "trips"})
 
 GPX_NS = "http://www.topografix.com/GPX/1/1"
 KML_NS = "http://www.opengis.net/kml/2.2"
@@ -83,7 +92,7 @@ def check_format(name: str, fmt: str) -> None:
 
 
 def wants_tracks(name: str, fmt: str) -> bool:
-    return name == "speeding" and fmt in NEEDS_TRACKS
+    return name in TRACKED and fmt in NEEDS_TRACKS
 
 
 def filename(name: str, from_ms: int, to_ms: int, fmt: str) -> str:
@@ -122,24 +131,31 @@ def _iso(v: Any) -> str:
 
 def _tracks_by_episode(data: ReportData) -> dict[tuple[str, int], pd.DataFrame]:
     if data.tracks is None:
-        raise ReportError("the speeding export needs the episodes' tracks (report_data(..., tracks=True))")
+        raise ReportError(f"the {data.name} export needs the tracks (report_data(..., tracks=True))")
     tracks = pa.Table.from_pandas(data.tracks, schema=TRACK_SCHEMA, preserve_index=False).to_pandas()
     return {(str(k[0]), int(k[1])): g for k, g in tracks.groupby(["vehicle_id", "start_ts_ms"], sort=False)}
 
 
 def _episodes(data: ReportData) -> Iterator[tuple[dict[str, Any], pd.DataFrame]]:
-    """Each speeding episode's JSON-ready row with its fixes, in the rows' order."""
+    """Each speeding episode's (or trip's) JSON-ready row with its fixes, in the rows' order."""
     by_episode = _tracks_by_episode(data)
     for row in records(data.rows):
         g = by_episode.get((row["vehicle_id"], row["start_ts_ms"]))
         if g is None:
             vid, at = row["vehicle_id"], row["start_ts"]
-            raise ReportError(f"no track for the speeding episode of {vid} at {at}")
+            raise ReportError(f"no track for the {data.name} row of {vid} at {at}")
         yield row, g
 
 
 def _lonlat(g: pd.DataFrame) -> list[tuple[float, float]]:
     return list(zip(g["lon"].astype(float), g["lat"].astype(float), strict=True))
+
+
+def _is_line(points: list[tuple[float, float]]) -> bool:
+    """A track is a LineString when its fixes hold two positions at least; otherwise (one fix, or a
+    vehicle that reported one position throughout) a Point: a LineString of one repeated position
+    is invalid, and readers collapse it (pygeoif, behind fastkml, to a one-point line)."""
+    return len(set(points)) > 1
 
 
 def _cell_ring(cell: str) -> list[tuple[float, float]]:
@@ -152,12 +168,14 @@ def geometries(data: ReportData) -> np.ndarray | None:
     df = data.rows
     if data.name == "zone_visits":
         return np.asarray(shapely.points(df["entry_lon"].to_numpy(float), df["entry_lat"].to_numpy(float)))
+    if data.name == "stops":
+        return np.asarray(shapely.points(df["lon"].to_numpy(float), df["lat"].to_numpy(float)))
     if data.name == "heatmap":
         return np.asarray([shapely.Polygon(_cell_ring(c)) for c in df["h3_cell"]], dtype=object)
-    if data.name == "speeding":
+    if data.name in TRACKED:
         return np.asarray(
             [
-                shapely.LineString(c) if len(c) > 1 else shapely.Point(c[0])
+                shapely.LineString(c) if _is_line(c) else shapely.Point(c[0])
                 for c in (_lonlat(g) for _, g in _episodes(data))
             ],
             dtype=object,
@@ -194,7 +212,7 @@ def visits_geojson(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def geojson(data: ReportData) -> dict[str, Any]:
-    """RFC 7946 FeatureCollection; speeding episodes are LineStrings along their fixes."""
+    """RFC 7946 FeatureCollection; speeding episodes and trips are LineStrings along their fixes."""
     if data.name == "heatmap":
         return heatmap_geojson(data.rows, data.resolution)
     return _feature_collection(data)
@@ -295,10 +313,33 @@ def _speeding_desc(row: dict[str, Any]) -> str:
     )
 
 
+def _stop_desc(row: dict[str, Any]) -> str:
+    return (
+        f"{row['vehicle_id']} stopped: {row['start_ts']} to {row['end_ts']}, {row['duration_s']:g} s, "
+        f"{row['fixes']} fixes"
+    )
+
+
+def _trip_desc(row: dict[str, Any]) -> str:
+    avg = "-" if row["avg_kmh"] is None else f"{row['avg_kmh']:.1f}"
+    return (
+        f"{row['vehicle_id']} trip: {row['start_ts']} to {row['end_ts']}, {row['duration_s']:g} s, "
+        f"{row['distance_m']:.0f} m, {row['fixes']} fixes, max {row['max_kmh']:g} km/h, avg {avg} km/h"
+    )
+
+
+# Per tracked report: what a track is (its GPX `<type>`, and in its name "<vehicle> <kind> <start>")
+# and its description.
+_TRACK_KIND: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "speeding": ("speeding", _speeding_desc),
+    "trips": ("trip", _trip_desc),
+}
+
+
 def to_gpx(data: ReportData) -> bytes:
-    """GPX 1.1: a zone visit is a `<wpt>` at the entry fix (time = entry); a speeding episode is a
-    `<trk>` with one `<trkseg>` of its fixes (GPX 1.1 has no speed element: the figures are in
-    `<desc>`)."""
+    """GPX 1.1: a zone visit is a `<wpt>` at the entry fix (time = entry), a stop one at its first
+    fix (time = start); a speeding episode or a trip is a `<trk>` with one `<trkseg>` of its fixes
+    (GPX 1.1 has no speed element: the figures are in `<desc>`)."""
     ET.register_namespace("", GPX_NS)
     q = f"{{{GPX_NS}}}"
     root = ET.Element(f"{q}gpx", {"version": "1.1", "creator": CREATOR})
@@ -311,12 +352,20 @@ def to_gpx(data: ReportData) -> bytes:
             _sub(wpt, f"{q}name", f"{row['vehicle_id']} @ {row['zone_id']}")
             _sub(wpt, f"{q}desc", _visit_desc(row))
             _sub(wpt, f"{q}type", "zone_visit")
-    elif data.name == "speeding":
+    elif data.name == "stops":
+        for row in records(data.rows):
+            wpt = _sub(root, f"{q}wpt", lat=_num(row["lat"]), lon=_num(row["lon"]))
+            _sub(wpt, f"{q}time", row["start_ts"])
+            _sub(wpt, f"{q}name", f"{row['vehicle_id']} stop {row['start_ts']}")
+            _sub(wpt, f"{q}desc", _stop_desc(row))
+            _sub(wpt, f"{q}type", "stop")
+    elif data.name in TRACKED:
+        kind, desc_of = _TRACK_KIND[data.name]
         for row, g in _episodes(data):
             trk = _sub(root, f"{q}trk")
-            _sub(trk, f"{q}name", f"{row['vehicle_id']} speeding {row['start_ts']}")
-            _sub(trk, f"{q}desc", _speeding_desc(row))
-            _sub(trk, f"{q}type", "speeding")
+            _sub(trk, f"{q}name", f"{row['vehicle_id']} {kind} {row['start_ts']}")
+            _sub(trk, f"{q}desc", desc_of(row))
+            _sub(trk, f"{q}type", kind)
             seg = _sub(trk, f"{q}trkseg")
             for ts, lon, lat in zip(g["ts_ms"], g["lon"], g["lat"], strict=True):
                 pt = _sub(seg, f"{q}trkpt", lat=_num(lat), lon=_num(lon))
@@ -341,9 +390,9 @@ def _kml_coords(points: list[tuple[float, float]]) -> str:
 
 
 def to_kml(data: ReportData) -> bytes:
-    """KML 2.2: a zone visit is a Point Placemark at the entry fix, a speeding episode a LineString
-    Placemark along its fixes (a Point when it has one fix); each with a TimeSpan and every column
-    of its row in ExtendedData."""
+    """KML 2.2: a zone visit is a Point Placemark at the entry fix, a stop one at its first fix; a
+    speeding episode or a trip a LineString Placemark along its fixes (a Point when they hold one
+    position); each with a TimeSpan and every column of its row in ExtendedData."""
     ET.register_namespace("", KML_NS)
     q = f"{{{KML_NS}}}"
     root = ET.Element(f"{q}kml")
@@ -360,20 +409,33 @@ def to_kml(data: ReportData) -> bytes:
             _extended_data(pm, q, row)
             pt = _sub(pm, f"{q}Point")
             _sub(pt, f"{q}coordinates", _kml_coords([(row["entry_lon"], row["entry_lat"])]))
-    elif data.name == "speeding":
+    elif data.name == "stops":
+        for row in records(data.rows):
+            pm = _sub(doc, f"{q}Placemark")
+            _sub(pm, f"{q}name", f"{row['vehicle_id']} stop {row['start_ts']}")
+            _sub(pm, f"{q}description", _stop_desc(row))
+            span = _sub(pm, f"{q}TimeSpan")
+            _sub(span, f"{q}begin", row["start_ts"])
+            _sub(span, f"{q}end", row["end_ts"])
+            _extended_data(pm, q, row)
+            pt = _sub(pm, f"{q}Point")
+            _sub(pt, f"{q}coordinates", _kml_coords([(row["lon"], row["lat"])]))
+    elif data.name in TRACKED:
+        kind, desc_of = _TRACK_KIND[data.name]
         for row, g in _episodes(data):
             pm = _sub(doc, f"{q}Placemark")
-            _sub(pm, f"{q}name", f"{row['vehicle_id']} speeding {row['start_ts']}")
-            _sub(pm, f"{q}description", _speeding_desc(row))
+            _sub(pm, f"{q}name", f"{row['vehicle_id']} {kind} {row['start_ts']}")
+            _sub(pm, f"{q}description", desc_of(row))
             span = _sub(pm, f"{q}TimeSpan")
             _sub(span, f"{q}begin", row["start_ts"])
             _sub(span, f"{q}end", row["end_ts"])
             _extended_data(pm, q, row)
             coords = _lonlat(g)
-            geom = _sub(pm, f"{q}LineString" if len(coords) > 1 else f"{q}Point")
-            if len(coords) > 1:
+            line = _is_line(coords)
+            geom = _sub(pm, f"{q}LineString" if line else f"{q}Point")
+            if line:
                 _sub(geom, f"{q}tessellate", "1")
-            _sub(geom, f"{q}coordinates", _kml_coords(coords))
+            _sub(geom, f"{q}coordinates", _kml_coords(coords if line else coords[:1]))
     else:
         check_format(data.name, "kml")
     return _xml(root)

@@ -1,6 +1,6 @@
 """Spatial reports over the telemetry archive, computed by Apache Sedona's SedonaDB in SQL.
 
-Four reports (definitions, SQL and tolerances in docs/reports.md):
+Six reports (definitions, SQL and tolerances in docs/reports.md):
 
 - `adherence`: per vehicle and UTC day, share of fixes inside the assigned route's corridor, time
   and distance off-route;
@@ -9,7 +9,14 @@ Four reports (definitions, SQL and tolerances in docs/reports.md):
   centre's local projection; not ST_DistanceSphere, whose great-circle metres differ from the
   projection's by a sliver, enough to put a fix at the edge on the other side);
 - `speeding`: runs of consecutive fixes above the assigned route's speed limit;
-- `heatmap`: off-route fixes counted per H3 cell (GeoJSON polygons).
+- `heatmap`: off-route fixes counted per H3 cell (GeoJSON polygons);
+- `stops` and `trips`, as Traccar's operators know them, cut by `MotionParams`
+  (history/report_params.py): a fix is stationary when `speed_kmh <= stop_speed_kmh`; a stop is a
+  run of consecutive stationary fixes of one vehicle lasting at least `min_stop_s`, from its first
+  fix to the first fix after the run (or its last fix when the data ends stopped); a trip is a
+  maximal run of consecutive fixes of one vehicle in no stop, with at least 2 fixes. Two
+  consecutive fixes more than `max_gap_s` apart (a tracker off overnight) end a trip and a stop (a
+  stop ended so ends at its last fix: the silence is not counted as stopped).
 
 Master data (routes, zones, assignments) comes from `master/` in the archive and is applied *as of
 each fix's time*: the version in force is the latest whose change event is not after the fix.
@@ -50,12 +57,13 @@ from history.report_inputs import (
     read_master_events,
     telemetry_files,
 )
+from history.report_params import DEFAULT_MOTION, MotionParams
 from history.schema import TELEMETRY_SCHEMA
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_H3_RESOLUTION = 9
-REPORTS = ("adherence", "zone_visits", "speeding", "heatmap")
+REPORTS = ("adherence", "zone_visits", "speeding", "heatmap", "stops", "trips")
 
 # Each report's columns and their types, in order: the one statement of a report's shape. The
 # exports (history/report_formats.py) cast every DataFrame to its schema, so a report whose columns
@@ -98,8 +106,36 @@ SPEEDING_SCHEMA = pa.schema(
     ]
 )
 HEATMAP_SCHEMA = pa.schema([("h3_cell", pa.string()), ("off_route_fixes", pa.int64())])
-# The fixes of each speeding episode, in fix order: its track for the GPX, KML, GeoJSON and
-# GeoParquet exports. (vehicle_id, start_ts_ms) is the episode's key in SPEEDING_SCHEMA.
+STOP_SCHEMA = pa.schema(
+    [
+        ("vehicle_id", pa.string()),
+        ("start_ts_ms", pa.int64()),  # first stationary fix
+        ("end_ts_ms", pa.int64()),  # first fix after the run (its last fix when the data or a gap ends it)
+        ("duration_s", pa.float64()),  # end - start, at least min_stop_s
+        ("fixes", pa.int64()),  # stationary fixes in the run
+        ("lon", pa.float64()),  # the first fix
+        ("lat", pa.float64()),
+    ]
+)
+TRIP_SCHEMA = pa.schema(
+    [
+        ("vehicle_id", pa.string()),
+        ("start_ts_ms", pa.int64()),  # first fix of the trip
+        ("end_ts_ms", pa.int64()),  # last fix of the trip
+        ("duration_s", pa.float64()),
+        ("fixes", pa.int64()),  # at least 2
+        ("distance_m", pa.float64()),  # haversine metres along the fixes
+        ("max_kmh", pa.float64()),
+        ("avg_kmh", pa.float64()),  # distance / duration; NaN for a 0 s trip
+        ("start_lon", pa.float64()),
+        ("start_lat", pa.float64()),
+        ("end_lon", pa.float64()),
+        ("end_lat", pa.float64()),
+    ]
+)
+# The fixes of each speeding episode (or trip), in fix order: its track for the GPX, KML, GeoJSON and
+# GeoParquet exports. (vehicle_id, start_ts_ms) is the episode's key in SPEEDING_SCHEMA (the trip's
+# in TRIP_SCHEMA).
 TRACK_SCHEMA = pa.schema(
     [
         ("vehicle_id", pa.string()),
@@ -115,12 +151,16 @@ SCHEMAS = {
     "zone_visits": VISIT_SCHEMA,
     "speeding": SPEEDING_SCHEMA,
     "heatmap": HEATMAP_SCHEMA,
+    "stops": STOP_SCHEMA,
+    "trips": TRIP_SCHEMA,
 }
 ADHERENCE_COLUMNS: list[str] = ADHERENCE_SCHEMA.names
 VISIT_COLUMNS: list[str] = VISIT_SCHEMA.names
 SPEEDING_COLUMNS: list[str] = SPEEDING_SCHEMA.names
 HEATMAP_COLUMNS: list[str] = HEATMAP_SCHEMA.names
 TRACK_COLUMNS: list[str] = TRACK_SCHEMA.names
+STOP_COLUMNS: list[str] = STOP_SCHEMA.names
+TRIP_COLUMNS: list[str] = TRIP_SCHEMA.names
 
 
 # --------------------------------------------------------------------------- SQL
@@ -257,6 +297,93 @@ ORDER BY vehicle_id, rn
 
 HEATMAP_SQL = "SELECT lat, lon FROM enriched WHERE NOT inside"
 
+# Stops and trips (MotionParams). Each fix with: `still` (stationary), `cont_ts` (the next fix's time
+# when it follows within max_gap_s, else null: the data ends or a gap ends the run), `seg` (the
+# number of gap-free stretches up to it: a gap starts a new one) and `grp` (gaps and islands over
+# still vs moving: constant along a run of either; with seg, a run never spans a gap). `in_stop`:
+# the fix is in a run of still fixes that lasts at least min_stop_s, from its first fix to the
+# first fix after it (its last one when the data ends or a gap follows).
+_MOTION_RUNS = """
+WITH s AS (
+    SELECT vehicle_id, rn, ts_ms, lon, lat, speed_kmh, next_lon, next_lat,
+           speed_kmh <= {stop_kmh} AS still,
+           CASE WHEN next_ts - ts_ms <= {gap_ms} THEN next_ts END AS cont_ts,
+           CASE WHEN ts_ms - lag(ts_ms) OVER w <= {gap_ms} THEN 0 ELSE 1 END AS new_seg
+    FROM enriched
+    WINDOW w AS (PARTITION BY vehicle_id ORDER BY rn)
+),
+g AS (
+    SELECT *,
+           sum(new_seg) OVER (PARTITION BY vehicle_id ORDER BY rn
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS seg,
+           rn - row_number() OVER (PARTITION BY vehicle_id, still ORDER BY rn) AS grp
+    FROM s
+),
+m AS (
+    SELECT *,
+           min(ts_ms) OVER p AS run_start,
+           max(coalesce(cont_ts, ts_ms)) OVER p AS run_end,
+           still AND max(coalesce(cont_ts, ts_ms)) OVER p - min(ts_ms) OVER p >= {min_stop_ms} AS in_stop
+    FROM g
+    WINDOW p AS (PARTITION BY vehicle_id, seg, still, grp)
+)"""
+
+STOPS_SQL = (
+    _MOTION_RUNS
+    + """
+SELECT vehicle_id, run_start AS start_ts_ms, max(run_end) AS end_ts_ms, count(*) AS fixes,
+       first_value(lon ORDER BY rn) AS lon, first_value(lat ORDER BY rn) AS lat
+FROM m
+WHERE in_stop
+GROUP BY vehicle_id, seg, grp, run_start
+ORDER BY vehicle_id, start_ts_ms
+"""
+)
+
+# The fixes in no stop, numbered by trip (islands again, within a gap-free stretch), with the
+# trip's first and last fix: a fix's step to the next one counts towards the trip's distance when
+# that next fix is in the same trip (it is not the trip's last).
+_TRIP_FIXES = """,
+t AS (
+    SELECT vehicle_id, seg, rn, ts_ms, lon, lat, speed_kmh, next_lon, next_lat,
+           rn - row_number() OVER (PARTITION BY vehicle_id ORDER BY rn) AS tgrp
+    FROM m
+    WHERE NOT in_stop
+),
+tt AS (
+    SELECT *, min(ts_ms) OVER q AS trip_start, max(rn) OVER q AS last_rn, count(*) OVER q AS trip_fixes
+    FROM t
+    WINDOW q AS (PARTITION BY vehicle_id, seg, tgrp)
+)"""
+
+TRIPS_SQL = (
+    _MOTION_RUNS
+    + _TRIP_FIXES
+    + """
+SELECT vehicle_id, trip_start AS start_ts_ms, max(ts_ms) AS end_ts_ms, count(*) AS fixes,
+       sum(CASE WHEN rn < last_rn THEN {haversine} ELSE 0.0 END) AS distance_m,
+       max(speed_kmh) AS max_kmh,
+       first_value(lon ORDER BY rn) AS start_lon, first_value(lat ORDER BY rn) AS start_lat,
+       first_value(lon ORDER BY rn DESC) AS end_lon, first_value(lat ORDER BY rn DESC) AS end_lat
+FROM tt
+WHERE trip_fixes >= 2
+GROUP BY vehicle_id, seg, tgrp, trip_start
+ORDER BY vehicle_id, start_ts_ms
+"""
+)
+
+# The fixes of each trip (the same trips as TRIPS_SQL), keyed by the trip's first fix time.
+TRIP_TRACKS_SQL = (
+    _MOTION_RUNS
+    + _TRIP_FIXES
+    + """
+SELECT vehicle_id, trip_start AS start_ts_ms, ts_ms, lon, lat, speed_kmh, rn
+FROM tt
+WHERE trip_fixes >= 2
+ORDER BY vehicle_id, rn
+"""
+)
+
 
 def _connect() -> Any:
     with warnings.catch_warnings():
@@ -322,6 +449,24 @@ class SedonaReports:
     def speeding_tracks(self) -> pd.DataFrame:
         """The fixes of every speeding episode (TRACK_COLUMNS), in fix order."""
         return finish_tracks(self._query(SPEEDING_TRACKS_SQL))
+
+    def _motion_sql(self, sql: str, motion: MotionParams) -> str:
+        return sql.format(
+            stop_kmh=repr(motion.stop_speed_kmh),
+            gap_ms=repr(motion.max_gap_ms),
+            min_stop_ms=repr(motion.min_stop_ms),
+            haversine=HAVERSINE_NEXT_SQL.format(r=EARTH_RADIUS_M),
+        )
+
+    def stops(self, motion: MotionParams = DEFAULT_MOTION) -> pd.DataFrame:
+        return finish_stops(self._query(self._motion_sql(STOPS_SQL, motion)))
+
+    def trips(self, motion: MotionParams = DEFAULT_MOTION) -> pd.DataFrame:
+        return finish_trips(self._query(self._motion_sql(TRIPS_SQL, motion)))
+
+    def trip_tracks(self, motion: MotionParams = DEFAULT_MOTION) -> pd.DataFrame:
+        """The fixes of every trip (TRACK_COLUMNS), in fix order."""
+        return finish_tracks(self._query(self._motion_sql(TRIP_TRACKS_SQL, motion)))
 
     def heatmap(self, resolution: int = DEFAULT_H3_RESOLUTION) -> pd.DataFrame:
         """SedonaDB has no H3 functions (0.5.0): the off-route fixes come from SQL, h3-py bins them."""
@@ -393,6 +538,50 @@ def finish_speeding(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["vehicle_id", "start_ts_ms"], kind="stable").reset_index(drop=True)
 
 
+def finish_stops(df: pd.DataFrame) -> pd.DataFrame:
+    """Engine output (vehicle_id, start/end, fixes, lon, lat) -> STOP_COLUMNS, sorted."""
+    start = df["start_ts_ms"].astype("int64")
+    end = df["end_ts_ms"].astype("int64")
+    out = pd.DataFrame(
+        {
+            "vehicle_id": df["vehicle_id"].astype(str),
+            "start_ts_ms": start,
+            "end_ts_ms": end,
+            "duration_s": (end - start) / 1000.0,
+            "fixes": df["fixes"].astype("int64"),
+            "lon": df["lon"].astype("float64"),
+            "lat": df["lat"].astype("float64"),
+        }
+    )
+    return out.sort_values(["vehicle_id", "start_ts_ms"], kind="stable").reset_index(drop=True)
+
+
+def finish_trips(df: pd.DataFrame) -> pd.DataFrame:
+    """Engine output (vehicle_id, start/end, fixes, distance, max, end points) -> TRIP_COLUMNS, sorted;
+    the average speed is computed here, once for both engines."""
+    start = df["start_ts_ms"].astype("int64")
+    end = df["end_ts_ms"].astype("int64")
+    duration_s = (end - start) / 1000.0
+    distance_m = df["distance_m"].astype("float64")
+    out = pd.DataFrame(
+        {
+            "vehicle_id": df["vehicle_id"].astype(str),
+            "start_ts_ms": start,
+            "end_ts_ms": end,
+            "duration_s": duration_s,
+            "fixes": df["fixes"].astype("int64"),
+            "distance_m": distance_m,
+            "max_kmh": df["max_kmh"].astype("float64"),
+            "avg_kmh": distance_m / duration_s.where(duration_s > 0) * 3.6,
+            "start_lon": df["start_lon"].astype("float64"),
+            "start_lat": df["start_lat"].astype("float64"),
+            "end_lon": df["end_lon"].astype("float64"),
+            "end_lat": df["end_lat"].astype("float64"),
+        }
+    )
+    return out.sort_values(["vehicle_id", "start_ts_ms"], kind="stable").reset_index(drop=True)
+
+
 def finish_tracks(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({c: df[c] for c in TRACK_COLUMNS}).astype(
         {"vehicle_id": str, "start_ts_ms": "int64", "ts_ms": "int64", "lon": "float64", "lat": "float64"}
@@ -416,7 +605,7 @@ def h3_counts(lat: np.ndarray, lon: np.ndarray, resolution: int) -> pd.DataFrame
 @dataclass(frozen=True)
 class ReportData:
     """A report's rows with what its exports need beside them: the heat map's resolution, and the
-    speeding episodes' tracks (TRACK_COLUMNS; None when not asked for)."""
+    speeding episodes' or trips' tracks (TRACK_COLUMNS; None when not asked for)."""
 
     name: str
     rows: pd.DataFrame
@@ -432,9 +621,11 @@ def report_data(
     *,
     resolution: int = DEFAULT_H3_RESOLUTION,
     tracks: bool = False,
+    motion: MotionParams = DEFAULT_MOTION,
 ) -> ReportData:
     """One report by name, with SedonaDB (the entry point of the API and the CLI); `tracks` adds the
-    speeding episodes' fixes from the same session (the enriched fixes are materialised once)."""
+    speeding episodes' or trips' fixes from the same session (the enriched fixes are materialised
+    once); `motion` is what the stops and trips reports cut the fixes by."""
     if name not in REPORTS:
         raise ReportError(f"unknown report {name!r}; one of {', '.join(REPORTS)}")
     reports = SedonaReports(root, rng, buckets)
@@ -445,6 +636,10 @@ def report_data(
         return ReportData(name, reports.zone_visits())
     if name == "speeding":
         return ReportData(name, reports.speeding(), tracks=reports.speeding_tracks() if tracks else None)
+    if name == "stops":
+        return ReportData(name, reports.stops(motion))
+    if name == "trips":
+        return ReportData(name, reports.trips(motion), tracks=reports.trip_tracks(motion) if tracks else None)
     return ReportData(name, reports.heatmap(resolution), resolution=resolution)
 
 
@@ -455,6 +650,7 @@ def run_report(
     buckets: int,
     *,
     resolution: int = DEFAULT_H3_RESOLUTION,
+    motion: MotionParams = DEFAULT_MOTION,
 ) -> pd.DataFrame:
     """One report's rows by name, with SedonaDB."""
-    return report_data(name, root, rng, buckets, resolution=resolution).rows
+    return report_data(name, root, rng, buckets, resolution=resolution, motion=motion).rows

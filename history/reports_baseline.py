@@ -1,4 +1,4 @@
-"""The same four reports in plain Shapely 2 + pandas/numpy: the benchmark's peer and a cross-check.
+"""The same six reports in plain Shapely 2 + pandas/numpy: the benchmark's peer and a cross-check.
 
 Independent of the SQL in history/reports.py for everything that matters: fixes are read with
 pyarrow, routes are compiled with the live processor's own code (processor/geometry.py
@@ -26,7 +26,18 @@ from shapely.geometry import mapping
 
 from fleetfence.geo import circle_distance_m, haversine_m
 from history.report_inputs import NEVER_MS, ReportRange, master_tables, read_master_events, telemetry_files
-from history.reports import DEFAULT_H3_RESOLUTION, finish_adherence, finish_speeding, finish_visits, h3_counts
+from history.report_params import DEFAULT_MOTION, MotionParams
+from history.reports import (
+    DEFAULT_H3_RESOLUTION,
+    TRACK_COLUMNS,
+    finish_adherence,
+    finish_speeding,
+    finish_stops,
+    finish_tracks,
+    finish_trips,
+    finish_visits,
+    h3_counts,
+)
 from processor.geometry import CompiledRoute, compile_route, corridor_tests
 
 DAY_MS = 86_400_000
@@ -238,6 +249,108 @@ class BaselineReports:
             }
         )
         return finish_speeding(df)
+
+    # ----------------------------------------------------------------- stops and trips
+
+    def _islands(self, mask: np.ndarray, linked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end (inclusive) indices of the runs of True fixes where each fix is `linked`
+        to the next one (same vehicle, no gap)."""
+        idx = np.flatnonzero(mask)
+        if not len(idx):
+            return idx, idx
+        brk = np.r_[True, (np.diff(idx) != 1) | ~linked[idx[:-1]]]
+        starts = np.flatnonzero(brk)
+        ends = np.r_[starts[1:], len(idx)] - 1
+        return idx[starts], idx[ends]
+
+    def _linked(self, motion: MotionParams) -> np.ndarray:
+        """linked[i]: fix i+1 is the same vehicle's next fix and follows within max_gap_s."""
+        self.prepare()
+        linked = self.same_next.copy()
+        if len(linked) > 1:
+            linked[:-1] &= (self.ts[1:] - self.ts[:-1]) <= motion.max_gap_ms
+        return linked
+
+    def _motion(self, motion: MotionParams) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The stops (start and end index, end time) and which fixes are in a stop."""
+        linked = self._linked(motion)
+        n = len(self.v)
+        s, e = self._islands(self.speed <= motion.stop_speed_kmh, linked)
+        # A stop lasts until the first fix after it when that one follows without a gap.
+        end_ts = np.where(linked[e], self.ts[np.minimum(e + 1, max(n - 1, 0))], self.ts[e]) if n else e
+        keep = (end_ts - self.ts[s]) >= motion.min_stop_ms
+        s, e, end_ts = s[keep], e[keep], end_ts[keep]
+        mark = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(mark, s, 1)
+        np.add.at(mark, e + 1, -1)
+        in_stop = np.cumsum(mark)[:n] > 0
+        return s, e, end_ts, in_stop
+
+    def stops(self, motion: MotionParams = DEFAULT_MOTION) -> pd.DataFrame:
+        s, e, end_ts, _ = self._motion(motion)
+        df = pd.DataFrame(
+            {
+                "vehicle_id": self.vehicles[self.v[s]] if len(s) else np.zeros(0, dtype=object),
+                "start_ts_ms": self.ts[s],
+                "end_ts_ms": end_ts,
+                "fixes": e - s + 1,
+                "lon": self.lon[s],
+                "lat": self.lat[s],
+            }
+        )
+        return finish_stops(df)
+
+    def _trip_runs(self, motion: MotionParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Start and end indices of the trips (>= 2 fixes), and which fix links to the next."""
+        _, _, _, in_stop = self._motion(motion)
+        linked = self._linked(motion)
+        s, e = self._islands(~in_stop, linked)
+        keep = e > s
+        return s[keep], e[keep], linked
+
+    def trips(self, motion: MotionParams = DEFAULT_MOTION) -> pd.DataFrame:
+        s, e, linked = self._trip_runs(motion)
+        n = len(self.v)
+        step = np.zeros(n)
+        if n > 1:
+            step[:-1] = np.where(
+                linked[:-1], haversine_m(self.lon[:-1], self.lat[:-1], self.lon[1:], self.lat[1:]), 0.0
+            )
+        # Metres along each trip: the steps of its fixes but the last, step[s:e] (e > s).
+        distance = np.add.reduceat(step, np.column_stack([s, e]).ravel())[::2] if len(s) else np.zeros(0)
+        df = pd.DataFrame(
+            {
+                "vehicle_id": self.vehicles[self.v[s]] if len(s) else np.zeros(0, dtype=object),
+                "start_ts_ms": self.ts[s],
+                "end_ts_ms": self.ts[e],
+                "fixes": e - s + 1,
+                "distance_m": distance,
+                "max_kmh": self._run_max(self.speed, s, e),
+                "start_lon": self.lon[s],
+                "start_lat": self.lat[s],
+                "end_lon": self.lon[e],
+                "end_lat": self.lat[e],
+            }
+        )
+        return finish_trips(df)
+
+    def trip_tracks(self, motion: MotionParams = DEFAULT_MOTION) -> pd.DataFrame:
+        s, e, _ = self._trip_runs(motion)
+        lengths = e - s + 1
+        first = np.repeat(s, lengths)
+        idx = first + (np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+        df = pd.DataFrame(
+            {
+                "vehicle_id": self.vehicles[self.v[idx]] if len(idx) else np.zeros(0, dtype=object),
+                "start_ts_ms": self.ts[first],
+                "ts_ms": self.ts[idx],
+                "lon": self.lon[idx],
+                "lat": self.lat[idx],
+                "speed_kmh": self.speed[idx],
+            },
+            columns=TRACK_COLUMNS,
+        )
+        return finish_tracks(df)
 
     def heatmap(self, resolution: int = DEFAULT_H3_RESOLUTION) -> pd.DataFrame:
         self.prepare()

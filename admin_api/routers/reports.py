@@ -17,13 +17,14 @@ import logging
 from typing import Annotated, Any, Literal
 
 import pandas as pd
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from admin_api.deps import Viewer
 from admin_api.negotiation import negotiate
 from admin_api.responses import GeoJsonResponse, OrjsonResponse
 from admin_api.schemas import INVALID, UNAUTHORIZED, Problem
 from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
+from fleetfence.geo import haversine_m
 from history.errors import ReportError
 from history.report_formats import (
     BINARY,
@@ -38,7 +39,8 @@ from history.report_formats import (
     wants_tracks,
 )
 from history.report_inputs import ReportRange, report_range
-from history.reports import DEFAULT_H3_RESOLUTION, ReportData, report_data
+from history.report_params import DEFAULT_MOTION, MotionParams
+from history.reports import DEFAULT_H3_RESOLUTION, ReportData, finish_trips, report_data
 from history.settings import HistorySettings
 
 logger = logging.getLogger(__name__)
@@ -176,17 +178,68 @@ _TRACK = pd.DataFrame(
     }
 )
 _SPEEDING_ROWS = pd.DataFrame(SPEEDING_EXAMPLE["items"]).drop(columns=["start_ts", "end_ts"])
+_MOTION_EXTRA = {
+    "stop_speed_kmh": DEFAULT_MOTION.stop_speed_kmh,
+    "min_stop_s": DEFAULT_MOTION.min_stop_s,
+    "max_gap_s": DEFAULT_MOTION.max_gap_s,
+}
+# A stop at the depot, then the trip that leaves it (three fixes a minute apart, eastwards).
+_STOPS = pd.DataFrame(
+    [
+        {
+            "vehicle_id": "truck-042",
+            "start_ts_ms": 1_795_154_400_000,
+            "end_ts_ms": 1_795_156_200_000,
+            "duration_s": 1800.0,
+            "fixes": 180,
+            "lon": 13.395,
+            "lat": 52.515,
+        }
+    ]
+)
+_TRIP_TRACK = pd.DataFrame(
+    {
+        "vehicle_id": "truck-042",
+        "start_ts_ms": 1_795_156_200_000,
+        "ts_ms": [1_795_156_200_000 + 60_000 * i for i in range(3)],
+        "lon": [13.395 + 0.01 * i for i in range(3)],
+        "lat": 52.515,
+        "speed_kmh": [30.0, 42.0, 38.0],
+    }
+)
+_TRIPS = finish_trips(
+    pd.DataFrame(
+        [
+            {
+                "vehicle_id": "truck-042",
+                "start_ts_ms": 1_795_156_200_000,
+                "end_ts_ms": 1_795_156_320_000,
+                "fixes": 3,
+                "distance_m": 2 * float(haversine_m(13.395, 52.515, 13.405, 52.515)),
+                "max_kmh": 42.0,
+                "start_lon": 13.395,
+                "start_lat": 52.515,
+                "end_lon": 13.415,
+                "end_lat": 52.515,
+            }
+        ]
+    )
+)
 EXAMPLE_DATA = {
     "adherence": ReportData("adherence", pd.DataFrame(ADHERENCE_EXAMPLE["items"])),
     "zone_visits": ReportData("zone_visits", _VISITS),
     "speeding": ReportData("speeding", _SPEEDING_ROWS, tracks=_TRACK),
     "heatmap": ReportData("heatmap", _CELLS),
+    "stops": ReportData("stops", _STOPS),
+    "trips": ReportData("trips", _TRIPS, tracks=_TRIP_TRACK),
 }
 JSON_EXAMPLES = {
     "adherence": ADHERENCE_EXAMPLE,
     "zone_visits": VISITS_EXAMPLE,
     "speeding": SPEEDING_EXAMPLE,
     "heatmap": HEATMAP_EXAMPLE,
+    "stops": _envelope_example("stops", records(_STOPS), **_MOTION_EXTRA),
+    "trips": _envelope_example("trips", records(_TRIPS), **_MOTION_EXTRA),
 }
 
 
@@ -235,6 +288,27 @@ Format = Annotated[
     ),
 ]
 Resolution = Annotated[int, Query(ge=0, le=15, description="H3 resolution of the heat map cells.")]
+StopSpeed = Annotated[float, Query(description="A fix is stationary at or below this speed, km/h (>= 0).")]
+MinStop = Annotated[float, Query(description="A stop lasts at least this many seconds (> 0).")]
+MaxGap = Annotated[
+    float, Query(description="Two fixes further apart than this many seconds end a trip and a stop (> 0).")
+]
+
+
+def motion_params(
+    stop_speed_kmh: StopSpeed = DEFAULT_MOTION.stop_speed_kmh,
+    min_stop_s: MinStop = DEFAULT_MOTION.min_stop_s,
+    max_gap_s: MaxGap = DEFAULT_MOTION.max_gap_s,
+) -> MotionParams:
+    """The stops/trips parameters, validated by MotionParams itself (a 422 whose message names the
+    parameter)."""
+    try:
+        return MotionParams(stop_speed_kmh, min_stop_s, max_gap_s)
+    except ReportError as exc:
+        raise HTTPException(422, [{"loc": ["query"], "msg": str(exc), "type": "value_error"}]) from exc
+
+
+Motion = Annotated[MotionParams, Depends(motion_params)]
 
 
 def _history(request: Request) -> HistorySettings:
@@ -293,17 +367,26 @@ def _respond(
     rng: ReportRange,
     fmt: str | Response,
     resolution: int = DEFAULT_H3_RESOLUTION,
+    motion: MotionParams = DEFAULT_MOTION,
 ) -> Response:
     """Run the report and answer in `fmt`: the JSON envelope, GeoJSON, or a file to download."""
     if isinstance(fmt, Response):
         return fmt  # the 406
     hs = _history(request)
     data = report_data(
-        name, hs.archive_root, rng, hs.history_buckets, resolution=resolution, tracks=wants_tracks(name, fmt)
+        name,
+        hs.archive_root,
+        rng,
+        hs.history_buckets,
+        resolution=resolution,
+        tracks=wants_tracks(name, fmt),
+        motion=motion,
     )
     vary = {"Vary": "Accept"}
     if fmt == "json":
-        extra = {"resolution": resolution} if name == "heatmap" else {}
+        extra: dict[str, Any] = {"resolution": resolution} if name == "heatmap" else {}
+        if name in ("stops", "trips"):
+            extra = {f: getattr(motion, f) for f in ("stop_speed_kmh", "min_stop_s", "max_gap_s")}
         return _envelope(name, rng, data.rows, vary, **extra)
     if fmt == "geojson":
         return GeoJsonResponse(geojson(data), headers=vary)
@@ -394,3 +477,37 @@ def heatmap_geojson_path(
 ) -> Response:
     """The heat map as GeoJSON: one H3 cell polygon per feature, `off_route_fixes` in properties."""
     return _respond(request, "heatmap", _range(start, end, vehicle_id), "geojson", resolution)
+
+
+@router.get("/stops", responses={**NEGOTIATED_ERRORS, **_ok("stops")})
+def stops(
+    request: Request,
+    _: Viewer,
+    start: From,
+    end: To,
+    motion: Motion,
+    vehicle_id: VehicleQ = None,
+    format: Format = None,
+) -> Response:
+    """Stops: runs of consecutive stationary fixes (`speed_kmh <= stop_speed_kmh`) lasting at least
+    `min_stop_s`, from the first fix to the first one after; with a geometry, the first fix (GPX
+    waypoints, KML Point placemarks with the stop's time span)."""
+    fmt = choose_format("stops", _accept(request), format)
+    return _respond(request, "stops", _range(start, end, vehicle_id), fmt, motion=motion)
+
+
+@router.get("/trips", responses={**NEGOTIATED_ERRORS, **_ok("trips")})
+def trips(
+    request: Request,
+    _: Viewer,
+    start: From,
+    end: To,
+    motion: Motion,
+    vehicle_id: VehicleQ = None,
+    format: Format = None,
+) -> Response:
+    """Trips: runs of consecutive fixes in no stop (at least 2; a gap over `max_gap_s` ends one) with
+    distance, duration, max and average speed; with a geometry (GeoJSON, CSV, GeoParquet, GPX, KML),
+    each trip's track along its fixes."""
+    fmt = choose_format("trips", _accept(request), format)
+    return _respond(request, "trips", _range(start, end, vehicle_id), fmt, motion=motion)

@@ -77,6 +77,9 @@ def test_a_report_that_gives_none_of_the_accepted_types_is_a_406_listing_those_i
     assert choose_format("zone_visits", KML, None) == "kml"
     assert choose_format("adherence", PARQUET, None) == "parquet"
     assert choose_format("heatmap", PARQUET, None) == "geoparquet"
+    assert choose_format("stops", GPX, None) == "gpx"
+    assert choose_format("trips", f"{KML}, {GPX};q=0.9", None) == "kml"
+    assert choose_format("trips", PARQUET, None) == "geoparquet"
 
 
 def test_the_format_parameter_wins_and_is_checked() -> None:
@@ -98,6 +101,8 @@ def test_openapi_lists_each_reports_media_types() -> None:
         ("/api/v1/reports/zone-visits", "zone_visits"),
         ("/api/v1/reports/speeding", "speeding"),
         ("/api/v1/reports/heatmap", "heatmap"),
+        ("/api/v1/reports/stops", "stops"),
+        ("/api/v1/reports/trips", "trips"),
     ):
         responses = spec["paths"][path]["get"]["responses"]
         content = responses["200"]["content"]
@@ -115,3 +120,14 @@ def test_openapi_lists_each_reports_media_types() -> None:
     assert speeding[GPX]["example"].startswith("<?xml")
     assert "<trkseg>" in speeding[GPX]["example"]
     assert "<LineString>" in speeding[KML]["example"]
+    trips = spec["paths"]["/api/v1/reports/trips"]["get"]
+    assert "<type>trip</type>" in trips["responses"]["200"]["content"][GPX]["example"]
+    stops = spec["paths"]["/api/v1/reports/stops"]["get"]
+    assert "<type>stop</type>" in stops["responses"]["200"]["content"][GPX]["example"]
+    for op in (trips, stops):  # the parameters with their defaults, written once (MotionParams)
+        defaults = {p["name"]: p["schema"].get("default") for p in op["parameters"]}
+        assert (defaults["stop_speed_kmh"], defaults["min_stop_s"], defaults["max_gap_s"]) == (
+            5.0,
+            300.0,
+            600.0,
+        )

@@ -300,7 +300,7 @@ def test_circle_zone_visits_are_the_processors_circle(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- baseline cross-check
 
 
-@pytest.mark.parametrize("name", ["adherence", "zone_visits", "speeding", "heatmap"])
+@pytest.mark.parametrize("name", ["adherence", "zone_visits", "speeding", "heatmap", "trips"])
 def test_baseline_agrees(sedona: SedonaReports, baseline: BaselineReports, name: str) -> None:
     assert_same(getattr(baseline, name)(), getattr(sedona, name)())
 
@@ -321,7 +321,8 @@ def test_baseline_agrees_on_random_tracks(tmp_path: Path) -> None:
         datetime.fromtimestamp(START_MS / 1000, UTC), datetime.fromtimestamp((START_MS + DAY_MS) / 1000, UTC)
     )
     s, b = SedonaReports(tmp_path, rng, BUCKETS), BaselineReports(tmp_path, rng, BUCKETS)
-    for name in ("adherence", "zone_visits", "speeding", "heatmap"):
+    # No stops here (these tracks never slow to 5 km/h): test_stops_trips.py has stop-and-go tracks.
+    for name in ("adherence", "zone_visits", "speeding", "heatmap", "trips"):
         got = getattr(s, name)()
         assert len(got) > 0, name
         assert_same(getattr(b, name)(), got)

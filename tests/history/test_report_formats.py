@@ -34,7 +34,9 @@ from history.reports import (
     ReportData,
     finish_adherence,
     finish_speeding,
+    finish_stops,
     finish_tracks,
+    finish_trips,
     finish_visits,
     h3_counts,
 )
@@ -125,14 +127,67 @@ def heatmap_rows() -> pd.DataFrame:
     return h3_counts(np.array([52.5, 52.5, 48.85]), np.array([13.41, 13.41, 2.35]), 9)
 
 
+def stops_rows() -> pd.DataFrame:
+    return finish_stops(
+        pd.DataFrame(
+            {
+                "vehicle_id": ["v1", "v2"],
+                "start_ts_ms": [T, T + 600_000],
+                "end_ts_ms": [T + 300_000, T + 1_500_000],
+                "fixes": [5, 16],
+                "lon": [13.403, -0.127758],
+                "lat": [52.5, 51.507351],
+            }
+        )
+    )
+
+
+def trips_data() -> ReportData:
+    rows = finish_trips(
+        pd.DataFrame(
+            {
+                "vehicle_id": ["v1", "v3"],
+                "start_ts_ms": [T + 300_000, T + 3_600_000],
+                "end_ts_ms": [T + 420_000, T + 3_600_000],  # v3: two fixes at one instant, a 0 s trip
+                "fixes": [3, 2],
+                "distance_m": [1354.5, 0.0],
+                "max_kmh": [42.0, 3.0],
+                "start_lon": [13.403, 13.425],
+                "start_lat": [52.5, 52.50134898],
+                "end_lon": [13.423, 13.425],
+                "end_lat": [52.501, 52.50134898],
+                "rn": [1, 2],  # an engine's extra column, dropped
+            }
+        )
+    )
+    tracks = finish_tracks(
+        pd.DataFrame(
+            {
+                "vehicle_id": ["v1", "v1", "v1", "v3", "v3"],
+                "start_ts_ms": [T + 300_000] * 3 + [T + 3_600_000] * 2,
+                "ts_ms": [T + 300_000, T + 360_000, T + 420_000, T + 3_600_000, T + 3_600_000],
+                "lon": [13.403, 13.413, 13.423, 13.425, 13.425],
+                "lat": [52.5, 52.5005, 52.501, 52.50134898, 52.50134898],
+                "speed_kmh": [20.0, 42.0, 30.0, 3.0, 0.0],
+            }
+        )
+    )
+    return ReportData("trips", rows, tracks=tracks)
+
+
 def data_of(name: str, empty: bool = False) -> ReportData:
-    if name == "speeding":
-        data = speeding_data()
+    if name in ("speeding", "trips"):
+        data = speeding_data() if name == "speeding" else trips_data()
         if empty:
             assert data.tracks is not None
             return ReportData(name, data.rows.iloc[:0], tracks=data.tracks.iloc[:0])
         return data
-    rows = {"adherence": adherence_rows, "zone_visits": visits_rows, "heatmap": heatmap_rows}[name]()
+    rows = {
+        "adherence": adherence_rows,
+        "zone_visits": visits_rows,
+        "heatmap": heatmap_rows,
+        "stops": stops_rows,
+    }[name]()
     return ReportData(name, rows.iloc[:0] if empty else rows)
 
 
@@ -143,6 +198,13 @@ def expected_geometries(name: str) -> list[Any]:
         return [
             shapely.LineString([(13.407, 52.49991006796), (13.408, 52.5), (13.409, 52.50062952425)]),
             shapely.Point(13.425, 52.50134898),
+        ]
+    if name == "stops":
+        return [shapely.Point(13.403, 52.5), shapely.Point(-0.127758, 51.507351)]
+    if name == "trips":
+        return [
+            shapely.LineString([(13.403, 52.5), (13.413, 52.5005), (13.423, 52.501)]),
+            shapely.Point(13.425, 52.50134898),  # its fixes hold one position: a Point, not a line
         ]
     if name == "heatmap":
         out = []
@@ -162,9 +224,15 @@ def test_rows_have_the_report_schemas() -> None:
         rows = data_of(name).rows
         assert list(rows.columns) == SCHEMAS[name].names, name
         assert export(data_of(name), "json")  # the cast inside succeeds
-    tracks = speeding_data().tracks
-    assert tracks is not None
-    assert list(tracks.columns) == TRACK_COLUMNS
+    for data in (speeding_data(), trips_data()):
+        assert data.tracks is not None
+        assert list(data.tracks.columns) == TRACK_COLUMNS
+    # finish_trips derives the duration and the average speed (NaN for a 0 s trip, not inf).
+    trips = trips_data().rows
+    assert trips["duration_s"].tolist() == [120.0, 0.0]
+    assert trips["avg_kmh"].iloc[0] == 1354.5 / 120.0 * 3.6
+    assert pd.isna(trips["avg_kmh"].iloc[1])
+    assert stops_rows()["duration_s"].tolist() == [300.0, 900.0]
 
 
 def test_every_format_has_a_media_type_and_a_suffix() -> None:
@@ -175,8 +243,10 @@ def test_every_format_has_a_media_type_and_a_suffix() -> None:
     # GeoParquet for every report with a geometry; plain Parquet for the one without.
     assert [n for n in REPORTS if geometries(data_of(n)) is None] == ["adherence"]
     assert {n for n in REPORTS if "parquet" in OFFERED[n]} == {"adherence"}
-    assert {n for n in REPORTS if "gpx" in OFFERED[n]} == {"zone_visits", "speeding"}
-    assert {n for n in REPORTS if "kml" in OFFERED[n]} == {"zone_visits", "speeding"}
+    assert {n for n in REPORTS if "gpx" in OFFERED[n]} == {"zone_visits", "speeding", "stops", "trips"}
+    assert {n for n in REPORTS if "kml" in OFFERED[n]} == {"zone_visits", "speeding", "stops", "trips"}
+    # Every report but adherence as CSV and GeoParquet (issue #40: every report exports to both).
+    assert {n for n in REPORTS if {"csv", "geoparquet"} <= set(OFFERED[n])} == set(REPORTS) - {"adherence"}
 
 
 @pytest.mark.parametrize(
@@ -230,7 +300,7 @@ def test_csv(name: str) -> None:
 # --------------------------------------------------------------------------- (Geo)Parquet
 
 
-@pytest.mark.parametrize("name", ["zone_visits", "speeding", "heatmap"])
+@pytest.mark.parametrize("name", ["zone_visits", "speeding", "heatmap", "stops", "trips"])
 def test_geoparquet(name: str, tmp_path: Path) -> None:
     data = data_of(name)
     path = tmp_path / f"{name}.parquet"
@@ -299,6 +369,35 @@ def test_gpx_speeding_episodes_are_tracks() -> None:
     assert "max 62 km/h" in gpx.tracks[0].description
 
 
+def test_gpx_stops_are_waypoints() -> None:
+    data = data_of("stops")
+    gpx = read_gpx(export(data, "gpx"))
+    assert gpx.tracks == []
+    rows = data.rows.to_dict("records")
+    assert [(w.longitude, w.latitude) for w in gpx.waypoints] == [(r["lon"], r["lat"]) for r in rows]
+    for wpt, row in zip(gpx.waypoints, rows, strict=True):
+        assert int(wpt.time.timestamp() * 1000) == row["start_ts_ms"]
+        assert wpt.name == f"{row['vehicle_id']} stop {iso(row['start_ts_ms'])}"
+        assert wpt.type == "stop"
+        assert f"{row['duration_s']:g} s, {row['fixes']} fixes" in wpt.description
+
+
+def test_gpx_trips_are_tracks() -> None:
+    data = trips_data()
+    gpx = read_gpx(export(data, "gpx"))
+    assert gpx.waypoints == []
+    assert [t.name for t in gpx.tracks] == [f"v1 trip {iso(T + 300_000)}", f"v3 trip {iso(T + 3_600_000)}"]
+    assert data.tracks is not None
+    for trk, (_, fixes) in zip(gpx.tracks, data.tracks.groupby("start_ts_ms"), strict=True):
+        (seg,) = trk.segments
+        assert [(p.longitude, p.latitude, int(p.time.timestamp() * 1000)) for p in seg.points] == list(
+            zip(fixes["lon"], fixes["lat"], fixes["ts_ms"], strict=True)
+        )
+        assert trk.type == "trip"
+    assert "1354 m, 3 fixes, max 42 km/h, avg 40.6 km/h" in gpx.tracks[0].description
+    assert "avg - km/h" in gpx.tracks[1].description  # a 0 s trip has no average
+
+
 # --------------------------------------------------------------------------- KML
 
 
@@ -332,10 +431,33 @@ def test_kml_speeding_episodes_are_lines_with_a_time_span() -> None:
         assert pm.data["route_id"] == row["route_id"]
 
 
+def test_kml_stops_are_points_with_a_time_span() -> None:
+    data = data_of("stops")
+    placemarks = read_kml(export(data, "kml"))
+    rows = data.rows.to_dict("records")
+    for pm, row, geom in zip(placemarks, rows, expected_geometries("stops"), strict=True):
+        assert shapely.equals_exact(pm.geometry, geom, tolerance=0)
+        assert (pm.begin_ms, pm.end_ms) == (row["start_ts_ms"], row["end_ts_ms"])
+        assert float(pm.data["duration_s"]) == row["duration_s"]
+        assert pm.data["vehicle_id"] == row["vehicle_id"]
+
+
+def test_kml_trips_are_lines_with_a_time_span() -> None:
+    data = trips_data()
+    placemarks = read_kml(export(data, "kml"))
+    rows = data.rows.to_dict("records")
+    assert len(placemarks) == len(rows)
+    for pm, row, geom in zip(placemarks, rows, expected_geometries("trips"), strict=True):
+        assert shapely.equals_exact(pm.geometry, geom, tolerance=0)
+        assert (pm.begin_ms, pm.end_ms) == (row["start_ts_ms"], row["end_ts_ms"])
+        assert float(pm.data["distance_m"]) == row["distance_m"]
+    assert "avg_kmh" not in placemarks[1].data  # null for a 0 s trip: left out
+
+
 # --------------------------------------------------------------------------- GeoJSON, JSON
 
 
-@pytest.mark.parametrize("name", ["zone_visits", "speeding", "heatmap"])
+@pytest.mark.parametrize("name", ["zone_visits", "speeding", "heatmap", "stops", "trips"])
 def test_geojson(name: str) -> None:
     fc = orjson.loads(export(data_of(name), "geojson"))
     assert fc["type"] == "FeatureCollection"
