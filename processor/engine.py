@@ -265,13 +265,15 @@ def process_bucket(
     if fast.any():
         fast_rows = rows_u[fast]
         last = ends[fast] - 1
-        c["lat"][fast_rows], c["lon"][fast_rows], c["speed_kmh"][fast_rows] = (
-            lat[last],
-            lon[last],
-            speed[last],
-        )
-        c["last_seq"][fast_rows], c["last_ts_ms"][fast_rows] = seq[last], ts[last]
-        c["last_received_ms"][fast_rows] = recv[last]
+        for name, per_fix in (
+            ("lat", lat),
+            ("lon", lon),
+            ("speed_kmh", speed),
+            ("last_seq", seq),
+            ("last_ts_ms", ts),
+            ("last_received_ms", recv),
+        ):
+            c[name][fast_rows] = per_fix[last]
         # Each fix is in the corridor and under the limit: no deviation or overspeed being counted.
         reset_columns(states, fast_rows, DEVIATION_COUNT + OVERSPEED_COUNT)
         versions = np.array([cr.version for cr in route_list] + [0], dtype=np.int64)
