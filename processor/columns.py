@@ -128,6 +128,22 @@ class StateTable:
         return StateTable([self.ids[i] for i in rows], {c: arr[rows] for c, arr in self.cols.items()})
 
 
+def reset_columns(table: StateTable, rows: np.ndarray, names: tuple[str, ...]) -> None:
+    """Return these fields of the vehicles at `rows` to their defaults: `domain.reset` on columns,
+    with the field groups of `domain` (CORRIDOR, SPEED, TRIP, ...)."""
+    for name in names:
+        table.cols[name][rows] = STATE_DEFAULTS[name]
+
+
+def at_defaults(table: StateTable, rows: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Per vehicle at `rows`: True when every one of these fields is at its default (for
+    `domain.OPEN_CONDITIONS`: no condition open that a later fix could close with an alert)."""
+    out: np.ndarray = np.logical_and.reduce(
+        [table.cols[name][rows] == STATE_DEFAULTS[name] for name in names]
+    )
+    return out
+
+
 def concat_states(tables: list[StateTable]) -> StateTable:
     """One table of every vehicle of these tables (a vehicle must be in only one of them). Tables
     written before a column existed already have it filled in by `StateTable.__init__`."""

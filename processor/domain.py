@@ -88,11 +88,12 @@ class RawFix:
     received_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Fix(RawFix):
     """A fix once ordered and placed: the `RawFix` with the facts of its assigned route and the
     zones, computed for a whole batch in one vectorized pass (`processor.engine`) so that `step`
-    itself does no geometry."""
+    itself does no geometry. The facts are keyword-only: most are of one type, and a swapped pair
+    would go unnoticed."""
 
     route_id: str | None = None
     route_version: int = 0
@@ -114,8 +115,11 @@ class Fix(RawFix):
     trip_from_ms: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Alert:
+    """One alert as the state machine raises it (keywords only, like `Fix`); its record on
+    `fleet.alerts` is `to_dict`."""
+
     type: AlertType
     vehicle_id: str
     seq: int
@@ -139,18 +143,18 @@ class Alert:
     def to_dict(self) -> AlertRecord:
         """The alert's record on `fleet.alerts` (`fleetfence.contracts.AlertRecord`)."""
         return alert_record(
-            self.type,
-            self.vehicle_id,
-            self.seq,
-            self.ts_ms,
-            self.lat,
-            self.lon,
-            self.route_id,
-            self.route_version,
-            dict(self.details),
-            self.received_ms,
-            self.subject,
-            self.late,
+            alert_type=self.type,
+            vehicle_id=self.vehicle_id,
+            seq=self.seq,
+            ts_ms=self.ts_ms,
+            lat=self.lat,
+            lon=self.lon,
+            route_id=self.route_id,
+            route_version=self.route_version,
+            details=dict(self.details),
+            trigger_received_ms=self.received_ms,
+            zone_id=self.subject,
+            late=self.late,
         )
 
     def to_json(self) -> bytes:
@@ -253,17 +257,17 @@ def reset(s: VehicleState, names: tuple[str, ...]) -> None:
 
 def _alert(s: VehicleState, t: AlertType, f: Fix, subject: str = "", **details: Any) -> Alert:
     return Alert(
-        t,
-        s.vehicle_id,
-        f.seq,
-        f.ts_ms,
-        f.lat,
-        f.lon,
-        f.route_id,
-        f.route_version,
-        subject,
-        f.received_ms,
-        tuple(sorted(details.items())),
+        type=t,
+        vehicle_id=s.vehicle_id,
+        seq=f.seq,
+        ts_ms=f.ts_ms,
+        lat=f.lat,
+        lon=f.lon,
+        route_id=f.route_id,
+        route_version=f.route_version,
+        subject=subject,
+        received_ms=f.received_ms,
+        details=tuple(sorted(details.items())),
     )
 
 
@@ -289,21 +293,7 @@ def step(
     s.route_id, s.route_version, s.trip_from_ms = fix.route_id, fix.route_version, fix.trip_from_ms
     if s.silent:
         gap_s = round((fix.ts_ms - state.last_ts_ms) / 1000.0, 3)
-        alerts.append(
-            Alert(
-                AlertType.VEHICLE_RESUMED,
-                s.vehicle_id,
-                fix.seq,
-                fix.ts_ms,
-                fix.lat,
-                fix.lon,
-                fix.route_id,
-                fix.route_version,
-                "",
-                fix.received_ms,
-                (("gap_s", gap_s), ("last_seq", state.last_seq)),
-            )
-        )
+        alerts.append(_alert(s, AlertType.VEHICLE_RESUMED, fix, gap_s=gap_s, last_seq=state.last_seq))
     s.silent = False
 
     if rules is not None and fix.route_id is not None:
@@ -563,17 +553,16 @@ def check_silence(
         return state, []
     s = replace(state, zones=dict(state.zones), silent=True)
     a = Alert(
-        AlertType.VEHICLE_SILENT,
-        s.vehicle_id,
-        s.last_seq,
-        due_ms,
-        s.lat,
-        s.lon,
-        s.route_id,
-        s.route_version,
-        "",
-        s.last_received_ms,
-        (("last_ts_ms", s.last_ts_ms), ("silent_s", silent_after_s)),
+        type=AlertType.VEHICLE_SILENT,
+        vehicle_id=s.vehicle_id,
+        seq=s.last_seq,
+        ts_ms=due_ms,
+        lat=s.lat,
+        lon=s.lon,
+        route_id=s.route_id,
+        route_version=s.route_version,
+        received_ms=s.last_received_ms,
+        details=(("last_ts_ms", s.last_ts_ms), ("silent_s", silent_after_s)),
     )
     return s, [a]
 

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from processor.columns import Fixes, StateTable
+from processor.columns import Fixes, StateTable, at_defaults, reset_columns
 from processor.domain import (
     DEVIATION_COUNT,
     OPEN_CONDITIONS,
     OVERSPEED_COUNT,
-    STATE_DEFAULTS,
     Alert,
     EngineConfig,
     Fix,
@@ -50,8 +49,11 @@ from processor.trip import eta_ms
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BucketResult:
+    """One bucket's micro-batch: its states (updated in place), the fixes still held for a missing
+    one, the alerts and live rows it raised, and its counts."""
+
     states: StateTable
     held: dict[str, list[RawFix]]
     alerts: list[Alert]
@@ -170,11 +172,13 @@ def process_bucket(
     # Route of each fix from the assignment valid at its event time.
     route_list: list[CompiledRoute] = []
     route_pos: dict[str, int] = {}
-    ru = np.full(len(uniq_list), -1, dtype=np.int64)
-    lo_u = np.zeros(len(uniq_list), dtype=np.int64)
-    hi_u = np.full(len(uniq_list), np.iinfo(np.int64).max, dtype=np.int64)
-    dep_u = np.full(len(uniq_list), -1, dtype=np.int64)
-    arr_u = np.full(len(uniq_list), -1, dtype=np.int64)
+    # Per vehicle (the `_u` columns: one per unique vehicle of the batch): the position of its
+    # assignment's route in `route_list` (-1: none), the assignment's validity and planned times.
+    route_pos_u = np.full(len(uniq_list), -1, dtype=np.int64)
+    valid_from_ms_u = np.zeros(len(uniq_list), dtype=np.int64)
+    valid_to_ms_u = np.full(len(uniq_list), np.iinfo(np.int64).max, dtype=np.int64)
+    departure_ms_u = np.full(len(uniq_list), -1, dtype=np.int64)
+    arrival_ms_u = np.full(len(uniq_list), -1, dtype=np.int64)
     for k, v in enumerate(uniq_list):
         a = master.assignments.get(v)
         if a is None or a[1] is None:
@@ -188,17 +192,17 @@ def process_bucket(
                 continue
             pos = route_pos[cr.route_id] = len(route_list)
             route_list.append(cr)
-        ru[k] = pos
-        lo_u[k] = int(data.get("valid_from_ms") or 0)
+        route_pos_u[k] = pos
+        valid_from_ms_u[k] = int(data.get("valid_from_ms") or 0)
         if data.get("valid_to_ms") is not None:
-            hi_u[k] = int(data["valid_to_ms"])
-        dep_u[k], arr_u[k] = (
+            valid_to_ms_u[k] = int(data["valid_to_ms"])
+        departure_ms_u[k], arrival_ms_u[k] = (
             assignment_ms(data, "planned_departure_ms"),
             assignment_ms(data, "planned_arrival_ms"),
         )
-    route_idx = ru[codes] if n else np.zeros(0, dtype=np.int64)
+    route_idx = route_pos_u[codes] if n else np.zeros(0, dtype=np.int64)
     if n:
-        route_idx = np.where((ts >= lo_u[codes]) & (ts < hi_u[codes]), route_idx, -1)
+        route_idx = np.where((ts >= valid_from_ms_u[codes]) & (ts < valid_to_ms_u[codes]), route_idx, -1)
     if n and (route_idx < 0).any():
         np.add.at(states.cols["unassigned_fixes"], rows_u[codes[route_idx < 0]], 1)
     in_corr, _ = corridor_tests(route_list, route_idx, lon, lat, inner_mask=np.zeros(n, dtype=bool))
@@ -238,17 +242,17 @@ def process_bucket(
     fix_route = np.array([route_list[i].route_id if i >= 0 else None for i in r_first.tolist()], dtype=object)
     known = c["last_seq"][rows_u] >= 0
     # An open condition (a silent vehicle's next fix raises VEHICLE_RESUMED) is domain.step's to close.
-    calm = np.logical_and.reduce([c[name][rows_u] == STATE_DEFAULTS[name] for name in OPEN_CONDITIONS])
+    calm = at_defaults(states, rows_u, OPEN_CONDITIONS)
     no_zones = np.array([not z for z in c["zones"][rows_u].tolist()], dtype=bool)
     # The trip each vehicle's fixes fall under (its assignment, by valid-from): a new one is `step`'s.
-    trip_from = np.where(route_idx >= 0, lo_u[codes], -1) if n else np.zeros(0, dtype=np.int64)
+    trip_from = np.where(route_idx >= 0, valid_from_ms_u[codes], -1) if n else np.zeros(0, dtype=np.int64)
     calm &= c["trip_from_ms"][rows_u] == (trip_from[starts] if n else trip_from)
     fast = known & (bad_count == 0) & same_route_batch & (cur_route == fix_route) & calm & no_zones
     trip = _TripColumns.of(route_list, route_idx) if n else None
     plan = None
     if trip is not None and fast.any():
         # Computed once: it decides who stays on the fast path, and then advances them.
-        plan = _trip_plan(states, rows_u, starts, ends, ts, progress, trip, dep_u, arr_u, cfg)
+        plan = _trip_plan(states, rows_u, starts, ends, ts, progress, trip, departure_ms_u, arrival_ms_u, cfg)
         fast &= _trip_is_quiet(states, rows_u, starts, speed, progress, passes, end_dist, trip, plan)
     if not cfg.fast_path:
         fast[:] = False
@@ -259,16 +263,22 @@ def process_bucket(
     touched = np.zeros(len(states), dtype=bool)
     # ---- fast path: only the last fix of each vehicle matters.
     if fast.any():
-        fr = rows_u[fast]
+        fast_rows = rows_u[fast]
         last = ends[fast] - 1
-        c["lat"][fr], c["lon"][fr], c["speed_kmh"][fr] = lat[last], lon[last], speed[last]
-        c["last_seq"][fr], c["last_ts_ms"][fr], c["last_received_ms"][fr] = seq[last], ts[last], recv[last]
+        for name, per_fix in (
+            ("lat", lat),
+            ("lon", lon),
+            ("speed_kmh", speed),
+            ("last_seq", seq),
+            ("last_ts_ms", ts),
+            ("last_received_ms", recv),
+        ):
+            c[name][fast_rows] = per_fix[last]
         # Each fix is in the corridor and under the limit: no deviation or overspeed being counted.
-        for name in DEVIATION_COUNT + OVERSPEED_COUNT:
-            c[name][fr] = STATE_DEFAULTS[name]
+        reset_columns(states, fast_rows, DEVIATION_COUNT + OVERSPEED_COUNT)
         versions = np.array([cr.version for cr in route_list] + [0], dtype=np.int64)
-        c["route_version"][fr] = versions[r_last[fast]]
-        touched[fr] = True
+        c["route_version"][fast_rows] = versions[r_last[fast]]
+        touched[fast_rows] = True
         if plan is not None:
             _advance_trips(states, rows_u, starts, ends, fast, r_last, ts, plan)
 
@@ -280,25 +290,25 @@ def process_bucket(
             ri = int(route_idx[i])
             cr = route_list[ri] if ri >= 0 else None
             f = Fix(
-                int(seq[i]),
-                int(ts[i]),
-                float(lat[i]),
-                float(lon[i]),
-                float(speed[i]),
-                int(recv[i]),
-                cr.route_id if cr else None,
-                cr.version if cr else 0,
-                bool(in_corr[i]),
-                bool(in_inner[i]),
-                frozenset(zones_in.get(i, ())),
-                frozenset(zones_outer.get(i, ())),
-                passes.get(i) or (() if progress[i] != progress[i] else (float(progress[i]),)),
-                float(end_dist[i]),
-                cr.length_m if cr else 0.0,
-                bool(stop_zones & zones_outer.get(i, set())),
-                int(dep_u[k]),
-                int(arr_u[k]),
-                int(trip_from[i]),
+                seq=int(seq[i]),
+                ts_ms=int(ts[i]),
+                lat=float(lat[i]),
+                lon=float(lon[i]),
+                speed_kmh=float(speed[i]),
+                received_ms=int(recv[i]),
+                route_id=cr.route_id if cr else None,
+                route_version=cr.version if cr else 0,
+                in_corridor=bool(in_corr[i]),
+                in_inner=bool(in_inner[i]),
+                zones_in=frozenset(zones_in.get(i, ())),
+                zones_outer=frozenset(zones_outer.get(i, ())),
+                progress_m=passes.get(i) or (() if progress[i] != progress[i] else (float(progress[i]),)),
+                end_distance_m=float(end_dist[i]),
+                route_length_m=cr.length_m if cr else 0.0,
+                stop_zone=bool(stop_zones & zones_outer.get(i, set())),
+                planned_departure_ms=int(departure_ms_u[k]),
+                planned_arrival_ms=int(arrival_ms_u[k]),
+                trip_from_ms=int(trip_from[i]),
             )
             s, out = step(s, f, cr.rules if cr else None, cfg)
             if out and f.ts_ms < watermark_ms:
@@ -321,7 +331,16 @@ def process_bucket(
     live = live_rows(states, np.flatnonzero(touched), master, catalog)
     unassigned = int((route_idx < 0).sum()) if n else 0
     return BucketResult(
-        states, new_held, alerts, live, n, dropped, int(fast.sum()), int((~fast).sum()), unassigned, late
+        states=states,
+        held=new_held,
+        alerts=alerts,
+        live=live,
+        accepted=n,
+        dropped_duplicates=dropped,
+        fast_vehicles=int(fast.sum()),
+        slow_vehicles=int((~fast).sum()),
+        unassigned=unassigned,
+        late=late,
     )
 
 
@@ -385,31 +404,33 @@ def _trip_plan(
     ts: np.ndarray,
     progress: np.ndarray,
     trip: _TripColumns,
-    dep_u: np.ndarray,
-    arr_u: np.ndarray,
+    departure_ms_u: np.ndarray,
+    arrival_ms_u: np.ndarray,
     cfg: EngineConfig,
 ) -> _TripPlan:
-    """The trip plan of every fix (the fast path uses it only for vehicles it keeps)."""
+    """The trip plan of every fix (the fast path uses it only for vehicles it keeps); the `_u`
+    arguments are per vehicle, the others per fix."""
     c = states.cols
     group_of = np.repeat(np.arange(len(starts)), ends - starts)
-    pf = np.nan_to_num(progress, nan=-1.0)
-    a0 = c["dir_anchor_m"][rows_u][group_of]
-    running = np.maximum(pd.Series(pf).groupby(group_of).cummax().to_numpy(), a0)
-    t0_u = c["trip_start_ms"][rows_u].copy()
-    m0_u = c["trip_start_m"][rows_u].copy()
-    unset = t0_u < 0
-    t0_u[unset], m0_u[unset] = ts[starts][unset], pf[starts][unset]
-    t0, m0 = t0_u[group_of], m0_u[group_of]
-    eta = eta_ms(ts, pf, t0, m0, trip.length_m, cfg.eta_warmup_s, cfg.eta_min_speed_kmh)
-    dur = trip.planned_duration_s
-    base = np.where(dep_u[group_of] >= 0, dep_u[group_of], t0)
+    progress_m = np.nan_to_num(progress, nan=-1.0)
+    anchor_m = c["dir_anchor_m"][rows_u][group_of]
+    running = np.maximum(pd.Series(progress_m).groupby(group_of).cummax().to_numpy(), anchor_m)
+    start_ms_u = c["trip_start_ms"][rows_u].copy()
+    start_m_u = c["trip_start_m"][rows_u].copy()
+    unset = start_ms_u < 0
+    start_ms_u[unset], start_m_u[unset] = ts[starts][unset], progress_m[starts][unset]
+    start_ms, start_m = start_ms_u[group_of], start_m_u[group_of]
+    eta = eta_ms(ts, progress_m, start_ms, start_m, trip.length_m, cfg.eta_warmup_s, cfg.eta_min_speed_kmh)
+    duration_s = trip.planned_duration_s
+    departure_ms, arrival_ms = departure_ms_u[group_of], arrival_ms_u[group_of]
+    base = np.where(departure_ms >= 0, departure_ms, start_ms)
     from_duration = np.where(
-        np.isfinite(dur) & (base >= 0),
-        base + (np.where(np.isfinite(dur), dur, 0.0) * 1000).astype(np.int64),
+        np.isfinite(duration_s) & (base >= 0),
+        base + (np.where(np.isfinite(duration_s), duration_s, 0.0) * 1000).astype(np.int64),
         -1,
     )
-    planned = np.where(arr_u[group_of] >= 0, arr_u[group_of], from_duration)
-    return _TripPlan(running, pf, eta, planned, group_of)
+    planned = np.where(arrival_ms >= 0, arrival_ms, from_duration)
+    return _TripPlan(running=running, progress=progress_m, eta=eta, planned=planned, group_of=group_of)
 
 
 def _trip_is_quiet(
@@ -430,10 +451,11 @@ def _trip_is_quiet(
     if passes:
         bad[list(passes)] = True
     bad |= trip.stop_on & (speed <= trip.stop_speed_kmh)
-    running, pf, eta, planned, group_of = plan.running, plan.progress, plan.eta, plan.planned, plan.group_of
+    running, progress_m, eta = plan.running, plan.progress, plan.eta
+    planned, group_of = plan.planned, plan.group_of
     live = has_route & ~states.cols["completed"][rows_u][group_of]
-    bad |= live & (running - pf >= trip.wrong_way_min_m)
-    bad |= live & (pf >= trip.length_m / 2) & (end_dist <= trip.completion_radius_m)
+    bad |= live & (running - progress_m >= trip.wrong_way_min_m)
+    bad |= live & (progress_m >= trip.length_m / 2) & (end_dist <= trip.completion_radius_m)
     bad |= live & (planned >= 0) & (eta >= 0) & ((eta - planned) / 1000.0 > trip.arrival_risk_s)
     quiet: np.ndarray = np.add.reduceat(bad.astype(np.int64), starts) == 0
     return quiet
@@ -452,32 +474,34 @@ def _advance_trips(
     """The fast path's route awareness: progress, the direction's reference point, the trip's start
     and ETA, exactly as folding `domain.step` over quiet fixes leaves them."""
     c = states.cols
-    pf, eta, group_of = plan.progress, plan.eta, plan.group_of
+    progress_m, eta, group_of = plan.progress, plan.eta, plan.group_of
     last = ends - 1
-    sel = fast & (r_last >= 0)
-    if not sel.any():
+    on_route = fast & (r_last >= 0)
+    if not on_route.any():
         return
-    rows = rows_u[sel]
-    c["progress_m"][rows] = pf[last[sel]]
-    live = sel & ~c["completed"][rows_u]
+    rows = rows_u[on_route]
+    c["progress_m"][rows] = progress_m[last[on_route]]
+    live = on_route & ~c["completed"][rows_u]
     if not live.any():
         return
     rows = rows_u[live]
-    a0 = c["dir_anchor_m"][rows]
-    first_max = _group_first_max(pf, starts, ends, group_of)[live]
-    gmax = pf[first_max]
-    moved = gmax > a0
-    lv_last = last[live]
-    c["dir_anchor_m"][rows] = np.where(moved, gmax, a0)
+    anchor_m = c["dir_anchor_m"][rows]
+    first_max = _group_first_max(progress_m, starts, ends, group_of)[live]
+    max_m = progress_m[first_max]
+    moved = max_m > anchor_m
+    live_last = last[live]
+    c["dir_anchor_m"][rows] = np.where(moved, max_m, anchor_m)
     c["dir_anchor_ts_ms"][rows] = np.where(moved, ts[first_max], c["dir_anchor_ts_ms"][rows])
-    n_fix = (ends - starts)[live]
-    c["dir_anchor_fixes"][rows] = np.where(moved, lv_last - first_max, c["dir_anchor_fixes"][rows] + n_fix)
+    n_fixes = (ends - starts)[live]
+    c["dir_anchor_fixes"][rows] = np.where(
+        moved, live_last - first_max, c["dir_anchor_fixes"][rows] + n_fixes
+    )
     unset = c["trip_start_ms"][rows] < 0
     first = starts[live]
-    c["trip_start_m"][rows] = np.where(unset, pf[first], c["trip_start_m"][rows])
+    c["trip_start_m"][rows] = np.where(unset, progress_m[first], c["trip_start_m"][rows])
     c["trip_start_ms"][rows] = np.where(unset, ts[first], c["trip_start_ms"][rows])
-    e = eta[lv_last]
-    c["eta_ms"][rows] = np.where(e >= 0, e, -1).astype(np.int64)
+    live_eta = eta[live_last]
+    c["eta_ms"][rows] = np.where(live_eta >= 0, live_eta, -1).astype(np.int64)
 
 
 def silent_after_s(

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pyarrow as pa
@@ -26,18 +26,27 @@ from fleetfence.contracts import DlqReason, dead_letter
 from fleetfence.readmodels import ReadKeys
 from processor.errors import LateReadBackError
 from processor.live_store import write_live
-from processor.rows import OUT_ALERT, OUT_DLQ, OUT_LATE, OUT_LIVE, OUT_STATS, OUTPUT_DDL, unpack_live
+from processor.rows import OUTPUT_DDL, OutputKind, OutputRow, output_rows, unpack_live
 
 logger = logging.getLogger(__name__)
 
 SINK_NAME = "fleetfence_alerts"
 
 
+class DeadLetter(NamedTuple):
+    """A record for fleet.telemetry.dlq (`fleetfence.contracts.dead_letter` wraps it)."""
+
+    key: str
+    original: bytes
+    reason: DlqReason
+    detail: str
+    source: str  # where the record came from: `topic:partition:offset`, or the vehicle when unknown
+
+
 @dataclass
 class AlertCommitMessage(WriterCommitMessage):
-    alerts: list[tuple[str, bytes]] = field(default_factory=list)
-    # (key, value, reason, detail, origin): records on fleet.telemetry.dlq
-    dlq: list[tuple[str, bytes, str, str, str]] = field(default_factory=list)
+    alerts: list[tuple[str, bytes]] = field(default_factory=list)  # (vehicle_id, record)
+    dlq: list[DeadLetter] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     live_written: int = 0
 
@@ -198,23 +207,21 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                 pass
             return msg
         live: list[tuple[str, int, int, bytes]] = []
-        late: list[tuple[str, str, bytes, str]] = []  # (partition:offset, vehicle, decoded fix, detail)
+        late: list[OutputRow] = []
         for batch in iterator:
-            cols = batch.to_pydict()
-            for kind, key, value, _seq, error in zip(
-                cols["kind"], cols["key"], cols["value"], cols["seq"], cols["error"], strict=True
-            ):
-                if kind == OUT_ALERT:
-                    msg.alerts.append((key, value))
-                elif kind == OUT_LIVE:
-                    live.extend(unpack_live(value))
-                elif kind == OUT_DLQ:  # key: topic:partition:offset of the record
-                    msg.dlq.append((key, value, DlqReason.NOT_CANONICAL, error or "invalid", key))
-                elif kind == OUT_LATE:  # key: partition:offset:vehicle (processor.rows.late_rows)
-                    part, off, vid = key.split(":", 2)
-                    late.append((f"{part}:{off}", vid, value, error or "late"))
-                elif kind == OUT_STATS:
-                    for k, v in orjson.loads(value).items():
+            for row in output_rows(batch):
+                if row.kind == OutputKind.ALERT:
+                    msg.alerts.append((row.vehicle_id or "", row.value))
+                elif row.kind == OutputKind.LIVE_STATES:
+                    live.extend(unpack_live(row.value))
+                elif row.kind == OutputKind.DEAD_LETTER:
+                    source = f"{row.topic}:{row.kafka_partition}:{row.kafka_offset}"
+                    reason, detail = DlqReason.NOT_CANONICAL, row.detail or "invalid"
+                    msg.dlq.append(DeadLetter(source, row.value, reason, detail, source))
+                elif row.kind == OutputKind.LATE_FIX:
+                    late.append(row)
+                elif row.kind == OutputKind.STATS:
+                    for k, v in orjson.loads(row.value).items():
                         msg.stats[k] = msg.stats.get(k, 0) + int(v)
         if late:
             msg.dlq.extend(self._late_dead_letters(late))
@@ -222,30 +229,24 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             msg.live_written = self._write_live(live)
         return msg
 
-    def _late_dead_letters(
-        self, late: list[tuple[str, str, bytes, str]]
-    ) -> list[tuple[str, bytes, str, str, str]]:
+    def _late_dead_letters(self, late: list[OutputRow]) -> list[DeadLetter]:
         """Dead letters for fixes beyond the lateness bound, with their records' original bytes read
         back from the telemetry topic (rare: only such fixes pay for the read). A record no longer
         there (retention) keeps the fix as the processor decoded it, and the detail says so."""
-        wanted = []
-        for where, *_ in late:
-            part, off = where.split(":")
-            if part and off:
-                wanted.append((int(part), int(off)))
+        wanted = [place for place in (row.place for row in late) if place is not None]
         found = original_records(self.bootstrap, self.telemetry_topic, wanted)
-        out: list[tuple[str, bytes, str, str, str]] = []
-        for where, vid, decoded, detail in late:
-            part, off = where.split(":")
-            original = found.get((int(part), int(off))) if part and off else None
+        out: list[DeadLetter] = []
+        for row in late:
+            vid, place = row.vehicle_id or "", row.place
+            original = found.get(place) if place is not None else None
             note = (
                 ""
                 if original is not None
                 else "; the original record is no longer on the topic: the fix as decoded"
             )
-            source = f"{self.telemetry_topic}:{where}" if part and off else vid
-            value = original if original is not None else decoded
-            out.append((vid, value, DlqReason.LATE, detail + note, source))
+            source = f"{self.telemetry_topic}:{place[0]}:{place[1]}" if place is not None else vid
+            value = original if original is not None else row.value
+            out.append(DeadLetter(vid, value, DlqReason.LATE, (row.detail or "late") + note, source))
         return out
 
     def _write_live(self, live: list[tuple[str, int, int, bytes]]) -> int:
@@ -287,15 +288,15 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             for vid, value in alerts:
                 produce_waiting(p, self.alerts_topic, key=vid.encode(), value=value)
             now_ms = int(time.time() * 1000)
-            for dlq_key, original, reason, detail, origin in dlq:
+            for letter in dlq:
                 value, headers = dead_letter(
-                    original,
-                    reason=reason,
-                    detail=detail,
-                    origin=("source", origin.encode()),
+                    letter.original,
+                    reason=letter.reason,
+                    detail=letter.detail,
+                    origin=("source", letter.source.encode()),
                     received_ms=now_ms,
                 )
-                produce_waiting(p, self.dlq_topic, key=dlq_key.encode(), value=value, headers=headers)
+                produce_waiting(p, self.dlq_topic, key=letter.key.encode(), value=value, headers=headers)
             marker = {
                 "sink_id": self.sink_id,
                 "batch_id": batchId,

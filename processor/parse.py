@@ -6,7 +6,7 @@ range in order, parses it, and hands on a few rows per bucket instead of one row
 
 - telemetry: canonical fixes are decoded and range-checked (msgspec in C for the common case,
   `canonical_fix` for the rest), then cut into one Arrow IPC chunk per vehicle bucket; a record that
-  is not canonical telemetry becomes a KIND_INVALID row that the sink dead-letters, so the counts
+  is not canonical telemetry becomes an INVALID_RECORD row that the sink dead-letters, so the counts
   reconcile (in = processed + dead-lettered);
 - master data: a route or zone change concerns every bucket and is emitted once per bucket; an
   assignment or vehicle change goes to its vehicle's bucket.
@@ -37,10 +37,7 @@ from fleetfence.contracts import (
 from processor.rows import (
     ARROW_SCHEMA,
     FIX_SCHEMA,
-    KIND_CLOCK,
-    KIND_INVALID,
-    KIND_MASTER,
-    KIND_TELEMETRY,
+    InputKind,
     encode_chunk,
 )
 
@@ -68,7 +65,7 @@ class BucketRows:
 
     def row(
         self,
-        kind: str,
+        kind: InputKind,
         bucket: int,
         ts_ms: int | None,
         n: int,
@@ -120,9 +117,9 @@ class BucketRows:
         for idx in np.split(order, cuts):
             chunk = encode_chunk(table.take(pa.array(idx)))
             self.row(
-                KIND_TELEMETRY,
+                InputKind.FIXES,
                 int(bk[idx[0]]),
-                None,  # data rows carry no event time: the clock row does (rows.KIND_CLOCK)
+                None,  # data rows carry no event time: the clock row does (rows.InputKind.CLOCK)
                 len(idx),
                 chunk,
                 None,
@@ -196,7 +193,7 @@ def parse_telemetry_batch(
             except INVALID_ERRORS as exc:
                 key = f"{topic}:{part}:{off}"
                 rows.row(
-                    KIND_INVALID,
+                    InputKind.INVALID_RECORD,
                     bucket_of(key, rows.buckets),
                     None,
                     1,
@@ -229,7 +226,7 @@ def parse_master(rows: BucketRows, value: bytes | None, topic: str, part: int, o
         return
     targets = range(rows.buckets) if entity in ("route", "zone") else [bucket_of(eid, rows.buckets)]
     for b in targets:
-        rows.row(KIND_MASTER, b, None, 1, value, None, part, off, None)
+        rows.row(InputKind.MASTER_EVENT, b, None, 1, value, None, part, off, None)
 
 
 def parse_kafka_records(
@@ -276,7 +273,7 @@ def parse_kafka_records(
     if last is not None:
         rows.flush_fixes(*last)
         if rows.max_ts_ms is not None:
-            rows.row(KIND_CLOCK, 0, rows.max_ts_ms, 0, None, None, *last, None)
+            rows.row(InputKind.CLOCK, 0, rows.max_ts_ms, 0, None, None, *last, None)
     if len(rows):
         yield rows.batch()
 

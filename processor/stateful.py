@@ -40,16 +40,12 @@ from processor.engine import process_bucket, silent_after_s
 from processor.master import Catalog, MasterState
 from processor.parking import ParkingLot, pack_rows, split_parked, unpack_rows, wake
 from processor.rows import (
-    KIND_INVALID,
-    KIND_MASTER,
-    KIND_TELEMETRY,
-    OUT_ALERT,
-    OUT_COLUMNS,
-    OUT_DLQ,
-    OUT_LIVE,
-    OUT_STATS,
+    InputKind,
+    OutputKind,
+    OutputRow,
     decode_chunks,
     late_rows,
+    output_frame,
     pack_live,
 )
 
@@ -241,12 +237,12 @@ def bucket_step(
     Kept apart from the operator so that a Spark state API is a thin adapter around one fold:
     `GeofenceProcessor` keeps three value states, a map state and a timer; an operator under
     `applyInPandasWithState` would keep one row and a timeout and fold exactly this."""
-    out: list[tuple[str, str, bytes, int, str | None]] = []
+    out: list[OutputRow] = []
     stats = {"received": 0, "invalid": 0, "accepted": 0, "duplicates": 0, "master_events": 0}
     master_blob: bytes | None = None
 
     if df is not None and len(df):
-        m_rows = df[df["kind"] == KIND_MASTER]
+        m_rows = df[df["kind"] == InputKind.MASTER_EVENT]
         if len(m_rows):
             # Copy before applying: the cached object must keep matching its digest if this
             # batch fails and is retried.
@@ -260,13 +256,22 @@ def bucket_step(
                 digest = _digest(master_blob)
                 _MASTER_CACHE[digest] = new_master
                 master = new_master
-        bad = df[df["kind"] == KIND_INVALID]
+        bad = df[df["kind"] == InputKind.INVALID_RECORD]
         r: Any
         for r in bad.itertuples(index=False):
-            src = f"{r.topic}:{r.kafka_partition}:{r.kafka_offset}"
-            out.append((OUT_DLQ, src, bytes(r.payload or b""), -1, str(r.error)))
+            out.append(
+                OutputRow(
+                    OutputKind.DEAD_LETTER,
+                    bytes(r.payload or b""),
+                    seq=-1,
+                    detail=str(r.error),
+                    topic=str(r.topic),
+                    kafka_partition=int(r.kafka_partition),
+                    kafka_offset=int(r.kafka_offset),
+                )
+            )
         stats["invalid"] = len(bad)
-        chunks = df.loc[df["kind"] == KIND_TELEMETRY, "payload"].tolist()
+        chunks = df.loc[df["kind"] == InputKind.FIXES, "payload"].tolist()
     else:
         chunks = []
 
@@ -291,13 +296,13 @@ def bucket_step(
     stats["held"] = sum(len(v) for v in res.held.values())
 
     for a in res.alerts:
-        out.append((OUT_ALERT, a.vehicle_id, a.to_json(), a.seq, None))
+        out.append(OutputRow(OutputKind.ALERT, a.to_json(), vehicle_id=a.vehicle_id, seq=a.seq))
     if res.live:
         # One row for the whole bucket: per-row conversion in the JVM is the cost to avoid.
-        out.append((OUT_LIVE, "", pack_live(res.live), len(res.live), None))
-    out.append((OUT_STATS, "", orjson.dumps(stats), 0, None))
+        out.append(OutputRow(OutputKind.LIVE_STATES, pack_live(res.live), seq=len(res.live)))
+    out.append(OutputRow(OutputKind.STATS, orjson.dumps(stats)))
     return BucketStep(
-        out=pd.DataFrame(out, columns=OUT_COLUMNS),
+        out=output_frame(out),
         vehicles=pickle.dumps((kept, res.held), protocol=5),
         master_blob=master_blob,
         digest=digest,

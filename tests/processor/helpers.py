@@ -26,7 +26,7 @@ from processor.columns import empty_states
 from processor.domain import EngineConfig
 from processor.engine import process_bucket
 from processor.master import Catalog, MasterState
-from processor.rows import FIX_SCHEMA, KIND_TELEMETRY, encode_chunk
+from processor.rows import FIX_SCHEMA, InputKind, encode_chunk
 from processor.settings import ProcessorSettings
 
 T = TypeVar("T")
@@ -206,7 +206,7 @@ def telemetry_rows(fixes: list[Telemetry]) -> pd.DataFrame:
     (processor.rows), each with a made-up place on the topic."""
     frame = fixes_frame(fixes).assign(kafka_partition=0, kafka_offset=range(len(fixes)))
     table = pa.Table.from_pandas(frame, schema=FIX_SCHEMA, preserve_index=False)
-    return pd.DataFrame({"kind": [KIND_TELEMETRY], "payload": [encode_chunk(table)]})
+    return pd.DataFrame({"kind": [InputKind.FIXES], "payload": [encode_chunk(table)]})
 
 
 def committed_alerts(s: Settings) -> list[dict[str, Any]]:

@@ -36,7 +36,16 @@ T0 = 1_795_000_000_000
 
 def fix(seq: int, inside: bool = True, inner: bool | None = None, speed: float = 30.0, **kw: Any) -> Fix:
     return Fix(
-        seq, T0 + seq * 1000, 52.0, 13.0, speed, 0, "r1", 1, inside, inside if inner is None else inner, **kw
+        seq=seq,
+        ts_ms=T0 + seq * 1000,
+        lat=52.0,
+        lon=13.0,
+        speed_kmh=speed,
+        route_id="r1",
+        route_version=1,
+        in_corridor=inside,
+        in_inner=inside if inner is None else inner,
+        **kw,
     )
 
 
@@ -159,7 +168,17 @@ def test_no_flapping_under_bounded_jitter(jitter: list[float], base: float) -> N
         from processor.geometry import corridor_tests
 
         ins, inn = corridor_tests([route], np.array([0]), lon, lat)
-        f = Fix(i, T0 + i * 1000, float(lat[0]), float(lon[0]), 30.0, 0, "r1", 1, bool(ins[0]), bool(inn[0]))
+        f = Fix(
+            seq=i,
+            ts_ms=T0 + i * 1000,
+            lat=float(lat[0]),
+            lon=float(lon[0]),
+            speed_kmh=30.0,
+            route_id="r1",
+            route_version=1,
+            in_corridor=bool(ins[0]),
+            in_inner=bool(inn[0]),
+        )
         s, a = step(s, f, route.rules, CFG)
         alerts.extend(a)
     types = [a.type for a in alerts]
@@ -904,11 +923,11 @@ def test_engine_circle_alerts_equal_the_fold_over_exact_distances(
             if d <= z["geometry"]["radius_m"] + CFG.hysteresis_m:
                 outer.add(z["zone_id"])
         f = Fix(
-            k,
-            T0 + k * 1000,
-            float(lat[k]),
-            float(lon[k]),
-            20.0,
+            seq=k,
+            ts_ms=T0 + k * 1000,
+            lat=float(lat[k]),
+            lon=float(lon[k]),
+            speed_kmh=20.0,
             zones_in=frozenset(inside),
             zones_outer=frozenset(outer),
         )

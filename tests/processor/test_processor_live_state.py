@@ -15,7 +15,7 @@ from fleetfence.settings import Settings
 from fleetfence.testing import read_all, wait_for
 from processor.kafka_sink import SINK_QUEUE_MESSAGES, AlertCommitMessage, AlertStreamWriter
 from processor.live_store import LIVE_PER_CALL
-from processor.rows import OUT_ALERT, OUT_COLUMNS, OUT_LIVE, OUT_STATS, pack_live, unpack_live
+from processor.rows import OutputKind, OutputRow, output_frame, pack_live, unpack_live
 
 
 def state(vid: str, seq: int, silent: bool = False) -> dict[str, object]:
@@ -69,11 +69,11 @@ def test_a_dry_run_sink_writes_nothing(settings: Settings) -> None:
     r = redis.Redis.from_url(settings.redis_dsn)
     w = writer(settings, prefix, dryrun="true")
     rows = [
-        (OUT_ALERT, "v1", b'{"type": "ROUTE_DEVIATION"}', 1, None),
-        (OUT_LIVE, "", pack_live([state("v1", 1)]), 1, None),
-        (OUT_STATS, "", orjson.dumps({"received": 1}), 0, None),
+        OutputRow(OutputKind.ALERT, b'{"type": "ROUTE_DEVIATION"}', vehicle_id="v1", seq=1),
+        OutputRow(OutputKind.LIVE_STATES, pack_live([state("v1", 1)]), seq=1),
+        OutputRow(OutputKind.STATS, orjson.dumps({"received": 1})),
     ]
-    batch = pa.RecordBatch.from_pylist([dict(zip(OUT_COLUMNS, row, strict=True)) for row in rows])
+    batch = pa.RecordBatch.from_pandas(output_frame(rows), preserve_index=False)
     msg = w.write(iter([batch]))
     assert (msg.alerts, msg.dlq, msg.stats, msg.live_written) == ([], [], {}, 0)
     assert r.get(f"{prefix}live:v1") is None

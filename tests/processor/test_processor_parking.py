@@ -21,7 +21,7 @@ from processor.domain import EngineConfig, RawFix, VehicleState
 from processor.errors import StateError
 from processor.master import Catalog
 from processor.parking import pack_rows, parkable, split_parked, unpack_rows
-from processor.rows import OUT_ALERT, OUT_STATS
+from processor.rows import OutputKind
 from processor.stateful import bucket_step, load_state
 from tests.processor.helpers import T0, master_events, master_state, scenario, telemetry_rows
 
@@ -207,8 +207,8 @@ def test_a_bucket_with_a_parking_lot_alerts_and_keeps_exactly_what_the_blob_alon
             rows = telemetry_rows(batch)
             step = bucket_step(vehicles, master, digest, rows, wm, CFG, cat, lot, park=i < park_until)
             vehicles, digest = step.vehicles, step.digest
-            alerts += [orjson.loads(a) for a in step.out.loc[step.out["kind"] == OUT_ALERT, "value"]]
-            stats.append(orjson.loads(step.out.loc[step.out["kind"] == OUT_STATS, "value"].iloc[0]))
+            alerts += [orjson.loads(a) for a in step.out.loc[step.out["kind"] == OutputKind.ALERT, "value"]]
+            stats.append(orjson.loads(step.out.loc[step.out["kind"] == OutputKind.STATS, "value"].iloc[0]))
             if batch:
                 wm = max(wm, max(f.ts_ms for f in batch) - CFG.lateness_ms)
         assert vehicles is not None

@@ -26,7 +26,7 @@ from fleetfence.testing import read_all
 from processor import parse
 from processor.errors import LateReadBackError
 from processor.kafka_sink import original_records
-from processor.rows import KIND_CLOCK, KIND_MASTER, KIND_TELEMETRY
+from processor.rows import InputKind
 from processor.source import processor_input
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -100,7 +100,7 @@ def test_connector_gives_every_committed_record_once(spark: Any, settings: Setti
     for kind, key, payload in zip(
         kinds, rows.column("bucket").to_pylist(), rows.column("payload").to_pylist(), strict=True
     ):
-        if kind == KIND_TELEMETRY:
+        if kind == InputKind.FIXES:
             chunk = pa.ipc.open_stream(payload).read_all()
             vids = set(chunk.column("vehicle_id").to_pylist())
             assert {KEYS[bucket_of(v, BUCKETS)] for v in vids} == {key}, "a chunk holds one bucket"
@@ -110,7 +110,11 @@ def test_connector_gives_every_committed_record_once(spark: Any, settings: Setti
     for key, seqs in seqs_by_bucket.items():
         assert seqs == sorted(seqs), f"bucket {key}: Kafka order kept"
 
-    invalid = [p for k, p in zip(kinds, rows.column("payload").to_pylist(), strict=True) if k == "E"]
+    invalid = [
+        p
+        for k, p in zip(kinds, rows.column("payload").to_pylist(), strict=True)
+        if k == InputKind.INVALID_RECORD
+    ]
     assert invalid == [b"{not json"], "the bad record is a dead-letter row, once"
 
     master = [
@@ -118,7 +122,7 @@ def test_connector_gives_every_committed_record_once(spark: Any, settings: Setti
         for k, key, p in zip(
             kinds, rows.column("bucket").to_pylist(), rows.column("payload").to_pylist(), strict=True
         )
-        if k == KIND_MASTER
+        if k == InputKind.MASTER_EVENT
     ]
     assert sorted(m for m in master if m[1] == "route") == [(k, "route") for k in KEYS]
     assert [m for m in master if m[1] == "assignment"] == [(KEYS[bucket_of("v3", BUCKETS)], "assignment")]
@@ -141,17 +145,19 @@ def test_chunks_are_cut_and_keep_order_across_batches(monkeypatch: pytest.Monkey
     out = list(parse.parse_kafka_records(parts, topic="tele", master=False, buckets=1, keys=[0]))
     table = pa.Table.from_batches(out)
     kinds = table.column("kind").to_pylist()
-    data = table.filter(pc.equal(table.column("kind"), KIND_TELEMETRY))
+    data = table.filter(pc.equal(table.column("kind"), InputKind.FIXES.value))
     chunks = [pa.ipc.open_stream(p).read_all() for p in data.column("payload").to_pylist()]
     assert len(chunks) >= 3, "several chunks were cut"
     assert [s for c in chunks for s in c.column("seq").to_pylist()] == list(range(40))
     assert data.column("kafka_offset").to_pylist()[-1] == 139
     # Only the task's one clock row carries an event time (the newest fix): Spark's watermark
     # filter drops rows by it, so no data row may have one.
-    assert kinds.count(KIND_CLOCK) == 1
+    assert kinds.count(InputKind.CLOCK) == 1
     assert data.column("ts").null_count == len(data)
     newest = max(t for c in chunks for t in c.column("ts_ms").to_pylist())
-    (clock_ts,) = [t for k, t in zip(kinds, table.column("ts").to_pylist(), strict=True) if k == KIND_CLOCK]
+    (clock_ts,) = [
+        t for k, t in zip(kinds, table.column("ts").to_pylist(), strict=True) if k == InputKind.CLOCK
+    ]
     assert int(clock_ts.timestamp() * 1000) == newest
 
 

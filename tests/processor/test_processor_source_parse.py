@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fleetfence.contracts import INVALID_ERRORS, Telemetry, bucket_of, canonical_fix, decode_plain_fix
 from processor.parse import BucketRows, parse_telemetry_batch
-from processor.rows import FIX_SCHEMA, KIND_INVALID, KIND_TELEMETRY
+from processor.rows import FIX_SCHEMA, InputKind
 from tests.strategies import json_values
 
 BUCKETS = 4
@@ -48,10 +48,10 @@ def parsed(values: list[bytes | None]) -> tuple[list[tuple[Any, ...]], list[int]
     invalid = []
     cols = (out["kind"], out["bucket"], out["payload"], out["kafka_offset"])
     for kind, bucket, payload, off in zip(*cols, strict=True):
-        if kind == KIND_INVALID:
+        if kind == InputKind.INVALID_RECORD:
             invalid.append(off)
             continue
-        assert kind == KIND_TELEMETRY
+        assert kind == InputKind.FIXES
         t = pa.ipc.open_stream(payload).read_all()
         assert t.schema.equals(FIX_SCHEMA)
         for r in zip(*(t.column(c).to_pylist() for c in FIX_SCHEMA.names), strict=True):

@@ -50,7 +50,15 @@ def on(progress: float | tuple[float, ...], k: int, speed: float = 30.0, **kw: A
     base: dict[str, Any] = {"route_length_m": 10_000.0, "end_distance_m": abs(10_000.0 - p[0])}
     base.update(kw)
     return Fix(
-        k, T0 + k * 1000, float(lat[0]), float(lon[0]), speed, 0, "r1", 1, True, True, progress_m=p, **base
+        seq=k,
+        ts_ms=T0 + k * 1000,
+        lat=float(lat[0]),
+        lon=float(lon[0]),
+        speed_kmh=speed,
+        route_id="r1",
+        route_version=1,
+        progress_m=p,
+        **base,
     )
 
 
@@ -409,16 +417,13 @@ def test_arrival_alerts_do_not_flap_while_the_delay_jitters_within_the_hysteresi
         p = 10_000.0 * t / eta_s
         fixes.append(
             Fix(
-                k,
-                T0 + int(t * 1000),
-                52.0,
-                13.0,
-                36.0,
-                0,
-                "r1",
-                1,
-                True,
-                True,
+                seq=k,
+                ts_ms=T0 + int(t * 1000),
+                lat=52.0,
+                lon=13.0,
+                speed_kmh=36.0,
+                route_id="r1",
+                route_version=1,
                 progress_m=(p,),
                 route_length_m=10_000.0,
                 end_distance_m=10_000.0 - p,
@@ -549,16 +554,13 @@ def placed_fixes(data: dict[str, Any], fixes: list[tuple[int, float, float]]) ->
         p = passes.get(i) or (() if np.isnan(progress[i]) else (float(progress[i]),))
         out.append(
             Fix(
-                k,
-                T0 + k * 1000,
-                float(lat[i]),
-                float(lon[i]),
-                35.0,
-                0,
-                "r1",
-                1,
-                True,
-                True,
+                seq=k,
+                ts_ms=T0 + k * 1000,
+                lat=float(lat[i]),
+                lon=float(lon[i]),
+                speed_kmh=35.0,
+                route_id="r1",
+                route_version=1,
                 progress_m=p,
                 end_distance_m=float(end[i]),
                 route_length_m=cr.length_m,
