@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Never
+from typing import Any
 
 import orjson
 
@@ -120,7 +120,7 @@ def parse_alert(raw: bytes | None) -> Alert:
     zone = d.get("zone_id", details.get("zone_id"))
     if zone is not None and not isinstance(zone, str):
         raise _bad("field 'zone_id' must be a string")
-    if atype in (AlertType.ZONE_ENTER, AlertType.ZONE_EXIT) and not zone:
+    if atype.meta.zone and not zone:
         raise _bad(f"{atype.value} alert needs a 'zone_id' (top level or in 'details')")
     return Alert(
         alert_id=aid,
@@ -174,14 +174,6 @@ class AlertFilter:
         return " ".join(parts) or "all alerts"
 
 
-_TRIP_CLOSES = {
-    AlertType.DIRECTION_RESTORED: AlertType.WRONG_DIRECTION,
-    AlertType.STOP_ENDED: AlertType.UNPLANNED_STOP,
-    AlertType.ARRIVAL_BACK_ON_TIME: AlertType.ARRIVAL_AT_RISK,
-}
-_TRIP_OPENS = tuple(_TRIP_CLOSES.values())
-
-
 @dataclass(frozen=True, slots=True)
 class ConditionChange:
     """How an alert changes the vehicle's open-conditions hash (`ff:alerts:open:{vehicle_id}`)."""
@@ -190,72 +182,44 @@ class ConditionChange:
     closes: tuple[str, ...] = ()
 
 
+# Conditions no alert of their own ends: any later alert of the vehicle closes them.
+_CLOSED_BY_ANY = tuple(t for t in AlertType if t.meta.closed_by_any)
+# What ROUTE_COMPLETED ends: the trip's conditions still open.
+_TRIP_OPENS = tuple(t for t in AlertType if t.meta.trip and t.meta.opens)
+
+
+def _condition(opener: AlertType, alert: Alert) -> str:
+    """The name of the condition `opener` opens: a zone's is per zone."""
+    return f"ZONE:{alert.zone_id}" if opener.meta.zone else opener.value
+
+
 def condition_change(alert: Alert) -> ConditionChange:
-    """The open condition an alert opens or closes.
+    """The open condition an alert opens or closes, as its type's `AlertMeta` declares it.
 
-    Deviation is closed by the return, a zone by its exit. OVERSPEED and VEHICLE_SILENT end with a
-    normal fix, which never reaches `fleet.alerts`; the only evidence the history receiver sees is a
-    later alert of the same vehicle, so any later alert closes VEHICLE_SILENT (the vehicle spoke
-    again). Closing OVERSPEED needs the fixes themselves; see docs/alerts.md.
+    Deviation is closed by the return, a zone by its exit, a trip's conditions by their ends and
+    all of them by ROUTE_COMPLETED. OVERSPEED and VEHICLE_SILENT end with a normal fix, which never
+    reaches `fleet.alerts`; the only evidence the history receiver sees is a later alert of the
+    same vehicle, so any later alert closes VEHICLE_SILENT (the vehicle spoke again). Closing
+    OVERSPEED needs the fixes themselves; see docs/alerts.md.
 
-    Every alert type has its own case: a type without one is a mypy error here, fails
-    tests/alerts/test_alerts_model.py, and at run time raises rather than be taken for another
-    type's condition (the history receiver then holds the alert and retries, as for a Redis
-    outage, instead of writing a wrong open condition).
+    A type that neither opens nor closes anything (an instant) closes only those. Every type has a
+    rule by construction (`AlertType` members carry their `AlertMeta`); a value that is no member
+    (only reachable past mypy) raises rather than be taken for another type's condition (the
+    history receiver then holds the alert and retries, as for a Redis outage).
     """
     t = alert.type
-    silent: tuple[str, ...] = () if t is AlertType.VEHICLE_SILENT else (AlertType.VEHICLE_SILENT.value,)
-    match t:
-        case (
-            AlertType.ROUTE_DEVIATION
-            | AlertType.OVERSPEED
-            | AlertType.VEHICLE_SILENT
-            | AlertType.WRONG_DIRECTION
-            | AlertType.UNPLANNED_STOP
-            | AlertType.ARRIVAL_AT_RISK
-        ):
-            return ConditionChange(opens=t.value, closes=silent)
-        case AlertType.ROUTE_RETURN:
-            return ConditionChange(closes=(AlertType.ROUTE_DEVIATION.value, *silent))
-        case AlertType.DIRECTION_RESTORED | AlertType.STOP_ENDED | AlertType.ARRIVAL_BACK_ON_TIME:
-            return ConditionChange(closes=(_TRIP_CLOSES[t].value, *silent))
-        case AlertType.VEHICLE_RESUMED:
-            return ConditionChange(closes=silent)
-        case AlertType.ROUTE_COMPLETED:
-            # The trip is over: whatever of it was still open ends with it (the processor clears them).
-            return ConditionChange(closes=(*(o.value for o in _TRIP_OPENS), *silent))
-        case AlertType.ZONE_ENTER:
-            return ConditionChange(opens=f"ZONE:{alert.zone_id}", closes=silent)
-        case AlertType.ZONE_EXIT:
-            return ConditionChange(closes=(f"ZONE:{alert.zone_id}", *silent))
-        case _:
-            raise _unmapped(t)
-
-
-def _unmapped(t: Never) -> UnmappedAlertTypeError:
-    """mypy rejects the call while an alert type has no case of its own (`t` is then not Never)."""
-    return UnmappedAlertTypeError(
-        f"alert type {t!r} has no open-condition rule: add its case to alerts.model.condition_change "
-        "(docs/alerts.md, Open conditions)"
-    )
-
-
-TYPE_STYLES: dict[AlertType, str] = {
-    AlertType.ROUTE_DEVIATION: "bold red",
-    AlertType.ROUTE_RETURN: "green",
-    AlertType.OVERSPEED: "bold yellow",
-    AlertType.ZONE_ENTER: "cyan",
-    AlertType.ZONE_EXIT: "blue",
-    AlertType.VEHICLE_SILENT: "magenta",
-    AlertType.VEHICLE_RESUMED: "green",
-    AlertType.WRONG_DIRECTION: "bold red",
-    AlertType.DIRECTION_RESTORED: "green",
-    AlertType.UNPLANNED_STOP: "bold magenta",
-    AlertType.STOP_ENDED: "green",
-    AlertType.ARRIVAL_AT_RISK: "bold yellow",
-    AlertType.ARRIVAL_BACK_ON_TIME: "green",
-    AlertType.ROUTE_COMPLETED: "bold green",
-}
+    if not isinstance(t, AlertType):
+        raise UnmappedAlertTypeError(
+            f"alert type {t!r} has no open-condition rule: it is no fleetfence.contracts.AlertType"
+        )
+    m = t.meta
+    closes: list[str] = []
+    if m.closes is not None:
+        closes.append(_condition(AlertType[m.closes], alert))
+    if m.ends_trip:
+        closes.extend(o.value for o in _TRIP_OPENS)
+    closes.extend(c.value for c in _CLOSED_BY_ANY if c is not t and c.value not in closes)
+    return ConditionChange(opens=_condition(t, alert) if m.opens else None, closes=tuple(closes))
 
 
 def _fmt_detail(v: Any) -> str:

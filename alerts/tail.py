@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from alerts.errors import StopRequestedError
-from alerts.model import TYPE_STYLES, Alert, summary
+from alerts.model import Alert, summary
 from alerts.sink import Context, Outcome
 
 
@@ -24,7 +24,7 @@ def render(alert: Alert) -> Text:
     line = summary(alert)
     text = Text(line)
     start = line.find(alert.type.value)
-    text.stylize(TYPE_STYLES.get(alert.type, "bold"), start, start + len(alert.type.value))
+    text.stylize(alert.type.meta.style, start, start + len(alert.type.value))
     vstart = line.find(alert.vehicle_id, start + len(alert.type.value))
     text.stylize("bold", vstart, vstart + len(alert.vehicle_id))
     return text

@@ -33,22 +33,13 @@ from cli.common import app, friendly_errors, settings_from_env
 from cli.infra import print_status
 from embedded import infra
 from embedded.pipeline import Pipeline, PipelineSpec
+from fleetfence.contracts import AlertType
 from fleetfence.errors import FleetFenceError
 from fleetfence.kafka import committed_reader
 from fleetfence.logs import configure_logging
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-ALERT_STYLE = {
-    "ROUTE_DEVIATION": "bold red",
-    "ROUTE_RETURN": "green",
-    "OVERSPEED": "bold magenta",
-    "ZONE_ENTER": "cyan",
-    "ZONE_EXIT": "blue",
-    "VEHICLE_SILENT": "yellow",
-    "VEHICLE_RESUMED": "green",
-}
 
 
 class LiveAlerts:
@@ -83,7 +74,8 @@ class LiveAlerts:
                     continue
                 a = orjson.loads(m.value())
                 self.count += 1
-                style = ALERT_STYLE.get(a.get("type"), "white")
+                kind = a.get("type")
+                style = AlertType[kind].meta.style if kind in AlertType.__members__ else "white"
                 zone = f" zone={a['zone_id']}" if a.get("zone_id") else ""
                 details = ", ".join(f"{k}={v}" for k, v in (a.get("details") or {}).items())
                 self.console.print(

@@ -12,6 +12,7 @@ import hashlib
 import math
 import re
 import zlib
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import lru_cache
@@ -80,22 +81,156 @@ def dead_letter(
     return (original[:MAX_DLQ_VALUE_BYTES] if truncated else original), headers
 
 
+# How the alert list writes one number of an alert's `details` (admin_api/static/alerts.js):
+# km (fmtKm), duration (fmtDuration), delay (fmtDelay, early/late), number (one decimal).
+DetailFormat = Literal["km", "duration", "delay", "number"]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertMeta:
+    """What an alert type means beyond its name, declared with it (`AlertType`) and read by every
+    component that shows or tracks alerts, so a new type is described in one place.
+
+    - label, tone: the map's words and colour family (admin_api/static/app.css `.tone-*`; `plain`
+      for none), served by the admin API at /api/v1/alert-types.
+    - style: its rich style in terminals (`alerts tail`, the demo).
+    - opens: it opens a condition that stays open (docs/alerts.md, "Open conditions"): named after
+      the type, or `ZONE:{zone_id}` for a zone type; `closes`: the type whose condition it closes.
+    - zone: its subject is a zone (it must carry a `zone_id`).
+    - trip: part of the trip along the assigned route: ROUTE_COMPLETED (`ends_trip`) closes it.
+    - closed_by_any: no alert of its own ends it, so any later alert of the vehicle does (a vehicle
+      that was silent and raised something has spoken again).
+    - detail: the facts of `details` the map's alert list shows, each (template, field, format),
+      the template's `{}` the formatted number; those present are joined with ", ".
+    """
+
+    label: str
+    tone: str
+    style: str
+    opens: bool = False
+    closes: str | None = None
+    zone: bool = False
+    trip: bool = False
+    ends_trip: bool = False
+    closed_by_any: bool = False
+    detail: tuple[tuple[str, str, DetailFormat], ...] = ()
+
+
+# The alert types of `fleet.alerts`, each declared with its `AlertMeta` (a member without one fails
+# at import). docs/contracts.md says when each fires and what its `details` hold.
 class AlertType(StrEnum):
-    ROUTE_DEVIATION = "ROUTE_DEVIATION"
-    ROUTE_RETURN = "ROUTE_RETURN"
-    OVERSPEED = "OVERSPEED"
-    ZONE_ENTER = "ZONE_ENTER"
-    ZONE_EXIT = "ZONE_EXIT"
-    VEHICLE_SILENT = "VEHICLE_SILENT"
-    VEHICLE_RESUMED = "VEHICLE_RESUMED"
+    _value_: str
+    meta: AlertMeta
+
+    # `meta` is optional only in the signature, for mypy's sake: a lookup by value, `AlertType("X")`,
+    # type-checks against it, while declaring a member goes through here and needs one.
+    def __new__(cls, value: str, meta: AlertMeta | None = None) -> AlertType:
+        if meta is None:
+            raise TypeError(f"AlertType.{value} is declared without its AlertMeta")
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.meta = meta
+        return member
+
+    ROUTE_DEVIATION = "ROUTE_DEVIATION", AlertMeta("Route deviation", "deviating", "bold red", opens=True)
+    ROUTE_RETURN = "ROUTE_RETURN", AlertMeta("Back on route", "calm", "green", closes="ROUTE_DEVIATION")
+    OVERSPEED = "OVERSPEED", AlertMeta("Speeding", "speeding", "bold yellow", opens=True)
+    ZONE_ENTER = "ZONE_ENTER", AlertMeta("Zone entered", "plain", "cyan", opens=True, zone=True)
+    ZONE_EXIT = "ZONE_EXIT", AlertMeta("Zone left", "plain", "blue", closes="ZONE_ENTER", zone=True)
+    VEHICLE_SILENT = (
+        "VEHICLE_SILENT",
+        AlertMeta("Vehicle silent", "silent", "magenta", opens=True, closed_by_any=True),
+    )
+    VEHICLE_RESUMED = "VEHICLE_RESUMED", AlertMeta("Vehicle back", "calm", "green", closes="VEHICLE_SILENT")
     # Route awareness: the trip along the assigned route.
-    WRONG_DIRECTION = "WRONG_DIRECTION"
-    DIRECTION_RESTORED = "DIRECTION_RESTORED"
-    UNPLANNED_STOP = "UNPLANNED_STOP"
-    STOP_ENDED = "STOP_ENDED"
-    ARRIVAL_AT_RISK = "ARRIVAL_AT_RISK"
-    ARRIVAL_BACK_ON_TIME = "ARRIVAL_BACK_ON_TIME"
-    ROUTE_COMPLETED = "ROUTE_COMPLETED"
+    WRONG_DIRECTION = (
+        "WRONG_DIRECTION",
+        AlertMeta(
+            "Wrong direction",
+            "wrong-way",
+            "bold red",
+            opens=True,
+            trip=True,
+            detail=(("{} back", "moved_m", "km"),),
+        ),
+    )
+    DIRECTION_RESTORED = (
+        "DIRECTION_RESTORED",
+        AlertMeta(
+            "Direction restored",
+            "calm",
+            "green",
+            closes="WRONG_DIRECTION",
+            trip=True,
+            detail=(("{} forward", "moved_m", "km"),),
+        ),
+    )
+    UNPLANNED_STOP = (
+        "UNPLANNED_STOP",
+        AlertMeta(
+            "Unplanned stop",
+            "stop",
+            "bold magenta",
+            opens=True,
+            trip=True,
+            detail=(("stopped {}", "stopped_s", "duration"),),
+        ),
+    )
+    STOP_ENDED = (
+        "STOP_ENDED",
+        AlertMeta(
+            "Stop ended",
+            "calm",
+            "green",
+            closes="UNPLANNED_STOP",
+            trip=True,
+            detail=(("after {}", "duration_s", "duration"),),
+        ),
+    )
+    ARRIVAL_AT_RISK = (
+        "ARRIVAL_AT_RISK",
+        AlertMeta(
+            "Arrival at risk",
+            "risk",
+            "bold yellow",
+            opens=True,
+            trip=True,
+            detail=(("ETA {}", "delay_s", "delay"),),
+        ),
+    )
+    ARRIVAL_BACK_ON_TIME = (
+        "ARRIVAL_BACK_ON_TIME",
+        AlertMeta(
+            "Back on time",
+            "calm",
+            "green",
+            closes="ARRIVAL_AT_RISK",
+            trip=True,
+            detail=(("ETA {}", "delay_s", "delay"),),
+        ),
+    )
+    ROUTE_COMPLETED = (
+        "ROUTE_COMPLETED",
+        AlertMeta(
+            "Route completed",
+            "done",
+            "bold green",
+            trip=True,
+            ends_trip=True,
+            detail=(("in {}", "duration_s", "duration"), ("{}", "delay_s", "delay")),
+        ),
+    )
+
+
+def _check_alert_types() -> None:
+    """A type that closes must name one that opens (a misspelt `closes` fails at import)."""
+    for t in AlertType:
+        c = t.meta.closes
+        if c is not None and not (c in AlertType.__members__ and AlertType[c].meta.opens):
+            raise TypeError(f"AlertType.{t.name} closes {c!r}, which is no alert type that opens a condition")
+
+
+_check_alert_types()
 
 
 def telemetry_topic(vehicle_id: str) -> str:

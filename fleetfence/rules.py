@@ -3,10 +3,11 @@
 `RouteRules` are per route (master data); `ProcessorRules` are processor-wide
 (`FLEETFENCE_PROCESSOR_*`), and the simulator's ground truth must assume the same ones.
 
-The admin API validates them (`vehicle_master.models.RouteProps` takes its defaults from here), the
-processor applies them (`processor.geometry.compile_route` reads master data through
-`RouteRules.from_master`), the simulator's ground truth predicts with them, and the map shows them
-(it reads the defaults from the API's OpenAPI schema). A default changed here changes for all of
+The admin API validates them (`vehicle_master.models.RouteProps` is built from `RouteRules`' fields
+and their `RuleSpec`), the processor applies them (`processor.geometry.compile_route` reads master
+data through `RouteRules.from_master`), the simulator's ground truth predicts with them, and the
+map's route form offers them (it reads the rules, their words and defaults from the API's OpenAPI
+schema). A default changed here changes for all of
 them at once; a default spelled in two places would let the truth and the processor disagree.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 # Zone kinds where stopping is the plan unless the zone says otherwise (its `planned_stop`): no
@@ -29,6 +30,37 @@ def _off_or(value: Any) -> float:
     return float(value)
 
 
+# A rule's value from master data by its field's annotation (the module's annotations are strings).
+_KINDS: dict[Any, type[int] | type[float]] = {"int": int, "float": float}
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """What a route rule's value may be, and its words: the bounds the admin API validates
+    (`gt`/`ge` and `le`, sanity caps that keep absurd numbers out of the processor), whether null
+    switches it off (`off`: stored here as infinity), whether it belongs to the trip along the
+    route (`trip`: the route form groups them), the route form's label (`title`) and the API
+    schema's explanation (`about`)."""
+
+    title: str
+    le: float
+    gt: float | None = None
+    ge: float | None = None
+    off: bool = False
+    trip: bool = False
+    about: str | None = None
+
+
+def _spec(title: str, *, le: float, **kw: Any) -> dict[str, RuleSpec]:
+    return {"spec": RuleSpec(title, le, **kw)}
+
+
+def spec_of(f: Field[Any]) -> RuleSpec:
+    """The `RuleSpec` of one of `RouteRules`' fields."""
+    spec: RuleSpec = f.metadata["spec"]
+    return spec
+
+
 @dataclass(frozen=True)
 class RouteRules:
     """The per-route rules of the state machine (processor-wide ones are `ProcessorRules`).
@@ -36,7 +68,9 @@ class RouteRules:
     corridor_width_m is the full width (half each side of the line); a deviation is confirmed after
     `deviation_min_fixes` fixes outside spanning at least `deviation_min_s`; overspeed after
     `overspeed_min_s` above `speed_limit_kmh`; a vehicle is silent after `silent_after_s` without a
-    fix. Read as class attributes, the defaulted fields give their defaults.
+    fix. Read as class attributes, the defaulted fields give their defaults. Each field carries its
+    `RuleSpec` (bounds, the route form's words): `vehicle_master.models.RouteProps`, and through
+    the API's schema the map's route form, are built from these fields, so a rule is added here only.
 
     Route awareness (docs/contracts.md has each alert):
     - wrong way once progress along the route has gone back by `wrong_way_min_m` from its highest
@@ -53,43 +87,118 @@ class RouteRules:
     rule off (stored here as infinity, which no fact reaches).
     """
 
-    corridor_width_m: float
-    speed_limit_kmh: float
-    deviation_min_fixes: int = 3
-    deviation_min_s: float = 0.0
-    overspeed_min_s: float = 10.0
-    silent_after_s: float = 120.0
-    wrong_way_min_m: float = 100.0
-    wrong_way_min_fixes: int = 3
-    wrong_way_min_s: float = 5.0
-    stop_min_s: float = 300.0
-    stop_speed_kmh: float = 3.0
-    stop_radius_m: float = 50.0
-    arrival_risk_s: float = 600.0
-    planned_duration_s: float = math.inf
-    completion_radius_m: float = 50.0
+    corridor_width_m: float = field(
+        metadata=_spec(
+            "Corridor width (m, full width)", gt=0, le=100_000, about="Full corridor width (half each side)."
+        )
+    )
+    speed_limit_kmh: float = field(metadata=_spec("Speed limit (km/h)", gt=0, le=1000))
+    deviation_min_fixes: int = field(
+        default=3, metadata=_spec("Deviation after N fixes outside", ge=1, le=100_000)
+    )
+    deviation_min_s: float = field(default=0.0, metadata=_spec("…and at least (s)", ge=0, le=86_400))
+    overspeed_min_s: float = field(default=10.0, metadata=_spec("Speeding alert after (s)", ge=0, le=86_400))
+    silent_after_s: float = field(default=120.0, metadata=_spec("Silent after (s)", gt=0, le=7 * 86_400))
+    wrong_way_min_m: float = field(
+        default=100.0,
+        metadata=_spec(
+            "Wrong way after going back (m, empty: off)",
+            gt=0,
+            le=100_000,
+            off=True,
+            trip=True,
+            about="Progress lost from its highest point before WRONG_DIRECTION (null: off).",
+        ),
+    )
+    wrong_way_min_fixes: int = field(
+        default=3,
+        metadata=_spec(
+            "Wrong way over at least N fixes",
+            ge=1,
+            le=100_000,
+            trip=True,
+            about="Fixes going back before WRONG_DIRECTION.",
+        ),
+    )
+    wrong_way_min_s: float = field(
+        default=5.0,
+        metadata=_spec(
+            "Wrong way over at least (s)",
+            ge=0,
+            le=86_400,
+            trip=True,
+            about="Seconds going back before WRONG_DIRECTION.",
+        ),
+    )
+    stop_min_s: float = field(
+        default=300.0,
+        metadata=_spec(
+            "Unplanned stop after (s, empty: off)",
+            gt=0,
+            le=7 * 86_400,
+            off=True,
+            trip=True,
+            about="Standing still this long outside a stop zone raises UNPLANNED_STOP (null: off).",
+        ),
+    )
+    stop_speed_kmh: float = field(
+        default=3.0,
+        metadata=_spec(
+            "Stopped below (km/h)",
+            ge=0,
+            le=50,
+            trip=True,
+            about="At or below this speed (km/h) a vehicle stands.",
+        ),
+    )
+    stop_radius_m: float = field(
+        default=50.0,
+        metadata=_spec(
+            "Stopped within (m)", gt=0, le=10_000, trip=True, about="A stop stays within this many metres."
+        ),
+    )
+    arrival_risk_s: float = field(
+        default=600.0,
+        metadata=_spec(
+            "Arrival at risk when late by (s, empty: off)",
+            ge=0,
+            le=7 * 86_400,
+            off=True,
+            trip=True,
+            about="ETA later than planned arrival by more than this: ARRIVAL_AT_RISK (null: off).",
+        ),
+    )
+    planned_duration_s: float = field(
+        default=math.inf,
+        metadata=_spec(
+            "Planned trip time (s, optional)",
+            gt=0,
+            le=30 * 86_400,
+            off=True,
+            trip=True,
+            about="Planned trip time: the planned arrival of an assignment that gives none.",
+        ),
+    )
+    completion_radius_m: float = field(
+        default=50.0,
+        metadata=_spec(
+            "Completed within (m of the end)",
+            gt=0,
+            le=100_000,
+            trip=True,
+            about="Within this many metres of the route's end (past half of it): ROUTE_COMPLETED.",
+        ),
+    )
 
     @classmethod
     def from_master(cls, data: Mapping[str, Any]) -> RouteRules:
         """The rules of a route's master-data record (`fleet.master`, entity `route`); fields an
-        older record lacks take today's defaults."""
-        return cls(
-            corridor_width_m=float(data["corridor_width_m"]),
-            speed_limit_kmh=float(data["speed_limit_kmh"]),
-            deviation_min_fixes=int(data.get("deviation_min_fixes", cls.deviation_min_fixes)),
-            deviation_min_s=float(data.get("deviation_min_s", cls.deviation_min_s)),
-            overspeed_min_s=float(data.get("overspeed_min_s", cls.overspeed_min_s)),
-            silent_after_s=float(data.get("silent_after_s", cls.silent_after_s)),
-            wrong_way_min_m=_off_or(data.get("wrong_way_min_m", cls.wrong_way_min_m)),
-            wrong_way_min_fixes=int(data.get("wrong_way_min_fixes", cls.wrong_way_min_fixes)),
-            wrong_way_min_s=float(data.get("wrong_way_min_s", cls.wrong_way_min_s)),
-            stop_min_s=_off_or(data.get("stop_min_s", cls.stop_min_s)),
-            stop_speed_kmh=float(data.get("stop_speed_kmh", cls.stop_speed_kmh)),
-            stop_radius_m=float(data.get("stop_radius_m", cls.stop_radius_m)),
-            arrival_risk_s=_off_or(data.get("arrival_risk_s", cls.arrival_risk_s)),
-            planned_duration_s=_off_or(data.get("planned_duration_s")),
-            completion_radius_m=float(data.get("completion_radius_m", cls.completion_radius_m)),
-        )
+        older record lacks take today's defaults, and a rule that may be off is off when null."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = data[f.name] if f.default is MISSING else data.get(f.name, f.default)
+            values[f.name] = _off_or(raw) if spec_of(f).off else _KINDS[f.type](raw)
+        return cls(**values)
 
     def to_master(self) -> dict[str, Any]:
         """The rule fields of a route's master-data record: `from_master`'s inverse (a rule that is

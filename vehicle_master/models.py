@@ -8,14 +8,16 @@ keep absurd numbers out of the processor.
 
 from __future__ import annotations
 
+import math
+from dataclasses import MISSING, fields
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
 from fleetfence.contracts import VEHICLE_ID_RE, MasterEntity
 from fleetfence.geo import MAX_CIRCLE_RADIUS_M
-from fleetfence.rules import RouteRules
+from fleetfence.rules import RouteRules, spec_of
 from vehicle_master.geometry import validate_circle, validate_line_string, validate_zone_geometry
 
 EntityId = Annotated[str, StringConstraints(pattern=VEHICLE_ID_RE.pattern)]
@@ -85,67 +87,49 @@ class ZoneKind(StrEnum):
     OTHER = "other"
 
 
-class RouteProps(_Strict):
-    """A route's rules; the `properties` of its GeoJSON Feature."""
-
+class _RouteName(_Strict):
     name: Name
-    corridor_width_m: float = Field(gt=0, le=100_000, description="Full corridor width (half each side).")
-    speed_limit_kmh: float = Field(gt=0, le=1000)
-    deviation_min_fixes: int = Field(default=RouteRules.deviation_min_fixes, ge=1, le=100_000)
-    deviation_min_s: float = Field(default=RouteRules.deviation_min_s, ge=0, le=86_400)
-    overspeed_min_s: float = Field(default=RouteRules.overspeed_min_s, ge=0, le=86_400)
-    silent_after_s: float = Field(default=RouteRules.silent_after_s, gt=0, le=7 * 86_400)
-    wrong_way_min_m: float | None = Field(
-        default=RouteRules.wrong_way_min_m,
-        gt=0,
-        le=100_000,
-        description="Progress lost from its highest point before WRONG_DIRECTION (null: off).",
+
+
+def _route_props() -> type[_RouteName]:
+    """`RouteProps`, built from `fleetfence.rules.RouteRules`: one field per rule, with the rule's
+    default (a rule that is off by default, or may be switched off, takes null), bounds and words
+    from its `RuleSpec`. The API's schema carries `x-rule` (`route` or `trip`) on each, from which the
+    map builds its route form."""
+    hints = get_type_hints(RouteRules)
+    rules: dict[str, Any] = {}
+    for f in fields(RouteRules):
+        spec = spec_of(f)
+        kind = hints[f.name] | None if spec.off else hints[f.name]
+        if f.default is MISSING:
+            default: Any = ...
+        else:
+            default = None if isinstance(f.default, float) and math.isinf(f.default) else f.default
+        rules[f.name] = (
+            kind,
+            Field(
+                default=default,
+                gt=spec.gt,
+                ge=spec.ge,
+                le=spec.le,
+                title=spec.title,
+                description=spec.about,
+                json_schema_extra={"x-rule": "trip" if spec.trip else "route"},
+            ),
+        )
+    return create_model(
+        "RouteProps",
+        __base__=_RouteName,
+        __module__=__name__,
+        __doc__="A route's rules; the `properties` of its GeoJSON Feature.",
+        **rules,
     )
-    wrong_way_min_fixes: int = Field(
-        default=RouteRules.wrong_way_min_fixes,
-        ge=1,
-        le=100_000,
-        description="Fixes going back before WRONG_DIRECTION.",
-    )
-    wrong_way_min_s: float = Field(
-        default=RouteRules.wrong_way_min_s,
-        ge=0,
-        le=86_400,
-        description="Seconds going back before WRONG_DIRECTION.",
-    )
-    stop_min_s: float | None = Field(
-        default=RouteRules.stop_min_s,
-        gt=0,
-        le=7 * 86_400,
-        description="Standing still this long outside a stop zone raises UNPLANNED_STOP (null: off).",
-    )
-    stop_speed_kmh: float = Field(
-        default=RouteRules.stop_speed_kmh,
-        ge=0,
-        le=50,
-        description="At or below this speed (km/h) a vehicle stands.",
-    )
-    stop_radius_m: float = Field(
-        default=RouteRules.stop_radius_m, gt=0, le=10_000, description="A stop stays within this many metres."
-    )
-    arrival_risk_s: float | None = Field(
-        default=RouteRules.arrival_risk_s,
-        ge=0,
-        le=7 * 86_400,
-        description="ETA later than planned arrival by more than this: ARRIVAL_AT_RISK (null: off).",
-    )
-    planned_duration_s: float | None = Field(
-        default=None,
-        gt=0,
-        le=30 * 86_400,
-        description="Planned trip time: the planned arrival of an assignment that gives none.",
-    )
-    completion_radius_m: float = Field(
-        default=RouteRules.completion_radius_m,
-        gt=0,
-        le=100_000,
-        description="Within this many metres of the route's end (past half of it): ROUTE_COMPLETED.",
-    )
+
+
+if TYPE_CHECKING:
+    RouteProps = _RouteName
+else:
+    RouteProps = _route_props()
 
 
 def default_to_id(data: Any, field: str, id_field: str) -> Any:

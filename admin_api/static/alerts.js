@@ -4,7 +4,7 @@
 
 import { state } from "./state.js";
 import { $, activatable, el, fmtDelay, fmtDuration, fmtKm, fmtTime } from "./dom.js";
-import { ALERT_LABEL, alertTone } from "./labels.js";
+import { ALERT_DETAIL, ALERT_LABEL, alertTone } from "./labels.js";
 import { selectVehicle } from "./vehicles.js";
 
 const L = window.L;
@@ -12,31 +12,17 @@ const MAX_ALERTS = 200;
 
 const num = (v) => typeof v === "number" && Number.isFinite(v);
 
-/** The one fact of a trip alert's `details` an operator wants in the list ("" for other types or
- * details an older processor did not send): how far back, how long stopped, how late, how it ended. */
+const FORMAT = { km: fmtKm, duration: fmtDuration, delay: fmtDelay, number: (v) => `${Math.round(v * 10) / 10}` };
+
+/** The facts of an alert's `details` an operator wants in the list, as its type declares them
+ * (labels.js ALERT_DETAIL): how far back, how long stopped, how late, how it ended; "" for types
+ * with none, or details an older processor did not send. */
 export function alertDetail(a) {
   const d = a.details || {};
-  switch (a.type) {
-    case "WRONG_DIRECTION":
-      return num(d.moved_m) ? `${fmtKm(d.moved_m)} back` : "";
-    case "DIRECTION_RESTORED":
-      return num(d.moved_m) ? `${fmtKm(d.moved_m)} forward` : "";
-    case "UNPLANNED_STOP":
-      return num(d.stopped_s) ? `stopped ${fmtDuration(d.stopped_s)}` : "";
-    case "STOP_ENDED":
-      return num(d.duration_s) ? `after ${fmtDuration(d.duration_s)}` : "";
-    case "ARRIVAL_AT_RISK":
-    case "ARRIVAL_BACK_ON_TIME":
-      return num(d.delay_s) ? `ETA ${fmtDelay(d.delay_s)}` : "";
-    case "ROUTE_COMPLETED": {
-      const parts = [];
-      if (num(d.duration_s)) parts.push(`in ${fmtDuration(d.duration_s)}`);
-      if (num(d.delay_s)) parts.push(fmtDelay(d.delay_s));
-      return parts.join(", ");
-    }
-    default:
-      return "";
-  }
+  return (ALERT_DETAIL[a.type] || [])
+    .filter(([, field]) => num(d[field]))
+    .map(([template, field, format]) => template.replace("{}", FORMAT[format](d[field])))
+    .join(", ");
 }
 
 export function addAlert(a, live) {

@@ -8,7 +8,7 @@ import { state } from "./state.js";
 import { $, el, fmtKm, say, showPanel } from "./dom.js";
 import { lineLengthM } from "./geo.js";
 import { addRoute, selectRoute } from "./routes.js";
-import { routeDefaults, zoneSchema } from "./schema.js";
+import { routeDefaults, routeRules, zoneSchema } from "./schema.js";
 import { addZone, fmtRadius, isCircle, ZONE_COLOUR } from "./zones.js";
 
 // What the new-route form suggests for the two rules the API requires: the model has no default
@@ -81,57 +81,31 @@ function numOrNull(v) {
   return v === "" || v === undefined ? null : Number(v);
 }
 
-// The trip rules (issue #26) every route carries. The form sends all of them on every save: a PUT
-// replaces the whole route, so a rule the form left out would silently fall back to its default.
-const TRIP_RULES = [
-  "wrong_way_min_m",
-  "wrong_way_min_fixes",
-  "wrong_way_min_s",
-  "stop_min_s",
-  "stop_speed_kmh",
-  "stop_radius_m",
-  "arrival_risk_s",
-  "planned_duration_s",
-  "completion_radius_m",
-];
-
-function routeProps(values) {
-  const props = {
-    name: values.name,
-    corridor_width_m: num(values.corridor_width_m),
-    speed_limit_kmh: num(values.speed_limit_kmh),
-    deviation_min_fixes: num(values.deviation_min_fixes),
-    deviation_min_s: num(values.deviation_min_s),
-    overspeed_min_s: num(values.overspeed_min_s),
-    silent_after_s: num(values.silent_after_s),
-  };
-  for (const name of TRIP_RULES) props[name] = numOrNull(values[name]);
+// The route's rules, as the API's schema lists them (schema.js routeRules). The form sends all of them
+// on every save: a PUT replaces the whole route, so a rule the form left out would silently fall
+// back to its default.
+function routeProps(values, rules) {
+  const props = { name: values.name };
+  for (const r of rules) props[r.name] = r.nullable ? numOrNull(values[r.name]) : num(values[r.name]);
   return props;
 }
 
-function routeFields(p, withId) {
+function ruleField(r, p) {
+  const attrs = r.min === undefined ? {} : { min: String(r.min) };
+  if (r.integer) attrs.step = "1";
+  return numberField(r.name, r.title, p[r.name], attrs);
+}
+
+function routeFields(p, withId, rules) {
   return [
     withId ? field("id", "Route id", "", { required: true, autocomplete: "off" }) : null,
     field("name", "Name", p.name, { required: true }),
-    numberField("corridor_width_m", "Corridor width (m, full width)", p.corridor_width_m, { min: "1" }),
-    numberField("speed_limit_kmh", "Speed limit (km/h)", p.speed_limit_kmh, { min: "1" }),
-    numberField("deviation_min_fixes", "Deviation after N fixes outside", p.deviation_min_fixes, { min: "1", step: "1" }),
-    numberField("deviation_min_s", "…and at least (s)", p.deviation_min_s, { min: "0" }),
-    numberField("overspeed_min_s", "Speeding alert after (s)", p.overspeed_min_s, { min: "0" }),
-    numberField("silent_after_s", "Silent after (s)", p.silent_after_s, { min: "1" }),
+    ...rules.filter((r) => !r.trip).map((r) => ruleField(r, p)),
     el(
       "fieldset",
       { class: "rules", id: "trip-rules" },
       el("legend", { text: "Trip: direction, stops, arrival" }),
-      numberField("wrong_way_min_m", "Wrong way after going back (m, empty: off)", p.wrong_way_min_m, { min: "0" }),
-      numberField("wrong_way_min_fixes", "Wrong way over at least N fixes", p.wrong_way_min_fixes, { min: "1", step: "1" }),
-      numberField("wrong_way_min_s", "Wrong way over at least (s)", p.wrong_way_min_s, { min: "0" }),
-      numberField("stop_min_s", "Unplanned stop after (s, empty: off)", p.stop_min_s, { min: "1" }),
-      numberField("stop_speed_kmh", "Stopped below (km/h)", p.stop_speed_kmh, { min: "0" }),
-      numberField("stop_radius_m", "Stopped within (m)", p.stop_radius_m, { min: "1" }),
-      numberField("arrival_risk_s", "Arrival at risk when late by (s, empty: off)", p.arrival_risk_s, { min: "0" }),
-      numberField("planned_duration_s", "Planned trip time (s, optional)", p.planned_duration_s, { min: "1" }),
-      numberField("completion_radius_m", "Completed within (m of the end)", p.completion_radius_m, { min: "1" }),
+      ...rules.filter((r) => r.trip).map((r) => ruleField(r, p)),
     ),
   ].filter(Boolean);
 }
@@ -213,13 +187,14 @@ export async function onShapeDrawn(e) {
   const geometry = e.layer.toGeoJSON(6).geometry;
   if (kind === "route") {
     const defaults = await routeDefaults(); // read at start-up; normally already there
+    const rules = await routeRules();
     if (!state.drawing || state.drawing.layer !== e.layer) return; // cancelled meanwhile
     openEditor(
       "New route",
       `${geometry.coordinates.length} points, ${fmtKm(lineLengthM(geometry.coordinates))}.`,
-      routeFields({ ...REQUIRED_RULE_SUGGESTIONS, ...defaults, name: "" }, true),
+      routeFields({ ...REQUIRED_RULE_SUGGESTIONS, ...defaults, name: "" }, true, rules),
       async (v) => {
-        const feature = { type: "Feature", id: v.id, geometry, properties: routeProps(v) };
+        const feature = { type: "Feature", id: v.id, geometry, properties: routeProps(v, rules) };
         const { data, etag } = await api("/api/v1/routes", { method: "POST", body: feature });
         e.layer.remove();
         state.drawing = null;
@@ -261,6 +236,7 @@ export async function startRouteEdit(id) {
   // A route stored before a rule existed lacks its field: the form shows the default the processor
   // applies to it (a field left empty would send null, which switches some rules off).
   const defaults = await routeDefaults(); // read at start-up; normally already there
+  const rules = await routeRules();
   const r = state.routes.get(id);
   if (!r) return;
   cancelDrawing();
@@ -270,10 +246,10 @@ export async function startRouteEdit(id) {
   openEditor(
     `Edit route ${id}`,
     "Drag the vertices on the map; change the rules here; Save sends only this version (If-Match).",
-    routeFields({ ...defaults, ...r.feature.properties }, false),
+    routeFields({ ...defaults, ...r.feature.properties }, false, rules),
     async (v) => {
       const geometry = r.line.toGeoJSON(6).geometry;
-      const body = { type: "Feature", id, geometry, properties: routeProps(v) };
+      const body = { type: "Feature", id, geometry, properties: routeProps(v, rules) };
       try {
         const { data, etag } = await api(`/api/v1/routes/${encodeURIComponent(id)}`, { method: "PUT", body, ifMatch: r.etag });
         stopRouteEdit(false);

@@ -9,42 +9,20 @@ export const STATUS_LABEL = {
   unassigned: "unassigned",
 };
 export const STATUS_GLYPH = { on_route: "●", deviating: "!", speeding: "»", silent: "…", unassigned: "?" };
-export const ALERT_LABEL = {
-  ROUTE_DEVIATION: "Route deviation",
-  ROUTE_RETURN: "Back on route",
-  OVERSPEED: "Speeding",
-  ZONE_ENTER: "Zone entered",
-  ZONE_EXIT: "Zone left",
-  VEHICLE_SILENT: "Vehicle silent",
-  VEHICLE_RESUMED: "Vehicle back",
-  // The trip along the route (issue #26).
-  WRONG_DIRECTION: "Wrong direction",
-  DIRECTION_RESTORED: "Direction restored",
-  UNPLANNED_STOP: "Unplanned stop",
-  STOP_ENDED: "Stop ended",
-  ARRIVAL_AT_RISK: "Arrival at risk",
-  ARRIVAL_BACK_ON_TIME: "Back on time",
-  ROUTE_COMPLETED: "Route completed",
-};
+// Each alert type's words, colour family and list detail, as fleetfence.contracts.AlertType declares
+// it (its AlertMeta), read once from the API (/api/v1/alert-types, served without a key): a new
+// type needs nothing here. If it cannot be read, a type shows as its name, in plain text.
+const ALERT_TYPES = await fetch("/api/v1/alert-types")
+  .then((res) => (res.ok ? res.json() : {}))
+  .catch(() => ({}));
+const byType = (pick) => Object.fromEntries(Object.entries(ALERT_TYPES).map(([t, meta]) => [t, pick(meta)]));
+export const ALERT_LABEL = byType((meta) => meta.label);
 // The colour family (app.css `.tone-*`) of each alert type in the alert list, and of the vehicle
-// panel's trip badges. A trouble that opens has its own colour (wrong way red, a stop magenta, a late
-// arrival amber); the alert that ends one is the same calm green whichever it ends, so the list reads
-// at a glance as "new trouble" or "resolved"; a completed trip is the stronger green. Types not
-// listed (zone entries and exits) are plain text.
-export const ALERT_TONE = {
-  ROUTE_DEVIATION: "deviating",
-  ROUTE_RETURN: "calm",
-  OVERSPEED: "speeding",
-  VEHICLE_SILENT: "silent",
-  VEHICLE_RESUMED: "calm",
-  WRONG_DIRECTION: "wrong-way",
-  DIRECTION_RESTORED: "calm",
-  UNPLANNED_STOP: "stop",
-  STOP_ENDED: "calm",
-  ARRIVAL_AT_RISK: "risk",
-  ARRIVAL_BACK_ON_TIME: "calm",
-  ROUTE_COMPLETED: "done",
-};
+// panel's trip badges: a trouble that opens has its own colour, the alert that ends one is the
+// same calm green whichever it ends; zone entries and exits are plain text.
+export const ALERT_TONE = byType((meta) => meta.tone);
+// The facts of `details` the alert list shows: [template, field, format] (alerts.js alertDetail).
+export const ALERT_DETAIL = byType((meta) => meta.detail);
 
 export function alertTone(type) {
   return ALERT_TONE[type] || "plain";

@@ -1,5 +1,5 @@
 // What the page takes from the API's own OpenAPI schema (/openapi.json, served without a key): the
-// defaults of the route rules, and the zone kinds with what `planned_stop` means. The forms then
+// route rules with their words and defaults, and the zone kinds with what `planned_stop` means. The forms then
 // offer exactly what the server would apply and accept, and these keep one home, the Python models
 // (vehicle_master.models.RouteProps and ZoneProps), instead of a copy here that could drift from them.
 
@@ -38,6 +38,27 @@ export function routeDefaultsFrom(doc) {
   return out;
 }
 
+/** The route rules the form offers, in the model's order (the properties the schema marks `x-rule`,
+ * fleetfence.rules.RouteRules' fields): {name, title, trip, nullable, integer, min}. */
+export function routeRulesFrom(doc) {
+  const out = [];
+  for (const [name, s] of Object.entries(postedProperties(doc, ROUTES_PATH))) {
+    if (!s["x-rule"]) continue;
+    const types = s.anyOf || [s];
+    const value = types.find((t) => t.type !== "null") || {};
+    out.push({
+      name,
+      title: s.title || name,
+      trip: s["x-rule"] === "trip",
+      nullable: types.some((t) => t.type === "null"),
+      integer: value.type === "integer",
+      min: value.minimum ?? value.exclusiveMinimum,
+    });
+  }
+  if (!out.length) throw new Error(`no route rules in the schema of POST ${ROUTES_PATH}`);
+  return out;
+}
+
 /** The zone form's choices: `kinds` (the ZoneKind enum, in the model's order), the default kind,
  * and the description of `planned_stop` (which kinds are planned stops when it is null). */
 export function zoneSchemaFrom(doc) {
@@ -71,6 +92,18 @@ export async function routeDefaults() {
   } catch (err) {
     say(`Could not read the route rules' defaults from /openapi.json: ${err.message}`, "error");
     return {};
+  }
+}
+
+/** The route rules the form offers (empty when the schema could not be read). */
+export async function routeRules() {
+  const d = await doc();
+  if (!d) return [];
+  try {
+    return routeRulesFrom(d);
+  } catch (err) {
+    say(`Could not read the route rules from /openapi.json: ${err.message}`, "error");
+    return [];
   }
 }
 

@@ -1114,7 +1114,8 @@ def test_page_words_and_formats_cover_every_alert_type(map_server: MapServer, wa
         " return {label: m.ALERT_LABEL, tone: Object.fromEntries("
         "Object.keys(m.ALERT_LABEL).map(t => [t, m.alertTone(t)])), unknown: m.alertTone('NEW_TYPE')}; }"
     )
-    assert set(labels["label"]) == {t.value for t in AlertType}
+    assert labels["label"] == {t.value: t.meta.label for t in AlertType}
+    assert labels["tone"] == {t.value: t.meta.tone for t in AlertType}
     assert {t: labels["label"][t] for t in TRIP_ALERTS} == {t: v[0] for t, v in TRIP_ALERTS.items()}
     assert {t: labels["tone"][t] for t in TRIP_ALERTS} == {t: v[1] for t, v in TRIP_ALERTS.items()}
     assert labels["unknown"] == "plain"

@@ -12,6 +12,7 @@ the processor adds that the API's model does not declare fails here.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Any
 
@@ -32,6 +33,7 @@ from processor.live_store import write_live
 from processor.master import Catalog, MasterState
 from processor.rows import pack_live, unpack_live
 from tests.admin_api.helpers import AlertHistory, Api
+from vehicle_master.models import RouteProps
 
 pytestmark = pytest.mark.services
 
@@ -305,6 +307,45 @@ def test_openapi_documents_the_trip_rules_plans_and_live_fields(api: Api) -> Non
     for name in TRIP_FIELDS:
         assert live[name].get("description"), name
     assert set(AlertType) <= set(schemas["AlertType"]["enum"])
+
+
+def test_route_props_are_the_rules_with_their_specs() -> None:
+    """RouteProps is built from RouteRules' fields: every rule, in order, with its default (null for
+    a rule off by default), its form label as the schema's title and its group; and what the API
+    stores reads back into the same rules."""
+    rules = dataclasses.fields(RouteRules)
+    assert list(RouteProps.model_fields) == ["name", *(f.name for f in rules)]
+    schema = RouteProps.model_json_schema()["properties"]
+    defaults = RouteRules(corridor_width_m=1, speed_limit_kmh=1).to_master()
+    for f in rules:
+        if f.name not in ("corridor_width_m", "speed_limit_kmh"):
+            assert RouteProps.model_fields[f.name].default == defaults[f.name], f.name
+        assert schema[f.name]["title"], f.name
+        assert schema[f.name]["x-rule"] in ("route", "trip"), f.name
+    assert schema["wrong_way_min_m"]["title"] == "Wrong way after going back (m, empty: off)"
+    assert schema["stop_radius_m"]["x-rule"] == "trip"
+    assert schema["overspeed_min_s"]["x-rule"] == "route"
+    r = RouteRules(80.0, 40.0, deviation_min_fixes=5, stop_min_s=math.inf, planned_duration_s=900.0)
+    stored = RouteProps.model_validate({"name": "n", **r.to_master()}).model_dump()
+    assert RouteRules.from_master(stored) == r
+
+
+def test_alert_types_are_served_without_a_key_as_declared(api: Api) -> None:
+    """The map's words for alert types come from here (labels.js), read before anyone logs in."""
+    res = api.c.get("/api/v1/alert-types")
+    assert res.status_code == 200, res.text
+    got = res.json()
+    assert list(got) == [t.value for t in AlertType]
+    for t in AlertType:
+        assert (got[t]["label"], got[t]["tone"], got[t]["closes"]) == (
+            t.meta.label,
+            t.meta.tone,
+            t.meta.closes,
+        )
+    assert got["ROUTE_COMPLETED"]["detail"] == [
+        ["in {}", "duration_s", "duration"],
+        ["{}", "delay_s", "delay"],
+    ]
 
 
 # --------------------------------------------------------------------------- live read model

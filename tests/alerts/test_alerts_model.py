@@ -118,7 +118,7 @@ CONDITIONS: dict[AlertType, tuple[str | None, tuple[str, ...]]] = {
 @pytest.mark.parametrize("kind", list(AlertType), ids=str)
 def test_every_alert_type_has_its_open_condition_rule(kind: AlertType) -> None:
     """Iterates the contract's types, not the table: a type added to fleetfence.contracts without
-    a rule here and in alerts.model.condition_change fails this test, not the history receiver."""
+    its expected rule here fails this test, whatever its `AlertMeta` makes condition_change do."""
     assert kind in CONDITIONS, f"{kind.value}: no expected open-condition rule in this test"
     # Zone alerts carry their zone at the top level or in details; both are read.
     for where in ({"zone_id": "depot-1"}, {"details": {"zone_id": "depot-1", "dwell_s": 30}}):
@@ -132,6 +132,15 @@ def test_an_unmapped_alert_type_is_an_error_not_a_zone_exit() -> None:
     alert = parse_alert(orjson.dumps(alert_dict(kind="ZONE_EXIT", zone_id="depot-1")))
     with pytest.raises(UnmappedAlertTypeError, match="'ZONE_DWELL' has no open-condition rule"):
         condition_change(replace(alert, type=cast(AlertType, "ZONE_DWELL")))
+
+
+def test_an_alert_type_cannot_be_declared_without_its_meta() -> None:
+    """What `AlertType`'s class body runs for each member: one declared as a bare string (no label,
+    no open-condition rule) is a TypeError at import, not a type every receiver guesses about."""
+    declare = AlertType._new_member_  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="HARSH_BRAKING is declared without its AlertMeta"):
+        declare(AlertType, "HARSH_BRAKING")
+    assert declare(AlertType, "X", AlertType.OVERSPEED.meta).meta.label == "Speeding"
 
 
 def test_signature_matches_and_detects_tampering() -> None:
