@@ -92,7 +92,7 @@ class AlertMeta:
     component that shows or tracks alerts, so a new type is described in one place.
 
     - label, tone: the map's words and colour family (admin_api/static/app.css `.tone-*`; `plain`
-      for none), served by the admin API at /api/v1/alert-types.
+      for none), served by the admin API at /map/alert-types.json.
     - style: its rich style in terminals (`alerts tail`, the demo).
     - opens: it opens a condition that stays open (docs/alerts.md, "Open conditions"): named after
       the type, or `ZONE:{zone_id}` for a zone type; `closes`: the type whose condition it closes.

@@ -29,7 +29,7 @@ from admin_api.schemas import (
     problem_doc,
 )
 from admin_api.security import issue_stream_token
-from fleetfence.contracts import VEHICLE_ID_RE, AlertMeta, AlertType
+from fleetfence.contracts import VEHICLE_ID_RE, AlertType
 from fleetfence.readmodels import ReadKeys
 
 logger = logging.getLogger(__name__)
@@ -97,19 +97,6 @@ async def get_live(request: Request, _: Viewer, vehicle_id: VehiclePath) -> Resp
     state = orjson.loads(raw)
     state["open_alerts"] = sorted(_loads_all(open_raw), key=lambda a: a.get("ts_ms", 0))
     return OrjsonResponse(state)
-
-
-@router.get(
-    "/alert-types",
-    response_model=dict[AlertType, AlertMeta],
-    tags=["alerts"],
-    summary="The alert types and what each means",
-)
-async def alert_types() -> dict[AlertType, AlertMeta]:
-    """Every alert type with its declaration (`fleetfence.contracts.AlertMeta`): the map's label,
-    tone and list detail, and the open condition it opens or closes. No API key: like
-    /openapi.json it describes the API, not the fleet, and the map reads it before login."""
-    return {t: t.meta for t in AlertType}
 
 
 @router.get("/alerts", response_model=AlertPage, responses=ERRORS, tags=["alerts"])

@@ -9,6 +9,7 @@ browser instead of silently needing the internet.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from admin_api.responses import OrjsonResponse
 from admin_api.settings import ApiSettings
 from fleetfence import __version__
+from fleetfence.contracts import AlertType
 
 logger = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
@@ -145,4 +147,14 @@ async def map_config(request: Request) -> Response:
         "tile_attribution": settings.api_map_tile_attribution if settings.api_map_tile_url else None,
         "version": __version__,
     }
+    return OrjsonResponse(body, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/map/alert-types.json")
+async def alert_types() -> Response:
+    """Every alert type with its declaration (`fleetfence.contracts.AlertMeta`): the page's label,
+    tone and list detail, and the condition it opens or closes. Beside the page's config, outside
+    /api/v1 where every operation needs a key: it describes the product, not the fleet, and the page
+    reads it before it has a key."""
+    body = {t.value: dataclasses.asdict(t.meta) for t in AlertType}
     return OrjsonResponse(body, headers={"Cache-Control": "no-cache"})

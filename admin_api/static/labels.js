@@ -10,9 +10,9 @@ export const STATUS_LABEL = {
 };
 export const STATUS_GLYPH = { on_route: "●", deviating: "!", speeding: "»", silent: "…", unassigned: "?" };
 // Each alert type's words, colour family and list detail, as fleetfence.contracts.AlertType declares
-// it (its AlertMeta), read once from the API (/api/v1/alert-types, served without a key): a new
+// it (its AlertMeta), read once from the API (/map/alert-types.json, served without a key): a new
 // type needs nothing here. If it cannot be read, a type shows as its name, in plain text.
-const ALERT_TYPES = await fetch("/api/v1/alert-types")
+const ALERT_TYPES = await fetch("/map/alert-types.json")
   .then((res) => (res.ok ? res.json() : {}))
   .catch(() => ({}));
 const byType = (pick) => Object.fromEntries(Object.entries(ALERT_TYPES).map(([t, meta]) => [t, pick(meta)]));

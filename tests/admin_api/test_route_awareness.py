@@ -332,7 +332,7 @@ def test_route_props_are_the_rules_with_their_specs() -> None:
 
 def test_alert_types_are_served_without_a_key_as_declared(api: Api) -> None:
     """The map's words for alert types come from here (labels.js), read before anyone logs in."""
-    res = api.c.get("/api/v1/alert-types")
+    res = api.c.get("/map/alert-types.json")
     assert res.status_code == 200, res.text
     got = res.json()
     assert list(got) == [t.value for t in AlertType]
