@@ -82,20 +82,36 @@ class _SinkState:
 _SINKS: dict[tuple[str, str], _SinkState] = {}
 
 
+# Answers about a partition whose leader the broker does not know yet (a topic just created):
+# UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION.
+_LEADER_UNKNOWN = frozenset({3, 5, 6})
+
+
 def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> int:
     """The highest batch id committed by `sink_id` (-1 if none), read_committed, to the end."""
-    from confluent_kafka import KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     from fleetfence.kafka import committed_reader
 
     c = committed_reader(bootstrap, f"fleetfence-marker-{sink_id}", **{"enable.partition.eof": True})
+    deadline = time.monotonic() + timeout_s
     try:
-        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+        while True:
+            try:
+                lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+                break
+            except KafkaException as exc:
+                # A topic created a moment ago (a fresh installation) may not have its leader known
+                # to the broker we asked yet: that passes. The error does not say it is retriable.
+                err = exc.args[0] if exc.args else None
+                passing = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_UNKNOWN)
+                if not passing or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         if hi <= lo:
             return -1
         c.assign([TopicPartition(topic, 0, lo)])
         last = -1
-        deadline = time.monotonic() + timeout_s
         key = sink_id.encode()
         while time.monotonic() < deadline:
             # A short wait: `consume` returns at 1000 records or the timeout, and the log is
