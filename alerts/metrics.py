@@ -8,11 +8,14 @@ tests pass a private registry to read exact values.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-_families: dict[int, _Families] = {}
+# Keyed by the registry itself, weakly: an id() key outlives its registry, and a new registry that
+# reuses the address would be handed families registered in the dead one (its samples never seen).
+_families: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -72,9 +75,9 @@ class _Families:
 def families(registry: CollectorRegistry | None = None) -> _Families:
     reg = registry or REGISTRY
     with _lock:
-        fam = _families.get(id(reg))
+        fam = _families.get(reg)
         if fam is None:
-            fam = _families[id(reg)] = _Families(reg)
+            fam = _families[reg] = _Families(reg)
         return fam
 
 

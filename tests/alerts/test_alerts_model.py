@@ -213,3 +213,22 @@ def test_bad_config_is_a_clear_error(text: str, match: str) -> None:
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read receivers config"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_each_registry_sees_its_own_receiver_metrics_even_at_a_reused_address() -> None:
+    # Registries made and dropped in a loop reuse each other's addresses in CPython: families
+    # cached by id() would hand a new registry the dead one's, and its samples would be missing.
+    from prometheus_client import CollectorRegistry
+
+    from alerts.metrics import ReceiverMetrics
+
+    addresses = set()
+    for _ in range(50):
+        registry = CollectorRegistry()
+        addresses.add(id(registry))
+        ReceiverMetrics("mqtt", registry).delivered()
+        assert (
+            registry.get_sample_value("fleetfence_alert_receiver_delivered_total", {"receiver": "mqtt"}) == 1
+        )
+        del registry
+    assert len(addresses) < 50, "the loop must reuse an address to test anything"
