@@ -527,7 +527,7 @@ class LiveState(BaseModel):
     off_route_m: float = Field(
         default=0.0, ge=0, description="Metres driven outside the corridor on this trip so far."
     )
-    # docs/contracts.md lists both, but the processor's live rows (processor/live.py) carry neither:
+    # docs/contracts.md lists both, but the processor's live rows (processor/core/live.py) carry neither:
     # optional here, so the schema does not promise what a client will not find.
     h3: str | None = Field(default=None, description="Resolution 9 H3 cell, when the writer records it.")
     updated_ms: int | None = Field(

@@ -5,7 +5,7 @@
 
 No Spark, no Kafka: `bench/processor.py`'s workload cut into the micro-batches and buckets its
 Spark contender sees (`--batch` events in stream order, vehicles bucketed by `bucket_of`), each
-bucket advanced by `processor.engine.process_bucket` exactly as the stateful operator calls it,
+bucket advanced by `processor.core.engine.process_bucket` exactly as the stateful operator calls it,
 once with the master data of `--route-rules off` and once with `on` (bench/workload.py). Rounds
 alternate the two, best of each (a shared box's neighbours only ever add time). Reported: the
 engine's µs per fix in each mode after the first batch (where every vehicle is new and folded fix
@@ -35,10 +35,10 @@ from rich.table import Table
 
 from bench import workload as wl
 from fleetfence.contracts import bucket_of
-from processor.columns import Fixes, StateTable, empty_states
-from processor.domain import EngineConfig, RawFix
-from processor.engine import process_bucket
-from processor.master import Catalog, MasterState
+from processor.core.columns import Fixes, StateTable, empty_states
+from processor.core.domain import EngineConfig, RawFix
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog, MasterState
 
 console = Console()
 MODES = ("off", "on")

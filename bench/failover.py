@@ -53,9 +53,9 @@ from fleetfence.kafka import committed_reader, ensure_topics, idempotent_produce
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from processor.columns import empty_states
-from processor.engine import process_bucket
-from processor.master import Catalog, MasterState
+from processor.core.columns import empty_states
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog, MasterState
 from processor.settings import ProcessorSettings
 
 console = Console()

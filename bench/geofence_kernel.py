@@ -6,7 +6,7 @@ and the route progress of each fix (issue #26) beside the corridor test.
 `--record` appends the run to docs/bench-log/geofence_kernel.md.
 
 Corridors: realistic road-like routes (200 vertices, 100 m wide), fixes near their own route (a mix of
-inside and outside). Route progress: `processor.geometry.route_progress` on the same fixes with
+inside and outside). Route progress: `processor.core.geometry.route_progress` on the same fixes with
 the engine's mask (fixes in their corridor), one STRtree `dwithin` query per route, timed in the
 same interleaved rounds as the corridor test. Zones: thousands of depot-sized polygons over a city;
 fixes anywhere in it.
@@ -29,7 +29,7 @@ from shapely.geometry import Point
 from bench.common import BENCH_LOG, log_text
 from bench.workload import CENTER, make_route
 from fleetfence.geo import LocalProjection
-from processor.geometry import ZoneIndex, compile_route, compile_zone, corridor_tests, route_progress
+from processor.core.geometry import ZoneIndex, compile_route, compile_zone, corridor_tests, route_progress
 
 console = Console()
 

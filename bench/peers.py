@@ -20,7 +20,7 @@ import shapely
 from confluent_kafka import TopicPartition
 
 from fleetfence.kafka import plain_consumer, plain_producer
-from processor.geometry import compile_route
+from processor.core.geometry import compile_route
 
 HYSTERESIS_M = 15.0
 

@@ -93,10 +93,10 @@ def contender_spark(
     checkpoint: str,
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
 ) -> dict[str, Any]:
-    from processor.job import start_query
-    from processor.progress import telemetry_events
+    from processor.ops.progress import telemetry_events
     from processor.settings import ProcessorSettings
-    from processor.spark import build_session
+    from processor.spark.job import start_query
+    from processor.spark.session import build_session
 
     ps = ProcessorSettings(
         **{
@@ -366,9 +366,9 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
 
     The topics are `s`'s under a `lat.` prefix, so a caller that runs this several times on one
     broker gives each run its own `s.topic_prefix` (the alerts read back are the whole topic)."""
-    from processor.job import start_query
     from processor.settings import ProcessorSettings
-    from processor.spark import build_session
+    from processor.spark.job import start_query
+    from processor.spark.session import build_session
 
     prefix = s.topic_prefix + "lat."
     ls = s.model_copy(update={"topic_prefix": prefix})
@@ -522,14 +522,14 @@ def batch_phases(progress: list[dict[str, Any]], topic: str) -> dict[str, float]
 
 
 def telemetry_rows(progress: dict[str, Any], topic: str) -> int:
-    from processor.progress import telemetry_events
+    from processor.ops.progress import telemetry_events
 
     return int(telemetry_events(progress, topic))
 
 
 def telemetry_end(progress: dict[str, Any], topic: str) -> int:
     """Sum of the telemetry topic's end offsets in a progress report (any source, either format)."""
-    from processor.progress import source_offsets
+    from processor.ops.progress import source_offsets
 
     total = 0
     for src in progress["sources"] or []:

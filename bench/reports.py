@@ -331,7 +331,7 @@ def record(args: argparse.Namespace, results: list[dict[str, Any]], before: Any,
         f"{args.routes} routes, GeoParquet partitioned by date and {args.buckets} buckets. Each report "
         "reads the archive, applies master data as of each fix and computes the report; `prepare` is "
         "the shared part (read + route/corridor test per fix), timed once, reused by the four reports. "
-        "SedonaDB 0.5.0 vs Shapely 2 + pandas (processor/geometry.py's corridors, contains_xy), "
+        "SedonaDB 0.5.0 vs Shapely 2 + pandas (processor/core/geometry.py's corridors, contains_xy), "
         f"2 cores shared with other work: load average {before[0]:.2f} before, {after[0]:.2f} after.",
         "",
         "| report | SedonaDB s | Shapely/pandas s | baseline / SedonaDB | rows (SedonaDB / baseline) "

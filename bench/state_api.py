@@ -5,7 +5,7 @@ The job runs `GeofenceProcessor` under `transformWithStateInPandas`: three value
 round trip from the Python worker to the JVM's state server. `applyInPandasWithState` is the older
 API: one state row per group, shipped to Python in the same Arrow stream as the group's data and
 written back whole after every call, and one event-time timeout. This module is that operator for
-the same bucketed state and the same fold (`processor.stateful.bucket_step`), so that
+the same bucketed state and the same fold (`processor.spark.stateful.bucket_step`), so that
 `bench/latency.py --variant base --variant gs:state_api=applyInPandasWithState` measures the two
 APIs side by side on the live job, and nothing else differs.
 
@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from fleetfence.errors import ConfigError
-from processor.domain import EngineConfig
+from processor.core.domain import EngineConfig
 from processor.settings import ProcessorSettings
 
 STATE_DDL = "vehicles binary, master binary, digest string"
@@ -32,7 +32,7 @@ STATE_APIS = ("transformWithState", APPLY_IN_PANDAS_WITH_STATE)
 def fold_group(cfg: EngineConfig) -> Any:
     """The per-bucket function for `applyInPandasWithState`: the state row is (vehicles blob, master
     blob, master digest); a timed-out bucket runs with no data, like a fired timer in the job."""
-    from processor.stateful import bucket_step, cached_master, catalog_for
+    from processor.spark.stateful import bucket_step, cached_master, catalog_for
 
     def fold(key: Any, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         wm = max(int(state.getCurrentWatermarkMs()), 0)
@@ -60,12 +60,12 @@ def fold_group(cfg: EngineConfig) -> Any:
 def start_group_state_query(
     spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor"
 ) -> Any:
-    """The job (`processor.job.start_query`) with its stateful operator under
+    """The job (`processor.spark.job.start_query`) with its stateful operator under
     `applyInPandasWithState` and an event-time timeout: the job's own input and sink around it."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from processor.job import job_input, start_output
-    from processor.rows import OUTPUT_DDL
+    from processor.spark.job import job_input, start_output
+    from processor.spark.rows import OUTPUT_DDL
 
     inp = job_input(spark, s, s.checkpoint, s.processor_starting_offsets)
     if inp.seed is not None:

@@ -7,18 +7,18 @@ registered and few of them report (issue #23).
 A national fleet is mostly calm or parked. A bucket's state blob is read and written whole by every
 micro-batch that touches the bucket (docs/architecture.md, "Logically per vehicle, physically per
 bucket"), so every vehicle in it costs every such batch; a parked vehicle (silent, nothing pending)
-leaves the blob for a value of its own (processor.parking). Two views, each against a baseline in
+leaves the blob for a value of its own (processor.core.parking). Two views, each against a baseline in
 the same run:
 
 - `engine`: one bucket's blob exactly as the stateful operator handles it (unpickle the blob,
-  advance it by the reporters' fixes with `processor.engine.process_bucket`, pickle it back), with
+  advance it by the reporters' fixes with `processor.core.engine.process_bucket`, pickle it back), with
   N/buckets vehicles in it (vehicles that are not parked: calm ones that keep reporting) against
   only its reporters in it: what the blob's idle vehicles cost a batch, phase by phase, and the
   blob's bytes per vehicle. No Spark, no Kafka.
 - `spark`: the real job on local[2] (Spark's Kafka source, `transformWithStateInPandas` on
   RocksDB, the exactly-once sink, live state to Redis) on the embedded broker: N vehicles
   registered (one fix each, two hours before the bursts: the fleet has gone silent, and its
-  vehicles are parked, processor.parking), then bursts of `reporting`·N fixes, each committed in
+  vehicles are parked, processor.core.parking), then bursts of `reporting`·N fixes, each committed in
   one Kafka transaction so it is read as one micro-batch. Side by side in one run, the burst's
   micro-batch: with the fleet registered (parked vehicles out of the blob: the job as it runs),
   with the fleet registered and every vehicle kept in its bucket's blob (the layout before
@@ -60,11 +60,11 @@ from fleetfence.contracts import Telemetry, bucket_of
 from fleetfence.kafka import ensure_topics, plain_consumer, topic_specs, transactional_producer
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from processor.columns import Fixes, empty_states
-from processor.domain import EngineConfig
-from processor.engine import process_bucket
-from processor.master import Catalog, MasterState
-from processor.rebucket import master_for_bucket
+from processor.core.columns import Fixes, empty_states
+from processor.core.domain import EngineConfig
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog, MasterState
+from processor.spark.rebucket import master_for_bucket
 
 console = Console(width=170)
 PARTITIONS = 4
@@ -272,10 +272,10 @@ def spark_config(
     unless `parking` is off, when the first fix of the present moves the watermark on), then each
     burst (a size: the first that many vehicles' next fix) is one transaction; the micro-batches
     that read each burst, timed."""
-    from processor.job import start_query
-    from processor.progress import telemetry_events
-    from processor.rebucket import read_bucket_states, state_bytes
+    from processor.ops.progress import telemetry_events
     from processor.settings import ProcessorSettings
+    from processor.spark.job import start_query
+    from processor.spark.rebucket import read_bucket_states, state_bytes
 
     prefix = f"scale{uuid.uuid4().hex[:6]}."
     ps_ = s.model_copy(update={"topic_prefix": prefix})
@@ -356,7 +356,7 @@ def spark_config(
 
 
 def spark_view(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from processor.spark import build_session
+    from processor.spark.session import build_session
 
     state_dir = Path(tempfile.mkdtemp(prefix="ff-scale-"))
     s = Settings(**infra.private_fields(state_dir), telemetry_partitions=PARTITIONS)

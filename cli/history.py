@@ -90,7 +90,7 @@ def restate_cmd(
     from fleetfence.errors import ConfigError
     from history.restate import RestateRequest, run_restatement
     from processor.settings import ProcessorSettings
-    from processor.spark import build_session, spark_master_url
+    from processor.spark.session import build_session, spark_master_url
 
     hs = _historysettings_from_env()
     pins: dict[str, int] = {}

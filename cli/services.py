@@ -167,7 +167,7 @@ def processor_cmd(
     ] = False,
 ) -> None:
     """Run the PySpark geofencing job (FLEETFENCE_PROCESSOR_* settings) until Ctrl-C/SIGTERM."""
-    from processor.service import run_processor
+    from processor.ops.service import run_processor
     from processor.settings import ProcessorSettings
 
     s = ProcessorSettings(processor_standby=True) if standby else ProcessorSettings()
@@ -182,8 +182,8 @@ def rebucket_cmd(
     buckets: Annotated[int, typer.Option("--buckets", min=1, max=4096, help="Its bucket count.")],
 ) -> None:
     """Move the processor checkpoint's state (FLEETFENCE_PROCESSOR_CHECKPOINT) to a new bucket count
-    in a new checkpoint, offline: the processor must be stopped (processor.rebucket)."""
-    from processor.rebucket_run import run_rebucket
+    in a new checkpoint, offline: the processor must be stopped (processor.spark.rebucket)."""
+    from processor.ops.rebucket_run import run_rebucket
     from processor.settings import ProcessorSettings
 
     s = ProcessorSettings()

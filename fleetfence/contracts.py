@@ -254,7 +254,7 @@ class Telemetry(msgspec.Struct, frozen=True):
 
     The gateway builds it (`validate_telemetry`; `fast_canonical` encodes one straight from the
     message); the processor and the archive read it back with `PlainFix` and `canonical_fix`, and
-    the processor keeps the fields it needs as columns (`processor.columns.FIX_SCHEMA`); tests hold
+    the processor keeps the fields it needs as columns (`processor.core.columns.FIX_SCHEMA`); tests hold
     both to this field list."""
 
     vehicle_id: str
@@ -431,7 +431,7 @@ class PlainFix(msgspec.Struct):
     """A record of `fleet.telemetry` as the processor reads it: the `Telemetry` fields the engine
     uses, in their order (a test holds the two lists together), with the processor's bounds rather
     than the gateway's, because any producer may have written the record. msgspec decodes and checks
-    it in C on the processor's fast path (`processor.parse`); it accepts only what `canonical_fix`
+    it in C on the processor's fast path (`processor.spark.parse`); it accepts only what `canonical_fix`
     accepts, with the same values (a property test holds the two together), and whatever it rejects
     is judged by `canonical_fix`."""
 

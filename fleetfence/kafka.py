@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fleetfence.errors import InfraError, KafkaDeliveryError
 
 if TYPE_CHECKING:
-    # Annotations only: a Spark executor that builds a reader here (processor.kafka_sink) loads no
+    # Annotations only: a Spark executor that builds a reader here (processor.spark.kafka_sink) loads no
     # settings (importing pydantic-settings would add to every task's start).
     from fleetfence.settings import Settings
 

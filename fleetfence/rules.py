@@ -4,7 +4,7 @@
 (`FLEETFENCE_PROCESSOR_*`), and the simulator's ground truth must assume the same ones.
 
 The admin API validates them (`vehicle_master.models.RouteProps` is built from `RouteRules`' fields
-and their `RuleSpec`), the processor applies them (`processor.geometry.compile_route` reads master
+and their `RuleSpec`), the processor applies them (`processor.core.geometry.compile_route` reads master
 data through `RouteRules.from_master`), the simulator's ground truth predicts with them, and the
 map's route form offers them (it reads the rules, their words and defaults from the API's OpenAPI
 schema). A default changed here changes for all of
@@ -209,7 +209,7 @@ class RouteRules:
 @dataclass(frozen=True)
 class ProcessorRules:
     """Processor-wide rules, the defaults of `FLEETFENCE_PROCESSOR_*`: the processor's engine applies
-    them under these names (`processor.domain.EngineConfig` is one of them), the variables are read
+    them under these names (`processor.core.domain.EngineConfig` is one of them), the variables are read
     into them in one place (`fleetfence.settings.ProcessorRulesSettings`), and the simulator's ground
     truth assumes them, as it must predict exactly what the processor will decide.
 

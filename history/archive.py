@@ -282,7 +282,7 @@ def start_archive(spark: Any, hs: HistorySettings, query_name: str = "fleetfence
     """Build and start the archive query; returns the StreamingQuery."""
     from pyspark.sql import functions as F
 
-    from processor.source import kafka_stream
+    from processor.spark.source import kafka_stream
 
     t = hs.topics
     topics = {t.telemetry: TELEMETRY, t.alerts: ALERTS, t.master: MASTER}
@@ -368,7 +368,7 @@ def _run_archive(hs: HistorySettings, stop: threading.Event) -> None:
 
 
 def _run_query(hs: HistorySettings, stop: threading.Event) -> None:
-    from processor.spark import build_session, spark_master_url
+    from processor.spark.session import build_session, spark_master_url
 
     spark = build_session(
         app_name="fleetfence-archive", spark_master=spark_master_url(hs.history_spark_master)

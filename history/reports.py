@@ -24,7 +24,7 @@ Decoding those JSON events is done here in Python (SedonaDB has no JSON function
 spatial (buffering the corridor in metres, point-in-polygon, run detection with window functions,
 haversine distances) is SedonaDB SQL.
 
-The corridor is buffered exactly the way the live processor does (processor/geometry.py): in the
+The corridor is buffered exactly the way the live processor does (processor/core/geometry.py): in the
 route's local equirectangular projection around the route centroid, by half the corridor width,
 `quad_segs=4`. That projection is affine, so testing the fix projected into metres against the
 metric buffer (here, `ST_Affine` + `ST_Buffer` + `ST_Contains`) is the same test as the
@@ -166,7 +166,7 @@ TRIP_COLUMNS: list[str] = TRIP_SCHEMA.names
 # --------------------------------------------------------------------------- SQL
 
 # Fixes in range with their route (as of the fix) and the corridor test. The corridor is built once
-# per route version exactly like processor.geometry.compile_route: the line is mapped into metres
+# per route version exactly like processor.core.geometry.compile_route: the line is mapped into metres
 # around its centroid (LocalProjection, an affine map), buffered by half the width with quad_segs=4,
 # and mapped back to lon/lat. The test is a SedonaDB spatial join (R-tree over the corridors,
 # prepared point-in-polygon refinement) of each fix against the corridor of its own route version;
@@ -218,7 +218,7 @@ FROM fr LEFT JOIN rv c
  AND (CASE WHEN c.route_id = fr.route_id AND c.version = fr.route_version THEN 1 ELSE 0 END) = 1
 """
 
-# Haversine metres from a fix to the next one (same formula and radius as processor.geometry).
+# Haversine metres from a fix to the next one (same formula and radius as processor.core.geometry).
 HAVERSINE_NEXT_SQL = (
     "2.0 * {r} * asin(sqrt(power(sin(radians(next_lat - lat) / 2.0), 2) + "
     "cos(radians(lat)) * cos(radians(next_lat)) * power(sin(radians(next_lon - lon) / 2.0), 2)))"

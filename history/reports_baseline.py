@@ -1,7 +1,7 @@
 """The same six reports in plain Shapely 2 + pandas/numpy: the benchmark's peer and a cross-check.
 
 Independent of the SQL in history/reports.py for everything that matters: fixes are read with
-pyarrow, routes are compiled with the live processor's own code (processor/geometry.py
+pyarrow, routes are compiled with the live processor's own code (processor/core/geometry.py
 `compile_route`, tested with `corridor_tests`), zones are tested with `shapely.contains_xy` (circle
 zones with `fleetfence.geo.circle_distance_m`), and
 runs are found with numpy on the fixes sorted by (vehicle, time, seq). Only the decoding of master
@@ -38,7 +38,7 @@ from history.reports import (
     finish_visits,
     h3_counts,
 )
-from processor.geometry import CompiledRoute, compile_route, corridor_tests
+from processor.core.geometry import CompiledRoute, compile_route, corridor_tests
 
 DAY_MS = 86_400_000
 COLUMNS = ["vehicle_id", "seq", "ts_ms", "lon", "lat", "speed_kmh"]

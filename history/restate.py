@@ -2,7 +2,7 @@
 
     archive telemetry in [T1 - warmup, T2) -> event-time slices (regular ticks, split at every
     master change) -> groupBy(vehicle bucket).applyInPandas: per bucket, slice after slice,
-    `processor.engine.process_bucket` (the live job's pure code) with the master state as of the
+    `processor.core.engine.process_bucket` (the live job's pure code) with the master state as of the
     slice and the watermark the live job would have had -> restated alerts in [T1, T2)
     -> DIR/alerts.parquet (GeoParquet) and DIR/diff.json against the archived (live) alerts.
 
@@ -40,10 +40,10 @@ from history.schema import (
     to_table,
     write_geoparquet,
 )
-from processor.columns import Fixes, empty_states
-from processor.domain import EngineConfig, RawFix
-from processor.engine import process_bucket
-from processor.master import Catalog, MasterState
+from processor.core.columns import Fixes, empty_states
+from processor.core.domain import EngineConfig, RawFix
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog, MasterState
 
 logger = logging.getLogger(__name__)
 

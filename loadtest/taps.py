@@ -13,7 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from fleetfence.kafka import committed_reader
-from processor.markers import MarkerReader
+from processor.ops.markers import MarkerReader
 
 logger = logging.getLogger(__name__)
 

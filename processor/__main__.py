@@ -1,7 +1,7 @@
 """`python -m processor`: the processor service (same as `fleetfence processor`)."""
 
 from fleetfence.logs import configure_logging
-from processor.service import run_processor
+from processor.ops.service import run_processor
 from processor.settings import ProcessorSettings
 
 if __name__ == "__main__":

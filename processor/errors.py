@@ -19,7 +19,7 @@ class LateReadBackError(ProcessorError):
 
 
 class LeaseLostError(ProcessorError):
-    """This driver no longer holds the checkpoint's lease (processor.lease): it must stop its query."""
+    """This driver no longer holds the checkpoint's lease (processor.ops.lease): it must stop its query."""
 
 
 class StateError(ProcessorError):

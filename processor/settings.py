@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetfence.settings import ProcessorRulesSettings
-from processor.domain import EngineConfig
+from processor.core.domain import EngineConfig
 
 # The driver's Prometheus endpoint; when this default is busy it serves on an ephemeral port and
 # announces that one (fleetfence.metrics, fleetfence.registry).
@@ -28,8 +28,9 @@ class ProcessorSettings(ProcessorRulesSettings):
     processor_lease_ttl_ms: int = Field(
         default=2000,
         ge=0,
-        description="The checkpoint lease in Redis (processor.lease): a standby takes over this long after "
-        "the active driver died; 0 = no lease (one driver per checkpoint is then the operator's promise).",
+        description="The checkpoint lease in Redis (processor.ops.lease): a standby takes over this long "
+        "after the active driver died; 0 = no lease (one driver per checkpoint is then the "
+        "operator's promise).",
     )
     processor_standby: bool = Field(
         default=False, description="Start as a warm standby: Spark up, then wait for the checkpoint's lease."
@@ -41,7 +42,7 @@ class ProcessorSettings(ProcessorRulesSettings):
     processor_parking: bool = Field(
         default=True,
         description="Park vehicles with nothing pending (silent, no fix held) out of their bucket's state "
-        "blob, one state value each (processor.parking), so that a micro-batch rewrites only the active "
+        "blob, one state value each (processor.core.parking), so that a micro-batch rewrites only the active "
         "vehicles. Off keeps every vehicle in the blob: no state call when a vehicle goes silent or "
         "reports again, but every batch rewrites the whole bucket; only worth it for a small fleet that "
         "goes silent and resumes often. Vehicles parked before it was turned off are still woken.",

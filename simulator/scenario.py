@@ -24,7 +24,7 @@ noisy fixes or from processor code:
 - stops are planned with exact reported speeds and move less than the stop radius by far, so the
   stop rules decide on the speeds and the zone alone;
 - wrong-way stretches and scheduled trips are driven without noise (simulator.trips).
-The alert rules (processor.domain's semantics, restated in simulator.truth_rules) are then applied
+The alert rules (processor.core.domain's semantics, restated in simulator.truth_rules) are then applied
 to those planned facts per vehicle, in seq order.
 
 The pieces: simulator.plan draws the fleet and its episodes from the seed, simulator.kinematics moves

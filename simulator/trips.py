@@ -94,7 +94,7 @@ def shared_stretches(line: Polyline, half_m: float, slack_m: float, step_m: floa
     the route drives twice, a crossing): a 0/1 array per `step_m` of arc length.
 
     The processor cannot place a vehicle there without knowing where it came from
-    (`processor.domain.continue_progress`), so the plan keeps the episodes whose truth needs
+    (`processor.core.domain.continue_progress`), so the plan keeps the episodes whose truth needs
     progress (a wrong-way stretch, a scheduled trip's start) off such stretches. `slack_m` widens the
     test by the noise and a margin.
     """
@@ -110,7 +110,7 @@ def unplaceable_completions(
     """Where along `line` a vehicle may not *start*: a 0/1 array per `step_m` of arc length.
 
     A vehicle first seen on a shared stretch cannot be placed until a fix of it lands on a stretch
-    the route drives once (`processor.domain.continue_progress`). Its completion is still decided
+    the route drives once (`processor.core.domain.continue_progress`). Its completion is still decided
     where every pass near it lies past half the route; where one pass lies before half (a route
     that crosses its own end, or ends on a street it drove early on), the processor cannot tell
     completion from the early pass. So a start is refused when, driving on from it, the vehicle

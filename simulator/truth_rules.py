@@ -1,4 +1,4 @@
-"""The ground truth's alert rules: processor.domain's semantics, restated over the planned facts.
+"""The ground truth's alert rules: processor.core.domain's semantics, restated over the planned facts.
 
 Each rule is a state machine per vehicle, stepped once per tick for the vehicles publishing that
 tick, in seq order. Its inputs are what the plan guarantees (on an excursion or on the route, the
@@ -55,7 +55,7 @@ class TruthRules:
     def zones(
         self, alive: BoolArray, in_poly: BoolArray, in_outer: BoolArray, trig: list[Trigger]
     ) -> BoolArray:
-        """Exits first, then enters (as processor.domain does)."""
+        """Exits first, then enters (as processor.core.domain does)."""
         fleet = self.fleet
         if not fleet.zmax:
             return np.zeros(fleet.n, dtype=bool)
@@ -123,7 +123,7 @@ class TruthRules:
         return ovs
 
     def trip(self, k: int, alive: BoolArray, m: Motion, trig: list[Trigger]) -> BoolArray:
-        """The trip rules of processor.domain over this tick's planned facts; returns who alerted."""
+        """The trip rules of processor.core.domain over this tick's planned facts; returns who alerted."""
         cfg, fleet = self.cfg, self.fleet
         rules, assume, period = cfg.rules, cfg.assume, cfg.period_ms
         excursion, go, ww, s_eff, progress = m.excursion, m.go, m.ww, m.s_eff, m.progress

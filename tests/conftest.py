@@ -69,7 +69,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One local SparkSession shared by every Spark test (start-up costs 5-8 s)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from processor.spark import build_session
+    from processor.spark.session import build_session
 
     warehouse = Path(tmp_path_factory.mktemp("spark"))
     session = build_session(app_name="fleetfence-tests", spark_master="local[2]", local_dir=warehouse)

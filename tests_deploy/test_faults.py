@@ -313,7 +313,7 @@ def pause(cid: str, attempts: int = 5) -> None:
 
 
 def lease_holders(dep: Deployment) -> list[str]:
-    """The processor's checkpoint lease keys present in Redis (processor.lease)."""
+    """The processor's checkpoint lease keys present in Redis (processor.ops.lease)."""
     out = dep.compose(
         "exec", "-T", "redis", "redis-cli", "--scan", "--pattern", "*processor:lease:*", timeout_s=60
     ).stdout

@@ -31,8 +31,8 @@ from fleetfence.mqtt import account_env
 from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from processor.kafka_sink import AlertStreamWriter
-from processor.rows import pack_live, unpack_live
+from processor.spark.kafka_sink import AlertStreamWriter
+from processor.spark.rows import pack_live, unpack_live
 
 # Waits on an HTTP server: a refused or failed request means "not yet".
 wait_http = partial(wait_for, ignore=(httpx.HTTPError, OSError))

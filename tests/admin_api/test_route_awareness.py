@@ -26,12 +26,12 @@ from fleetfence.contracts import AlertRecord, AlertType, ms_to_iso
 from fleetfence.geo import LocalProjection
 from fleetfence.readmodels import ReadKeys
 from fleetfence.rules import RouteRules
-from processor.columns import empty_states
-from processor.domain import EngineConfig
-from processor.engine import process_bucket
-from processor.live_store import write_live
-from processor.master import Catalog, MasterState
-from processor.rows import pack_live, unpack_live
+from processor.core.columns import empty_states
+from processor.core.domain import EngineConfig
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog, MasterState
+from processor.spark.live_store import write_live
+from processor.spark.rows import pack_live, unpack_live
 from tests.admin_api.helpers import AlertHistory, Api
 from vehicle_master.models import RouteProps
 

@@ -48,7 +48,7 @@ EXPECTED_SERVICES = {
 ONE_SHOT = {"init", "mqtt-bootstrap"}
 SETTINGS_MODULES = (
     "fleetfence.settings",
-    "processor.job",
+    "processor.spark.job",
     "gateway.settings",
     "admin_api.settings",
     "alerts.config",
@@ -155,7 +155,12 @@ def setting_env_names() -> set[str]:
 
 def exposed_metric_names() -> set[str]:
     """Every sample name the services expose, from their real metric objects."""
-    for mod in ("processor.service", "admin_api.middleware", "vehicle_master.relay", "vehicle_master.store"):
+    for mod in (
+        "processor.ops.service",
+        "admin_api.middleware",
+        "vehicle_master.relay",
+        "vehicle_master.store",
+    ):
         importlib.import_module(mod)
     from alerts.metrics import families
     from gateway.metrics import GatewayCollector, GatewayStats

@@ -287,7 +287,7 @@ def test_processor_and_archive_announce_their_metrics(ss: Settings) -> None:
     counters are the ones status shows (the Spark queries themselves are not needed for it)."""
     from history.archive import archive_presence
     from history.settings import HistorySettings
-    from processor.service import processor_presence
+    from processor.ops.service import processor_presence
     from processor.settings import ProcessorSettings
 
     ps = ProcessorSettings.from_base(ss)

@@ -21,6 +21,7 @@ a piece that belongs in a third module both can import.
 from __future__ import annotations
 
 import ast
+import sys
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,12 +165,12 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     fake = tmp_path / GROUND / "_layer_probe.py"
     fake.parent.mkdir()
     fake.write_text(
-        "import processor.job\n"
+        "import processor.spark.job\n"
         "def f() -> None:\n    from gateway import service\n"
         "from .settings import Settings\n"
     )
     assert violations([fake], (GROUND,), root=tmp_path) == [
-        f"{GROUND}/_layer_probe.py:1 imports processor.job",
+        f"{GROUND}/_layer_probe.py:1 imports processor.spark.job",
         f"{GROUND}/_layer_probe.py:3 imports gateway",
     ]
 
@@ -192,4 +193,54 @@ def test_the_circle_check_sees_lazy_and_type_checking_imports(tmp_path: Path) ->
     (pkg / "d.py").write_text("import alerts.a\nfrom alerts.c import X\n")
     assert circles(sorted(pkg.rglob("*.py")), root=tmp_path) == [
         "alerts.a:1 imports alerts.b, alerts.b:2 imports alerts.c, alerts.c:4 imports alerts.a"
+    ]
+
+
+# The processor's own floors: a Spark-free core, the Spark adapters on it, operations on top.
+PROCESSOR_FLOORS = {
+    "core": ("processor.core", "processor.errors"),
+    "spark": ("processor.core", "processor.spark", "processor.errors", "processor.settings"),
+}
+# What the core may import from outside the standard library: computation, never I/O or Spark.
+CORE_THIRD_PARTY = ("numpy", "pandas", "pyarrow", "shapely", "h3", "h3ronpy", "orjson")
+
+
+def processor_floor_violations(root: Path = ROOT) -> list[str]:
+    found = []
+    for floor, allowed in PROCESSOR_FLOORS.items():
+        for f in sorted((root / "processor" / floor).rglob("*.py")):
+            for ln, mod, _ in import_statements(f, root):
+                top = mod.split(".")[0]
+                inside = top == "processor" and not any(mod == a or mod.startswith(a + ".") for a in allowed)
+                outside = floor == "core" and top not in (
+                    *FIRST_PARTY,
+                    *CORE_THIRD_PARTY,
+                    *sys.stdlib_module_names,
+                )
+                if inside or outside:
+                    found.append(f"{f.relative_to(root)}:{ln} imports {mod}")
+    return sorted(found)
+
+
+def test_the_processor_core_imports_no_spark_and_the_adapters_no_operations() -> None:
+    """processor.core is the engine and its data (no Spark, no Kafka, no Redis: it runs and is
+    tested in a plain Python process); processor.spark adapts it to Spark and the sinks;
+    processor.ops runs the job. Imports run core <- spark <- ops."""
+    assert processor_floor_violations() == []
+
+
+def test_the_floor_check_sees_spark_in_the_core(tmp_path: Path) -> None:
+    for floor in ("core", "spark", "ops"):
+        (tmp_path / "processor" / floor).mkdir(parents=True)
+    (tmp_path / "processor" / "core" / "a.py").write_text(
+        "import math\nimport numpy\ndef f() -> None:\n    from pyspark.sql import DataFrame\n"
+        "from processor.spark.rows import OutputRow\n"
+    )
+    (tmp_path / "processor" / "spark" / "b.py").write_text(
+        "from processor.core import domain\nfrom processor.ops.service import run\n"
+    )
+    assert processor_floor_violations(tmp_path) == [
+        "processor/core/a.py:4 imports pyspark.sql",
+        "processor/core/a.py:5 imports processor.spark.rows",
+        "processor/spark/b.py:2 imports processor.ops.service",
     ]

@@ -55,7 +55,7 @@ def test_processor_and_simulator_read_the_same_processor_rules(monkeypatch: pyte
     applies what the simulator's truth assumes, under `ProcessorRules`' names and defaults."""
     from fleetfence.rules import ProcessorRules
     from fleetfence.settings import ProcessorRulesSettings
-    from processor.domain import EngineConfig
+    from processor.core.domain import EngineConfig
     from processor.settings import ProcessorSettings
     from simulator.settings import SimulatorSettings
 

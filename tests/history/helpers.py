@@ -32,8 +32,8 @@ from history.report_inputs import report_range
 from history.schema import batch_of_file
 from history.settings import HistorySettings
 from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned
-from processor.domain import EngineConfig
-from processor.job import start_query
+from processor.core.domain import EngineConfig
+from processor.spark.job import start_query
 from tests.processor.helpers import (
     T0,
     committed_alerts,
@@ -101,7 +101,7 @@ def _caught_up(q: Any, s: Settings) -> bool:
     p = q.lastProgress
     if not p or not p["sources"]:
         return False
-    from processor.progress import source_offsets
+    from processor.ops.progress import source_offsets
 
     end: dict[str, dict[str, int]] = {}
     for src in p["sources"]:

@@ -21,7 +21,7 @@ from history.restate import (
     run_restatement,
 )
 from history.schema import bucket_of, date_of_ms, part_file_name, partition_dir, to_table, write_geoparquet
-from processor.domain import EngineConfig
+from processor.core.domain import EngineConfig
 from tests.history.helpers import Recording
 from tests.processor.helpers import LINE, T0, master_events, scenario
 

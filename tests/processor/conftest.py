@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.checkpoint_files import HadoopCheckpointFiles, LocalCheckpointFiles
+from processor.spark.checkpoint_files import HadoopCheckpointFiles, LocalCheckpointFiles
 from tests.processor.helpers import Files
 
 

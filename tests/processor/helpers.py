@@ -21,13 +21,13 @@ from fleetfence.kafka import idempotent_producer
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from fleetfence.testing import wait_for as wait_until_true
-from processor.checkpoint_files import CheckpointFiles
-from processor.columns import empty_states
-from processor.domain import EngineConfig
-from processor.engine import process_bucket
-from processor.master import Catalog, MasterState
-from processor.rows import FIX_SCHEMA, InputKind, encode_chunk
+from processor.core.columns import StateTable, empty_states
+from processor.core.domain import EngineConfig
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog, MasterState
 from processor.settings import ProcessorSettings
+from processor.spark.checkpoint_files import CheckpointFiles
+from processor.spark.rows import FIX_SCHEMA, InputKind, encode_chunk
 
 T = TypeVar("T")
 
@@ -203,7 +203,7 @@ def fixes_frame(fixes: list[Telemetry]) -> pd.DataFrame:
 
 def telemetry_rows(fixes: list[Telemetry]) -> pd.DataFrame:
     """Fixes as the stateful operator's input: one telemetry row carrying them as an Arrow chunk
-    (processor.rows), each with a made-up place on the topic."""
+    (processor.spark.rows), each with a made-up place on the topic."""
     frame = fixes_frame(fixes).assign(kafka_partition=0, kafka_offset=range(len(fixes)))
     table = pa.Table.from_pandas(frame, schema=FIX_SCHEMA, preserve_index=False)
     return pd.DataFrame({"kind": [InputKind.FIXES], "payload": [encode_chunk(table)]})
@@ -250,3 +250,7 @@ def wait_for(
     their end), typed as what it returns: the check's first truthy value, so never None or False
     (`lambda: (a := read()) and len(a) >= n and a` gives the list)."""
     return wait_until_true(check, timeout_s, what, interval_s=interval_s)
+
+
+def same_states(a: StateTable, b: StateTable) -> bool:
+    return dict(zip(a.ids, a.states(), strict=True)) == dict(zip(b.ids, b.states(), strict=True))

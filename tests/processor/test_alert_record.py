@@ -10,7 +10,7 @@ from alerts.model import Alert as ReceivedAlert
 from alerts.model import parse_alert
 from fleetfence.contracts import AlertRecord, AlertType, alert_id
 from history.schema import ALERT_SCHEMA
-from processor.domain import Alert
+from processor.core.domain import Alert
 
 # Written by the processor before the record had its definition in fleetfence.contracts: the route
 # deviation of docs/contracts.md, a late zone exit (zone_id and late present), and an alert whose

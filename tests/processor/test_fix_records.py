@@ -13,10 +13,10 @@ import pandas as pd
 import pyarrow as pa
 
 from fleetfence.contracts import PlainFix, Telemetry
-from processor.columns import FIX_SCHEMA, Fixes
-from processor.domain import Fix, RawFix
-from processor.rows import FIX_SCHEMA as ROWS_FIX_SCHEMA
-from processor.rows import decode_chunks, encode_chunk
+from processor.core.columns import FIX_SCHEMA, Fixes
+from processor.core.domain import Fix, RawFix
+from processor.spark.rows import FIX_SCHEMA as ROWS_FIX_SCHEMA
+from processor.spark.rows import decode_chunks, encode_chunk
 
 # What the engine does not read of a fix on the wire, and the record's place on the topic.
 NOT_READ = ("heading_deg", "accuracy_m")

@@ -1,4 +1,4 @@
-"""The state table's columns are `VehicleState`'s fields (processor.columns): every field has its
+"""The state table's columns are `VehicleState`'s fields (processor.core.columns): every field has its
 column, in declaration order within its kind (the order a parked row is packed in), a state goes
 through the table unchanged, and a field group resets on columns exactly as `domain.reset` does on
 one state."""
@@ -11,8 +11,15 @@ from typing import Any, get_type_hints
 import numpy as np
 import pytest
 
-from processor.columns import BOOL_COLS, FLOAT_COLS, INT_COLS, at_defaults, reset_columns, states_from_objects
-from processor.domain import (
+from processor.core.columns import (
+    BOOL_COLS,
+    FLOAT_COLS,
+    INT_COLS,
+    at_defaults,
+    reset_columns,
+    states_from_objects,
+)
+from processor.core.domain import (
     CORRIDOR,
     DEVIATION_COUNT,
     DIRECTION,

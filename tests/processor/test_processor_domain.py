@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from fleetfence.contracts import AlertType
 from fleetfence.geo import LocalProjection
 from fleetfence.rules import RouteRules
-from processor.columns import StateTable, empty_states
-from processor.domain import EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
-from processor.engine import process_bucket
-from processor.geometry import compile_route
-from processor.master import Catalog, MasterState
+from processor.core.columns import StateTable, empty_states
+from processor.core.domain import EngineConfig, Fix, RawFix, VehicleState, check_silence, reorder, step
+from processor.core.engine import process_bucket
+from processor.core.geometry import compile_route
+from processor.core.master import Catalog, MasterState
 
 CFG = EngineConfig(hysteresis_m=15.0, return_min_fixes=2)
 RULES = RouteRules(
@@ -165,7 +165,7 @@ def test_no_flapping_under_bounded_jitter(jitter: list[float], base: float) -> N
     s = VehicleState("v")
     for i, j in enumerate(jitter):
         lon, lat = proj.inverse(np.array([2000.0 + i]), np.array([true_d + j * amp - band / 2 + band / 2]))
-        from processor.geometry import corridor_tests
+        from processor.core.geometry import corridor_tests
 
         ins, inn = corridor_tests([route], np.array([0]), lon, lat)
         f = Fix(
@@ -196,7 +196,7 @@ def test_grouped_corridor_tests_equal_one_shapely_call_per_fix() -> None:
     per-fix prepared test answers, in the caller's order, with -1 and None meaning "no route"."""
     import shapely
 
-    from processor.geometry import corridor_tests
+    from processor.core.geometry import corridor_tests
 
     rng = np.random.default_rng(7)
     proj = LocalProjection(13.0, 52.0)
@@ -234,7 +234,7 @@ def test_zone_index_finds_exactly_the_zones_a_scan_of_every_polygon_finds() -> N
     enter shape and the grown stay-inside shape, with overlapping zones and a MultiPolygon."""
     import shapely
 
-    from processor.geometry import ZoneIndex, compile_zone
+    from processor.core.geometry import ZoneIndex, compile_zone
 
     rng = np.random.default_rng(11)
     proj = LocalProjection(13.0, 52.0)
@@ -569,7 +569,7 @@ def test_a_silent_vehicle_that_comes_back_raises_resumed_with_the_gap() -> None:
 def test_live_states_pack_once_with_their_versions() -> None:
     import orjson
 
-    from processor.rows import pack_live, unpack_live
+    from processor.spark.rows import pack_live, unpack_live
 
     live = [
         {"vehicle_id": "a", "seq": 3, "silent": False, "ts_ms": 5},
@@ -578,36 +578,6 @@ def test_live_states_pack_once_with_their_versions() -> None:
     got = unpack_live(pack_live(live))
     assert [(v, ver, ts) for v, ver, ts, _ in got] == [("a", 6, 5), ("b", 7, 9)]
     assert [orjson.loads(j) for *_, j in got] == live
-
-
-def test_state_written_before_the_engine_split_still_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkpoint holds pickled StateTable/MasterState under their old module (processor.engine);
-    after the split into processor.columns and processor.master, an upgrade must still load it."""
-    import pickle
-
-    import processor.engine
-    from processor.stateful import load_state
-
-    m = master([[13.0, 52.0], [13.1, 52.0]])
-    states = StateTable()
-    states.add(["a"])
-    states.cols["last_seq"][0] = 7
-    with monkeypatch.context() as old:
-        for cls in (StateTable, MasterState):
-            old.setattr(cls, "__module__", "processor.engine")
-            old.setattr(processor.engine, cls.__name__, cls, raising=False)
-        blob = pickle.dumps((states, {}, m), protocol=5)
-    assert b"processor.engine" in blob
-    # Whatever the engine module happens to import, the old names resolve through the shim.
-    monkeypatch.delattr(processor.engine, "StateTable", raising=False)
-    monkeypatch.delattr(processor.engine, "MasterState", raising=False)
-    with pytest.raises(AttributeError):
-        pickle.loads(blob)
-    got_states, _, got_master = load_state(blob)
-    assert type(got_states) is StateTable
-    assert type(got_master) is MasterState
-    assert got_states.state("a").last_seq == 7
-    assert got_master.routes == m.routes
 
 
 def test_unassigned_fixes_are_counted_per_vehicle_in_the_state_and_the_live_row() -> None:
@@ -674,7 +644,7 @@ def test_zone_index_finds_exactly_the_circles_a_distance_scan_finds() -> None:
     import shapely
 
     from fleetfence.geo import circle_distance_m
-    from processor.geometry import ZoneIndex, compile_zone
+    from processor.core.geometry import ZoneIndex, compile_zone
 
     rng = np.random.default_rng(12)
     proj = LocalProjection(13.0, 52.0)
@@ -718,7 +688,7 @@ def test_a_circle_and_its_polygon_twin_agree_away_from_the_chords() -> None:
     """A circle and a fine polygon drawn around its centre in the same local frame decide alike,
     except within the polygon's chord error of the edge: one distance, in one frame, for both."""
     from fleetfence.geo import circle_polygon_m
-    from processor.geometry import ZoneIndex, compile_zone
+    from processor.core.geometry import ZoneIndex, compile_zone
 
     lon0, lat0, r, h = 13.4, 52.5, 200.0, 15.0
     proj = LocalProjection(lon0, lat0)
@@ -827,7 +797,7 @@ def test_circle_boundary_is_exact_radius_and_hysteresis_across_batch_cuts() -> N
 def test_circle_radius_one_ulp_short_leaves_the_boundary_fix_outside() -> None:
     """The boundary belongs to the circle by `<=`: with the radius one float below the fix's
     distance, the same fix is outside; at the distance, inside."""
-    from processor.geometry import ZoneIndex, compile_zone
+    from processor.core.geometry import ZoneIndex, compile_zone
 
     zone, cfg, walk = _boundary_case()
     lon, lat0 = walk[2][1], zone["geometry"]["coordinates"][1]
@@ -849,7 +819,7 @@ def test_circle_index_cells_cover_the_whole_disc_and_band(radius_m: float) -> No
     the angles where the index's polygon is furthest from the circle too): the H3 candidates never
     miss one, from circles smaller than a cell to ones covering many full cells."""
     from fleetfence.geo import circle_distance_m
-    from processor.geometry import ZoneIndex, compile_zone
+    from processor.core.geometry import ZoneIndex, compile_zone
 
     lon0, lat0, h = 13.4, 52.5, 15.0
     geometry = {"type": "Point", "coordinates": [lon0, lat0], "radius_m": radius_m}

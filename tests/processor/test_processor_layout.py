@@ -9,13 +9,19 @@ from pathlib import Path
 import pytest
 
 from fleetfence.errors import ConfigError
-from processor.checkpoint_files import (
+from processor.spark.checkpoint_files import (
     SINK_ID_FILE,
     HadoopCheckpointFiles,
     LocalCheckpointFiles,
     sink_id_for,
 )
-from processor.layout import LAYOUT_FILE, balanced_keys, checkpoint_layout, shuffle_partition, spark_hash_int
+from processor.spark.layout import (
+    LAYOUT_FILE,
+    balanced_keys,
+    checkpoint_layout,
+    shuffle_partition,
+    spark_hash_int,
+)
 from tests.processor.helpers import Files
 
 VALUES = [*range(-50, 300), 2**31 - 1, -(2**31), 123_456_789, -987_654_321]

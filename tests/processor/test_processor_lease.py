@@ -1,4 +1,4 @@
-"""The checkpoint lease (processor.lease) on the test session's real Redis."""
+"""The checkpoint lease (processor.ops.lease) on the test session's real Redis."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 import redis
 
 from fleetfence.settings import Settings
-from processor.lease import CheckpointLease, lease_key
+from processor.ops.lease import CheckpointLease, lease_key
 from tests.processor.helpers import wait_for
 
 
@@ -23,7 +23,7 @@ def leases(settings: Settings, ttl_ms: int = 400) -> tuple[CheckpointLease, Chec
 
 HOLDER = """
 import sys, threading, redis
-from processor.lease import CheckpointLease
+from processor.ops.lease import CheckpointLease
 lease = CheckpointLease(redis.Redis.from_url(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
 assert lease.try_acquire()
 lease.start_renewing()

@@ -13,9 +13,9 @@ import redis
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all, wait_for
-from processor.kafka_sink import SINK_QUEUE_MESSAGES, AlertCommitMessage, AlertStreamWriter
-from processor.live_store import LIVE_PER_CALL
-from processor.rows import OutputKind, OutputRow, output_frame, pack_live, unpack_live
+from processor.spark.kafka_sink import SINK_QUEUE_MESSAGES, AlertCommitMessage, AlertStreamWriter
+from processor.spark.live_store import LIVE_PER_CALL
+from processor.spark.rows import OutputKind, OutputRow, output_frame, pack_live, unpack_live
 
 
 def state(vid: str, seq: int, silent: bool = False) -> dict[str, object]:
@@ -62,7 +62,7 @@ def test_state_written_before_the_version_hash_is_judged_by_its_json(settings: S
 
 
 def test_a_dry_run_sink_writes_nothing(settings: Settings) -> None:
-    """A standby's warm-up query runs through the sink in dry-run mode (processor.job.warm_up_query)
+    """A standby's warm-up query runs through the sink in dry-run mode (processor.spark.job.warm_up_query)
     to start its Python processes: it must neither write live states nor produce. The bootstrap
     here names no broker, so a commit that tried to produce would fail instead of returning."""
     prefix = f"{settings.redis_prefix}livedry:"

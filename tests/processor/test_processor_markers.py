@@ -17,7 +17,7 @@ from fleetfence.probes import free_port
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
-from processor.markers import BatchLedger
+from processor.ops.markers import BatchLedger
 from tests.processor.helpers import (
     committed_alerts,
     expected_alerts,

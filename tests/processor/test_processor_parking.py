@@ -1,4 +1,4 @@
-"""Parked vehicles (processor.parking): a silent vehicle's row leaves its bucket's blob for a value of
+"""Parked vehicles (processor.core.parking): a silent vehicle's row leaves its bucket's blob for a value of
 its own and comes back at its next fix, and a bucket's alerts and states are exactly those of the
 blob that keeps everyone. Spark's `MapState` under it is exercised end to end by
 tests/processor/test_processor_rebucket.py."""
@@ -16,14 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetfence.contracts import AlertType, Telemetry
-from processor.columns import INT_COLS, StateTable, concat_states, states_from_objects
-from processor.domain import EngineConfig, RawFix, VehicleState
+from processor.core.codec import load_state
+from processor.core.columns import INT_COLS, StateTable, concat_states, states_from_objects
+from processor.core.domain import EngineConfig, RawFix, VehicleState
+from processor.core.master import Catalog
+from processor.core.parking import pack_rows, parkable, split_parked, unpack_rows
 from processor.errors import StateError
-from processor.master import Catalog
-from processor.parking import pack_rows, parkable, split_parked, unpack_rows
-from processor.rows import OutputKind
-from processor.stateful import bucket_step, load_state
-from tests.processor.helpers import T0, master_events, master_state, scenario, telemetry_rows
+from processor.spark.rows import OutputKind
+from processor.spark.stateful import bucket_step
+from tests.processor.helpers import T0, master_events, master_state, same_states, scenario, telemetry_rows
 
 CFG = EngineConfig()
 SILENCE = {AlertType.VEHICLE_SILENT, AlertType.VEHICLE_RESUMED}
@@ -44,10 +45,6 @@ class DictLot:
     def park(self, table: StateTable) -> None:
         assert not set(table.ids) & set(self.values), "a vehicle parked twice"
         self.values.update(zip(table.ids, pack_rows(table), strict=True))
-
-
-def same_states(a: StateTable, b: StateTable) -> bool:
-    return dict(zip(a.ids, a.states(), strict=True)) == dict(zip(b.ids, b.states(), strict=True))
 
 
 ints = st.integers(-(2**63), 2**63 - 1)

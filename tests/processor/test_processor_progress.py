@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.progress import log_first_batch, telemetry_events, unseen_progress
+from processor.ops.progress import log_first_batch, telemetry_events, unseen_progress
 
 TOPIC = "fleet.telemetry"
 
@@ -69,7 +69,7 @@ def test_the_first_batch_of_a_start_is_logged_phase_by_phase(caplog: pytest.LogC
             }
         ],
     }
-    with caplog.at_level(logging.INFO, logger="processor.progress"):
+    with caplog.at_level(logging.INFO, logger="processor.ops.progress"):
         log_first_batch(p)
     line = caplog.records[-1].getMessage()
     assert line.startswith("first batch after start batch_id=7 ")

@@ -1,4 +1,4 @@
-"""Re-bucketing a checkpoint (`fleetfence rebucket`, processor.rebucket): every vehicle's state
+"""Re-bucketing a checkpoint (`fleetfence rebucket`, processor.spark.rebucket): every vehicle's state
 moves to its new bucket, and the stream goes on exactly once across the move."""
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from fleetfence.contracts import AlertType, Telemetry, bucket_of
 from fleetfence.errors import ConfigError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from processor.checkpoint_files import LocalCheckpointFiles
-from processor.columns import empty_states
-from processor.engine import process_bucket
-from processor.job import start_query
-from processor.layout import balanced_keys
-from processor.lease import CheckpointLease, lease_key
-from processor.master import Catalog
-from processor.parking import pack_rows, unpack_rows
-from processor.rebucket import (
+from processor.core.columns import empty_states
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog
+from processor.core.parking import pack_rows, unpack_rows
+from processor.ops.lease import CheckpointLease, lease_key
+from processor.ops.rebucket_run import run_rebucket
+from processor.settings import ProcessorSettings
+from processor.spark.checkpoint_files import LocalCheckpointFiles
+from processor.spark.job import start_query
+from processor.spark.layout import balanced_keys
+from processor.spark.rebucket import (
     SEED_STATE,
     BucketState,
     Seed,
@@ -39,8 +41,6 @@ from processor.rebucket import (
     refuse_incomplete,
     split_buckets,
 )
-from processor.rebucket_run import run_rebucket
-from processor.settings import ProcessorSettings
 from tests.processor.helpers import (
     T0,
     committed_alerts,
@@ -57,7 +57,7 @@ from tests.processor.helpers import (
 )
 
 # The far-ahead fix that moves the watermark on: every other vehicle falls silent once (and parks:
-# processor.parking); then two of them report again (woken from the parked state: VEHICLE_RESUMED).
+# processor.core.parking); then two of them report again (woken from the parked state: VEHICLE_RESUMED).
 FAR = Telemetry("v0", 60, T0 + 400_000, 52.5, 13.05, 30.0, None, None, T0 + 400_000)
 BACK = [Telemetry(v, 60, T0 + 401_000, 52.5, 13.05, 30.0, None, None, T0 + 401_000) for v in ("v2", "v5")]
 
@@ -100,7 +100,7 @@ def test_split_state_continues_exactly_like_one_bucket_would() -> None:
         alerts |= {a.alert_id: a.to_dict() for a in r.alerts}
         old.append(BucketState(r.states, r.held, m))
     before = {v: s for o in old for v, s in zip(o.states.ids, o.states.states(), strict=True)}
-    # One vehicle of the first bucket is parked (processor.parking): it moves like the others.
+    # One vehicle of the first bucket is parked (processor.core.parking): it moves like the others.
     first = old[0].states
     parked = unpack_rows(first.ids[:1], pack_rows(first.take(np.array([0]))))
     old[0] = BucketState(first.take(np.arange(1, len(first))), old[0].held, old[0].master, parked)
@@ -224,7 +224,7 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
     assert records_read() == len(first) + len(drained)
     seed = read_seed(LocalCheckpointFiles(new.checkpoint))
     # Run again (as after an interruption): it sees the work done and changes nothing.
-    with caplog.at_level(logging.INFO, logger="processor.rebucket_run"):
+    with caplog.at_level(logging.INFO, logger="processor.ops.rebucket_run"):
         assert run_rebucket(old, new.checkpoint, 3, spark) == seed
     assert any("rebucket: already done" in r.getMessage() for r in caplog.records)
     assert seed is not None

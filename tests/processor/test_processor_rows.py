@@ -1,4 +1,4 @@
-"""The row contract between the stateful operator and the sink (processor.rows): an output row
+"""The row contract between the stateful operator and the sink (processor.spark.rows): an output row
 comes out of Spark's pandas-to-Arrow conversion, as the sink reads it, with every field as the
 operator wrote it; a late fix carries its record's place as typed fields. Pure: Spark's own
 converter, no session."""
@@ -11,8 +11,8 @@ from pyspark.sql.pandas.conversion import create_arrow_array_from_pandas
 from pyspark.sql.types import BinaryType, DataType, IntegerType, LongType, StringType
 
 from fleetfence.contracts import Telemetry
-from processor.columns import Fixes
-from processor.rows import OUTPUT_DDL, OutputKind, OutputRow, late_rows, output_frame, output_rows
+from processor.core.columns import Fixes
+from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, late_rows, output_frame, output_rows
 
 SPARK_TYPES: dict[str, DataType] = {
     "string": StringType(),

@@ -23,17 +23,17 @@ from fleetfence.contracts import Telemetry, bucket_of
 from fleetfence.kafka import TopicSpec, ensure_topics, idempotent_producer, transactional_producer
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
-from processor import parse
 from processor.errors import LateReadBackError
-from processor.kafka_sink import original_records
-from processor.rows import InputKind
-from processor.source import processor_input
+from processor.spark import parse
+from processor.spark.kafka_sink import original_records
+from processor.spark.rows import InputKind
+from processor.spark.source import processor_input
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
 T0 = 1_795_000_000_000
 BUCKETS = 3
-KEYS = [10, 20, 30]  # state keys differ from bucket numbers, as processor.layout makes them
+KEYS = [10, 20, 30]  # state keys differ from bucket numbers, as processor.spark.layout makes them
 
 
 def fix(n: int) -> bytes:

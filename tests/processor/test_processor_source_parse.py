@@ -13,8 +13,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from fleetfence.contracts import INVALID_ERRORS, Telemetry, bucket_of, canonical_fix, decode_plain_fix
-from processor.parse import BucketRows, parse_telemetry_batch
-from processor.rows import FIX_SCHEMA, InputKind
+from processor.spark.parse import BucketRows, parse_telemetry_batch
+from processor.spark.rows import FIX_SCHEMA, InputKind
 from tests.strategies import json_values
 
 BUCKETS = 4
@@ -104,10 +104,10 @@ def test_batch_parse_equals_the_per_record_reference(values: list[bytes | None])
 
 def test_fast_path_takes_the_common_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guard for the property above: a batch of plain canonical fixes takes the msgspec path."""
-    import processor.parse as ks
+    import processor.spark.parse as ks
 
     calls: list[bytes] = []
-    real = decode_plain_fix  # what processor.parse calls, patched there below
+    real = decode_plain_fix  # what processor.spark.parse calls, patched there below
 
     def spy(v: bytes) -> Any:
         calls.append(v)

@@ -19,7 +19,7 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
-from processor.job import start_query
+from processor.spark.job import start_query
 from tests.processor.helpers import (
     T0,
     circle_zone_event,

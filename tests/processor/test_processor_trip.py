@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from fleetfence.contracts import AlertType
 from fleetfence.geo import LocalProjection
 from fleetfence.rules import RouteRules
-from processor.columns import StateTable, empty_states
-from processor.domain import Alert, EngineConfig, Fix, RawFix, VehicleState, continue_progress, step
-from processor.engine import process_bucket
-from processor.geometry import compile_route, route_progress
-from processor.master import Catalog, MasterState
+from processor.core.columns import StateTable, empty_states
+from processor.core.domain import Alert, EngineConfig, Fix, RawFix, VehicleState, continue_progress, step
+from processor.core.engine import process_bucket
+from processor.core.geometry import compile_route, route_progress
+from processor.core.master import Catalog, MasterState
 
 CFG = EngineConfig(hysteresis_m=15.0, return_min_fixes=2, eta_warmup_s=10.0)
 T0 = 1_795_000_000_000

@@ -7,10 +7,10 @@ from typing import Any
 
 import pandas as pd
 
-from processor.columns import empty_states
-from processor.domain import EngineConfig, RawFix
-from processor.engine import process_bucket
-from processor.master import Catalog, MasterState
+from processor.core.columns import empty_states
+from processor.core.domain import EngineConfig, RawFix
+from processor.core.engine import process_bucket
+from processor.core.master import Catalog, MasterState
 from simulator.config import Injections, ScenarioConfig
 from simulator.fleet_sink import tick_rows
 from simulator.register import scenario_entities

@@ -12,8 +12,8 @@ import pytest
 from fleetfence.contracts import AlertType, utc_now_ms
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
-from processor.job import start_query
 from processor.settings import ProcessorSettings
+from processor.spark.job import start_query
 from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, run_simulation
 from simulator.rules import simulated_rules

@@ -1,6 +1,6 @@
 """The live read model's writer: a micro-batch's live states into Redis, newest state wins.
 
-Runs in the sink's executors (`processor.kafka_sink.AlertStreamWriter.write`), outside the Kafka
+Runs in the sink's executors (`processor.spark.kafka_sink.AlertStreamWriter.write`), outside the Kafka
 transaction: the read model is idempotent instead (a state only replaces an older one), so a retried
 or replayed batch writes the same or an older state and changes nothing. Key names come from
 `fleetfence.readmodels.ReadKeys`, which the API and the receivers read through.

@@ -25,8 +25,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from fleetfence.contracts import DlqReason, dead_letter
 from fleetfence.readmodels import ReadKeys
 from processor.errors import LateReadBackError
-from processor.live_store import write_live
-from processor.rows import OUTPUT_DDL, OutputKind, OutputRow, output_rows, unpack_live
+from processor.spark.live_store import write_live
+from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_rows, unpack_live
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         self.sink_id = options["sinkid"]
         self.redis_url = options.get("redisurl") or None
         self.redis_prefix = options.get("redisprefix", "ff:")
-        # A standby's warm-up query (processor.job.warm_up_query): the sink's Python processes are
+        # A standby's warm-up query (processor.spark.job.warm_up_query): the sink's Python processes are
         # started and its modules loaded, and nothing is written anywhere.
         self.dry_run = options.get("dryrun", "") == "true"
 

@@ -11,7 +11,7 @@ expires `ttl` later and the standby starts the query on the checkpoint at once.
 A driver that cannot renew (Redis unreachable for longer than its margin, or the lease taken by
 another because this driver stalled past `ttl`) stops its query: it fences itself. A driver that
 stalled so long it does not even notice is fenced by Kafka: every driver of a checkpoint shares the
-sink's transactional id (`processor.kafka_sink`), so the new owner's `init_transactions` aborts the
+sink's transactional id (`processor.spark.kafka_sink`), so the new owner's `init_transactions` aborts the
 old one's open transaction, and its next commit fails. docs/exactly-once.md has the protocol and
 its failure cases.
 """

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetfence.rules import RouteRules
-from processor.domain import EngineConfig
-from processor.geometry import (
+from processor.core.domain import EngineConfig
+from processor.core.geometry import (
     CompiledRoute,
     CompiledZone,
     RouteSetIndex,

@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from processor.columns import (
+from processor.core.columns import (
     BOOL_COLS,
     COUNTER_COLS,
     EMPTY,
@@ -34,7 +34,7 @@ from processor.columns import (
     StateTable,
     concat_states,
 )
-from processor.domain import RawFix
+from processor.core.domain import RawFix
 from processor.errors import StateError
 
 _VERSION = 1
@@ -63,7 +63,7 @@ def parkable(states: StateTable, held: dict[str, list[RawFix]]) -> np.ndarray:
     """The rows with nothing pending: silent (alerted as such), and no fix held for reordering.
 
     Nothing else changes such a row before the vehicle's next fix: silence is its last event-time
-    deadline (`processor.stateful.next_timer_ms` skips it), master changes are applied to a
+    deadline (`processor.spark.stateful.next_timer_ms` skips it), master changes are applied to a
     vehicle's state at its next fix, and the live view only shows the rows a batch touched."""
     if not len(states):
         return np.zeros(0, dtype=np.int64)

@@ -6,7 +6,7 @@ State per bucket, in Spark's RocksDB state store (checkpointed, restored on rest
 - `master`: routes, zones and assignments as of this batch (changes rarely; a worker keeps the
   decoded copy in memory keyed by its digest, so it is only decoded when it changed);
 - `meta`: the master digest and the registered event-time timer;
-- `parked`: one value per parked vehicle (silent, nothing pending: processor.parking), so that the
+- `parked`: one value per parked vehicle (silent, nothing pending: processor.core.parking), so that the
   blob, and what every batch rewrites, holds only the vehicles that are active (unless
   `FLEETFENCE_PROCESSOR_PARKING` is off).
 
@@ -17,9 +17,7 @@ that receives no data still reports silent vehicles when the watermark moves on.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
-import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +32,13 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from processor.columns import StateTable, empty_states
-from processor.domain import EngineConfig, RawFix
-from processor.engine import process_bucket, silent_after_s
-from processor.master import Catalog, MasterState
-from processor.parking import ParkingLot, pack_rows, split_parked, unpack_rows, wake
-from processor.rows import (
+from processor.core.codec import dump_state, load_state
+from processor.core.columns import StateTable, empty_states
+from processor.core.domain import EngineConfig, RawFix
+from processor.core.engine import process_bucket, silent_after_s
+from processor.core.master import Catalog, MasterState
+from processor.core.parking import ParkingLot, pack_rows, split_parked, unpack_rows, wake
+from processor.spark.rows import (
     InputKind,
     OutputKind,
     OutputRow,
@@ -56,24 +55,6 @@ _MASTER_CACHE: dict[str, MasterState] = {}
 _CATALOGS: dict[EngineConfig, Catalog] = {}
 
 
-# Classes that moved since state was first written: a checkpoint's pickled state names them by their
-# old module, and must still load after an upgrade (tests/processor/test_processor_domain.py holds it).
-_MOVED = {
-    ("processor.engine", "StateTable"): ("processor.columns", "StateTable"),
-    ("processor.engine", "MasterState"): ("processor.master", "MasterState"),
-}
-
-
-class _StateUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        return super().find_class(*_MOVED.get((module, name), (module, name)))
-
-
-def load_state(blob: bytes) -> Any:
-    """Unpickle a state-store value, including one written before a class moved."""
-    return _StateUnpickler(io.BytesIO(blob)).load()
-
-
 def _digest(blob: bytes) -> str:
     return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
@@ -85,7 +66,7 @@ class GeofenceProcessor(StatefulProcessor):
     def __init__(self, cfg: EngineConfig, watermark_floor_ms: int = 0, *, parking: bool = True) -> None:
         self.cfg = cfg
         # A re-bucketed checkpoint's Spark watermark starts again from nothing; the engine keeps
-        # judging lateness and releasing held fixes from the old checkpoint's (processor.rebucket).
+        # judging lateness and releasing held fixes from the old checkpoint's (processor.spark.rebucket).
         self.watermark_floor_ms = watermark_floor_ms
         # Whether vehicles with nothing pending are parked (ProcessorSettings.processor_parking).
         self.parking = parking
@@ -106,7 +87,7 @@ class GeofenceProcessor(StatefulProcessor):
         yield self._run(df, timerValues.getCurrentWatermarkInMs())
 
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
-        """A re-bucketed checkpoint's first batch: this bucket's seed state (processor.rebucket);
+        """A re-bucketed checkpoint's first batch: this bucket's seed state (processor.spark.rebucket);
         `transformWithStateInPandas` hands it over as a pandas DataFrame of one row."""
         row = initialState.iloc[0]
         vehicles, master_blob = bytes(row["vehicles"]), bytes(row["master"])
@@ -246,13 +227,13 @@ def bucket_step(
         if len(m_rows):
             # Copy before applying: the cached object must keep matching its digest if this
             # batch fails and is retried.
-            new_master = pickle.loads(pickle.dumps(master, protocol=5))
+            new_master = load_state(dump_state(master))
             changed = False
             for payload in m_rows.sort_values("kafka_offset")["payload"]:
                 changed |= new_master.apply(orjson.loads(payload))
             stats["master_events"] = len(m_rows)
             if changed:
-                master_blob = pickle.dumps(new_master, protocol=5)
+                master_blob = dump_state(new_master)
                 digest = _digest(master_blob)
                 _MASTER_CACHE[digest] = new_master
                 master = new_master
@@ -303,7 +284,7 @@ def bucket_step(
     out.append(OutputRow(OutputKind.STATS, orjson.dumps(stats)))
     return BucketStep(
         out=output_frame(out),
-        vehicles=pickle.dumps((kept, res.held), protocol=5),
+        vehicles=dump_state((kept, res.held)),
         master_blob=master_blob,
         digest=digest,
         next_timer_ms=next_timer_ms(kept, res.held, master, catalog, cfg),

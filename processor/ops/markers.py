@@ -2,10 +2,10 @@
 from the commit markers themselves, the same numbers a reconciliation reads.
 
 Every micro-batch the exactly-once sink commits writes one marker to `fleet.processor.commits` in
-the same Kafka transaction as its alerts (`processor.kafka_sink`): `{sink_id, batch_id,
+the same Kafka transaction as its alerts (`processor.spark.kafka_sink`): `{sink_id, batch_id,
 committed_ms, received, invalid, accepted, duplicates, held, alerts, master_events, ...}`. An
 aborted batch's marker is never visible (read_committed) and a replayed batch is skipped by the sink,
-so one visible marker is one committed batch. The service (`processor.service`) tails the markers of
+so one visible marker is one committed batch. The service (`processor.ops.service`) tails the markers of
 its own sink id from where the topic ended when it started, and joins each with Spark's progress
 report of the same batch for what the marker cannot know (the batch's duration and watermark).
 
@@ -47,7 +47,7 @@ UNASSIGNED = Counter(
 PARKING = Counter(
     "fleetfence_processor_vehicle_parking_total",
     "Vehicles moved out of their bucket's blob (parked: silent, nothing pending) and back (woken: "
-    "reporting again); see processor.parking",
+    "reporting again); see processor.core.parking",
     ["move"],
 )
 HELD = Gauge("fleetfence_processor_held_fixes", "Fixes held in reorder buffers after the last batch")

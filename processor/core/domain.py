@@ -1,7 +1,7 @@
 """The per-vehicle geofencing state machine: `step(state, fix) -> (state, alerts)`. Pure, no I/O.
 
 This is the specification of FleetFence's alert semantics. The vectorized batch engine
-(`processor.engine`) must produce exactly what folding `step` over a vehicle's fixes produces; a
+(`processor.core.engine`) must produce exactly what folding `step` over a vehicle's fixes produces; a
 property test holds it to that. Geometric facts (inside the corridor, inside the inner band, zone
 memberships) are computed before, in one vectorized pass per micro-batch, and arrive on the `Fix`.
 
@@ -51,7 +51,7 @@ from typing import Any
 from fleetfence.contracts import AlertRecord, AlertType, alert_id, alert_json, alert_record
 from fleetfence.geo import haversine_m
 from fleetfence.rules import ProcessorRules, RouteRules
-from processor.trip import eta_ms, planned_arrival_ms
+from processor.core.trip import eta_ms, planned_arrival_ms
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class EngineConfig(ProcessorRules):
     # How many fixes a vehicle's reorder buffer holds before it gives up waiting for a missing one.
     max_pending_per_vehicle: int = 1000
     # False folds every vehicle fix by fix through `step`, the reference semantics, instead of
-    # advancing the quiet ones in columns (`processor.engine`): the same alerts and states, slower.
+    # advancing the quiet ones in columns (`processor.core.engine`): the same alerts and states, slower.
     # The engine's property tests run both ways to hold the fast path to the reference.
     fast_path: bool = True
 
@@ -91,7 +91,7 @@ class RawFix:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fix(RawFix):
     """A fix once ordered and placed: the `RawFix` with the facts of its assigned route and the
-    zones, computed for a whole batch in one vectorized pass (`processor.engine`) so that `step`
+    zones, computed for a whole batch in one vectorized pass (`processor.core.engine`) so that `step`
     itself does no geometry. The facts are keyword-only: most are of one type, and a swapped pair
     would go unnoticed."""
 
@@ -165,11 +165,11 @@ class Alert:
 @dataclass(slots=True)
 class VehicleState:
     """Everything the processor remembers about one vehicle between fixes: the one definition of
-    the state, from which the engine's columns (`processor.columns`) take their names, kinds and
+    the state, from which the engine's columns (`processor.core.columns`) take their names, kinds and
     "nothing yet" values (each field's default).
 
     A new field goes at the end. A parked vehicle's row is packed by position, its int, float and
-    bool fields each in their order here (`processor.parking`), and a row packed before a field
+    bool fields each in their order here (`processor.core.parking`), and a row packed before a field
     existed unpacks with the field's default only if every older field kept its place
     (tests/processor/test_processor_parking.py holds a row packed by an older version).
     """

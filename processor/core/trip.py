@@ -1,7 +1,7 @@
 """A trip's schedule arithmetic: the ETA and the planned arrival. Pure, no I/O.
 
-One definition for both of the engine's paths: `processor.domain.step` calls these on one fix's
-numbers and the vectorized fast path (`processor.engine`) on whole columns. The same numpy
+One definition for both of the engine's paths: `processor.core.domain.step` calls these on one fix's
+numbers and the vectorized fast path (`processor.core.engine`) on whole columns. The same numpy
 operations in the same order give the same float64 bits either way, which is what lets the property
 test demand that the two paths agree exactly (an arrival alert decided by a last-bit difference
 would otherwise fire on one path and not on the other).

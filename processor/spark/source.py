@@ -8,10 +8,10 @@ Two sources in one query, each with its offsets in the checkpoint's offset log: 
 exactly the records of an unfinished micro-batch, and a replay sees the same route versions as the
 first run, because master changes travel through the same checkpointed batches as telemetry. Master
 data always starts at the beginning of its (compacted) topic: the processor needs every route its
-vehicles refer to (a re-bucketed checkpoint, `processor.rebucket`, starts both topics where the old
+vehicles refer to (a re-bucketed checkpoint, `processor.spark.rebucket`, starts both topics where the old
 checkpoint ended: its seed state holds the master data read until then). Both read
 `read_committed`, so aborted transactions and their markers never reach the job. The parse is one
-vectorized Python pass per Kafka partition range (`processor.parse`), so the JVM moves a few Arrow
+vectorized Python pass per Kafka partition range (`processor.spark.parse`), so the JVM moves a few Arrow
 chunks per bucket instead of one row per fix.
 """
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from fleetfence.errors import ConfigError
-from processor.parse import record_parser
-from processor.rows import SCHEMA_DDL
+from processor.spark.parse import record_parser
+from processor.spark.rows import SCHEMA_DDL
 
 KAFKA_FORMAT = "kafka"
 
@@ -65,7 +65,7 @@ def processor_input(
     max_events_per_batch: int,
     master_starting_offsets: str = "earliest",
 ) -> Any:
-    """The rows the stateful operator folds (processor.parse.SCHEMA_DDL), from both topics."""
+    """The rows the stateful operator folds (processor.spark.parse.SCHEMA_DDL), from both topics."""
     if len(bucket_keys) != buckets:
         raise ConfigError(f"{len(bucket_keys)} bucket keys for {buckets} buckets")
     # Only what the parse reads crosses from the JVM into Arrow: every column costs per record.

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import shapely
 
-from processor.columns import StateTable
-from processor.geometry import CompiledRoute
-from processor.master import Catalog, MasterState, assignment_ms, compiled_route
-from processor.trip import planned_arrival_ms
+from processor.core.columns import StateTable
+from processor.core.geometry import CompiledRoute
+from processor.core.master import Catalog, MasterState, assignment_ms, compiled_route
+from processor.core.trip import planned_arrival_ms
 
 
 def live_rows(

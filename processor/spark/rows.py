@@ -1,5 +1,5 @@
-"""The processor's row contract: what flows from the Kafka read (`processor.parse`) through the
-stateful operator (`processor.stateful`) to the exactly-once sink (`processor.kafka_sink`).
+"""The processor's row contract: what flows from the Kafka read (`processor.spark.parse`) through the
+stateful operator (`processor.spark.stateful`) to the exactly-once sink (`processor.spark.kafka_sink`).
 
 Three shapes, one home:
 - input rows (SCHEMA_DDL / ARROW_SCHEMA), one per master event, dead letter or per-bucket chunk of
@@ -22,8 +22,8 @@ import pyarrow as pa
 from fleetfence.contracts import Telemetry
 
 # A chunk's schema is part of this contract; it is defined beside the engine's `Fixes`.
-from processor.columns import FIX_SCHEMA as FIX_SCHEMA  # noqa: PLC0414 (re-exported)
-from processor.columns import Fixes
+from processor.core.columns import FIX_SCHEMA as FIX_SCHEMA  # noqa: PLC0414 (re-exported)
+from processor.core.columns import Fixes
 
 # --------------------------------------------------------------------------- input rows
 
@@ -45,10 +45,10 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 # `ts` is null on every row but the clock's (InputKind.CLOCK).
-# `bucket` is the Spark state key of the row's vehicle bucket (`processor.layout`), not the bucket
+# `bucket` is the Spark state key of the row's vehicle bucket (`processor.spark.layout`), not the bucket
 # number itself, so that the buckets spread evenly over the stateful tasks.
 # One row of the stream carries a whole chunk of one bucket's fixes, as an Arrow IPC stream of
-# FIX_SCHEMA (`processor.columns`, beside the engine's `Fixes`): the JVM moves a few large binary
+# FIX_SCHEMA (`processor.core.columns`, beside the engine's `Fixes`): the JVM moves a few large binary
 # values per bucket instead of converting every fix row by row through the shuffle and into the
 # stateful operator, where the per-row cost dominates.
 
@@ -190,7 +190,7 @@ def unpack_live(blob: bytes) -> list[tuple[str, int, int, bytes]]:
 def late_rows(late: Fixes, watermark_ms: int, bound_ms: int) -> list[OutputRow]:
     """LATE_FIX rows for fixes beyond the lateness bound, each with its record's place on the
     telemetry topic when known: the sink reads the record's original bytes back from there
-    (`processor.kafka_sink.original_records`). The value is the fix in canonical form as decoded,
+    (`processor.spark.kafka_sink.original_records`). The value is the fix in canonical form as decoded,
     sent only if the record is no longer on the topic (retention) or its place is unknown; the
     detail says how late it was."""
     out = []

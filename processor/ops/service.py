@@ -1,12 +1,12 @@
 """`fleetfence processor`: run the streaming job until SIGTERM/SIGINT, with metrics and logs.
 
 The Spark query does the work; this loop only watches it: it hands the query's progress reports to
-`processor.progress` (Prometheus metrics), counts and logs every committed micro-batch from its
-commit marker (`processor.markers`: one structured line per batch, the marker's exact counts joined
+`processor.ops.progress` (Prometheus metrics), counts and logs every committed micro-batch from its
+commit marker (`processor.ops.markers`: one structured line per batch, the marker's exact counts joined
 with the batch's duration and watermark), and stops the query gracefully on a signal (the current
 micro-batch finishes and commits; a SIGKILL is also safe, see docs/exactly-once.md). A standby
 (`--standby`) starts Spark, the job and its Python workers first, then waits for the checkpoint's
-lease (`processor.lease`).
+lease (`processor.ops.lease`).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from prometheus_client import Counter, Gauge
 
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
-from processor.checkpoint_files import HadoopCheckpointFiles
 from processor.errors import LeaseLostError, ProcessorError
-from processor.job import checkpoint_sink_id, start_query, warm_up_query
-from processor.lease import CheckpointLease, checkpoint_lease
-from processor.markers import BatchLedger, MarkerReader
-from processor.progress import log_first_batch, observe, unseen_progress
-from processor.rebucket import read_seed
+from processor.ops.lease import CheckpointLease, checkpoint_lease
+from processor.ops.markers import BatchLedger, MarkerReader
+from processor.ops.progress import log_first_batch, observe, unseen_progress
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
-from processor.spark import build_session, spark_master_url
+from processor.spark.checkpoint_files import HadoopCheckpointFiles
+from processor.spark.job import checkpoint_sink_id, start_query, warm_up_query
+from processor.spark.rebucket import read_seed
+from processor.spark.session import build_session, spark_master_url
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def warm_python_workers(spark: Any) -> None:
     workers are reused: `spark.python.worker.reuse`)."""
 
     def load(batches: Iterator[Any]) -> Iterator[Any]:
-        import processor.stateful  # noqa: F401  (the operator's imports: numpy, pandas, shapely, h3)
+        import processor.spark.stateful  # noqa: F401  (the operator's imports: numpy, pandas, shapely, h3)
 
         yield from batches
 

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from processor.domain import STATE_DEFAULTS, RawFix, VehicleState
+from processor.core.domain import STATE_DEFAULTS, RawFix, VehicleState
 
 
 def _state_columns() -> dict[type, tuple[str, ...]]:
     """`VehicleState`'s fields by kind, each kind in declaration order (the order a parked row is
-    packed in, processor.parking); the id is the table's index, not a column."""
+    packed in, processor.core.parking); the id is the table's index, not a column."""
     kinds: dict[type, tuple[str, ...]] = {int: (), float: (), bool: (), object: ()}
     for name, hint in get_type_hints(VehicleState).items():
         if name == "vehicle_id":
@@ -35,7 +35,7 @@ def _state_columns() -> dict[type, tuple[str, ...]]:
 
 
 # The fields the table keeps as Python objects, each with code of its own (`get`, `put`,
-# processor.parking's JSON).
+# processor.core.parking's JSON).
 _OBJECT_COLS = ("route_id", "zones")
 _KINDS = _state_columns()
 INT_COLS = _KINDS[int]
@@ -172,7 +172,7 @@ def states_from_objects(states: Iterable[VehicleState]) -> StateTable:
 # A batch of fixes as columns: the fields of the canonical record the engine reads
 # (`fleetfence.contracts.PlainFix`, in its order; a test holds the two lists together), then where
 # the record is on the telemetry topic. The Arrow form is what a chunk of the stream carries
-# (`processor.rows.encode_chunk`); `Fixes` is the same columns as numpy arrays, in this order.
+# (`processor.spark.rows.encode_chunk`); `Fixes` is the same columns as numpy arrays, in this order.
 FIX_SCHEMA = pa.schema(
     [
         ("vehicle_id", pa.string()),

@@ -1,6 +1,6 @@
 """`fleetfence rebucket`: the re-bucketing run, on Spark and under the old checkpoint's lease.
 
-The steps and why they are safe are in `processor.rebucket` (the pure split, the checkpoint files
+The steps and why they are safe are in `processor.spark.rebucket` (the pure split, the checkpoint files
 and the state reader); this module drives them: take the lease, drain the old checkpoint, read and
 split its state, write the seeded new checkpoint, retire the old one. A run cut short is finished
 by running it again with the same target.
@@ -15,12 +15,13 @@ from typing import Any
 import orjson
 
 from fleetfence.errors import ConfigError
-from processor.checkpoint_files import HadoopCheckpointFiles
 from processor.errors import LeaseLostError, ProcessorError
-from processor.job import start_query
-from processor.layout import LAYOUT_FILE
-from processor.lease import CheckpointLease, checkpoint_lease
-from processor.rebucket import (
+from processor.ops.lease import CheckpointLease, checkpoint_lease
+from processor.settings import ProcessorSettings
+from processor.spark.checkpoint_files import HadoopCheckpointFiles
+from processor.spark.job import start_query
+from processor.spark.layout import LAYOUT_FILE
+from processor.spark.rebucket import (
     RETIRED_FILE,
     SEED_STATE,
     Seed,
@@ -33,15 +34,14 @@ from processor.rebucket import (
     state_bytes,
     write_seed,
 )
-from processor.settings import ProcessorSettings
-from processor.spark import build_session, spark_master_url
+from processor.spark.session import build_session, spark_master_url
 
 logger = logging.getLogger(__name__)
 
 
 def run_rebucket(s: ProcessorSettings, target: str, buckets: int, spark: Any = None) -> Seed:
     """Move the checkpoint's vehicle state to `buckets` buckets in the new checkpoint `target`
-    (the steps and why: processor.rebucket). The processor must be stopped: its lease is taken
+    (the steps and why: processor.spark.rebucket). The processor must be stopped: its lease is taken
     for the whole run, so none can start on the old checkpoint meanwhile. Runs on `spark` when
     given (left running), else on a session of its own."""
     lease = checkpoint_lease(s)

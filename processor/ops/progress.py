@@ -2,8 +2,8 @@
 batch of a start logged phase by phase, and the telemetry records a batch read from its Kafka
 offsets.
 
-The run loop (`processor.service`) hands every report here once, oldest first (`unseen_progress`);
-the exact per-batch counts come from the commit markers (`processor.markers`), these are the
+The run loop (`processor.ops.service`) hands every report here once, oldest first (`unseen_progress`);
+the exact per-batch counts come from the commit markers (`processor.ops.markers`), these are the
 Spark side of the same batches (duration, input rate, state size).
 """
 

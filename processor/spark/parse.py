@@ -1,6 +1,6 @@
 """The processor's input stage: Kafka records -> the rows the stateful operator folds.
 
-Runs inside the Spark tasks that read Kafka through Spark's own connector (`processor.source`),
+Runs inside the Spark tasks that read Kafka through Spark's own connector (`processor.spark.source`),
 as one vectorized Python pass per task (`mapInArrow`): each task sees one Kafka partition's offset
 range in order, parses it, and hands on a few rows per bucket instead of one row per fix:
 
@@ -34,7 +34,7 @@ from fleetfence.contracts import (
     decode_plain_fix,
     received_ms_of,
 )
-from processor.rows import (
+from processor.spark.rows import (
     ARROW_SCHEMA,
     FIX_SCHEMA,
     InputKind,
@@ -52,7 +52,7 @@ class BucketRows:
 
     def __init__(self, buckets: int, keys: list[int] | None = None) -> None:
         self.buckets = buckets
-        # The Spark state key of each bucket (processor.layout): the `bucket` column carries the key.
+        # The Spark state key of each bucket (processor.spark.layout): the `bucket` column carries the key.
         self.keys = keys if keys is not None else list(range(buckets))
         self.cols: dict[str, list[Any]] = {f.name: [] for f in ARROW_SCHEMA}
         # Fixes decoded so far, as column batches with each fix's bucket; cut into one Arrow IPC

@@ -3,8 +3,8 @@
 The processor keeps each vehicle in one of `FLEETFENCE_PROCESSOR_BUCKETS` state blobs, and a blob
 is read and written whole in every micro-batch that touches its bucket, so the vehicles per bucket
 decide a batch's state cost. The bucket count is part of a checkpoint's identity
-(`processor.layout`: Spark keys the state by bucket), so it changes offline, in five steps, all
-through Spark (any Hadoop path, local or on a cluster); `processor.rebucket_run` runs them:
+(`processor.spark.layout`: Spark keys the state by bucket), so it changes offline, in five steps, all
+through Spark (any Hadoop path, local or on a cluster); `processor.ops.rebucket_run` runs them:
 
 1. take the old checkpoint's lease: a processor running on it holds it, and must be stopped first;
 2. drain: run the job on the old checkpoint until it has processed what Kafka holds now
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,13 +38,13 @@ import numpy as np
 
 from fleetfence.contracts import bucket_of
 from fleetfence.errors import ConfigError
-from processor.checkpoint_files import CheckpointFiles, HadoopCheckpointFiles
-from processor.columns import StateTable, concat_states
-from processor.domain import RawFix
-from processor.layout import LAYOUT_FILE, balanced_keys
-from processor.master import MasterState
-from processor.parking import unpack_rows
-from processor.stateful import load_state
+from processor.core.codec import dump_state, load_state
+from processor.core.columns import StateTable, concat_states
+from processor.core.domain import RawFix
+from processor.core.master import MasterState
+from processor.core.parking import unpack_rows
+from processor.spark.checkpoint_files import CheckpointFiles, HadoopCheckpointFiles
+from processor.spark.layout import LAYOUT_FILE, balanced_keys
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class BucketState:
     states: StateTable
     held: dict[str, list[RawFix]]
     master: MasterState
-    # Its parked vehicles (processor.parking), and the bytes of their values in the state store.
+    # Its parked vehicles (processor.core.parking), and the bytes of their values in the state store.
     parked: StateTable = field(default_factory=StateTable)
     parked_bytes: int = 0
 
@@ -217,7 +216,7 @@ def refuse_incomplete(files: CheckpointFiles, seed: Seed | None) -> None:
 
 
 def read_bucket_states(spark: Any, location: str, batch_id: int) -> dict[int, BucketState]:
-    """Every bucket's state of a checkpoint at a committed batch, by state key (`processor.layout`),
+    """Every bucket's state of a checkpoint at a committed batch, by state key (`processor.spark.layout`),
     through Spark's state reader."""
 
     def read(var: str) -> Any:
@@ -257,8 +256,8 @@ def write_seed(
     rows = [
         (
             keys[n],
-            pickle.dumps((b.states, b.held), protocol=5),
-            pickle.dumps(b.master, protocol=5),
+            dump_state((b.states, b.held)),
+            dump_state(b.master),
         )
         for n, b in enumerate(state)
     ]
@@ -282,5 +281,5 @@ def state_bytes(state: Iterable[BucketState]) -> tuple[int, int]:
     vehicles = size = 0
     for b in state:
         vehicles += len(b.states) + len(b.parked)
-        size += len(pickle.dumps((b.states, b.held), protocol=5)) + b.parked_bytes
+        size += len(dump_state((b.states, b.held))) + b.parked_bytes
     return vehicles, size

@@ -14,16 +14,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from processor.checkpoint_files import HadoopCheckpointFiles, sink_id_for
-from processor.layout import checkpoint_layout
-from processor.rebucket import Seed, read_seed, refuse_incomplete, refuse_retired, seed_state
 from processor.settings import ProcessorSettings
+from processor.spark.checkpoint_files import HadoopCheckpointFiles, sink_id_for
+from processor.spark.layout import checkpoint_layout
+from processor.spark.rebucket import Seed, read_seed, refuse_incomplete, refuse_retired, seed_state
 
 logger = logging.getLogger(__name__)
 
 
 def register_sink(spark: Any) -> None:
-    from processor.kafka_sink import AlertSinkDataSource
+    from processor.spark.kafka_sink import AlertSinkDataSource
 
     spark.dataSource.register(AlertSinkDataSource)
 
@@ -36,7 +36,7 @@ def checkpoint_sink_id(spark: Any, s: ProcessorSettings) -> str:
 
 @dataclass(frozen=True)
 class JobInput:
-    """The job up to its stateful operator: the input rows (processor.rows) with the event-time
+    """The job up to its stateful operator: the input rows (processor.spark.rows) with the event-time
     watermark, grouped by bucket; the checkpoint they belong to; and the re-bucket seed that
     checkpoint starts from (None for any other checkpoint). The job is composed of three public
     parts (`job_input`, `geofence_rows`, `start_output`) so that another operator can be run on the
@@ -50,9 +50,9 @@ class JobInput:
 
 def job_input(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offsets: str) -> JobInput:
     """The job's input on `checkpoint`: Spark's Kafka source, the parse into bucket chunks and the
-    watermark. A re-bucketed checkpoint (`processor.rebucket`) starts Kafka at the old checkpoint's
+    watermark. A re-bucketed checkpoint (`processor.spark.rebucket`) starts Kafka at the old checkpoint's
     end offsets."""
-    from processor.source import processor_input
+    from processor.spark.source import processor_input
 
     t = s.topics
     files = HadoopCheckpointFiles(spark, checkpoint)
@@ -77,10 +77,10 @@ def job_input(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offset
 
 def geofence_rows(spark: Any, s: ProcessorSettings, inp: JobInput) -> Any:
     """The job's stateful operator (`GeofenceProcessor` under `transformWithStateInPandas`) over
-    `inp`: the rows for the sink (processor.rows.OUTPUT_DDL). A re-bucketed checkpoint's seed is
+    `inp`: the rows for the sink (processor.spark.rows.OUTPUT_DDL). A re-bucketed checkpoint's seed is
     its initial state."""
-    from processor.rows import OUTPUT_DDL
-    from processor.stateful import GeofenceProcessor
+    from processor.spark.rows import OUTPUT_DDL
+    from processor.spark.stateful import GeofenceProcessor
 
     seed = inp.seed
     return inp.grouped.transformWithStateInPandas(
@@ -116,8 +116,8 @@ def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> 
 
 
 def _sink(writer: Any, s: ProcessorSettings, sink_id: str, *, dry_run: bool = False) -> Any:
-    """`writer` pointed at the exactly-once alert sink (processor.kafka_sink) with its options."""
-    from processor.kafka_sink import SINK_NAME
+    """`writer` pointed at the exactly-once alert sink (processor.spark.kafka_sink) with its options."""
+    from processor.spark.kafka_sink import SINK_NAME
 
     t = s.topics
     writer = (
@@ -140,7 +140,7 @@ def _sink(writer: Any, s: ProcessorSettings, sink_id: str, *, dry_run: bool = Fa
 def start_output(
     spark: Any, out: Any, s: ProcessorSettings, inp: JobInput, query_name: str, *, available_now: bool = False
 ) -> Any:
-    """Start the streaming query writing `out` (rows of processor.rows.OUTPUT_DDL, computed over
+    """Start the streaming query writing `out` (rows of processor.spark.rows.OUTPUT_DDL, computed over
     `inp`) to the exactly-once sink on `inp`'s checkpoint; returns the StreamingQuery."""
     register_sink(spark)
     writer = (
@@ -161,6 +161,6 @@ def start_query(
     spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor", *, available_now: bool = False
 ) -> Any:
     """Build and start the streaming query; returns the StreamingQuery. `available_now` processes
-    what Kafka holds at the start and then stops, its last batch committed (`processor.rebucket`)."""
+    what Kafka holds at the start and then stops, its last batch committed (`processor.spark.rebucket`)."""
     inp = job_input(spark, s, s.checkpoint, s.processor_starting_offsets)
     return start_output(spark, geofence_rows(spark, s, inp), s, inp, query_name, available_now=available_now)

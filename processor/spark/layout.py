@@ -7,7 +7,7 @@ bucket gets a key chosen for its hash: bucket `b` goes to partition `b % partiti
 
 The choice is part of the checkpoint's identity (state lives under these keys, and Spark keeps the
 shuffle partition count of a checkpoint for its whole life), so it is written into the checkpoint
-(through the FileSystem Spark uses for it, `processor.checkpoint_files`) at the first start and read
+(through the FileSystem Spark uses for it, `processor.spark.checkpoint_files`) at the first start and read
 from there afterwards. A checkpoint started before this file
 existed keeps the bucket numbers as keys. Changing the number of buckets of an existing checkpoint
 would move vehicles to buckets whose state does not hold them, so that is refused.
@@ -19,7 +19,7 @@ import json
 import logging
 
 from fleetfence.errors import ConfigError
-from processor.checkpoint_files import CheckpointFiles
+from processor.spark.checkpoint_files import CheckpointFiles
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ throughput far below a fleet's rate. Inside a bucket the work is columnar:
 1. de-duplicate and order fixes by `seq` (vectorized; only vehicles with a gap take the Python
    reorder buffer of `domain.reorder`);
 2. resolve each fix's route from the master data as of this batch and test the whole batch against
-   the corridors and the zone index in one vectorized pass (`processor.geometry`);
+   the corridors and the zone index in one vectorized pass (`processor.core.geometry`);
 3. vehicles whose fixes raise nothing and start nothing (on route, under the limit, no zone, no
    pending condition, no stop, no wrong way, no completion, an ETA clear of the plan) — the
    overwhelming majority — are advanced with column operations (the fast path): their position,
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from processor.columns import Fixes, StateTable, at_defaults, reset_columns
-from processor.domain import (
+from processor.core.columns import Fixes, StateTable, at_defaults, reset_columns
+from processor.core.domain import (
     DEVIATION_COUNT,
     OPEN_CONDITIONS,
     OVERSPEED_COUNT,
@@ -41,10 +41,10 @@ from processor.domain import (
     reorder,
     step,
 )
-from processor.geometry import CompiledRoute, corridor_tests, inner_band_tests, route_progress
-from processor.live import live_rows
-from processor.master import Catalog, MasterState, assignment_ms, compiled_route
-from processor.trip import eta_ms
+from processor.core.geometry import CompiledRoute, corridor_tests, inner_band_tests, route_progress
+from processor.core.live import live_rows
+from processor.core.master import Catalog, MasterState, assignment_ms, compiled_route
+from processor.core.trip import eta_ms
 
 logger = logging.getLogger(__name__)
 
