@@ -29,7 +29,8 @@ from shapely.geometry import Point
 from bench.common import BENCH_LOG, log_text
 from bench.workload import CENTER, make_route
 from fleetfence.geo import LocalProjection
-from processor.core.geometry import ZoneIndex, compile_route, compile_zone, corridor_tests, route_progress
+from processor.core.geometry import compile_route, corridor_tests, route_progress
+from processor.core.zones import ZoneIndex, compile_zone
 
 console = Console()
 

@@ -33,8 +33,9 @@ sys.path.insert(0, str(ROOT))
 from bench.common import BENCH_LOG, write_section  # noqa: E402
 from embedded import infra  # noqa: E402
 from fleetfence.settings import Settings  # noqa: E402
-from loadtest.driver import LoadOptions, run_loadtest  # noqa: E402
+from loadtest.driver import LoadOptions  # noqa: E402
 from loadtest.model import LoadRun  # noqa: E402
+from loadtest.run import run_loadtest  # noqa: E402
 
 HEADER = "## Device identity: the cost end to end"
 LOG = BENCH_LOG / "identity.md"

@@ -71,8 +71,9 @@ def loadtest_cmd(
     processor -> alert receivers, on the embedded infrastructure (started and stopped here) or,
     with --attach, on a running installation.
     Writes a report folder (summary.md, PNG charts, report.json); exit 1 when a threshold is missed."""
-    from loadtest.driver import LoadOptions, run_loadtest
+    from loadtest.driver import LoadOptions
     from loadtest.errors import LoadtestError
+    from loadtest.run import run_loadtest
     from simulator.routes import DEFAULT_BBOX, parse_bbox
 
     if ramp and soak:

@@ -12,14 +12,6 @@ Modes:
 Each step is its own scenario (its own vehicle prefix, routes and ground truth), registered in the
 vehicle master before it starts; the previous step's vehicles simply stop (their silence falls
 after their truth's end, so it is out of scope). Accuracy is `simulator.verify` per step.
-
-Where: by default the whole pipeline is started here on the embedded infrastructure and stopped at
-the end (`embedded.pipeline`); with `attach` the run measures an installation that is already
-running, found through the endpoint settings and its service registry
-(`loadtest.installation.RunningInstallation`): nothing is started or stopped, the counts are the
-run's own (differences from the gateways' counters at the start; the processor's commit markers
-from the run's start), the run's vehicles, routes and zones are deleted from the vehicle master
-at the end, and only the processes on this machine are measured.
 """
 
 from __future__ import annotations
@@ -28,11 +20,9 @@ import logging
 import math
 import os
 import platform
-import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,16 +33,11 @@ import orjson
 from rich.console import Console
 from rich.live import Live
 
-from alerts.config import AlertsSettings
-from alerts.service import group_id
-from embedded.pipeline import Pipeline, PipelineSpec
-from fleetfence.contracts import MasterEntity
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.metrics import scrape
 from fleetfence.rules import RouteRules
 from fleetfence.settings import Settings
-from loadtest.errors import LoadtestError
-from loadtest.installation import Installation, RunningInstallation, receiver_groups
+from loadtest.installation import Installation
 from loadtest.model import (
     Accuracy,
     Latency,
@@ -68,7 +53,6 @@ from loadtest.taps import GroupLag, MarkerTap, MarkerTotals, TopicTap
 from simulator.commands import start_ms_for
 from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, Sink, run_simulation
-from simulator.register import unregister_prefix
 from simulator.routes import DEFAULT_BBOX
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
@@ -515,103 +499,3 @@ class LoadTest:
     def close(self) -> None:
         for c in (self.alert_tap, self.marker_tap, self.group_lag):
             c.close()
-
-
-def run_loadtest(
-    settings: Settings,
-    opts: LoadOptions,
-    console: Console | None = None,
-    *,
-    report: Callable[[LoadRun, Path], Path] | None = None,
-) -> tuple[LoadRun, Path]:
-    """Run the load test and write its report folder; return (the run, its folder). By default
-    on the embedded pipeline, started here with fresh state and stopped at the end; with
-    `opts.attach` on the running installation the settings point at, starting nothing."""
-    from loadtest.report import write_report
-
-    console = console or Console()
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = (opts.report_dir or settings.state_dir.resolve() / "loadtest" / f"{opts.mode}-{stamp}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    run_in = _run_attached if opts.attach else _run_embedded
-    run = run_in(settings, opts, console, out)
-    folder = (report or write_report)(run, out)
-    return run, folder
-
-
-def _run_embedded(settings: Settings, opts: LoadOptions, console: Console, out: Path) -> LoadRun:
-    if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
-        # Fresh embedded servers every run (as the demo's): an earlier run's routes, zones and
-        # vehicles would raise alerts this run's ground truth does not know. Their data stays
-        # until the next run, outside the report folder.
-        state = settings.state_dir.resolve() / "loadtest" / "state"
-        shutil.rmtree(state, ignore_errors=True)
-        settings = settings.model_copy(update={"state_dir": state})
-    spec = PipelineSpec(gateway_replicas=opts.gateway_replicas)
-    pipeline = Pipeline(settings, out / "logs", spec)
-    try:
-        with console.status(
-            "starting the pipeline: Kafka, Mosquitto, Redis, API, processor, gateways, receivers…"
-        ):
-            pipeline.start()
-            pipeline.wait_ready()
-        # The receivers the pipeline runs (embedded.pipeline.HISTORY_AND_MQTT), by their groups.
-        alerts = AlertsSettings.from_base(settings)
-        groups = [group_id(alerts, n) for n in ("history", "mqtt")]
-        lt = LoadTest(settings, pipeline, opts, console, out, groups)
-        try:
-            return lt.run()
-        finally:
-            lt.close()
-    finally:
-        with console.status("stopping everything the load test started…"):
-            pipeline.stop()
-
-
-def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: Path) -> LoadRun:
-    with console.status(f"attaching to the installation (registry in {settings.redis_dsn})…"):
-        installation = RunningInstallation(settings)
-    try:
-        steps = opts.max_steps if opts.mode == "ramp" else 1
-        clash = zones_in_areas(settings, [step_bbox(opts, k) for k in range(steps)])
-        if clash:
-            raise LoadtestError(
-                f"the installation's zones {', '.join(clash[:5])}{' …' if len(clash) > 5 else ''} lie in "
-                "the load test's area: its vehicles would raise alerts their ground truth does not "
-                "know; choose an empty area with --bbox"
-            )
-        groups = receiver_groups(settings)
-        if not groups:
-            logger.warning("loadtest found no alert receivers' consumer groups: receivers' lag not measured")
-        lt = LoadTest(settings, installation, opts, console, out, groups)
-        try:
-            return lt.run()
-        finally:
-            lt.close()
-            with console.status("removing the run's vehicles, routes and zones from the vehicle master…"):
-                removed = unregister_prefix(
-                    settings, lt.prefix, api_url=lt.sim.simulator_api_url, api_key=lt.sim.simulator_api_key
-                )
-            logger.info("loadtest removed entities=%s prefix=%s", removed.changed, lt.prefix)
-    finally:
-        installation.close()
-
-
-def zones_in_areas(settings: Settings, areas: list[tuple[float, float, float, float]]) -> list[str]:
-    """Ids of the vehicle master's zones that intersect any of the areas (lon/lat boxes)."""
-    from shapely import box
-    from shapely.strtree import STRtree
-
-    from vehicle_master.geometry import zone_area
-    from vehicle_master.store import VehicleMaster
-
-    tree = STRtree([box(*a) for a in areas])
-    vm = VehicleMaster.from_settings(settings)
-    try:
-        return [
-            rec.id
-            for rec in vm.scan(MasterEntity.ZONE)
-            if len(tree.query(zone_area(rec.data["geometry"]), predicate="intersects"))
-        ]
-    finally:
-        vm.close()

@@ -18,7 +18,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from admin_api.deps import Admin, EntityPath, Redis, Viewer
-from admin_api.schemas import READ_ERRORS, WRITE_ERRORS, CredentialsOut, IssuedCredentials, problem_doc
+from admin_api.problems import READ_ERRORS, WRITE_ERRORS, problem_doc
+from admin_api.schemas import CredentialsOut, IssuedCredentials
 from admin_api.settings import ApiSettings
 from fleetfence.contracts import MasterEntity, telemetry_topic
 from fleetfence.errors import ConfigError, MqttControlError, ServiceUnavailableError

@@ -16,18 +16,10 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, Se
 from fastapi.responses import StreamingResponse
 
 from admin_api.deps import Redis, StreamViewer, Viewer, api_key_header
+from admin_api.problems import INVALID, UNAUTHORIZED, problem_doc
+from admin_api.read_schemas import Alert, AlertPage, LivePage, LiveState, StreamToken
 from admin_api.readmodels import LiveReader
 from admin_api.responses import OrjsonResponse
-from admin_api.schemas import (
-    INVALID,
-    UNAUTHORIZED,
-    Alert,
-    AlertPage,
-    LivePage,
-    LiveState,
-    StreamToken,
-    problem_doc,
-)
 from admin_api.security import issue_stream_token
 from fleetfence.contracts import VEHICLE_ID_RE, AlertType
 from fleetfence.readmodels import ReadKeys

@@ -13,15 +13,13 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Body, Query, Request, Response
 
 from admin_api.deps import Admin, EntityPath, IfMatch, Master, Redis, Viewer, etag, parse_if_match
+from admin_api.problems import INVALID, READ_ERRORS, WRITE_ERRORS
 from admin_api.readmodels import last_fix_ms
 from admin_api.responses import OrjsonResponse
 from admin_api.routers.credentials import revoke_on_delete
 from admin_api.schemas import (
     CIRCLE_ZONE_EXAMPLE,
-    INVALID,
-    READ_ERRORS,
     ROUTE_EXAMPLE,
-    WRITE_ERRORS,
     ZONE_EXAMPLE,
     AssignmentIn,
     AssignmentOut,

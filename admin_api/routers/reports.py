@@ -21,8 +21,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from admin_api.deps import Viewer
 from admin_api.negotiation import negotiate
+from admin_api.problems import INVALID, UNAUTHORIZED, Problem
 from admin_api.responses import GeoJsonResponse, OrjsonResponse
-from admin_api.schemas import INVALID, UNAUTHORIZED, Problem
 from fleetfence.contracts import VEHICLE_ID_RE, ms_to_iso
 from fleetfence.geo import haversine_m
 from history.errors import ReportError

@@ -14,14 +14,8 @@ from typing import Any
 
 from fleetfence.rules import RouteRules
 from processor.core.domain import EngineConfig
-from processor.core.geometry import (
-    CompiledRoute,
-    CompiledZone,
-    RouteSetIndex,
-    ZoneIndex,
-    compile_route,
-    compile_zone,
-)
+from processor.core.geometry import CompiledRoute, RouteSetIndex, compile_route
+from processor.core.zones import CompiledZone, ZoneIndex, compile_zone
 
 
 @dataclass

@@ -14,7 +14,7 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from admin_api import schemas
+from admin_api import problems, read_schemas, schemas
 from admin_api.app import create_app
 from admin_api.errors import ApiKeyError
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
@@ -803,8 +803,13 @@ def test_health_ready_metrics_and_openapi_examples(api: Api) -> None:
     assert operations >= 30
     assert missing == []
     # The examples are real: each validates against its own model.
-    for model in vars(schemas).values():
-        if isinstance(model, type) and issubclass(model, BaseModel) and model.__module__ == schemas.__name__:
+    for module in (schemas, read_schemas, problems):
+        for model in vars(module).values():
+            if (
+                not (isinstance(model, type) and issubclass(model, BaseModel))
+                or model.__module__ != module.__name__
+            ):
+                continue
             extra = model.model_config.get("json_schema_extra")
             examples = extra.get("examples", []) if isinstance(extra, dict) else []
             assert isinstance(examples, list), model

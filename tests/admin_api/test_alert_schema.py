@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from admin_api.schemas import Alert
+from admin_api.read_schemas import Alert
 from fleetfence.contracts import AlertType, alert_json, alert_record
 
 _NULL = {"default": None}

@@ -21,7 +21,8 @@ import orjson
 import pandas as pd
 import pytest
 
-from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE, LiveState
+from admin_api.read_schemas import LiveState
+from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
 from fleetfence.contracts import AlertRecord, AlertType, ms_to_iso
 from fleetfence.geo import LocalProjection
 from fleetfence.readmodels import ReadKeys

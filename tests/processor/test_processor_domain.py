@@ -234,7 +234,7 @@ def test_zone_index_finds_exactly_the_zones_a_scan_of_every_polygon_finds() -> N
     enter shape and the grown stay-inside shape, with overlapping zones and a MultiPolygon."""
     import shapely
 
-    from processor.core.geometry import ZoneIndex, compile_zone
+    from processor.core.zones import ZoneIndex, compile_zone
 
     rng = np.random.default_rng(11)
     proj = LocalProjection(13.0, 52.0)
@@ -644,7 +644,7 @@ def test_zone_index_finds_exactly_the_circles_a_distance_scan_finds() -> None:
     import shapely
 
     from fleetfence.geo import circle_distance_m
-    from processor.core.geometry import ZoneIndex, compile_zone
+    from processor.core.zones import ZoneIndex, compile_zone
 
     rng = np.random.default_rng(12)
     proj = LocalProjection(13.0, 52.0)
@@ -688,7 +688,7 @@ def test_a_circle_and_its_polygon_twin_agree_away_from_the_chords() -> None:
     """A circle and a fine polygon drawn around its centre in the same local frame decide alike,
     except within the polygon's chord error of the edge: one distance, in one frame, for both."""
     from fleetfence.geo import circle_polygon_m
-    from processor.core.geometry import ZoneIndex, compile_zone
+    from processor.core.zones import ZoneIndex, compile_zone
 
     lon0, lat0, r, h = 13.4, 52.5, 200.0, 15.0
     proj = LocalProjection(lon0, lat0)
@@ -797,7 +797,7 @@ def test_circle_boundary_is_exact_radius_and_hysteresis_across_batch_cuts() -> N
 def test_circle_radius_one_ulp_short_leaves_the_boundary_fix_outside() -> None:
     """The boundary belongs to the circle by `<=`: with the radius one float below the fix's
     distance, the same fix is outside; at the distance, inside."""
-    from processor.core.geometry import ZoneIndex, compile_zone
+    from processor.core.zones import ZoneIndex, compile_zone
 
     zone, cfg, walk = _boundary_case()
     lon, lat0 = walk[2][1], zone["geometry"]["coordinates"][1]
@@ -819,7 +819,7 @@ def test_circle_index_cells_cover_the_whole_disc_and_band(radius_m: float) -> No
     the angles where the index's polygon is furthest from the circle too): the H3 candidates never
     miss one, from circles smaller than a cell to ones covering many full cells."""
     from fleetfence.geo import circle_distance_m
-    from processor.core.geometry import ZoneIndex, compile_zone
+    from processor.core.zones import ZoneIndex, compile_zone
 
     lon0, lat0, h = 13.4, 52.5, 15.0
     geometry = {"type": "Point", "coordinates": [lon0, lat0], "radius_m": radius_m}
