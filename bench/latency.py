@@ -14,12 +14,12 @@ per-repeat p99 ratios (a knob only wins if it wins in every alternation).
 
 A variant is `name[:key=value,key=value...]`; keys: `trigger_ms`, `buckets`, `shuffle_partitions`,
 `live` (0/1: live state to Redis), `max_events` (the batch cap), `vehicles` (live vehicles, default
-one per event/s), `state_api` (transformWithState, the job's, or applyInPandasWithState:
-bench/state_api.py), `conf.<spark key>` (any Spark setting), `tree` and `python` (run the child
-from another checkout with its own interpreter, say a virtualenv with another pyspark: the same
-bench, side by side, across Spark versions; the child is given the variant without these two). A
-value may hold commas: a segment without `=` belongs to the previous value. The live machinery is
-bench/processor.py's `live_latency`.
+one per event/s), `state_api` (transformWithState, the job's; applyInPandasWithState; or floor,
+Spark's own floor for the job's query shape: bench/state_api.py), `conf.<spark key>` (any Spark
+setting), `tree` and `python` (run the child from another checkout with its own interpreter, say a
+virtualenv with another pyspark: the same bench, side by side, across Spark versions; the child is
+given the variant without these two). A value may hold commas: a segment without `=` belongs to the
+previous value. The live machinery is bench/processor.py's `live_latency`.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from rich.table import Table
 from bench import workload as wl
 from bench.common import BENCH_LOG, find_heading, log_text
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
-from bench.state_api import APPLY_IN_PANDAS_WITH_STATE, start_group_state_query
+from bench.state_api import FLOOR, FLOOR_ALERT_TYPE, starter
 from embedded import infra
 from fleetfence.kafka import ensure_topics, idempotent_producer, produce_waiting, topic_specs
 from fleetfence.settings import Settings
@@ -60,10 +60,12 @@ console = Console()
 PARTITIONS = 4
 COMPRESSION = os.environ.get("FF_BENCH_COMPRESSION", "lz4")
 DEVIATION_TYPES = ("ROUTE_DEVIATION", "ROUTE_RETURN")  # what every contender raises
+FLOOR_CONTENDER = "spark-floor"  # the job's query shape around an operator that only emits (--floor)
 GUARANTEE = {
     "naive": "at-least-once, no checkpoint",
     "quix": "exactly-once (RocksDB)",
     "spark": "exactly-once (Spark state + Kafka txn), Spark's Kafka connector",
+    FLOOR_CONTENDER: "exactly-once; Spark's floor: the job's query, no geofencing (bench/state_api.py)",
 }
 
 
@@ -92,10 +94,10 @@ def contender_spark(
     total: int,
     checkpoint: str,
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
+    state_api: str = "transformWithState",
 ) -> dict[str, Any]:
     from processor.ops.progress import telemetry_events
     from processor.settings import ProcessorSettings
-    from processor.spark.job import start_query
     from processor.spark.session import build_session
 
     ps = ProcessorSettings(
@@ -117,7 +119,7 @@ def contender_spark(
         extra_conf=dict(kv.split("=", 1) for kv in args.spark_conf),
     )
     t_start = time.perf_counter()
-    q = start_query(spark, ps)
+    q = starter(state_api)(spark, ps)
     seen = 0
     ends: list[tuple[float, int]] = []  # (time, events so far) at the end of each batch
     cpus: list[tuple[float, float]] = []  # CPU snapshots taken when each batch end was seen
@@ -216,7 +218,8 @@ def run_child(args: argparse.Namespace) -> None:
             cpu=cpu,
         )
     else:
-        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu)
+        state_api = FLOOR if args.child == FLOOR_CONTENDER else "transformWithState"
+        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu, state_api)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -357,7 +360,7 @@ class LiveConfig:
     warmup_s: float = 0.0  # alerts of fixes sent in the first seconds are not counted
     checkpoint: str | None = None  # default: a fresh temp folder
     local_dir: Path | None = None  # Spark's scratch space; default Spark's own
-    state_api: str = "transformWithState"  # or applyInPandasWithState (bench/state_api.py)
+    state_api: str = "transformWithState"  # or applyInPandasWithState, or floor (bench/state_api.py)
 
 
 def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> dict[str, Any]:
@@ -367,7 +370,6 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
     The topics are `s`'s under a `lat.` prefix, so a caller that runs this several times on one
     broker gives each run its own `s.topic_prefix` (the alerts read back are the whole topic)."""
     from processor.settings import ProcessorSettings
-    from processor.spark.job import start_query
     from processor.spark.session import build_session
 
     prefix = s.topic_prefix + "lat."
@@ -403,7 +405,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
         shuffle_partitions=cfg.shuffle_partitions,
         extra_conf=dict(cfg.spark_conf),
     )
-    q = (start_group_state_query if cfg.state_api == APPLY_IN_PANDAS_WITH_STATE else start_query)(spark, ps)
+    q = starter(cfg.state_api)(spark, ps)
     try:
         p = idempotent_producer(s.bootstrap_servers, **{"linger.ms": 5})
         recs = LazyRecords(w)
@@ -450,7 +452,7 @@ def live_latency(s: Settings, rate: float, seconds: float, cfg: LiveConfig) -> d
     lat = []
     for m in read_alerts(ls, ls.topics.alerts):
         a = orjson.loads(m.value())
-        if a["type"] in ("ROUTE_DEVIATION", "ROUTE_RETURN") and a["trigger_received_ms"] >= counted_from:
+        if a["type"] in (*DEVIATION_TYPES, FLOOR_ALERT_TYPE) and a["trigger_received_ms"] >= counted_from:
             lat.append(m.timestamp()[1] - a["trigger_received_ms"])
     lat.sort()
     if not lat:
@@ -571,6 +573,11 @@ def main() -> None:
     )
     ap.add_argument("--repeats", type=int, default=1, help="runs of each Spark configuration, alternating")
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help=f"add {FLOOR_CONTENDER}: Spark's floor for the job's query shape, alternated with the job",
+    )
+    ap.add_argument(
         "--baseline-tree",
         type=Path,
         help="also run the Spark contender of this checkout (e.g. `git worktree add /tmp/pre26 03964a9~1`)",
@@ -637,18 +644,23 @@ def main() -> None:
                 ensure_topics(s.bootstrap_servers, [type(topic_specs(s)[0])(topic, PARTITIONS)])
                 runs.append((name, "-", run_contender(args, first, name)))
                 continue
-            configs: list[tuple[str, Settings, Path | None]] = [(m, prefixed[m], None) for m in modes]
+            # (contender, route rules or tree, settings, tree): alternated over the repeats.
+            configs: list[tuple[str, str, Settings, Path | None]] = [
+                (name, m, prefixed[m], None) for m in modes
+            ]
             if args.baseline_tree:
                 base = first if args.baseline_python else prefixed.get("off", first)
                 label = tree_label(args.baseline_tree, "baseline" if args.baseline_python else "none")
-                configs.append((label, base, args.baseline_tree.resolve()))
+                configs.append((name, label, base, args.baseline_tree.resolve()))
+            if args.floor:
+                configs.append((FLOOR_CONTENDER, "-", first, None))
             for r in range(args.repeats):
-                for label, ms, tree in configs if r % 2 == 0 else configs[::-1]:
-                    res = run_contender(args, ms, name, tree)
+                for child, label, ms, tree in configs if r % 2 == 0 else configs[::-1]:
+                    res = run_contender(args, ms, child, tree)
                     console.print(
-                        f"  spark, rules {label}: {rate_of(res):,.0f} events/s, {cpu_per_event(res)}"
+                        f"  {child}, rules {label}: {rate_of(res):,.0f} events/s, {cpu_per_event(res)}"
                     )
-                    runs.append((name, label, res))
+                    runs.append((child, label, res))
         console.print(results_table(runs, len(w), args))
         summary = comparison(runs)
         for line in summary:
@@ -766,9 +778,29 @@ def comparison(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
                     f"Spark, route rules {other} / {m}: throughput x{med[other] / base:.3f}, "
                     f"own CPU per event x{cpu[other] / cpu[m]:.3f} ({cpu[other]:.1f} / {cpu[m]:.1f} µs)"
                 )
-    counts = {deviation_alerts(r) for _, _, r in runs}
+    floor = [r for c, _, r in runs if c == FLOOR_CONTENDER]
+    if floor and spark:
+        job = [r for m, r in spark if not m.startswith(("none", "baseline"))]
+        f_rate, f_cpu = (
+            statistics.median(rate_of(r) for r in floor),
+            statistics.median(cpu_us(r) for r in floor),
+        )
+        j_rate, j_cpu = statistics.median(rate_of(r) for r in job), statistics.median(cpu_us(r) for r in job)
+        lines.append(
+            f"Spark job / Spark's floor: throughput x{j_rate / f_rate:.3f} ({j_rate:,.0f} / {f_rate:,.0f} "
+            f"events/s), own CPU per event x{j_cpu / f_cpu:.3f} ({j_cpu:.1f} / {f_cpu:.1f} µs): the "
+            f"geofencing and its state cost {j_cpu - f_cpu:.1f} µs per event above Spark's own"
+        )
+        exact = {r.get("alert_types", {}).get(FLOOR_ALERT_TYPE, 0) == r["events"] for r in floor}
+        lines.append(
+            "Spark's floor emitted exactly one alert per event in every run"
+            if exact == {True}
+            else "[bold red]Spark's floor did NOT emit exactly one alert per event[/]"
+        )
+    judged = [(c, r) for c, _, r in runs if c != FLOOR_CONTENDER]
+    counts = {deviation_alerts(r) for _, r in judged}
     lines.append(
-        f"deviation alerts agree across all {len(runs)} runs: {counts.pop()}"
+        f"deviation alerts agree across all {len(judged)} runs: {counts.pop()}"
         if len(counts) == 1
         else f"[bold red]deviation alerts DISAGREE: {sorted(counts)}[/]"
     )

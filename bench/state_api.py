@@ -1,4 +1,4 @@
-"""The job's stateful operator under `applyInPandasWithState`, for bench/latency.py.
+"""The job's stateful operator under `applyInPandasWithState`, and Spark's floor, for bench/latency.py.
 
 The job runs `GeofenceProcessor` under `transformWithStateInPandas`: three value states per bucket
 (the vehicles blob, the master blob, a digest and timer) and an event-time timer, each state call a
@@ -9,7 +9,13 @@ the same bucketed state and the same fold (`processor.spark.stateful.bucket_step
 `bench/latency.py --variant base --variant gs:state_api=applyInPandasWithState` measures the two
 APIs side by side on the live job, and nothing else differs.
 
-It is not the product: the job keeps `transformWithStateInPandas`, which alone takes a re-bucketed
+The floor (`state_api=floor`) is the job's query with a stateful function that does nothing but
+emit one alert per fix through the same exactly-once sink: Spark's own cost for this query shape
+(the connector's read, the shuffle by bucket, the Python operator's round trip, the sink's
+transaction), which no geofencing can go below. `--variant base --variant floor:state_api=floor`
+puts the job's latency beside it in one run.
+
+Neither is the product: the job keeps `transformWithStateInPandas`, which alone takes a re-bucketed
 checkpoint's seed as initial state and writes the master blob only when the master data changes.
 """
 
@@ -26,7 +32,10 @@ from processor.settings import ProcessorSettings
 
 STATE_DDL = "vehicles binary, master binary, digest string"
 APPLY_IN_PANDAS_WITH_STATE = "applyInPandasWithState"
-STATE_APIS = ("transformWithState", APPLY_IN_PANDAS_WITH_STATE)
+# Spark's floor: the job's query shape around a stateful function that does no geofencing.
+FLOOR = "floor"
+FLOOR_ALERT_TYPE = "FLOOR"
+STATE_APIS = ("transformWithState", APPLY_IN_PANDAS_WITH_STATE, FLOOR)
 
 
 def fold_group(cfg: EngineConfig) -> Any:
@@ -78,3 +87,86 @@ def start_group_state_query(
         timeoutConf=GroupStateTimeout.EventTimeTimeout,
     )
     return start_output(spark, out, s, inp, query_name)
+
+
+def start_floor_query(spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-floor") -> Any:
+    """Spark's own floor under the job: the job's input (both topics through Spark's Kafka
+    connector, grouped by bucket with the watermark) and its exactly-once sink, with a
+    `transformWithStateInPandas` operator that only turns each fix into one alert (`floor_rows`).
+    What the job costs above this is the geofencing and its state, the part this project owns."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    from processor.spark.job import job_input, start_output
+    from processor.spark.rows import OUTPUT_DDL
+
+    # Defined in here so that Spark pickles them by value: `bench` is not a package the Python
+    # workers can import.
+    def floor_rows(df: pd.DataFrame) -> pd.DataFrame:
+        """One alert row per fix of the bucket's chunks, and nothing else: no state read or written,
+        no master data, no geometry. Its record carries what the latency is read from
+        (`trigger_received_ms`), under a type of its own so it is never mistaken for the job's."""
+        import orjson
+
+        from processor.spark.rows import InputKind, OutputKind, OutputRow, decode_chunks, output_frame
+
+        fixes = decode_chunks(df.loc[df["kind"] == InputKind.FIXES, "payload"].tolist())
+        rows = [
+            OutputRow(
+                OutputKind.ALERT,
+                orjson.dumps(
+                    {
+                        "alert_id": f"{vid}:{seq}",
+                        "type": FLOOR_ALERT_TYPE,
+                        "vehicle_id": vid,
+                        "seq": seq,
+                        "ts_ms": ts,
+                        "trigger_received_ms": received,
+                    }
+                ),
+                vehicle_id=vid,
+                seq=seq,
+            )
+            for vid, seq, ts, received in zip(
+                fixes.vehicle_id.tolist(),
+                fixes.seq.tolist(),
+                fixes.ts_ms.tolist(),
+                fixes.received_ms.tolist(),
+                strict=True,
+            )
+        ]
+        return output_frame(rows)
+
+    class FloorProcessor(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handleInputRows(
+            self, key: Any, rows: Iterator[Any], timerValues: Any
+        ) -> Iterator[pd.DataFrame]:
+            frames = list(rows)
+            yield floor_rows(pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0])
+
+        def close(self) -> None:
+            pass
+
+    inp = job_input(spark, s, s.checkpoint, s.processor_starting_offsets)
+    if inp.seed is not None:
+        raise ConfigError(f"{s.checkpoint} is re-bucketed: only the job's own operator reads its seed")
+    out = inp.grouped.transformWithStateInPandas(
+        statefulProcessor=FloorProcessor(),
+        outputStructType=OUTPUT_DDL,
+        outputMode="Append",
+        timeMode="EventTime",
+    )
+    return start_output(spark, out, s, inp, query_name)
+
+
+def starter(state_api: str) -> Any:
+    """The function that starts the query of `state_api` (one of STATE_APIS)."""
+    from processor.spark.job import start_query
+
+    return {
+        "transformWithState": start_query,
+        APPLY_IN_PANDAS_WITH_STATE: start_group_state_query,
+        FLOOR: start_floor_query,
+    }[state_api]
