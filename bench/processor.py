@@ -51,7 +51,7 @@ from rich.table import Table
 from bench import workload as wl
 from bench.common import BENCH_LOG, find_heading, log_text
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
-from bench.state_api import FLOOR, FLOOR_ALERT_TYPE, starter
+from bench.state_api import FLOOR, FLOOR_ALERT_TYPE, FLOOR_QUIET, starter
 from embedded import infra
 from fleetfence.kafka import ensure_topics, idempotent_producer, produce_waiting, topic_specs
 from fleetfence.settings import Settings
@@ -60,12 +60,14 @@ console = Console()
 PARTITIONS = 4
 COMPRESSION = os.environ.get("FF_BENCH_COMPRESSION", "lz4")
 DEVIATION_TYPES = ("ROUTE_DEVIATION", "ROUTE_RETURN")  # what every contender raises
-FLOOR_CONTENDER = "spark-floor"  # the job's query shape around an operator that only emits (--floor)
+# The job's query shape around an operator that only emits one alert per fix, or only counts (--floor).
+FLOOR_CONTENDERS = {"spark-floor": FLOOR, "spark-floor-quiet": FLOOR_QUIET}
 GUARANTEE = {
     "naive": "at-least-once, no checkpoint",
     "quix": "exactly-once (RocksDB)",
     "spark": "exactly-once (Spark state + Kafka txn), Spark's Kafka connector",
-    FLOOR_CONTENDER: "exactly-once; Spark's floor: the job's query, no geofencing (bench/state_api.py)",
+    "spark-floor": "exactly-once; Spark's floor: the job's query, an alert per fix (bench/state_api.py)",
+    "spark-floor-quiet": "exactly-once; Spark's floor: the job's query, no alerts (bench/state_api.py)",
 }
 
 
@@ -218,7 +220,7 @@ def run_child(args: argparse.Namespace) -> None:
             cpu=cpu,
         )
     else:
-        state_api = FLOOR if args.child == FLOOR_CONTENDER else "transformWithState"
+        state_api = FLOOR_CONTENDERS.get(args.child, "transformWithState")
         res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu, state_api)
     print("RESULT " + json.dumps(res), flush=True)
 
@@ -575,7 +577,8 @@ def main() -> None:
     ap.add_argument(
         "--floor",
         action="store_true",
-        help=f"add {FLOOR_CONTENDER}: Spark's floor for the job's query shape, alternated with the job",
+        help=f"add {', '.join(FLOOR_CONTENDERS)}: Spark's floor for the job's query shape, alternated "
+        "with the job",
     )
     ap.add_argument(
         "--baseline-tree",
@@ -653,7 +656,7 @@ def main() -> None:
                 label = tree_label(args.baseline_tree, "baseline" if args.baseline_python else "none")
                 configs.append((name, label, base, args.baseline_tree.resolve()))
             if args.floor:
-                configs.append((FLOOR_CONTENDER, "-", first, None))
+                configs += [(floor, "-", first, None) for floor in FLOOR_CONTENDERS]
             for r in range(args.repeats):
                 for child, label, ms, tree in configs if r % 2 == 0 else configs[::-1]:
                     res = run_contender(args, ms, child, tree)
@@ -778,26 +781,28 @@ def comparison(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
                     f"Spark, route rules {other} / {m}: throughput x{med[other] / base:.3f}, "
                     f"own CPU per event x{cpu[other] / cpu[m]:.3f} ({cpu[other]:.1f} / {cpu[m]:.1f} µs)"
                 )
-    floor = [r for c, _, r in runs if c == FLOOR_CONTENDER]
-    if floor and spark:
-        job = [r for m, r in spark if not m.startswith(("none", "baseline"))]
-        f_rate, f_cpu = (
-            statistics.median(rate_of(r) for r in floor),
-            statistics.median(cpu_us(r) for r in floor),
-        )
-        j_rate, j_cpu = statistics.median(rate_of(r) for r in job), statistics.median(cpu_us(r) for r in job)
+    job = [r for m, r in spark if not m.startswith(("none", "baseline"))]
+    for contender in FLOOR_CONTENDERS:
+        floor = [r for c, _, r in runs if c == contender]
+        if not (floor and job):
+            continue
+        f_rate = statistics.median(rate_of(r) for r in floor)
+        f_cpu = statistics.median(cpu_us(r) for r in floor)
+        j_rate = statistics.median(rate_of(r) for r in job)
+        j_cpu = statistics.median(cpu_us(r) for r in job)
         lines.append(
-            f"Spark job / Spark's floor: throughput x{j_rate / f_rate:.3f} ({j_rate:,.0f} / {f_rate:,.0f} "
-            f"events/s), own CPU per event x{j_cpu / f_cpu:.3f} ({j_cpu:.1f} / {f_cpu:.1f} µs): the "
-            f"geofencing and its state cost {j_cpu - f_cpu:.1f} µs per event above Spark's own"
+            f"Spark job / {contender}: throughput x{j_rate / f_rate:.3f} ({j_rate:,.0f} / {f_rate:,.0f} "
+            f"events/s), own CPU per event x{j_cpu / f_cpu:.3f} ({j_cpu:.1f} / {f_cpu:.1f} µs)"
         )
-        exact = {r.get("alert_types", {}).get(FLOOR_ALERT_TYPE, 0) == r["events"] for r in floor}
+    floor_alerts = [r for c, _, r in runs if c == "spark-floor"]
+    if floor_alerts:
+        exact = {r.get("alert_types", {}).get(FLOOR_ALERT_TYPE, 0) == r["events"] for r in floor_alerts}
         lines.append(
-            "Spark's floor emitted exactly one alert per event in every run"
+            "spark-floor emitted exactly one alert per event in every run"
             if exact == {True}
-            else "[bold red]Spark's floor did NOT emit exactly one alert per event[/]"
+            else "[bold red]spark-floor did NOT emit exactly one alert per event[/]"
         )
-    judged = [(c, r) for c, _, r in runs if c != FLOOR_CONTENDER]
+    judged = [(c, r) for c, _, r in runs if c not in FLOOR_CONTENDERS]
     counts = {deviation_alerts(r) for _, r in judged}
     lines.append(
         f"deviation alerts agree across all {len(judged)} runs: {counts.pop()}"
