@@ -19,7 +19,13 @@ class ProcessorSettings(ProcessorRulesSettings):
         default=None,
         description="Checkpoint location (any Hadoop path); default <state_dir>/checkpoints/processor",
     )
-    processor_buckets: int = Field(default=16, ge=1, le=4096, description="State buckets (vehicle groups).")
+    processor_buckets: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="State buckets (vehicle groups). Unset: an existing checkpoint's own count, and for a "
+        "new checkpoint four per shuffle partition (docs/deploy.md, Parallelism).",
+    )
     # A micro-batch has a fixed cost of its own (planning, the state commit, the sink's transaction;
     # docs/architecture.md), so the cap decides how fast a backlog drains: the larger the batches,
     # the fewer pay it. Live batches hold what arrived during the previous one and stay far below it.
@@ -36,7 +42,12 @@ class ProcessorSettings(ProcessorRulesSettings):
         default=False, description="Start as a warm standby: Spark up, then wait for the checkpoint's lease."
     )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
-    processor_shuffle_partitions: int | None = Field(default=None, ge=1)
+    processor_shuffle_partitions: int | None = Field(
+        default=None,
+        ge=1,
+        description="spark.sql.shuffle.partitions for a new checkpoint (Spark keeps a checkpoint's own). "
+        "Unset: half the driver's cores, at least 1 (docs/deploy.md, Parallelism).",
+    )
     processor_starting_offsets: str = Field(default="earliest", pattern="^(earliest|latest)$")
     processor_live_state: bool = Field(default=True, description="Write the live read model to Redis.")
     processor_parking: bool = Field(

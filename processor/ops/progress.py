@@ -23,7 +23,11 @@ BATCH_MS = Gauge("fleetfence_processor_batch_duration_ms", "Duration of the last
 INPUT_RATE = Gauge(
     "fleetfence_processor_input_rows_per_s", "Telemetry records per second in the last micro-batch"
 )
-STATE_ROWS = Gauge("fleetfence_processor_state_rows", "Rows in the state store (buckets x variables)")
+STATE_ROWS = Gauge(
+    "fleetfence_processor_state_rows",
+    "Rows in the state store (buckets x variables); only while RocksDB counts them "
+    "(spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows=true, off by default)",
+)
 
 
 def observe(progress: dict[str, Any], telemetry_topic: str, first_start: dict[str, int] | None) -> None:
@@ -35,7 +39,9 @@ def observe(progress: dict[str, Any], telemetry_topic: str, first_start: dict[st
     duration_ms = progress.get("durationMs", {}).get("triggerExecution", 0) or 0
     INPUT_RATE.set(events * 1000.0 / duration_ms if duration_ms else 0.0)
     ops = progress.get("stateOperators") or [{}]
-    STATE_ROWS.set(ops[0].get("numRowsTotal", 0))
+    rows = ops[0].get("numRowsTotal", -1)
+    if rows >= 0:  # negative: RocksDB does not count them (row tracking off)
+        STATE_ROWS.set(rows)
 
 
 def log_first_batch(p: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from processor.ops.lease import CheckpointLease, checkpoint_lease
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles
 from processor.spark.job import start_query
-from processor.spark.layout import LAYOUT_FILE
+from processor.spark.layout import LAYOUT_FILE, LEGACY_BUCKETS
 from processor.spark.rebucket import (
     RETIRED_FILE,
     SEED_STATE,
@@ -97,7 +97,7 @@ def _rebucket(
     new.delete(SEED_STATE)  # what a run cut short before its seed file left: nothing ran from it
     new.delete(LAYOUT_FILE)
     layout = old.read(LAYOUT_FILE)
-    old_buckets = len(orjson.loads(layout)["keys"]) if layout else s.processor_buckets
+    old_buckets = len(orjson.loads(layout)["keys"]) if layout else s.processor_buckets or LEGACY_BUCKETS
     drain = s.model_copy(update={"processor_buckets": old_buckets})
     logger.info("rebucket: draining checkpoint=%s buckets=%d", s.checkpoint, old_buckets)
     q = start_query(spark, drain, "fleetfence-rebucket-drain", available_now=True)

@@ -60,12 +60,13 @@ def job_input(spark: Any, s: ProcessorSettings, checkpoint: str, starting_offset
     seed = read_seed(files)
     refuse_incomplete(files, seed)
     keys = checkpoint_layout(files, s.processor_buckets, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    buckets = len(keys)
     src = processor_input(
         spark,
         bootstrap=s.bootstrap_servers,
         telemetry_topic=t.telemetry,
         master_topic=t.master,
-        buckets=s.processor_buckets,
+        buckets=buckets,
         bucket_keys=keys,
         starting_offsets=seed.starting_offsets(t.telemetry) if seed else starting_offsets,
         master_starting_offsets=seed.starting_offsets(t.master) if seed else "earliest",

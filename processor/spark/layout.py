@@ -24,6 +24,9 @@ from processor.spark.checkpoint_files import CheckpointFiles
 logger = logging.getLogger(__name__)
 
 LAYOUT_FILE = "fleetfence-layout.json"
+BUCKETS_PER_PARTITION = 4
+# The bucket count of every checkpoint started before layouts were recorded (the default then).
+LEGACY_BUCKETS = 16
 _M32 = 0xFFFFFFFF
 
 
@@ -67,21 +70,31 @@ def balanced_keys(buckets: int, partitions: int) -> list[int]:
     return keys
 
 
-def checkpoint_layout(files: CheckpointFiles, buckets: int, partitions: int) -> list[int]:
-    """The bucket -> state key map of this checkpoint: read it, or choose and record it on first use."""
+def default_buckets(partitions: int) -> int:
+    """The bucket count of a new checkpoint when none is configured: a few state keys per stateful
+    task even out the vehicles' skew over the tasks, and each key is one state round trip and one
+    engine call a batch, which on a small box is the batch's work (docs/deploy.md, Parallelism)."""
+    return BUCKETS_PER_PARTITION * partitions
+
+
+def checkpoint_layout(files: CheckpointFiles, buckets: int | None, partitions: int) -> list[int]:
+    """The bucket -> state key map of this checkpoint: read it, or choose and record it on first use.
+    `buckets` None: the checkpoint's own count; for a new one `default_buckets(partitions)`."""
     text = files.read(LAYOUT_FILE)
     if text is None:
         if files.has_entries("offsets"):
+            buckets = buckets or LEGACY_BUCKETS
             keys = list(range(buckets))  # started before layouts were recorded: its state is under these
             logger.warning("checkpoint without a bucket layout: keeping bucket numbers as state keys")
         else:
+            buckets = buckets or default_buckets(partitions)
             keys = balanced_keys(buckets, partitions)
         layout = json.dumps({"buckets": buckets, "partitions": partitions, "keys": keys})
         if files.create(LAYOUT_FILE, layout):
             return keys
         text = files.read(LAYOUT_FILE) or layout  # another driver recorded one first: use that
     keys = [int(k) for k in json.loads(text)["keys"]]
-    if len(keys) != buckets:
+    if buckets is not None and len(keys) != buckets:
         raise ConfigError(
             f"checkpoint {files.location} holds state for {len(keys)} buckets, but "
             f"FLEETFENCE_PROCESSOR_BUCKETS={buckets}: changing the bucket count of a checkpoint would "

@@ -17,8 +17,10 @@ from processor.spark.checkpoint_files import (
 )
 from processor.spark.layout import (
     LAYOUT_FILE,
+    LEGACY_BUCKETS,
     balanced_keys,
     checkpoint_layout,
+    default_buckets,
     shuffle_partition,
     spark_hash_int,
 )
@@ -83,6 +85,25 @@ def test_checkpoint_records_the_layout_and_refuses_a_changed_bucket_count(
     assert checkpoint_layout(cp, 4, 8) == first
     with pytest.raises(ConfigError, match="4 buckets"):
         checkpoint_layout(cp, 16, 2)
+
+
+def test_an_unset_bucket_count_is_the_checkpoints_own_or_four_per_partition(
+    tmp_path: Path, checkpoint_files: Files
+) -> None:
+    """FLEETFENCE_PROCESSOR_BUCKETS unset: a new checkpoint gets four buckets per shuffle partition,
+    an existing one keeps what it holds (an upgrade from the old default of 16 starts as before), and
+    one from before layouts were recorded has the 16 buckets of that time."""
+    assert checkpoint_layout(checkpoint_files(str(tmp_path / "one")), None, 1) == balanced_keys(4, 1)
+    assert checkpoint_layout(checkpoint_files(str(tmp_path / "three")), None, 3) == balanced_keys(12, 3)
+    sixteen = checkpoint_files(str(tmp_path / "sixteen"))
+    keys = checkpoint_layout(sixteen, 16, 2)
+    assert checkpoint_layout(sixteen, None, 1) == keys
+    assert len(keys) == 16
+    legacy = tmp_path / "legacy"
+    (legacy / "offsets").mkdir(parents=True)
+    (legacy / "offsets" / "0").write_text("v1")
+    assert checkpoint_layout(checkpoint_files(str(legacy)), None, 1) == list(range(LEGACY_BUCKETS))
+    assert default_buckets(1) == 4
 
 
 def test_checkpoint_from_before_layouts_keeps_bucket_numbers(tmp_path: Path, checkpoint_files: Files) -> None:

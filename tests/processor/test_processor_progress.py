@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.ops.progress import log_first_batch, telemetry_events, unseen_progress
+from processor.ops.progress import STATE_ROWS, log_first_batch, observe, telemetry_events, unseen_progress
 
 TOPIC = "fleet.telemetry"
 
@@ -76,3 +76,20 @@ def test_the_first_batch_of_a_start_is_logged_phase_by_phase(caplog: pytest.LogC
     for part in ("addBatch_ms=6100", "queryPlanning_ms=300", "triggerExecution_ms=7000", "state_rows=12"):
         assert part in line.split()
     assert "rocksdbCommitFileSyncLatencyMs=9" in line
+
+
+def test_the_state_rows_gauge_shows_only_a_count_rocksdb_keeps() -> None:
+    """With row tracking off (the default) Spark reports -1 rows: the gauge keeps its last real
+    count (none yet: 0) rather than exporting a row count of -1."""
+
+    def batch(rows: int) -> dict[str, Any]:
+        return {
+            "batchId": 1,
+            "durationMs": {"triggerExecution": 10},
+            "stateOperators": [{"numRowsTotal": rows}],
+        }
+
+    observe(batch(7), "t", None)
+    assert STATE_ROWS._value.get() == 7
+    observe(batch(-1), "t", None)
+    assert STATE_ROWS._value.get() == 7
