@@ -135,7 +135,7 @@ def run_child(args: argparse.Namespace) -> None:
                 routes=args.routes,
                 seed=args.seed,
                 cores=args.cores,
-                buckets=args.buckets,
+                buckets=args.buckets or None,
                 max_events_per_batch=args.max_events,
                 warmup_s=args.warmup_s,
                 checkpoint=str(scratch / "cp"),
@@ -318,8 +318,8 @@ def main() -> None:
     ap.add_argument(
         "--buckets",
         type=int,
-        default=16,
-        help="state buckets unless a variant says otherwise (the default's)",
+        default=0,
+        help="state buckets unless a variant says otherwise (0: the processor's default)",
     )
     ap.add_argument(
         "--max-events", type=int, default=400_000, help="batch cap unless a variant says otherwise"

@@ -106,7 +106,7 @@ def contender_spark(
         **{
             **s.model_dump(exclude={"topics"}),
             "processor_checkpoint": checkpoint,
-            "processor_buckets": args.buckets,
+            "processor_buckets": args.buckets or None,
             "processor_trigger_ms": 0,
             "processor_max_events_per_batch": args.batch,
             "processor_live_state": args.live,
@@ -332,7 +332,7 @@ def latency_phase(
         routes=args.routes,
         seed=args.seed,
         cores=args.cores,
-        buckets=args.buckets,
+        buckets=args.buckets or None,
         trigger_ms=args.trigger_ms,
         live=args.live,
         spark_conf=dict(kv.split("=", 1) for kv in args.spark_conf),
@@ -351,7 +351,7 @@ class LiveConfig:
     routes: int = 300
     seed: int = 1
     cores: int = 2
-    buckets: int = 16
+    buckets: int | None = None  # the processor's default
     trigger_ms: int = 200
     live: bool = True
     max_events_per_batch: int = 0  # 0 = no cap (the live batches stay far below the default)
@@ -549,7 +549,7 @@ def main() -> None:
     ap.add_argument("--fixes", type=int, default=60, help="fixes per vehicle")
     ap.add_argument("--routes", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--buckets", type=int, default=16)
+    ap.add_argument("--buckets", type=int, default=0, help="state buckets (0: the processor's default)")
     ap.add_argument("--batch", type=int, default=400_000, help="max events per micro-batch")
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument(

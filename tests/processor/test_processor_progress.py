@@ -87,6 +87,7 @@ def test_the_state_rows_gauge_shows_only_a_count_rocksdb_keeps() -> None:
             "batchId": 1,
             "durationMs": {"triggerExecution": 10},
             "stateOperators": [{"numRowsTotal": rows}],
+            "sources": [],
         }
 
     observe(batch(7), "t", None)
