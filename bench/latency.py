@@ -48,6 +48,8 @@ from bench.processor import LiveConfig, live_latency
 from bench.state_api import STATE_APIS
 from embedded import infra
 from fleetfence.settings import Settings
+from processor.spark.layout import default_buckets
+from processor.spark.session import default_shuffle_partitions
 
 logger = logging.getLogger(__name__)
 console = Console()
@@ -336,7 +338,12 @@ def main() -> None:
         run_child(args)
         return
     specs = args.variant or ["base"]
+    # The processor's defaults for this many cores, pinned in every variant that does not set them,
+    # so a child from another tree (`tree=`) with other defaults runs the same configuration.
+    partitions = default_shuffle_partitions(args.cores)
+    args.buckets = args.buckets or default_buckets(partitions)
     variants = [parse_variant(x) for x in specs]
+    variants = [replace(v, settings={"shuffle_partitions": str(partitions), **v.settings}) for v in variants]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit("variant names must differ")
     rates = args.rate or [2000.0]

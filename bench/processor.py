@@ -55,6 +55,8 @@ from bench.state_api import FLOOR, FLOOR_ALERT_TYPE, FLOOR_QUIET, starter
 from embedded import infra
 from fleetfence.kafka import ensure_topics, idempotent_producer, produce_waiting, topic_specs
 from fleetfence.settings import Settings
+from processor.spark.layout import default_buckets
+from processor.spark.session import default_shuffle_partitions
 
 console = Console()
 PARTITIONS = 4
@@ -611,6 +613,10 @@ def main() -> None:
     if args.child:
         run_child(args)
         return
+    # The processor's defaults for this many cores, resolved here and passed to every child, so a
+    # --baseline-tree with other defaults runs the same configuration.
+    args.shuffle_partitions = args.shuffle_partitions or default_shuffle_partitions(args.cores)
+    args.buckets = args.buckets or default_buckets(args.shuffle_partitions)
 
     modes = ["off", "on"] if args.route_rules == "both" else [args.route_rules]
     state = Path(tempfile.mkdtemp(prefix="ff-bench-"))
@@ -781,7 +787,9 @@ def comparison(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
                     f"Spark, route rules {other} / {m}: throughput x{med[other] / base:.3f}, "
                     f"own CPU per event x{cpu[other] / cpu[m]:.3f} ({cpu[other]:.1f} / {cpu[m]:.1f} µs)"
                 )
-    job = [r for m, r in spark if not m.startswith(("none", "baseline"))]
+    # The floor runs on the first mode's topics: the job's runs of that mode are its match.
+    floor_mode = next((m for _, m, _ in runs if m in ("off", "on")), None)
+    job = [r for m, r in spark if m == floor_mode]
     for contender in FLOOR_CONTENDERS:
         floor = [r for c, _, r in runs if c == contender]
         if not (floor and job):

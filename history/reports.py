@@ -431,16 +431,3 @@ def report_data(
     if name == "trips":
         return ReportData(name, reports.trips(motion), tracks=reports.trip_tracks(motion) if tracks else None)
     return ReportData(name, reports.heatmap(resolution), resolution=resolution)
-
-
-def run_report(
-    name: str,
-    root: str | Path,
-    rng: ReportRange,
-    buckets: int,
-    *,
-    resolution: int = DEFAULT_H3_RESOLUTION,
-    motion: MotionParams = DEFAULT_MOTION,
-) -> pd.DataFrame:
-    """One report's rows by name, with SedonaDB."""
-    return report_data(name, root, rng, buckets, resolution=resolution, motion=motion).rows

@@ -183,15 +183,6 @@ def inner_band_tests(
     return contains_by_route([r.inner if r is not None else None for r in routes], idx, lon, lat)
 
 
-def distance_and_progress_m(
-    route: CompiledRoute, lon: np.ndarray, lat: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Distance from the route line and progress along it, in metres, for fixes on one route."""
-    x, y = route.projection.forward(lon, lat)
-    pts = shapely.points(x, y)
-    return shapely.distance(route.line_m, pts), shapely.line_locate_point(route.line_m, pts)
-
-
 # Near-ties inside a pass (fractions of the corridor's half width): points within _TIE of the
 # nearest, more than _LEG apart along the route, are separate legs.
 _TIE = 0.25

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetfence.rules import RouteRules
 from processor.core.domain import EngineConfig
 from processor.core.geometry import CompiledRoute, RouteSetIndex, compile_route
 from processor.core.zones import CompiledZone, ZoneIndex, compile_zone
@@ -108,11 +107,6 @@ def compiled_route(master: MasterState, catalog: Catalog, route_id: str | None) 
     if entry is None or entry[1] is None:
         return None
     return catalog.route(route_id, entry[0], entry[1])
-
-
-def rules_for(master: MasterState, catalog: Catalog, route_id: str | None) -> RouteRules | None:
-    cr = compiled_route(master, catalog, route_id)
-    return cr.rules if cr else None
 
 
 def assignment_ms(data: dict[str, Any], key: str) -> int:

@@ -9,11 +9,12 @@ Spark side of the same batches (duration, input rate, state size).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import orjson
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, Counter, Gauge
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +26,16 @@ INPUT_RATE = Gauge(
 )
 STATE_ROWS = Gauge(
     "fleetfence_processor_state_rows",
-    "Rows in the state store (buckets x variables); only while RocksDB counts them "
+    "Rows in the state store (buckets x variables); exported only while RocksDB counts them "
     "(spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows=true, off by default)",
 )
+
+
+def untrack_state_rows() -> None:
+    """Stop exporting the state-rows gauge: with row tracking off Spark reports 0 rows, which would
+    read as an empty store."""
+    with contextlib.suppress(KeyError):  # already unregistered by an earlier start
+        REGISTRY.unregister(STATE_ROWS)
 
 
 def observe(progress: dict[str, Any], telemetry_topic: str, first_start: dict[str, int] | None) -> None:
@@ -39,9 +47,7 @@ def observe(progress: dict[str, Any], telemetry_topic: str, first_start: dict[st
     duration_ms = progress.get("durationMs", {}).get("triggerExecution", 0) or 0
     INPUT_RATE.set(events * 1000.0 / duration_ms if duration_ms else 0.0)
     ops = progress.get("stateOperators") or [{}]
-    rows = ops[0].get("numRowsTotal", -1)
-    if rows >= 0:  # negative: RocksDB does not count them (row tracking off)
-        STATE_ROWS.set(rows)
+    STATE_ROWS.set(ops[0].get("numRowsTotal", 0))
 
 
 def log_first_batch(p: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ from processor.spark.rebucket import (
     state_bytes,
     write_seed,
 )
-from processor.spark.session import build_session, spark_master_url
+from processor.spark.session import build_session, processor_partitions, spark_master_url
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def run_rebucket(s: ProcessorSettings, target: str, buckets: int, spark: Any = N
             spark = own = build_session(
                 app_name="fleetfence-rebucket",
                 spark_master=spark_master_url(s.processor_spark_master),
-                shuffle_partitions=s.processor_shuffle_partitions,
+                shuffle_partitions=processor_partitions(s.processor_shuffle_partitions),
             )
         return _rebucket(spark, s, target, buckets, lease)
     finally:

@@ -26,12 +26,12 @@ from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import LeaseLostError, ProcessorError
 from processor.ops.lease import CheckpointLease, checkpoint_lease
 from processor.ops.markers import BatchLedger, MarkerReader
-from processor.ops.progress import log_first_batch, observe, unseen_progress
+from processor.ops.progress import log_first_batch, observe, unseen_progress, untrack_state_rows
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles
 from processor.spark.job import checkpoint_sink_id, start_query, warm_up_query
 from processor.spark.rebucket import read_seed
-from processor.spark.session import build_session, spark_master_url
+from processor.spark.session import build_session, processor_partitions, row_tracking, spark_master_url
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,10 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
     spark = build_session(
         app_name="fleetfence-processor",
         spark_master=spark_master_url(s.processor_spark_master),
-        shuffle_partitions=s.processor_shuffle_partitions,
+        shuffle_partitions=processor_partitions(s.processor_shuffle_partitions),
     )
+    if not row_tracking(spark):
+        untrack_state_rows()
     lease = checkpoint_lease(s)
     try:
         if s.processor_standby:

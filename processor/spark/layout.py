@@ -83,9 +83,16 @@ def checkpoint_layout(files: CheckpointFiles, buckets: int | None, partitions: i
     text = files.read(LAYOUT_FILE)
     if text is None:
         if files.has_entries("offsets"):
+            explicit = buckets is not None
             buckets = buckets or LEGACY_BUCKETS
             keys = list(range(buckets))  # started before layouts were recorded: its state is under these
-            logger.warning("checkpoint without a bucket layout: keeping bucket numbers as state keys")
+            logger.warning(
+                "checkpoint without a bucket layout: keeping bucket numbers as state keys, %d buckets%s",
+                buckets,
+                ""
+                if explicit
+                else " (the default of its time; set FLEETFENCE_PROCESSOR_BUCKETS if it had others)",
+            )
         else:
             buckets = buckets or default_buckets(partitions)
             keys = balanced_keys(buckets, partitions)

@@ -1,11 +1,12 @@
 """SparkSession construction with the settings every FleetFence Spark job depends on.
 
 transformWithState needs the RocksDB state store provider; reused Python workers skip a process
-start and the engine's imports on every task; shuffle partitions default to half the cores
-(`default_shuffle_partitions`) and RocksDB does not count the store's rows (each count is a read
-before every write); Python workers must run the virtualenv's Python (PYSPARK_PYTHON) to import pyarrow.
-Spark's Kafka connector comes from the project's jar cache (`fleetfence.jars`) through `spark.jars`:
-the driver serves the jars to a cluster's executors, so nothing needs installing on the workers.
+start and the engine's imports on every task; shuffle partitions default to the cores (the processor
+asks for `default_shuffle_partitions`), and RocksDB does not count the store's rows unless the Spark
+configuration says so (each count is a read before every write); Python workers must run the
+virtualenv's Python (PYSPARK_PYTHON) to import pyarrow. Spark's Kafka connector comes from the
+project's jar cache (`fleetfence.jars`) through `spark.jars`: the driver serves the jars to a
+cluster's executors, so nothing needs installing on the workers.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-# Spark's count of the state store's rows (`numRowsTotal`): off by default, on when set to "true".
+# Spark's count of the state store's rows (`numRowsTotal`): off unless configured "true".
 ROW_TRACKING = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
 
 
@@ -29,11 +30,17 @@ def spark_master_url(configured: str | None) -> str | None:
 
 
 def default_shuffle_partitions(cores: int) -> int:
-    """Stateful tasks a batch when none are configured: half the cores, at least one. The other
-    half runs the Kafka read's tasks and, on a single node, the broker; on two cores one stateful
-    task gave lower event→alert latency than two in every alternation measured, and drained a
-    backlog faster (docs/deploy.md, Parallelism)."""
+    """The processor's stateful tasks a batch when none are configured: half the cores, at least one. The
+    other half runs the Kafka read's tasks and, on a single node, the broker; on two cores one
+    stateful task gave lower event→alert latency than two in every alternation measured, and drained
+    a backlog faster (docs/deploy.md, Parallelism)."""
     return max(1, cores // 2)
+
+
+def processor_partitions(configured: int | None) -> int:
+    """The processor's shuffle partitions: the configured count, else `default_shuffle_partitions`
+    of this machine's cores."""
+    return configured or default_shuffle_partitions(os.cpu_count() or 2)
 
 
 def build_session(
@@ -55,10 +62,9 @@ def build_session(
         builder = builder.master(spark_master)
     cores = os.cpu_count() or 2
     conf = {
-        "spark.sql.shuffle.partitions": str(shuffle_partitions or default_shuffle_partitions(cores)),
+        "spark.sql.shuffle.partitions": str(shuffle_partitions or cores),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        ROW_TRACKING: "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -78,4 +84,13 @@ def build_session(
         builder = builder.config(k, v)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    # Off unless spark-defaults.conf, spark-submit --conf or the caller set it (a builder setting
+    # would override the first two).
+    if ROW_TRACKING not in conf and session.sparkContext.getConf().get(ROW_TRACKING) is None:
+        session.conf.set(ROW_TRACKING, "false")
     return session
+
+
+def row_tracking(spark: Any) -> bool:
+    """Whether RocksDB counts the state store's rows (Spark's `numRowsTotal` is 0 when it does not)."""
+    return str(spark.conf.get(ROW_TRACKING, "true")).lower() == "true"

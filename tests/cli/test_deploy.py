@@ -353,7 +353,7 @@ def test_processor_runs_on_the_spark_master_with_a_shared_checkpoint() -> None:
     # Shuffle partitions = total executor cores; buckets >= shuffle partitions (docs/deploy.md).
     shuffle = int(env["FLEETFENCE_PROCESSOR_SHUFFLE_PARTITIONS"])
     assert shuffle == cores
-    assert int(env.get("FLEETFENCE_PROCESSOR_BUCKETS", "16")) >= shuffle
+    assert int(env["FLEETFENCE_PROCESSOR_BUCKETS"]) >= shuffle
     assert int(env_of(svcs["init"]).get("FLEETFENCE_TELEMETRY_PARTITIONS", "4")) >= cores
 
     checkpoint = env["FLEETFENCE_PROCESSOR_CHECKPOINT"]

@@ -8,7 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.ops.progress import STATE_ROWS, log_first_batch, observe, telemetry_events, unseen_progress
+from processor.ops.progress import (
+    STATE_ROWS,
+    log_first_batch,
+    telemetry_events,
+    unseen_progress,
+    untrack_state_rows,
+)
 
 TOPIC = "fleet.telemetry"
 
@@ -78,19 +84,15 @@ def test_the_first_batch_of_a_start_is_logged_phase_by_phase(caplog: pytest.LogC
     assert "rocksdbCommitFileSyncLatencyMs=9" in line
 
 
-def test_the_state_rows_gauge_shows_only_a_count_rocksdb_keeps() -> None:
-    """With row tracking off (the default) Spark reports -1 rows: the gauge keeps its last real
-    count (none yet: 0) rather than exporting a row count of -1."""
+def test_the_state_rows_gauge_leaves_the_export_when_rocksdb_does_not_count() -> None:
+    """Row tracking off, Spark reports 0 rows: the gauge is then not exported at all, rather than
+    reading as an empty store."""
+    from prometheus_client import REGISTRY, generate_latest
 
-    def batch(rows: int) -> dict[str, Any]:
-        return {
-            "batchId": 1,
-            "durationMs": {"triggerExecution": 10},
-            "stateOperators": [{"numRowsTotal": rows}],
-            "sources": [],
-        }
-
-    observe(batch(7), "t", None)
-    assert STATE_ROWS._value.get() == 7
-    observe(batch(-1), "t", None)
-    assert STATE_ROWS._value.get() == 7
+    assert b"fleetfence_processor_state_rows" in generate_latest(REGISTRY)
+    try:
+        untrack_state_rows()
+        untrack_state_rows()  # a second service start in the same process
+        assert b"fleetfence_processor_state_rows" not in generate_latest(REGISTRY)
+    finally:
+        REGISTRY.register(STATE_ROWS)
