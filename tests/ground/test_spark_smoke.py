@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -36,3 +39,23 @@ def test_tiny_batch_job_runs_python_udf(spark: object) -> None:
     conf = spark.conf.get("spark.sql.streaming.stateStore.providerClass")
     assert conf is not None
     assert conf.endswith("RocksDBStateStoreProvider")
+
+
+def test_the_session_leaves_rocksdb_row_counting_off_unless_configured(spark: object) -> None:
+    """RocksDB's row count costs a read before every write, so the session turns it off; a value
+    from the Spark configuration (here spark-submit's --conf, as spark-defaults.conf would give it)
+    is kept, which a builder setting would have overridden."""
+    from processor.spark.session import ROW_TRACKING, row_tracking
+
+    assert not row_tracking(spark)
+    script = (
+        "from processor.spark.session import build_session, row_tracking\n"
+        "s = build_session(app_name='row-tracking', spark_master='local[1]')\n"
+        "print('ROWS', row_tracking(s))\n"
+        "s.stop()\n"
+    )
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": f"--conf {ROW_TRACKING}=true pyspark-shell"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=180
+    )
+    assert "ROWS True" in out.stdout, out.stderr[-2000:]
