@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import redis
 
@@ -27,7 +28,7 @@ from processor.ops.rebucket_run import run_rebucket
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import LocalCheckpointFiles
 from processor.spark.job import start_query
-from processor.spark.layout import balanced_keys
+from processor.spark.layout import LAYOUT_FILE, balanced_keys
 from processor.spark.rebucket import (
     SEED_STATE,
     BucketState,
@@ -266,7 +267,11 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
 
     # The last batch that reported progress is committed (the stop may cut a later, no-data one).
     state = read_bucket_states(spark, new.checkpoint, int(q.lastProgress["batchId"]))
-    keys = balanced_keys(3, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    # The keys the command chose for the new checkpoint, balanced for the partitions it was run with
+    # (the processor's default for this machine's cores, whatever this test's session has).
+    layout = orjson.loads(LocalCheckpointFiles(new.checkpoint).read(LAYOUT_FILE) or b"{}")
+    keys = layout["keys"]
+    assert keys == balanced_keys(3, layout["partitions"])
     assert sorted(state) == sorted(keys)
     where = {v: keys.index(k) for k, b in state.items() for v in b.states.ids + b.parked.ids}
     assert where == {f"v{i}": bucket_of(f"v{i}", 3) for i in range(6)}
