@@ -165,12 +165,27 @@ def processor_cmd(
             "lease and take over the moment the active driver's lease expires.",
         ),
     ] = False,
+    hot: Annotated[
+        bool,
+        typer.Option(
+            "--hot",
+            help="A hot driver: run the job on a checkpoint of its own all the time, commit alerts only "
+            "while holding the job's lease, and take over at the next batch (docs/exactly-once.md).",
+        ),
+    ] = False,
 ) -> None:
     """Run the PySpark geofencing job (FLEETFENCE_PROCESSOR_* settings) until Ctrl-C/SIGTERM."""
     from processor.ops.service import run_processor
     from processor.settings import ProcessorSettings
 
-    s = ProcessorSettings(processor_standby=True) if standby else ProcessorSettings()
+    s = ProcessorSettings()
+    if standby or hot:
+        s = s.model_copy(
+            update={
+                "processor_standby": s.processor_standby or standby,
+                "processor_hot": s.processor_hot or hot,
+            }
+        )
     configure_logging(s.log_level, s.log_json)
     run_processor(s)
 

@@ -73,6 +73,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(t.alerts_dlq, 1, {"retention.ms": str(30 * DAY_MS), **isr}, rf),
         TopicSpec(t.master, 1, {"cleanup.policy": "compact", **isr}, rf),
         TopicSpec(t.processor_commits, 1, {"cleanup.policy": "compact", **isr}, rf),
+        # A day: far beyond any hot-standby horizon (FLEETFENCE_PROCESSOR_HOT_HORIZON_S).
+        TopicSpec(t.processor_shadow, 1, {"retention.ms": str(DAY_MS), **isr}, rf),
     ]
 
 

@@ -55,6 +55,11 @@ class TopicNames:
         """Markers of the micro-batches whose alerts the processor committed (exactly-once)."""
         return f"{self.prefix}fleet.processor.commits"
 
+    @property
+    def processor_shadow(self) -> str:
+        """What hot standbys would have committed (processor.spark.hot_sink), for their takeover."""
+        return f"{self.prefix}fleet.processor.shadow"
+
 
 class Settings(BaseSettings):
     """Every knob of FleetFence; see the README's configuration table."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from pydantic import Field
 
 from fleetfence.settings import ProcessorRulesSettings
@@ -41,6 +43,23 @@ class ProcessorSettings(ProcessorRulesSettings):
     processor_standby: bool = Field(
         default=False, description="Start as a warm standby: Spark up, then wait for the checkpoint's lease."
     )
+    processor_hot: bool = Field(
+        default=False,
+        description="Hot drivers (processor.spark.hot_sink): every driver runs the query on a checkpoint "
+        "of its own (<checkpoint>-<driver name>) all the time, and only the lease holder commits to "
+        "fleet.alerts; a standby takes over at its next batch. Every driver of a job in the same mode.",
+    )
+    processor_driver_name: str = Field(
+        default_factory=socket.gethostname,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="A hot driver's name: its own checkpoint's suffix (default: the host name).",
+    )
+    processor_hot_horizon_s: int = Field(
+        default=900,
+        ge=10,
+        description="How far back a hot driver taking over compares its shadow alerts with the committed "
+        "ones: must exceed how far a standby can lag behind the active driver.",
+    )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
     processor_shuffle_partitions: int | None = Field(
         default=None,
@@ -67,7 +86,16 @@ class ProcessorSettings(ProcessorRulesSettings):
 
     @property
     def checkpoint(self) -> str:
+        """The job's checkpoint: the one its drivers run on, and the name of its lease. A hot
+        driver runs on its own (`driver_checkpoint`)."""
         return self.processor_checkpoint or str((self.state_dir / "checkpoints" / "processor").resolve())
+
+    @property
+    def driver_checkpoint(self) -> str:
+        """Where this driver's query keeps its offsets and state."""
+        if not self.processor_hot:
+            return self.checkpoint
+        return f"{self.checkpoint.rstrip('/')}-{self.processor_driver_name}"
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.of(self.processor_rules())

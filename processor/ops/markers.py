@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_END, KafkaError, TopicPartition
 from prometheus_client import Counter, Gauge
 
 from fleetfence.kafka import group_consumer
+from processor.spark.hot_sink import SHADOW_SUFFIX
 
 logger = logging.getLogger(__name__)
 
@@ -76,19 +77,28 @@ class BatchLedger:
     lines: list[dict[str, Any]] = field(default_factory=list)
 
     def marker(self, m: dict[str, Any], now: float | None = None) -> bool:
-        """Count one committed batch's marker; False for another sink's."""
-        if m.get("sink_id") != self.sink_id:
+        """Count one committed batch's marker; False for another sink's. A hot driver's shadow
+        marker (processor.spark.hot_sink) counts its records, not its alerts: they were not
+        committed to fleet.alerts."""
+        shadow = m.get("sink_id") == self.sink_id + SHADOW_SUFFIX
+        if m.get("sink_id") != self.sink_id and not shadow:
             return False
+        counts: dict[str, Any] = m["shadow"] if shadow else m
         for key, outcome in OUTCOMES.items():
-            RECORDS.labels(outcome).inc(int(m.get(key, 0)))
-        ALERTS.inc(int(m.get("alerts", 0)))
-        MASTER_EVENTS.inc(int(m.get("master_events", 0)))
-        UNASSIGNED.inc(int(m.get("unassigned", 0)))
-        HELD.set(int(m.get("held", 0)))
+            RECORDS.labels(outcome).inc(int(counts.get(key, 0)))
+        if not shadow:
+            ALERTS.inc(int(m.get("alerts", 0)))
+        MASTER_EVENTS.inc(int(counts.get("master_events", 0)))
+        UNASSIGNED.inc(int(counts.get("unassigned", 0)))
+        HELD.set(int(counts.get("held", 0)))
         for move in ("parked", "woken"):
-            PARKING.labels(move).inc(int(m.get(move, 0)))
+            PARKING.labels(move).inc(int(counts.get(move, 0)))
         COMMITTED_BATCHES.inc()
-        self._markers[int(m["batch_id"])] = (time.monotonic() if now is None else now, m)
+        role = "shadow" if shadow else "live"
+        self._markers[int(m["batch_id"])] = (
+            time.monotonic() if now is None else now,
+            {**counts, "role": role},
+        )
         return True
 
     def progress(self, p: dict[str, Any]) -> None:
@@ -117,6 +127,7 @@ class BatchLedger:
                 **{k: int(m.get(k, 0)) for k in ("received", "accepted", "duplicates", "late", "invalid")},
                 **{k: int(m.get(k, 0)) for k in ("unassigned", "held", "alerts", "master_events")},
                 **{k: int(m.get(k, 0)) for k in ("parked", "woken")},
+                "role": m.get("role", "live"),
                 "duration_ms": p and p["duration_ms"],
                 "watermark": p and p["watermark"],
             }

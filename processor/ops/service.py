@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from fleetfence.errors import ConfigError
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import LeaseLostError, ProcessorError
@@ -29,6 +30,7 @@ from processor.ops.markers import BatchLedger, MarkerReader
 from processor.ops.progress import log_first_batch, observe, unseen_progress, untrack_state_rows
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles
+from processor.spark.hot_sink import HotOptions
 from processor.spark.job import checkpoint_sink_id, start_query, warm_up_query
 from processor.spark.rebucket import read_seed
 from processor.spark.session import build_session, processor_partitions, row_tracking, spark_master_url
@@ -76,6 +78,11 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
         untrack_state_rows()
     lease = checkpoint_lease(s)
     try:
+        if s.processor_hot:
+            if lease is None:
+                raise ConfigError("hot drivers need the lease: FLEETFENCE_PROCESSOR_LEASE_TTL_MS must be > 0")
+            _hot_loop(spark, s, stop, lease)
+            return
         if s.processor_standby:
             warm_python_workers(spark)
             with tempfile.TemporaryDirectory(prefix="fleetfence-warm-up-") as scratch:
@@ -97,20 +104,63 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
         spark.stop()
 
 
+def _hot_loop(spark: Any, s: ProcessorSettings, stop: threading.Event, lease: CheckpointLease) -> None:
+    """A hot driver (processor.spark.hot_sink): the query runs on this driver's own checkpoint from
+    the start, and its sink commits to fleet.alerts from the first batch after this driver takes
+    the job's lease (which a thread waits for beside the query)."""
+    ROLE.set(0)
+    hot = HotOptions(
+        lease_key=lease.key,
+        owner=lease.owner,
+        redis_url=s.redis_dsn,
+        shadow_topic=s.topics.processor_shadow,
+        live_transactional_id=f"fleetfence-processor-hot-{lease.key.rsplit(':', 1)[-1]}",
+        horizon_ms=s.processor_hot_horizon_s * 1000,
+    )
+    acquired = threading.Event()
+    ended = threading.Event()  # the query loop returned (a stop, or the query failed)
+
+    def take_over() -> None:
+        if lease.wait_acquire(ended):
+            lease.start_renewing()
+            ROLE.set(1)
+            TAKEOVERS.inc()
+            acquired.set()
+            logger.info("hot driver is live checkpoint=%s", s.driver_checkpoint)
+
+    logger.info("hot driver started checkpoint=%s lease=%s", s.driver_checkpoint, lease.key)
+    thread = threading.Thread(target=take_over, name="processor-take-over", daemon=True)
+    thread.start()
+    try:
+        _query_loop(spark, s, stop, lease, hot=hot, live=acquired)
+    finally:
+        ended.set()
+        thread.join(5)
+
+
 def _query_loop(
-    spark: Any, s: ProcessorSettings, stop: threading.Event, lease: CheckpointLease | None
+    spark: Any,
+    s: ProcessorSettings,
+    stop: threading.Event,
+    lease: CheckpointLease | None,
+    *,
+    hot: HotOptions | None = None,
+    live: threading.Event | None = None,
 ) -> None:
+    """Run the query until `stop`; the lease is watched once this driver holds it (from the start,
+    or from when `live` is set for a hot driver)."""
     # Open the marker tail before the query starts: every batch this run commits is counted.
     ledger = BatchLedger(checkpoint_sink_id(spark, s))
-    seed = read_seed(HadoopCheckpointFiles(spark, s.checkpoint))
+    seed = read_seed(HadoopCheckpointFiles(spark, s.driver_checkpoint))
     first_start = seed.offsets.get(s.topics.telemetry) if seed else None
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
-    q = start_query(spark, s)
+    q = start_query(spark, s, hot=hot)
     last_batch = -1
 
     def step() -> bool:
         nonlocal last_batch
-        if lease is not None and lease.lost.is_set():
+        holding = live is None or live.is_set()
+        if lease is not None and holding and lease.lost.is_set():
             raise LeaseLostError(f"the checkpoint's lease {lease.key} is no longer this driver's: stopping")
         done = bool(q.awaitTermination(0.5))
         latest = q.lastProgress

@@ -16,6 +16,7 @@ from typing import Any
 
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles, sink_id_for
+from processor.spark.hot_sink import HotOptions
 from processor.spark.layout import checkpoint_layout
 from processor.spark.rebucket import Seed, read_seed, refuse_incomplete, refuse_retired, seed_state
 
@@ -29,9 +30,9 @@ def register_sink(spark: Any) -> None:
 
 
 def checkpoint_sink_id(spark: Any, s: ProcessorSettings) -> str:
-    """The sink id of this checkpoint (created with the checkpoint, the same for every restart):
-    the key of its commit markers."""
-    return sink_id_for(HadoopCheckpointFiles(spark, s.checkpoint))
+    """The sink id of this driver's checkpoint (created with the checkpoint, the same for every
+    restart): the key of its commit markers."""
+    return sink_id_for(HadoopCheckpointFiles(spark, s.driver_checkpoint))
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ def warm_up_query(spark: Any, s: ProcessorSettings, scratch_checkpoint: str) -> 
     logger.info("warm-up query done batches=%d", len(q.recentProgress))
 
 
-def _sink(writer: Any, s: ProcessorSettings, sink_id: str, *, dry_run: bool = False) -> Any:
+def _sink(
+    writer: Any, s: ProcessorSettings, sink_id: str, *, dry_run: bool = False, hot: HotOptions | None = None
+) -> Any:
     """`writer` pointed at the exactly-once alert sink (processor.spark.kafka_sink) with its options."""
     from processor.spark.kafka_sink import SINK_NAME
 
@@ -133,19 +136,29 @@ def _sink(writer: Any, s: ProcessorSettings, sink_id: str, *, dry_run: bool = Fa
     )
     if dry_run:
         return writer.option("dryRun", "true")
+    if hot is not None:
+        writer = writer.options(**hot.options())
     if s.processor_live_state:
         writer = writer.option("redisUrl", s.redis_dsn)
     return writer
 
 
 def start_output(
-    spark: Any, out: Any, s: ProcessorSettings, inp: JobInput, query_name: str, *, available_now: bool = False
+    spark: Any,
+    out: Any,
+    s: ProcessorSettings,
+    inp: JobInput,
+    query_name: str,
+    *,
+    available_now: bool = False,
+    hot: HotOptions | None = None,
 ) -> Any:
     """Start the streaming query writing `out` (rows of processor.spark.rows.OUTPUT_DDL, computed over
-    `inp`) to the exactly-once sink on `inp`'s checkpoint; returns the StreamingQuery."""
+    `inp`) to the exactly-once sink on `inp`'s checkpoint (a hot driver's sink with `hot`); returns
+    the StreamingQuery."""
     register_sink(spark)
     writer = (
-        _sink(out.writeStream, s, sink_id_for(inp.files))
+        _sink(out.writeStream, s, sink_id_for(inp.files), hot=hot)
         .queryName(query_name)
         .option("checkpointLocation", inp.checkpoint)
     )
@@ -159,9 +172,16 @@ def start_output(
 
 
 def start_query(
-    spark: Any, s: ProcessorSettings, query_name: str = "fleetfence-processor", *, available_now: bool = False
+    spark: Any,
+    s: ProcessorSettings,
+    query_name: str = "fleetfence-processor",
+    *,
+    available_now: bool = False,
+    hot: HotOptions | None = None,
 ) -> Any:
-    """Build and start the streaming query; returns the StreamingQuery. `available_now` processes
-    what Kafka holds at the start and then stops, its last batch committed (`processor.spark.rebucket`)."""
-    inp = job_input(spark, s, s.checkpoint, s.processor_starting_offsets)
-    return start_output(spark, geofence_rows(spark, s, inp), s, inp, query_name, available_now=available_now)
+    """Build and start the streaming query on this driver's checkpoint; returns the StreamingQuery.
+    `available_now` processes what Kafka holds at the start and then stops, its last batch
+    committed (`processor.spark.rebucket`); `hot` makes it a hot driver (processor.spark.hot_sink)."""
+    inp = job_input(spark, s, s.driver_checkpoint, s.processor_starting_offsets)
+    rows = geofence_rows(spark, s, inp)
+    return start_output(spark, rows, s, inp, query_name, available_now=available_now, hot=hot)

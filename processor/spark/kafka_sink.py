@@ -25,6 +25,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from fleetfence.contracts import DlqReason, dead_letter
 from fleetfence.readmodels import ReadKeys
 from processor.errors import LateReadBackError
+from processor.spark.hot_sink import HotOptions, HotSink, Outgoing, alert_id_of, dead_letter_id
 from processor.spark.live_store import write_live
 from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_rows, unpack_live
 
@@ -56,22 +57,27 @@ class AlertCommitMessage(WriterCommitMessage):
 SINK_QUEUE_MESSAGES = 100_000
 
 
+def sink_producer(bootstrap: str, transactional_id: str, queue_messages: int = SINK_QUEUE_MESSAGES) -> Any:
+    """The sink's transactional producer (its caller runs `init_transactions`)."""
+    from fleetfence.kafka import transactional_producer
+
+    return transactional_producer(
+        bootstrap,
+        transactional_id,
+        **{
+            "linger.ms": 2,
+            "transaction.timeout.ms": 60000,
+            "queue.buffering.max.messages": queue_messages,
+        },
+    )
+
+
 class _SinkState:
     """Per-process transactional producer and the last batch this sink committed."""
 
     def __init__(self, bootstrap: str, sink_id: str, markers_topic: str) -> None:
-        from fleetfence.kafka import transactional_producer
-
         self.sink_id = sink_id
-        self.producer = transactional_producer(
-            bootstrap,
-            f"fleetfence-processor-{sink_id}",
-            **{
-                "linger.ms": 2,
-                "transaction.timeout.ms": 60000,
-                "queue.buffering.max.messages": SINK_QUEUE_MESSAGES,
-            },
-        )
+        self.producer = sink_producer(bootstrap, f"fleetfence-processor-{sink_id}")
         # Fences any zombie with the same id and aborts its open transaction, so what we read next
         # is final.
         self.producer.init_transactions(30)
@@ -80,6 +86,7 @@ class _SinkState:
 
 
 _SINKS: dict[tuple[str, str], _SinkState] = {}
+_HOT_SINKS: dict[tuple[str, str], HotSink] = {}
 
 
 # Answers about a partition whose leader the broker does not know yet (a topic just created):
@@ -213,6 +220,8 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         # A standby's warm-up query (processor.spark.job.warm_up_query): the sink's Python processes are
         # started and its modules loaded, and nothing is written anywhere.
         self.dry_run = options.get("dryrun", "") == "true"
+        # A hot driver's sink (processor.spark.hot_sink): live or shadow by the job's lease.
+        self.hot = HotOptions.from_options(options)
 
     # ---- executors
 
@@ -276,6 +285,18 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
 
             logger.info("dry-run batch not committed sink_id=%s batch_id=%s", self.sink_id, batchId)
             return
+        msgs = [m for m in messages if isinstance(m, AlertCommitMessage)]
+        alerts = [a for m in msgs for a in m.alerts]
+        dlq = [x for m in msgs for x in m.dlq]
+        stats: dict[str, int] = {}
+        for m in msgs:
+            for k, v in m.stats.items():
+                stats[k] = stats.get(k, 0) + v
+        stats["alerts"] = len(alerts)
+        stats["dead_lettered"] = stats.get("invalid", 0) + stats.get("late", 0)
+        if self.hot is not None:
+            self._commit_hot(self.hot, batchId, alerts, dlq, stats)
+            return
         key = (self.bootstrap, self.sink_id)
         st = _SINKS.get(key)
         if st is None:
@@ -284,16 +305,6 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         if batchId <= st.last_committed:
             logger.warning("batch already committed, skipped sink_id=%s batch_id=%s", self.sink_id, batchId)
             return
-        msgs = [m for m in messages if isinstance(m, AlertCommitMessage)]
-        alerts = [a for m in msgs for a in m.alerts]
-        dlq = [x for m in msgs for x in m.dlq]
-        stats: dict[str, int] = {}
-        for m in msgs:
-            if m is not None:
-                for k, v in m.stats.items():
-                    stats[k] = stats.get(k, 0) + v
-        stats["alerts"] = len(alerts)
-        stats["dead_lettered"] = stats.get("invalid", 0) + stats.get("late", 0)
         # Imported at the first commit, which a standby's dry run makes in advance (see above).
         from fleetfence.kafka import produce_waiting
 
@@ -336,6 +347,37 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             len(alerts),
             len(dlq),
         )
+
+    def _commit_hot(
+        self,
+        hot: HotOptions,
+        batch_id: int,
+        alerts: list[tuple[str, bytes]],
+        dlq: list[DeadLetter],
+        stats: dict[str, int],
+    ) -> None:
+        key = (self.bootstrap, self.sink_id)
+        sink = _HOT_SINKS.get(key)
+        if sink is None:
+            sink = _HOT_SINKS[key] = HotSink(self.bootstrap, self.sink_id, self.markers_topic, hot)
+        records = [Outgoing(alert_id_of(v), self.alerts_topic, vid.encode(), v) for vid, v in alerts]
+        now_ms = int(time.time() * 1000)
+        for letter in dlq:
+            value, headers = dead_letter(
+                letter.original,
+                reason=letter.reason,
+                detail=letter.detail,
+                origin=("source", letter.source.encode()),
+                received_ms=now_ms,
+            )
+            k = letter.key.encode()
+            rid = dead_letter_id(letter.source, k, value) or letter.source
+            records.append(Outgoing(rid, self.dlq_topic, k, value, list(headers)))
+        try:
+            sink.commit(batch_id, records, stats, alerts_topic=self.alerts_topic, dlq_topic=self.dlq_topic)
+        except Exception:
+            _HOT_SINKS.pop(key, None)
+            raise
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         logger.warning("batch aborted by Spark sink_id=%s batch_id=%s", self.sink_id, batchId)

@@ -46,6 +46,7 @@ def test_topics_created_with_partitions_and_compaction(settings: Settings) -> No
         t.alerts_dlq: 1,
         t.master: 1,
         t.processor_commits: 1,
+        t.processor_shadow: 1,
     }
     # Second call finds them and changes nothing.
     assert ensure_topics(settings.bootstrap_servers, topic_specs(settings)) == created
