@@ -1,4 +1,4 @@
-"""Failover benchmark: SIGKILL the processor under a steady stream, cold restart vs warm standby.
+"""Failover benchmark: SIGKILL the processor under a steady stream: cold restart, warm standby, hot driver.
 
     .venv/bin/python bench/failover.py --kills 10 [--record]
 
@@ -12,7 +12,10 @@ kill (its fix's `received_ms`).
   dead driver's lease (`FLEETFENCE_PROCESSOR_LEASE_TTL_MS`), starts Spark and restores the state;
 - warm: a standby (`--standby`) has Spark and its Python workers up and takes over when the lease
   expires; a new standby is started behind it and is warm before the next kill;
-- `warm-ttl1000` (or `cold-ttl…`): the same with its own lease ttl, side by side in the same run.
+- hot: two hot drivers (`--hot`), each running the job on its own checkpoint; the standby's next
+  batch after it takes the lease commits live; the killed driver is restarted (on its own
+  checkpoint) as the next standby and has caught up before the next kill;
+- `warm-ttl1000` (or `cold-ttl…`, `hot-ttl…`): the same with its own lease ttl, side by side in the same run.
 Every run ends by checking the alerts against the pure engine over everything produced: lost and
 duplicated must both be 0. Prints a table (p50/p99/max per mode, the ratio) and records it in
 docs/bench-log/failover.md with --record.
@@ -153,7 +156,8 @@ class AlertClock:
         self.c.close()
 
 
-def spawn(ps: ProcessorSettings, log: Path, standby: bool) -> subprocess.Popen[bytes]:
+def spawn(ps: ProcessorSettings, log: Path, standby: bool, hot_name: str = "") -> subprocess.Popen[bytes]:
+    """A driver process: plain, a warm standby, or (with `hot_name`) the hot driver of that name."""
     env = {
         **os.environ,
         **{
@@ -163,6 +167,8 @@ def spawn(ps: ProcessorSettings, log: Path, standby: bool) -> subprocess.Popen[b
         },
         "FLEETFENCE_PROCESSOR_STANDBY": str(standby).lower(),
         "FLEETFENCE_PROCESSOR_METRICS_PORT": "0",
+        "FLEETFENCE_PROCESSOR_HOT": str(bool(hot_name)).lower(),
+        **({"FLEETFENCE_PROCESSOR_DRIVER_NAME": hot_name} if hot_name else {}),
     }
     return subprocess.Popen(
         [sys.executable, "-m", "processor"],
@@ -173,9 +179,19 @@ def spawn(ps: ProcessorSettings, log: Path, standby: bool) -> subprocess.Popen[b
     )
 
 
-def ready(log: Path) -> Callable[[], bool]:
-    """A check: the standby logging to `log` has Spark and its Python workers up."""
-    return lambda: log.exists() and "standby ready" in log.read_text(errors="replace")
+def ready(log: Path, text: str = "standby ready") -> Callable[[], bool]:
+    """A check: the standby logging to `log` has Spark and its Python workers up (a hot one: has
+    committed a shadow batch)."""
+    return lambda: log.exists() and text in log.read_text(errors="replace")
+
+
+HOT_READY = "role=shadow"
+
+
+def caught_up(log: Path, batches: int = 3) -> Callable[[], bool]:
+    """A check: the hot standby logging to `log` has committed `batches` shadow batches: the first
+    after its start reads its whole backlog (up to the batch cap), the ones after it the stream."""
+    return lambda: log.exists() and log.read_text(errors="replace").count(HOT_READY) >= batches
 
 
 def expected_ids(fixes: list[dict[str, Any]], vehicles: int, ps: ProcessorSettings) -> set[str]:
@@ -190,9 +206,11 @@ PHASES = {
     "query": "processor started",
     "first_batch": "first batch after start",
 }
+# A hot driver's query runs before the kill: its takeover is the lease, then its first live batch.
+HOT_PHASES = {"lease": "lease acquired", "first_batch": "role=live"}
 
 
-def takeover_phases(log: Path, killed_ms: float) -> dict[str, float] | None:
+def takeover_phases(log: Path, killed_ms: float, phases: dict[str, str] = PHASES) -> dict[str, float] | None:
     """Seconds from the kill to each step of the takeover in the new driver's log (lease, query
     started, first batch done) and that first batch's own phases (ms), once they are all there."""
     if not log.exists():
@@ -202,46 +220,31 @@ def takeover_phases(log: Path, killed_ms: float) -> dict[str, float] | None:
         if not line.startswith("ts="):
             continue
         at = datetime.fromisoformat(line[3 : line.index(" ")]).timestamp() * 1000
-        for key, text in PHASES.items():
+        for key, text in phases.items():
             if text in line and at >= killed_ms and key not in out:
                 out[key] = (at - killed_ms) / 1000
                 if key == "first_batch":  # its phases: `addBatch_ms=1234` and the like
                     for name, _, value in (w.partition("=") for w in line.split()):
                         if name.endswith("_ms") and value.isdigit():
                             out["batch." + name.removesuffix("_ms")] = float(value)
-    return out if all(k in out for k in PHASES) else None
+    return out if all(k in out for k in phases) else None
 
 
-def parse_mode(spec: str, default_ttl_ms: int) -> tuple[str, bool, int]:
-    """`cold`, `warm`, or either with its own lease, `warm-ttl1000`: (name, warm, lease ttl ms)."""
+def parse_mode(spec: str, default_ttl_ms: int) -> tuple[str, str, int]:
+    """`cold`, `warm`, `hot`, or one with its own lease, `warm-ttl1000`: (name, kind, lease ttl ms)."""
     kind, _, ttl = spec.partition("-ttl")
-    if kind not in ("cold", "warm") or (ttl and not ttl.isdigit()):
-        raise SystemExit(f"mode {spec!r}: cold or warm, optionally -ttl<ms> (e.g. warm-ttl1000)")
-    return spec, kind == "warm", int(ttl) if ttl else default_ttl_ms
+    if kind not in ("cold", "warm", "hot") or (ttl and not ttl.isdigit()):
+        raise SystemExit(f"mode {spec!r}: cold, warm or hot, optionally -ttl<ms> (e.g. warm-ttl1000)")
+    return spec, kind, int(ttl) if ttl else default_ttl_ms
 
 
 def run_mode(spec: str, args: argparse.Namespace, base: Settings, work: Path) -> dict[str, Any]:
-    mode, warm, ttl_ms = parse_mode(spec, args.lease_ttl_ms)
-    s = base.model_copy(update={"topic_prefix": f"{mode}."})
-    ensure_topics(s.bootstrap_servers, topic_specs(s))
-    p = idempotent_producer(s.bootstrap_servers)
-    for e in master_events(args.vehicles):
-        p.produce(s.topics.master, key=master_key(e["entity"], e["id"]), value=orjson.dumps(e))
-    p.flush(30)
-    ps = ProcessorSettings(
-        **{
-            **s.model_dump(exclude={"topics"}),
-            "processor_checkpoint": str(work / mode / "cp"),
-            "processor_buckets": 4,
-            "processor_trigger_ms": 100,
-            "processor_live_state": False,
-            "redis_prefix": f"{mode}.ff:",
-            "processor_spark_master": f"local[{args.cores}]",
-            "processor_lease_ttl_ms": ttl_ms,
-        }
-    )
+    mode, kind, ttl_ms = parse_mode(spec, args.lease_ttl_ms)
+    if kind == "hot":
+        return run_hot(mode, ttl_ms, args, base, work)
+    warm = kind == "warm"
+    s, ps = mode_setup(mode, ttl_ms, args, base, work)
     logs = (work / mode / f"processor-{n}.log" for n in range(1000))
-    (work / mode).mkdir(parents=True, exist_ok=True)
     stream = Stream(s, args.vehicles, args.cycle_s)
     clock = AlertClock(s)
     threads = [
@@ -311,6 +314,98 @@ def run_mode(spec: str, args: argparse.Namespace, base: Settings, work: Path) ->
     }
 
 
+def mode_setup(
+    mode: str, ttl_ms: int, args: argparse.Namespace, base: Settings, work: Path
+) -> tuple[Settings, ProcessorSettings]:
+    """The mode's topics (with the fleet's master data) and its processor settings."""
+    s = base.model_copy(update={"topic_prefix": f"{mode}."})
+    ensure_topics(s.bootstrap_servers, topic_specs(s))
+    p = idempotent_producer(s.bootstrap_servers)
+    for e in master_events(args.vehicles):
+        p.produce(s.topics.master, key=master_key(e["entity"], e["id"]), value=orjson.dumps(e))
+    p.flush(30)
+    ps = ProcessorSettings(
+        **{
+            **s.model_dump(exclude={"topics"}),
+            "processor_checkpoint": str(work / mode / "cp"),
+            "processor_buckets": 4,
+            "processor_trigger_ms": 100,
+            "processor_live_state": False,
+            "redis_prefix": f"{mode}.ff:",
+            "processor_spark_master": f"local[{args.cores}]",
+            "processor_lease_ttl_ms": ttl_ms,
+        }
+    )
+    (work / mode).mkdir(parents=True, exist_ok=True)
+    return s, ps
+
+
+def run_hot(mode: str, ttl_ms: int, args: argparse.Namespace, base: Settings, work: Path) -> dict[str, Any]:
+    """Two hot drivers, `d0` and `d1`: kill the live one, measure, restart it as the standby."""
+    s, ps = mode_setup(mode, ttl_ms, args, base, work)
+    logs = (work / mode / f"processor-{n}.log" for n in range(1000))
+    stream = Stream(s, args.vehicles, args.cycle_s)
+    clock = AlertClock(s)
+    threads = [
+        threading.Thread(target=stream.run, daemon=True),
+        threading.Thread(target=clock.run, daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    rng = random.Random(args.seed)
+    active_name, standby_name = "d0", "d1"
+    active_log = next(logs)
+    active = spawn(ps, active_log, standby=False, hot_name=active_name)
+    procs = [active]
+    wait_for(ready(active_log, "hot driver is live"), 300, f"{mode}: the first driver to go live")
+    standby_log = next(logs)
+    standby = spawn(ps, standby_log, standby=False, hot_name=standby_name)
+    procs.append(standby)
+    takeovers: list[float] = []
+    phases: list[dict[str, float]] = []
+    try:
+        wait_for(lambda: len(clock.seen) > 0, 300, f"{mode}: the first alert")
+        for k in range(args.kills):
+            wait_for(caught_up(standby_log), 300, f"{mode}: the standby to catch up")
+            time.sleep(rng.uniform(args.min_gap_s, args.max_gap_s))
+            killed_ms = time.time() * 1000
+            os.killpg(active.pid, signal.SIGKILL)
+            active.wait(30)
+            killed = active_name
+            active, active_log, active_name = standby, standby_log, standby_name
+            took = wait_for(clock.first_after(killed_ms), 300, f"{mode}: the first alert after kill {k + 1}")
+            takeovers.append(float(took) / 1000)
+            logged = partial(takeover_phases, active_log, killed_ms, HOT_PHASES)
+            phases.append(wait_for(logged, 60, f"{mode}: the takeover's log lines"))
+            # The killed driver comes back on its own checkpoint as the next standby.
+            standby_log, standby_name = next(logs), killed
+            standby = spawn(ps, standby_log, standby=False, hot_name=standby_name)
+            procs.append(standby)
+            console.print(
+                f"  {mode} kill {k + 1}/{args.kills}: first new alert after {float(took) / 1000:.2f} s"
+            )
+        stream.stop.set()
+        threads[0].join(30)
+        want = expected_ids(stream.fixes, args.vehicles, ps)
+        wait_for(lambda: {a["alert_id"] for _, a in clock.seen} >= want, 300, f"{mode}: every expected alert")
+        got = [a["alert_id"] for _, a in clock.seen]
+    finally:
+        stream.stop.set()
+        clock.stop.set()
+        for proc in procs:
+            stop_process_group(proc)
+    return {
+        "mode": mode,
+        "lease_ttl_ms": ttl_ms,
+        "takeover_s": takeovers,
+        "phases": phases,
+        "expected": len(want),
+        "lost": len(want - set(got)),
+        "duplicated": len(got) - len(set(got)),
+        "unexpected": len(set(got) - want),
+    }
+
+
 def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
@@ -326,8 +421,8 @@ def main() -> None:
     ap.add_argument("--max-gap-s", type=float, default=20.0)
     ap.add_argument(
         "--modes",
-        default="cold,warm",
-        help="comma-separated: cold, warm, or e.g. warm-ttl1000 (own lease ttl)",
+        default="cold,warm,hot",
+        help="comma-separated: cold, warm, hot, or e.g. warm-ttl1000 (own lease ttl)",
     )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--record", action="store_true")
@@ -368,14 +463,18 @@ def main() -> None:
         console.print(line)
     by = {r["mode"]: r for r in results}
     ratio = ""
-    if "cold" in by and "warm" in by:
-        warm, cold = pct(by["warm"]["takeover_s"], 50), pct(by["cold"]["takeover_s"], 50)
-        ratio = f"warm standby / cold restart, p50: {warm / cold:.2f}"
+    if "cold" in by:
+        cold = pct(by["cold"]["takeover_s"], 50)
+        ratio = ", ".join(
+            f"{m} / cold restart, p50: {pct(by[m]['takeover_s'], 50) / cold:.2f}"
+            for m in ("warm", "hot")
+            if m in by
+        )
         console.print(ratio)
     if args.record:
         cmd = "python bench/failover.py " + " ".join(sys.argv[1:])
         lines = [
-            "## Failover: cold restart vs warm standby (bench/failover.py)",
+            "## Failover: cold restart, warm standby, hot driver (bench/failover.py)",
             "",
             f"`{cmd}` on {datetime.now(UTC).date().isoformat()}: {args.vehicles} vehicles at 1 Hz, "
             f"local[{args.cores}], lease ttl {args.lease_ttl_ms} ms (a mode `-ttl<ms>` has its own), "
@@ -395,7 +494,7 @@ def main() -> None:
             )
         lines += ["", ratio, ""] if ratio else [""]
         lines += [*phase_lines, ""]
-        write_section("## Failover: cold restart vs warm standby", lines, BENCH_LOG / "failover.md")
+        write_section("## Failover: cold restart, warm standby, hot driver", lines, BENCH_LOG / "failover.md")
     bad = [r for r in results if r["lost"] or r["duplicated"] or r["unexpected"]]
     sys.exit(1 if bad else 0)
 
@@ -405,6 +504,11 @@ def phase_table(results: list[dict[str, Any]]) -> list[str]:
     the kill to the lease, to the query's start, to its first micro-batch done, and that batch's own
     phases in ms (Spark's durationMs)."""
     keys = ["lease", "query", "first_batch"]
+
+    def median(ps: list[dict[str, float]], k: str, fmt: str) -> str:
+        xs = [p[k] for p in ps if k in p]
+        return format(statistics.median(xs), fmt) if xs else "-"
+
     extra = sorted({k for r in results for p in r["phases"] for k in p if k.startswith("batch.")})
     head = ["mode", "kill->lease s", "kill->query started s", "kill->first batch done s"] + [
         k.removeprefix("batch.") + " ms" for k in extra
@@ -412,8 +516,8 @@ def phase_table(results: list[dict[str, Any]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         ps = r["phases"]
-        cells = [r["mode"]] + [f"{statistics.median([p[k] for p in ps]):.2f}" for k in keys]
-        cells += [f"{statistics.median([p.get(k, 0.0) for p in ps]):,.0f}" for k in extra]
+        cells = [r["mode"]] + [median(ps, k, ".2f") for k in keys]
+        cells += [median(ps, k, ",.0f") for k in extra]
         out.append("| " + " | ".join(cells) + " |")
     return out
 

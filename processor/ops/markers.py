@@ -128,6 +128,7 @@ class BatchLedger:
                 **{k: int(m.get(k, 0)) for k in ("unassigned", "held", "alerts", "master_events")},
                 **{k: int(m.get(k, 0)) for k in ("parked", "woken")},
                 "role": m.get("role", "live"),
+                **{k: int(m[k]) for k in ("hot_released", "hot_deduplicated", "hot_went_live_ms") if k in m},
                 "duration_ms": p and p["duration_ms"],
                 "watermark": p and p["watermark"],
             }

@@ -114,46 +114,6 @@ def header(headers: list[tuple[str, bytes]] | None, name: str) -> str | None:
     return None
 
 
-def records_since(bootstrap: str, topic: str, since_ms: int, timeout_s: float = 60.0) -> Iterator[Any]:
-    """Every committed record of `topic` appended at or after `since_ms` (by the records' time), to
-    the partitions' ends as they are now; read_committed, so it is final once every producer that
-    could still write has been fenced."""
-    from confluent_kafka import KafkaError, TopicPartition
-
-    from fleetfence.kafka import committed_reader
-
-    c = committed_reader(
-        bootstrap, f"fleetfence-hot-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": True}
-    )
-    try:
-        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        starts = c.offsets_for_times([TopicPartition(topic, p, since_ms) for p in parts], timeout=10)
-        ends = {
-            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1] for p in parts
-        }
-        assign = [tp for tp in starts if tp.offset >= 0 and tp.offset < ends[tp.partition]]
-        if not assign:
-            return
-        c.assign(assign)
-        todo = {tp.partition for tp in assign}
-        deadline = time.monotonic() + timeout_s
-        while todo:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end within {timeout_s:.0f} s")
-            for m in c.consume(1000, 0.1):
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF and m.offset() >= ends[m.partition()]:
-                        todo.discard(m.partition())
-                    continue
-                if m.offset() < ends[m.partition()]:
-                    yield m
-                if m.offset() + 1 >= ends[m.partition()]:
-                    todo.discard(m.partition())
-    finally:
-        c.close()
-
-
 def dead_letter_id(source: str | None, key: bytes, value: bytes) -> str | None:
     """The id two drivers agree on for a dead letter the processor wrote: its record's place
     (`topic:partition:offset`), or, for a fix whose place is unknown (the source is then its
@@ -165,55 +125,164 @@ def dead_letter_id(source: str | None, key: bytes, value: bytes) -> str | None:
     return f"{source}:{hashlib.blake2b(key + b'|' + value, digest_size=12).hexdigest()}"
 
 
-def committed_ids(bootstrap: str, alerts_topic: str, dlq_topic: str, since_ms: int) -> set[str]:
-    """The alert ids on `fleet.alerts` and the processor's dead letters on the dead-letter topic
-    since `since_ms`: what some driver already committed."""
-    ids = {alert_id_of(m.value()) for m in records_since(bootstrap, alerts_topic, since_ms) if m.value()}
-    for m in records_since(bootstrap, dlq_topic, since_ms):
-        rid = dead_letter_id(header(m.headers(), "source"), m.key() or b"", m.value() or b"")
-        if rid is not None:
-            ids.add(rid)
-    return ids
+def committed_id(m: Any, alerts_topic: str) -> str | None:
+    """The id of a record some driver committed: an alert's id, or a processor dead letter's."""
+    if m.topic() == alerts_topic:
+        return alert_id_of(m.value()) if m.value() else None
+    return dead_letter_id(header(m.headers(), "source"), m.key() or b"", m.value() or b"")
 
 
-def shadow_records(bootstrap: str, shadow_topic: str, sink_id: str, since_ms: int) -> list[Outgoing]:
-    """This driver's shadow records since `since_ms`, in the order it committed them, as they are
-    to be written: each to its own topic with its own key and headers."""
-    out: list[Outgoing] = []
-    mine = sink_id.encode()
-    for m in records_since(bootstrap, shadow_topic, since_ms):
-        if m.key() != mine:
-            continue
-        headers = list(m.headers() or [])
-        rid, topic, key = (header(headers, h) for h in (ID_HEADER, TOPIC_HEADER, KEY_HEADER))
-        if rid is None or topic is None or key is None:
-            continue
-        kept = [(k, v) for k, v in headers if k not in SHADOW_HEADERS]
-        out.append(Outgoing(rid, topic, key.encode(), m.value() or b"", kept))
-    return out
+def shadow_record(m: Any) -> Outgoing | None:
+    """A shadow record as it is to be written: to its own topic with its own key and headers."""
+    headers = list(m.headers() or [])
+    rid, topic, key = (header(headers, h) for h in (ID_HEADER, TOPIC_HEADER, KEY_HEADER))
+    if rid is None or topic is None or key is None:
+        return None
+    kept = [(k, v) for k, v in headers if k not in SHADOW_HEADERS]
+    return Outgoing(rid, topic, key.encode(), m.value() or b"", kept)
 
 
-def to_release(
-    pending: list[Outgoing], batch: list[Outgoing], committed: set[str]
-) -> tuple[list[Outgoing], int]:
-    """What a live commit writes: the shadow records and the batch's records nobody committed yet,
-    each id once, in order; and how many were held back as already committed."""
-    out: list[Outgoing] = []
-    seen = set(committed)
-    dropped = 0
-    for r in [*pending, *batch]:
-        if r.id in seen:
-            dropped += 1
-            continue
-        seen.add(r.id)
-        out.append(r)
-    return out, dropped
+@dataclass
+class Matcher:
+    """Pairs what this driver shadowed with what the live driver committed, by id, so that only the
+    unmatched remain: `pending`, shadowed and not (yet) committed by anyone (this driver is ahead),
+    and `ahead`, committed and not (yet) shadowed here (the live driver is ahead). Both stay as
+    small as the lag between the two drivers; entries older than the horizon are dropped (a
+    standby that lags more than that is not hot). Pure."""
+
+    horizon_ms: int
+    pending: dict[str, tuple[Outgoing, int]] = field(default_factory=dict)
+    ahead: dict[str, int] = field(default_factory=dict)
+
+    def committed(self, rid: str, at_ms: int) -> None:
+        if self.pending.pop(rid, None) is None:
+            self.ahead[rid] = at_ms
+
+    def shadowed(self, r: Outgoing, at_ms: int) -> None:
+        if self.ahead.pop(r.id, None) is None:
+            self.pending.setdefault(r.id, (r, at_ms))
+
+    def trim(self, now_ms: int) -> None:
+        oldest = now_ms - self.horizon_ms
+        for d in (self.pending, self.ahead):
+            stale = [k for k, v in d.items() if (v[1] if isinstance(v, tuple) else v) < oldest]
+            for k in stale:
+                del d[k]
+
+    def release(self, batch: list[Outgoing]) -> tuple[list[Outgoing], int]:
+        """What a live commit writes: the pending shadow records, then the batch's records nobody
+        committed, each id once; and how many of the batch's were held back. The batch's records
+        are matched against `ahead` (and leave it); `pending` is emptied."""
+        out = [r for r, _ in self.pending.values()]
+        seen = set(self.pending)
+        self.pending.clear()
+        dropped = 0
+        for r in batch:
+            if self.ahead.pop(r.id, None) is not None or r.id in seen:
+                dropped += 1
+                continue
+            seen.add(r.id)
+            out.append(r)
+        return out, dropped
+
+
+class Tail:
+    """A read_committed reader of topics from a moment on, drained a little at every commit so that
+    the takeover only reads what was committed since the last one."""
+
+    def __init__(self, bootstrap: str, topics: list[str], since_ms: int) -> None:
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        from fleetfence.kafka import admin_client, committed_reader
+
+        self.c = committed_reader(
+            bootstrap, f"fleetfence-hot-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": True}
+        )
+        self.admin = admin_client(bootstrap)
+        parts = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in sorted(self.c.list_topics(t, timeout=10).topics[t].partitions)
+        ]
+        # The ends first: a partition with nothing at or after the moment starts there, and a
+        # record written after this look has a later time, so the second look finds it.
+        ends = self._offsets(parts, OffsetSpec.latest())
+        starts = self._offsets(parts, OffsetSpec.for_timestamp(since_ms))
+        self.next = {k: (starts[k] if starts[k] >= 0 else ends[k]) for k in ends}
+        self.c.assign([TopicPartition(t, p, o) for (t, p), o in self.next.items()])
+
+    def _offsets(self, parts: list[Any], spec: Any, committed: bool = False) -> dict[tuple[str, int], int]:
+        """One request for every partition's offset by `spec` (asked partition by partition through
+        the consumer, an empty partition costs ~0.5 s)."""
+        from confluent_kafka import IsolationLevel
+
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        futures = self.admin.list_offsets(
+            dict.fromkeys(parts, spec), isolation_level=level, request_timeout=10
+        )
+        return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+
+    def drain(self, to_end: bool, timeout_s: float = 60.0) -> Iterator[Any]:
+        """The records committed since the last drain: what is there now (`to_end=False`, a glance
+        that never waits for an open transaction), or everything up to the partitions' ends as
+        they are now (`to_end`: once every producer that could still write has been fenced)."""
+        from confluent_kafka import KafkaError
+
+        ends = self._stable_ends() if to_end else {}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.c.consume(1000, 0.05 if to_end else 0)
+            for m in got:
+                err = m.error()
+                key = (m.topic(), m.partition())
+                if err is None:
+                    self.next[key] = m.offset() + 1
+                    yield m
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    # The end, past any transaction markers (which move no record's offset).
+                    self.next[key] = max(self.next[key], m.offset())
+            if not to_end:
+                if not got:
+                    return
+                continue
+            if all(self.next[k] >= hi for k, hi in ends.items()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"could not read the committed records to their end within {timeout_s:.0f} s"
+                )
+
+    def _stable_ends(self) -> dict[tuple[str, int], int]:
+        """Each partition's last stable offset: the end a read_committed reader reaches."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._offsets(
+            [TopicPartition(t, p) for t, p in self.next], OffsetSpec.latest(), committed=True
+        )
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class HotSink:
-    """One hot driver's sink, per Python process of the driver's commit runner."""
+    """One hot driver's sink, per Python process of the driver's commit runner. After a failed
+    commit the caller drops it and builds a new one, which rebuilds its matcher from the topics."""
 
-    def __init__(self, bootstrap: str, sink_id: str, markers_topic: str, hot: HotOptions) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        sink_id: str,
+        markers_topic: str,
+        alerts_topic: str,
+        dlq_topic: str,
+        hot: HotOptions,
+    ) -> None:
         import redis
 
         from processor.spark.kafka_sink import read_last_marker
@@ -221,18 +290,37 @@ class HotSink:
         self.bootstrap = bootstrap
         self.sink_id = sink_id
         self.markers_topic = markers_topic
+        self.alerts_topic = alerts_topic
         self.hot = hot
         self.redis = redis.Redis.from_url(hot.redis_url, socket_timeout=2.0)
-        self.shadow: Any = None
         self.live: Any = None
-        self.committed: set[str] = set()
-        self.pending: list[Outgoing] = []
+        self.went_live_ms: int | None = None  # how long going live took, told in the first live marker
+        # This driver's own transactional id: fences its previous incarnation (and aborts its open
+        # shadow transaction) before its shadow records and markers are read back.
+        self.shadow = self._producer(f"fleetfence-processor-{sink_id}")
         # A batch is committed once, shadow or live: a replay after a crash is skipped either way.
         self.last_committed = max(
             read_last_marker(bootstrap, markers_topic, sink_id),
             read_last_marker(bootstrap, markers_topic, sink_id + SHADOW_SUFFIX),
         )
-        logger.info("hot sink ready sink_id=%s last_committed_batch=%s", sink_id, self.last_committed)
+        since = now_ms() - hot.horizon_ms
+        self.matcher = Matcher(hot.horizon_ms)
+        shadow = Tail(bootstrap, [hot.shadow_topic], since)
+        mine = sink_id.encode()
+        try:
+            for m in shadow.drain(to_end=True):
+                r = shadow_record(m) if m.key() == mine else None
+                if r is not None:
+                    self.matcher.shadowed(r, m.timestamp()[1])
+        finally:
+            shadow.close()
+        self.tail = Tail(bootstrap, [alerts_topic, dlq_topic], since)
+        logger.info(
+            "hot sink ready sink_id=%s last_committed_batch=%s shadow_pending=%d",
+            sink_id,
+            self.last_committed,
+            len(self.matcher.pending),
+        )
 
     def holds_lease(self) -> bool:
         """Whether this driver holds the job's lease now. Redis unreachable counts as no: a shadow
@@ -253,34 +341,33 @@ class HotSink:
         p.init_transactions(30)
         return p
 
-    def go_live(self, alerts_topic: str, dlq_topic: str, shadow_topic: str) -> None:
-        """Fence every other driver's live producer, make sure the lease is still ours, then learn
-        what was committed and what of ours was not."""
+    def _read_committed(self, to_end: bool) -> None:
+        for m in self.tail.drain(to_end):
+            rid = committed_id(m, self.alerts_topic)
+            if rid is not None:
+                self.matcher.committed(rid, m.timestamp()[1])
+
+    def go_live(self) -> None:
+        """Fence every other driver's live producer, make sure the lease is still ours, then read
+        what was committed up to the end, final now."""
         started = time.monotonic()
-        self.live = self._producer(self.hot.live_transactional_id)
+        live = self._producer(self.hot.live_transactional_id)
         if not self.holds_lease():
-            self.live = None
             raise LeaseLostError(f"lease {self.hot.lease_key} lost while going live: not committing")
-        since = int(time.time() * 1000) - self.hot.horizon_ms
-        self.committed = committed_ids(self.bootstrap, alerts_topic, dlq_topic, since)
-        self.pending = shadow_records(self.bootstrap, shadow_topic, self.sink_id, since)
+        self._read_committed(to_end=True)
+        # Nobody else can commit now: the tail has nothing more to say.
+        self.tail.close()
+        self.live = live
+        self.went_live_ms = round((time.monotonic() - started) * 1000)
         logger.info(
-            "hot sink live sink_id=%s committed_by_others=%d shadow_records=%d took_ms=%.0f",
+            "hot sink live sink_id=%s shadow_pending=%d committed_ahead=%d took_ms=%d",
             self.sink_id,
-            len(self.committed),
-            len(self.pending),
-            (time.monotonic() - started) * 1000,
+            len(self.matcher.pending),
+            len(self.matcher.ahead),
+            self.went_live_ms,
         )
 
-    def commit(
-        self,
-        batch_id: int,
-        records: list[Outgoing],
-        stats: dict[str, int],
-        *,
-        alerts_topic: str,
-        dlq_topic: str,
-    ) -> None:
+    def commit(self, batch_id: int, records: list[Outgoing], stats: dict[str, int]) -> None:
         from fleetfence.kafka import produce_waiting
 
         live = self.holds_lease()
@@ -289,31 +376,34 @@ class HotSink:
         if batch_id <= self.last_committed:
             logger.warning("batch already committed, skipped sink_id=%s batch_id=%s", self.sink_id, batch_id)
             return
+        if self.live is None:
+            self._read_committed(to_end=False)
         if live and self.live is None:
-            self.go_live(alerts_topic, dlq_topic, self.hot.shadow_topic)
-        now_ms = int(time.time() * 1000)
+            self.go_live()
+        now = now_ms()
+        self.matcher.trim(now)
         if self.live is not None:
-            out, dropped = to_release(self.pending, records, self.committed)
-            pending_ids = {r.id for r in self.pending}
-            released = sum(1 for r in out if r.id in pending_ids)
+            pending = len(self.matcher.pending)
+            out, dropped = self.matcher.release(records)
             p = self.live
             marker_key = self.sink_id
             marker = {
                 "sink_id": self.sink_id,
                 "batch_id": batch_id,
-                "committed_ms": now_ms,
+                "committed_ms": now,
                 **stats,
-                "alerts": sum(1 for r in out if r.topic == alerts_topic),
-                "hot_released": released,
+                "alerts": sum(1 for r in out if r.topic == self.alerts_topic),
+                "hot_released": pending,
                 "hot_deduplicated": dropped,
+                **({"hot_went_live_ms": self.went_live_ms} if self.went_live_ms is not None else {}),
             }
             writes = [(r.topic, r.key, r.value, r.headers) for r in out]
         else:
-            p = self.shadow = self.shadow or self._producer(f"fleetfence-processor-{self.sink_id}")
+            p = self.shadow
             marker_key = self.sink_id + SHADOW_SUFFIX
             # The counts nested: a sum over every marker on the topic counts the live ones only,
             # while each driver's own live and shadow markers together count every record once.
-            marker = {"sink_id": marker_key, "batch_id": batch_id, "committed_ms": now_ms, "shadow": stats}
+            marker = {"sink_id": marker_key, "batch_id": batch_id, "committed_ms": now, "shadow": stats}
             key = self.sink_id.encode()
             writes = [
                 (
@@ -336,15 +426,16 @@ class HotSink:
             produce_waiting(p, self.markers_topic, key=marker_key.encode(), value=orjson.dumps(marker))
             p.commit_transaction(60)
         except Exception:
-            self.live = self.shadow = None
             try:
                 p.abort_transaction(10)
             except Exception:
                 logger.exception("abort after failed commit also failed sink_id=%s", self.sink_id)
             raise
+        if self.live is None:
+            for r in records:
+                self.matcher.shadowed(r, now)
+        self.went_live_ms = None
         self.last_committed = batch_id
-        if self.live is not None:
-            self.pending = []
         logger.info(
             "batch committed sink_id=%s batch_id=%s role=%s records=%d",
             self.sink_id,
@@ -352,3 +443,7 @@ class HotSink:
             "live" if self.live is not None else "shadow",
             len(writes),
         )
+
+    def close(self) -> None:
+        if self.live is None:
+            self.tail.close()

@@ -359,7 +359,9 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         key = (self.bootstrap, self.sink_id)
         sink = _HOT_SINKS.get(key)
         if sink is None:
-            sink = _HOT_SINKS[key] = HotSink(self.bootstrap, self.sink_id, self.markers_topic, hot)
+            sink = _HOT_SINKS[key] = HotSink(
+                self.bootstrap, self.sink_id, self.markers_topic, self.alerts_topic, self.dlq_topic, hot
+            )
         records = [Outgoing(alert_id_of(v), self.alerts_topic, vid.encode(), v) for vid, v in alerts]
         now_ms = int(time.time() * 1000)
         for letter in dlq:
@@ -374,9 +376,10 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             rid = dead_letter_id(letter.source, k, value) or letter.source
             records.append(Outgoing(rid, self.dlq_topic, k, value, list(headers)))
         try:
-            sink.commit(batch_id, records, stats, alerts_topic=self.alerts_topic, dlq_topic=self.dlq_topic)
+            sink.commit(batch_id, records, stats)
         except Exception:
             _HOT_SINKS.pop(key, None)
+            sink.close()
             raise
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -98,7 +98,8 @@ def test_hot_drivers_take_over_without_loss_or_duplicate(settings: Settings, tmp
         kill(a)
         wait_for(logged(b_log, LIVE), 60, "b to take over")
         kill(b)
-        a, a_log = start("a")  # takes the lease once b's expired, and finishes the stream
+        a, a_log = start("a")
+        b, b_log = start("b")  # both back: each finishes the stream on its own checkpoint
         produce_telemetry(settings, chunks[5])
         got = wait_for(
             lambda: (x := committed_alerts(settings)) and len(x) >= len(expected) and x,

@@ -14,9 +14,10 @@ from confluent_kafka import KafkaException
 from fleetfence.contracts import alert_id
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
+from fleetfence.testing import read_all
 from processor.errors import LeaseLostError
 from processor.ops.lease import CheckpointLease, lease_key
-from processor.spark.hot_sink import HotOptions, HotSink, Outgoing, records_since, to_release
+from processor.spark.hot_sink import HotOptions, HotSink, Matcher, Outgoing
 from tests.processor.helpers import committed_alerts, markers
 
 
@@ -48,13 +49,19 @@ class Driver:
     def fresh(self) -> HotSink:
         """The sink as a restarted driver process builds it."""
         t = self.settings.topics
-        return HotSink(self.settings.bootstrap_servers, self.sink_id, t.processor_commits, self.hot)
+        return HotSink(
+            self.settings.bootstrap_servers,
+            self.sink_id,
+            t.processor_commits,
+            t.alerts,
+            t.telemetry_dlq,
+            self.hot,
+        )
 
     def commit(self, records: list[Outgoing], batch_id: int | None = None) -> None:
-        t = self.settings.topics
         b = self.batch if batch_id is None else batch_id
         stats = {"received": len(records), "alerts": len(records)}
-        self.sink.commit(b, records, stats, alerts_topic=t.alerts, dlq_topic=t.telemetry_dlq)
+        self.sink.commit(b, records, stats)
         self.batch = max(self.batch, b + 1)
 
 
@@ -80,11 +87,22 @@ def expected(records: list[Outgoing]) -> list[str]:
     return [i for v in sorted(by_vehicle) for i in by_vehicle[v]]
 
 
-def test_to_release_keeps_order_and_drops_what_was_committed(settings: Settings) -> None:
-    a = [alert(settings, n) for n in range(6)]
-    out, dropped = to_release(a[:3], [a[2], *a[3:]], {a[0].id, a[4].id})
-    assert [r.id for r in out] == [a[1].id, a[2].id, a[3].id, a[5].id]
-    assert dropped == 3
+def test_the_matcher_releases_what_nobody_committed_once_in_order(settings: Settings) -> None:
+    a = [alert(settings, n) for n in range(8)]
+    m = Matcher(horizon_ms=1000)
+    for r in a[:4]:
+        m.shadowed(r, 100)
+    m.committed(a[0].id, 100)  # the live driver had committed 0, and 5 (ahead of this one)
+    m.committed(a[5].id, 100)
+    m.committed(a[7].id, 10)  # long ago: beyond the horizon at 1050
+    m.trim(1050)
+    assert list(m.pending) == [a[1].id, a[2].id, a[3].id]
+    assert list(m.ahead) == [a[5].id]
+    out, dropped = m.release([a[3], a[4], a[5], a[6]])
+    assert [r.id for r in out] == [a[1].id, a[2].id, a[3].id, a[4].id, a[6].id]
+    assert dropped == 2
+    assert not m.pending
+    assert not m.ahead
 
 
 @pytest.mark.parametrize("standby_ahead", [True, False])
@@ -115,7 +133,7 @@ def test_takeover_commits_each_alert_once(pair: tuple[Driver, Driver], standby_a
     got = ids(s)
     assert len(got) == len(set(got)), "an alert committed twice"
     assert got == expected(fleet[:80]), "not every alert once, in each vehicle's order"
-    letters = list(records_since(s.bootstrap_servers, s.topics.telemetry_dlq, 0))
+    letters = read_all(s, s.topics.telemetry_dlq, 1)
     assert [m.headers()[0][1].decode() for m in letters] == [r.id for r in fleet[80:]]
     # The live markers count what went to fleet.alerts; the shadow ones nest their counts.
     live = [m for m in markers(s) if "shadow" not in m]
