@@ -56,9 +56,9 @@ class ProcessorSettings(ProcessorRulesSettings):
     )
     processor_hot_horizon_s: int = Field(
         default=900,
-        ge=10,
-        description="How far back a hot driver taking over compares its shadow alerts with the committed "
-        "ones: must exceed how far a standby can lag behind the active driver.",
+        ge=1,
+        description="A restarted hot driver reads what was committed from its own last commit less this: "
+        "must exceed how far one driver can run ahead of another (docs/exactly-once.md, Hot drivers).",
     )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
     processor_shuffle_partitions: int | None = Field(

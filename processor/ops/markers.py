@@ -122,7 +122,7 @@ class BatchLedger:
                 continue
             del self._markers[b]
             self._progress.pop(b, None)
-            line = {
+            line: dict[str, Any] = {
                 "batch_id": b,
                 **{k: int(m.get(k, 0)) for k in ("received", "accepted", "duplicates", "late", "invalid")},
                 **{k: int(m.get(k, 0)) for k in ("unassigned", "held", "alerts", "master_events")},

@@ -15,20 +15,22 @@ watermark belongs to no single input offset.
 The protocol (docs/exactly-once.md, "Hot drivers", has its failure cases):
 - Shadow commit (lease not held): one transaction of this driver's own transactional id
   (`fleetfence-processor-{sink_id}`) with the batch's alerts and dead letters on the shadow topic
-  (keyed by sink id, each with a header `id`: the alert id, or the dead letter's `source`) and a
-  marker `{sink_id}:shadow` on the markers topic, so a replayed batch is skipped as ever.
+  (keyed by sink id, with headers saying each record's id, topic and key) and a marker
+  `{sink_id}:shadow` on the markers topic, so a replayed batch is skipped as ever. A matcher pairs
+  what this driver shadowed with what was committed to `fleet.alerts` and the dead-letter topic
+  (read at every commit, without waiting), by id.
 - Going live (the first commit after this driver took the lease): a producer with the job's one
   live transactional id, whose `init_transactions` fences every other driver that ever committed
-  live and aborts its open transaction; then the lease is checked again (a driver that lost it
-  meanwhile must not go on); then the ids committed to `fleet.alerts` and the sources committed to
-  the dead-letter topic over the horizon are read (now final: nobody else can commit), and this
-  driver's own shadow records over the horizon.
-- Live commit: the shadow records nobody committed (this driver was ahead of the old active: they
-  go out once, in the first live transaction) and the batch's own alerts and dead letters that
-  nobody committed (it was behind), with the marker `{sink_id}`, in one transaction of the live id.
+  live and aborts its open transaction; the lease checked before and after it (a driver that lost
+  it meanwhile must not go on); then what was committed is read to the end (final now: nobody
+  else can commit).
+- Live commit: the shadow records nobody committed (this driver was ahead of the old live one:
+  they go out once, in the first live transaction) and the batch's own alerts and dead letters
+  that nobody committed (it was behind), with the marker `{sink_id}`, in one transaction of the
+  live id.
 
-The horizon bounds what is compared: it must exceed how far a hot standby can lag behind the
-active driver (`FLEETFENCE_PROCESSOR_HOT_HORIZON_S`).
+A restarted driver rebuilds its matcher from its own last commit less the horizon
+(`FLEETFENCE_PROCESSOR_HOT_HORIZON_S`), which must exceed how far one driver can run ahead of another.
 """
 
 from __future__ import annotations
@@ -115,14 +117,14 @@ def header(headers: list[tuple[str, bytes]] | None, name: str) -> str | None:
 
 
 def dead_letter_id(source: str | None, key: bytes, value: bytes) -> str | None:
-    """The id two drivers agree on for a dead letter the processor wrote: its record's place
-    (`topic:partition:offset`), or, for a fix whose place is unknown (the source is then its
-    vehicle), the vehicle and a hash of the bytes. None for a dead letter of the gateway."""
+    """The id two drivers agree on for a dead letter the processor wrote: where its record came
+    from (`topic:partition:offset`, or the vehicle when its place is unknown) and a hash of its key
+    and bytes (the original record read back from the topic, or the fix as decoded: the same for
+    both), so that two late fixes of one vehicle without a place never share an id. None for a dead
+    letter of the gateway (no `source`)."""
     if source is None:
         return None
-    if source.count(":") >= 2:
-        return source
-    return f"{source}:{hashlib.blake2b(key + b'|' + value, digest_size=12).hexdigest()}"
+    return f"{source}#{hashlib.blake2b(key + b'|' + value, digest_size=12).hexdigest()}"
 
 
 def committed_id(m: Any, alerts_topic: str) -> str | None:
@@ -144,41 +146,37 @@ def shadow_record(m: Any) -> Outgoing | None:
 
 @dataclass
 class Matcher:
-    """Pairs what this driver shadowed with what the live driver committed, by id, so that only the
-    unmatched remain: `pending`, shadowed and not (yet) committed by anyone (this driver is ahead),
-    and `ahead`, committed and not (yet) shadowed here (the live driver is ahead). Both stay as
-    small as the lag between the two drivers; entries older than the horizon are dropped (a
-    standby that lags more than that is not hot). Pure."""
+    """Pairs what this driver shadowed with what was committed live, by id, so that only the
+    unmatched remain: `pending`, shadowed here and committed by nobody (this driver is ahead of the
+    live one), and `ahead`, committed and not yet shadowed here (the live driver is ahead). Both
+    stay as small as the lag between the drivers, plus the rare alert the two decide differently
+    (docs/exactly-once.md); nothing is dropped by age, which could lose a pending alert or let a
+    late one through twice. Pure."""
 
-    horizon_ms: int
-    pending: dict[str, tuple[Outgoing, int]] = field(default_factory=dict)
-    ahead: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, Outgoing] = field(default_factory=dict)
+    ahead: set[str] = field(default_factory=set)
 
-    def committed(self, rid: str, at_ms: int) -> None:
+    def committed(self, rid: str) -> None:
         if self.pending.pop(rid, None) is None:
-            self.ahead[rid] = at_ms
+            self.ahead.add(rid)
 
-    def shadowed(self, r: Outgoing, at_ms: int) -> None:
-        if self.ahead.pop(r.id, None) is None:
-            self.pending.setdefault(r.id, (r, at_ms))
-
-    def trim(self, now_ms: int) -> None:
-        oldest = now_ms - self.horizon_ms
-        for d in (self.pending, self.ahead):
-            stale = [k for k, v in d.items() if (v[1] if isinstance(v, tuple) else v) < oldest]
-            for k in stale:
-                del d[k]
+    def shadowed(self, r: Outgoing) -> None:
+        if r.id in self.ahead:
+            self.ahead.discard(r.id)
+        else:
+            self.pending.setdefault(r.id, r)
 
     def release(self, batch: list[Outgoing]) -> tuple[list[Outgoing], int]:
         """What a live commit writes: the pending shadow records, then the batch's records nobody
         committed, each id once; and how many of the batch's were held back. The batch's records
         are matched against `ahead` (and leave it); `pending` is emptied."""
-        out = [r for r, _ in self.pending.values()]
+        out = list(self.pending.values())
         seen = set(self.pending)
         self.pending.clear()
         dropped = 0
         for r in batch:
-            if self.ahead.pop(r.id, None) is not None or r.id in seen:
+            if r.id in self.ahead or r.id in seen:
+                self.ahead.discard(r.id)
                 dropped += 1
                 continue
             seen.add(r.id)
@@ -186,11 +184,16 @@ class Matcher:
         return out, dropped
 
 
-class Tail:
-    """A read_committed reader of topics from a moment on, drained a little at every commit so that
-    the takeover only reads what was committed since the last one."""
+# Longer than a transaction may stay open (the sink's `transaction.timeout.ms`, 60 s): a reader
+# waiting for the end of a topic on which a dead producer left one open sees it aborted in time.
+READ_TO_END_S = 90.0
 
-    def __init__(self, bootstrap: str, topics: list[str], since_ms: int) -> None:
+
+class Tail:
+    """A read_committed reader of topics from a moment on (None: from their beginning), drained a
+    little at every commit so that the takeover only reads what was committed since the last one."""
+
+    def __init__(self, bootstrap: str, topics: list[str], since_ms: int | None) -> None:
         from confluent_kafka import TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
@@ -208,28 +211,27 @@ class Tail:
         # The ends first: a partition with nothing at or after the moment starts there, and a
         # record written after this look has a later time, so the second look finds it.
         ends = self._offsets(parts, OffsetSpec.latest())
-        starts = self._offsets(parts, OffsetSpec.for_timestamp(since_ms))
+        at = OffsetSpec.earliest() if since_ms is None else OffsetSpec.for_timestamp(since_ms)
+        starts = self._offsets(parts, at)
         self.next = {k: (starts[k] if starts[k] >= 0 else ends[k]) for k in ends}
         self.c.assign([TopicPartition(t, p, o) for (t, p), o in self.next.items()])
 
-    def _offsets(self, parts: list[Any], spec: Any, committed: bool = False) -> dict[tuple[str, int], int]:
+    def _offsets(self, parts: list[Any], spec: Any) -> dict[tuple[str, int], int]:
         """One request for every partition's offset by `spec` (asked partition by partition through
         the consumer, an empty partition costs ~0.5 s)."""
-        from confluent_kafka import IsolationLevel
-
-        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        futures = self.admin.list_offsets(
-            dict.fromkeys(parts, spec), isolation_level=level, request_timeout=10
-        )
+        futures = self.admin.list_offsets(dict.fromkeys(parts, spec), request_timeout=10)
         return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
 
-    def drain(self, to_end: bool, timeout_s: float = 60.0) -> Iterator[Any]:
+    def drain(self, to_end: bool, timeout_s: float = READ_TO_END_S) -> Iterator[Any]:
         """The records committed since the last drain: what is there now (`to_end=False`, a glance
-        that never waits for an open transaction), or everything up to the partitions' ends as
-        they are now (`to_end`: once every producer that could still write has been fenced)."""
-        from confluent_kafka import KafkaError
+        that never waits for an open transaction), or everything written up to now (`to_end`): a
+        transaction still open on the topic is waited for until it is committed or aborted, so
+        nothing written before this call is missed."""
+        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
 
-        ends = self._stable_ends() if to_end else {}
+        parts = [TopicPartition(t, p) for t, p in self.next]
+        ends = self._offsets(parts, OffsetSpec.latest()) if to_end else {}
         deadline = time.monotonic() + timeout_s
         while True:
             got = self.c.consume(1000, 0.05 if to_end else 0)
@@ -252,15 +254,6 @@ class Tail:
                 raise TimeoutError(
                     f"could not read the committed records to their end within {timeout_s:.0f} s"
                 )
-
-    def _stable_ends(self) -> dict[tuple[str, int], int]:
-        """Each partition's last stable offset: the end a read_committed reader reaches."""
-        from confluent_kafka import TopicPartition
-        from confluent_kafka.admin import OffsetSpec
-
-        return self._offsets(
-            [TopicPartition(t, p) for t, p in self.next], OffsetSpec.latest(), committed=True
-        )
 
     def close(self) -> None:
         self.c.close()
@@ -285,12 +278,13 @@ class HotSink:
     ) -> None:
         import redis
 
-        from processor.spark.kafka_sink import read_last_marker
+        from processor.spark.kafka_sink import last_marker
 
         self.bootstrap = bootstrap
         self.sink_id = sink_id
         self.markers_topic = markers_topic
         self.alerts_topic = alerts_topic
+        self.dlq_topic = dlq_topic
         self.hot = hot
         self.redis = redis.Redis.from_url(hot.redis_url, socket_timeout=2.0)
         self.live: Any = None
@@ -299,19 +293,25 @@ class HotSink:
         # shadow transaction) before its shadow records and markers are read back.
         self.shadow = self._producer(f"fleetfence-processor-{sink_id}")
         # A batch is committed once, shadow or live: a replay after a crash is skipped either way.
-        self.last_committed = max(
-            read_last_marker(bootstrap, markers_topic, sink_id),
-            read_last_marker(bootstrap, markers_topic, sink_id + SHADOW_SUFFIX),
-        )
-        since = now_ms() - hot.horizon_ms
-        self.matcher = Matcher(hot.horizon_ms)
+        mine = [
+            m
+            for key in (sink_id, sink_id + SHADOW_SUFFIX)
+            if (m := last_marker(bootstrap, markers_topic, key, READ_TO_END_S)) is not None
+        ]
+        self.last_committed = max((int(m["batch_id"]) for m in mine), default=-1)
+        # What this driver reads next is what it had read by its last commit; what the live
+        # driver committed of it, it committed at most the horizon before that moment (as far as it
+        # can run ahead). A driver that never committed reads everything from the beginning.
+        last_ms = max((int(m["committed_ms"]) for m in mine), default=None)
+        since = None if last_ms is None else last_ms - hot.horizon_ms
+        self.matcher = Matcher()
         shadow = Tail(bootstrap, [hot.shadow_topic], since)
-        mine = sink_id.encode()
+        key = sink_id.encode()
         try:
             for m in shadow.drain(to_end=True):
-                r = shadow_record(m) if m.key() == mine else None
+                r = shadow_record(m) if m.key() == key else None
                 if r is not None:
-                    self.matcher.shadowed(r, m.timestamp()[1])
+                    self.matcher.shadowed(r)
         finally:
             shadow.close()
         self.tail = Tail(bootstrap, [alerts_topic, dlq_topic], since)
@@ -322,16 +322,18 @@ class HotSink:
             len(self.matcher.pending),
         )
 
-    def holds_lease(self) -> bool:
-        """Whether this driver holds the job's lease now. Redis unreachable counts as no: a shadow
-        commit is always safe, a live one never without the lease."""
+    def holds_lease(self) -> bool | None:
+        """Whether this driver holds the job's lease now; None when Redis cannot say. A shadow
+        commit is always safe; a live driver goes on committing through a Redis hiccup (its
+        producer is fenced if another takes over, and its service stops the query once the lease
+        has not been renewed for half its ttl); a standby never goes live without an answer."""
         import redis
 
         try:
             v = self.redis.get(self.hot.lease_key)
         except redis.RedisError as exc:
-            logger.warning("lease read failed sink_id=%s error=%s: committing as shadow", self.sink_id, exc)
-            return False
+            logger.warning("lease read failed sink_id=%s error=%s", self.sink_id, exc)
+            return None
         return (v.decode() if isinstance(v, bytes) else v) == self.hot.owner
 
     def _producer(self, transactional_id: str) -> Any:
@@ -345,12 +347,16 @@ class HotSink:
         for m in self.tail.drain(to_end):
             rid = committed_id(m, self.alerts_topic)
             if rid is not None:
-                self.matcher.committed(rid, m.timestamp()[1])
+                self.matcher.committed(rid)
 
     def go_live(self) -> None:
         """Fence every other driver's live producer, make sure the lease is still ours, then read
         what was committed up to the end, final now."""
         started = time.monotonic()
+        # Checked right before the fencing too: a driver that froze after its last look at the
+        # lease would otherwise fence the live driver (which then restarts) before it notices.
+        if not self.holds_lease():
+            raise LeaseLostError(f"lease {self.hot.lease_key} lost before going live: not committing")
         live = self._producer(self.hot.live_transactional_id)
         if not self.holds_lease():
             raise LeaseLostError(f"lease {self.hot.lease_key} lost while going live: not committing")
@@ -370,9 +376,10 @@ class HotSink:
     def commit(self, batch_id: int, records: list[Outgoing], stats: dict[str, int]) -> None:
         from fleetfence.kafka import produce_waiting
 
-        live = self.holds_lease()
-        if self.live is not None and not live:
+        held = self.holds_lease()
+        if self.live is not None and held is False:
             raise LeaseLostError(f"lease {self.hot.lease_key} no longer this driver's: not committing")
+        live = bool(held)
         if batch_id <= self.last_committed:
             logger.warning("batch already committed, skipped sink_id=%s batch_id=%s", self.sink_id, batch_id)
             return
@@ -381,7 +388,6 @@ class HotSink:
         if live and self.live is None:
             self.go_live()
         now = now_ms()
-        self.matcher.trim(now)
         if self.live is not None:
             pending = len(self.matcher.pending)
             out, dropped = self.matcher.release(records)
@@ -393,6 +399,7 @@ class HotSink:
                 "committed_ms": now,
                 **stats,
                 "alerts": sum(1 for r in out if r.topic == self.alerts_topic),
+                "dead_lettered": sum(1 for r in out if r.topic == self.dlq_topic),
                 "hot_released": pending,
                 "hot_deduplicated": dropped,
                 **({"hot_went_live_ms": self.went_live_ms} if self.went_live_ms is not None else {}),
@@ -433,7 +440,7 @@ class HotSink:
             raise
         if self.live is None:
             for r in records:
-                self.matcher.shadowed(r, now)
+                self.matcher.shadowed(r)
         self.went_live_ms = None
         self.last_committed = batch_id
         logger.info(

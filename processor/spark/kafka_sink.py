@@ -96,6 +96,13 @@ _LEADER_UNKNOWN = frozenset({3, 5, 6})
 
 def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> int:
     """The highest batch id committed by `sink_id` (-1 if none), read_committed, to the end."""
+    m = last_marker(bootstrap, topic, sink_id, timeout_s)
+    return -1 if m is None else int(m["batch_id"])
+
+
+def last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> dict[str, Any] | None:
+    """The marker of the highest batch committed by `sink_id` (None if none), read_committed, to
+    the end: an open transaction on the topic is waited for, up to `timeout_s`."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     from fleetfence.kafka import committed_reader
@@ -116,9 +123,9 @@ def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float 
                     raise
                 time.sleep(0.1)
         if hi <= lo:
-            return -1
+            return None
         c.assign([TopicPartition(topic, 0, lo)])
-        last = -1
+        last: dict[str, Any] | None = None
         key = sink_id.encode()
         while time.monotonic() < deadline:
             # A short wait: `consume` returns at 1000 records or the timeout, and the log is
@@ -129,7 +136,9 @@ def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float 
                         return last
                     continue
                 if m.key() == key and m.value():
-                    last = max(last, int(orjson.loads(m.value())["batch_id"]))
+                    marker = orjson.loads(m.value())
+                    if last is None or int(marker["batch_id"]) > int(last["batch_id"]):
+                        last = marker
             pos = c.position([TopicPartition(topic, 0)])[0].offset
             if pos >= hi:
                 return last

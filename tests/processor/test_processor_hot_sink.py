@@ -13,6 +13,7 @@ from confluent_kafka import KafkaException
 
 from fleetfence.contracts import alert_id
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
 from processor.errors import LeaseLostError
@@ -35,12 +36,12 @@ def dead_letter(settings: Settings, n: int) -> Outgoing:
 class Driver:
     """One hot driver's sink with its lease token, committing the fleet's alerts in its own batches."""
 
-    def __init__(self, settings: Settings, key: str, name: str) -> None:
+    def __init__(self, settings: Settings, key: str, name: str, horizon_ms: int = 600_000) -> None:
         self.settings = settings
         self.lease = CheckpointLease(redis.Redis.from_url(settings.redis_dsn), key, 60_000)
         t = settings.topics
         self.hot = HotOptions(
-            key, self.lease.owner, settings.redis_dsn, t.processor_shadow, f"hot-{key}", 600_000
+            key, self.lease.owner, settings.redis_dsn, t.processor_shadow, f"hot-{key}", horizon_ms
         )
         self.sink_id = f"{name}-{uuid.uuid4().hex[:6]}"
         self.sink = self.fresh()
@@ -89,15 +90,13 @@ def expected(records: list[Outgoing]) -> list[str]:
 
 def test_the_matcher_releases_what_nobody_committed_once_in_order(settings: Settings) -> None:
     a = [alert(settings, n) for n in range(8)]
-    m = Matcher(horizon_ms=1000)
+    m = Matcher()
     for r in a[:4]:
-        m.shadowed(r, 100)
-    m.committed(a[0].id, 100)  # the live driver had committed 0, and 5 (ahead of this one)
-    m.committed(a[5].id, 100)
-    m.committed(a[7].id, 10)  # long ago: beyond the horizon at 1050
-    m.trim(1050)
+        m.shadowed(r)
+    m.committed(a[0].id)  # the live driver had committed 0, and 5 (ahead of this one)
+    m.committed(a[5].id)
     assert list(m.pending) == [a[1].id, a[2].id, a[3].id]
-    assert list(m.ahead) == [a[5].id]
+    assert m.ahead == {a[5].id}
     out, dropped = m.release([a[3], a[4], a[5], a[6]])
     assert [r.id for r in out] == [a[1].id, a[2].id, a[3].id, a[4].id, a[6].id]
     assert dropped == 2
@@ -183,3 +182,41 @@ def test_a_replayed_batch_is_skipped_in_either_role(pair: tuple[Driver, Driver])
     b.sink = b.fresh()  # and again, live
     b.commit(fleet[10:20], batch_id=1)
     assert ids(s) == expected(fleet)
+
+
+def test_a_restarted_standby_matches_what_was_committed_while_it_was_down(settings: Settings) -> None:
+    """The standby's matcher starts reading the committed alerts from its own last commit (less the
+    horizon), not from its restart: with a horizon of 1 ms, everything the live driver committed
+    while the standby was down is still matched, and nothing is released twice."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    key = lease_key(f"{settings.topic_prefix}ff:", f"/job/{uuid.uuid4().hex}")
+    a, b = Driver(settings, key, "a"), Driver(settings, key, "b", horizon_ms=1)
+    fleet = [alert(settings, n) for n in range(50)]
+    assert a.lease.try_acquire()
+    b.commit(fleet[:10])  # b shadows 0..9, then is down
+    for i in range(0, 40, 10):
+        a.commit(fleet[i : i + 10])
+    b.sink = b.fresh()  # b restarts and catches up on 10..39
+    b.commit(fleet[10:25])
+    b.commit(fleet[25:40])
+    a.lease.client.delete(a.lease.key)
+    assert b.lease.try_acquire()
+    b.commit(fleet[40:50])
+    assert ids(settings) == expected(fleet)
+
+
+def test_a_live_driver_commits_through_a_redis_outage(pair: tuple[Driver, Driver]) -> None:
+    """Redis unreachable: the live driver goes on (its producer is fenced if another takes over;
+    its service stops on the lease it cannot renew); a standby shadows and cannot go live."""
+    a, b = pair
+    s = a.settings
+    fleet = [alert(s, n) for n in range(30)]
+    assert a.lease.try_acquire()
+    a.commit(fleet[:10])
+    nowhere = redis.Redis(port=free_port(), socket_timeout=1.0)
+    a.sink.redis = nowhere
+    a.commit(fleet[10:20])
+    b.sink.redis = nowhere
+    b.commit(fleet[:20])
+    assert b.sink.live is None
+    assert ids(s) == expected(fleet[:20])
