@@ -238,6 +238,57 @@ def parse_mode(spec: str, default_ttl_ms: int) -> tuple[str, str, int]:
     return spec, kind, int(ttl) if ttl else default_ttl_ms
 
 
+@dataclass
+class Harness:
+    """One mode's steady stream, its alert clock and the driver processes it started."""
+
+    stream: Stream
+    clock: AlertClock
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, s: Settings, args: argparse.Namespace) -> Harness:
+        h = cls(Stream(s, args.vehicles, args.cycle_s), AlertClock(s))
+        h.threads = [threading.Thread(target=t.run, daemon=True) for t in (h.stream, h.clock)]
+        for t in h.threads:
+            t.start()
+        return h
+
+    def verdict(
+        self,
+        mode: str,
+        ttl_ms: int,
+        takeovers: list[float],
+        phases: list[dict[str, float]],
+        ps: ProcessorSettings,
+    ) -> dict[str, Any]:
+        """Stop the stream, wait for every alert the pure engine expects, and count what was lost,
+        duplicated or unexpected."""
+        self.stream.stop.set()
+        self.threads[0].join(30)
+        want = expected_ids(self.stream.fixes, self.stream.vehicles, ps)
+        seen = self.clock.seen
+        wait_for(lambda: {a["alert_id"] for _, a in seen} >= want, 300, f"{mode}: every expected alert")
+        got = [a["alert_id"] for _, a in seen]
+        return {
+            "mode": mode,
+            "lease_ttl_ms": ttl_ms,
+            "takeover_s": takeovers,
+            "phases": phases,
+            "expected": len(want),
+            "lost": len(want - set(got)),
+            "duplicated": len(got) - len(set(got)),
+            "unexpected": len(set(got) - want),
+        }
+
+    def close(self) -> None:
+        self.stream.stop.set()
+        self.clock.stop.set()
+        for proc in self.procs:
+            stop_process_group(proc)
+
+
 def run_mode(spec: str, args: argparse.Namespace, base: Settings, work: Path) -> dict[str, Any]:
     mode, kind, ttl_ms = parse_mode(spec, args.lease_ttl_ms)
     if kind == "hot":
@@ -245,18 +296,12 @@ def run_mode(spec: str, args: argparse.Namespace, base: Settings, work: Path) ->
     warm = kind == "warm"
     s, ps = mode_setup(mode, ttl_ms, args, base, work)
     logs = (work / mode / f"processor-{n}.log" for n in range(1000))
-    stream = Stream(s, args.vehicles, args.cycle_s)
-    clock = AlertClock(s)
-    threads = [
-        threading.Thread(target=stream.run, daemon=True),
-        threading.Thread(target=clock.run, daemon=True),
-    ]
-    for t in threads:
-        t.start()
+    h = Harness.start(s, args)
+    clock, procs = h.clock, h.procs
     rng = random.Random(args.seed)
     active_log = next(logs)
     active = spawn(ps, active_log, standby=False)
-    procs = [active]
+    procs.append(active)
     standby_log = next(logs)
     standby = spawn(ps, standby_log, standby=True) if warm else None
     if standby is not None:
@@ -292,26 +337,9 @@ def run_mode(spec: str, args: argparse.Namespace, base: Settings, work: Path) ->
             console.print(
                 f"  {mode} kill {k + 1}/{args.kills}: first new alert after {float(took) / 1000:.2f} s"
             )
-        stream.stop.set()
-        threads[0].join(30)
-        want = expected_ids(stream.fixes, args.vehicles, ps)
-        wait_for(lambda: {a["alert_id"] for _, a in clock.seen} >= want, 300, f"{mode}: every expected alert")
-        got = [a["alert_id"] for _, a in clock.seen]
+        return h.verdict(mode, ttl_ms, takeovers, phases, ps)
     finally:
-        stream.stop.set()
-        clock.stop.set()
-        for proc in procs:
-            stop_process_group(proc)
-    return {
-        "mode": mode,
-        "lease_ttl_ms": ttl_ms,
-        "takeover_s": takeovers,
-        "phases": phases,
-        "expected": len(want),
-        "lost": len(want - set(got)),
-        "duplicated": len(got) - len(set(got)),
-        "unexpected": len(set(got) - want),
-    }
+        h.close()
 
 
 def mode_setup(
@@ -344,26 +372,20 @@ def run_hot(mode: str, ttl_ms: int, args: argparse.Namespace, base: Settings, wo
     """Two hot drivers, `d0` and `d1`: kill the live one, measure, restart it as the standby."""
     s, ps = mode_setup(mode, ttl_ms, args, base, work)
     logs = (work / mode / f"processor-{n}.log" for n in range(1000))
-    stream = Stream(s, args.vehicles, args.cycle_s)
-    clock = AlertClock(s)
-    threads = [
-        threading.Thread(target=stream.run, daemon=True),
-        threading.Thread(target=clock.run, daemon=True),
-    ]
-    for t in threads:
-        t.start()
+    h = Harness.start(s, args)
+    clock, procs = h.clock, h.procs
     rng = random.Random(args.seed)
     active_name, standby_name = "d0", "d1"
     active_log = next(logs)
     active = spawn(ps, active_log, standby=False, hot_name=active_name)
-    procs = [active]
-    wait_for(ready(active_log, "hot driver is live"), 300, f"{mode}: the first driver to go live")
-    standby_log = next(logs)
-    standby = spawn(ps, standby_log, standby=False, hot_name=standby_name)
-    procs.append(standby)
+    procs.append(active)
     takeovers: list[float] = []
     phases: list[dict[str, float]] = []
     try:
+        wait_for(ready(active_log, "hot driver is live"), 300, f"{mode}: the first driver to go live")
+        standby_log = next(logs)
+        standby = spawn(ps, standby_log, standby=False, hot_name=standby_name)
+        procs.append(standby)
         wait_for(lambda: len(clock.seen) > 0, 300, f"{mode}: the first alert")
         for k in range(args.kills):
             wait_for(caught_up(standby_log), 300, f"{mode}: the standby to catch up")
@@ -384,26 +406,9 @@ def run_hot(mode: str, ttl_ms: int, args: argparse.Namespace, base: Settings, wo
             console.print(
                 f"  {mode} kill {k + 1}/{args.kills}: first new alert after {float(took) / 1000:.2f} s"
             )
-        stream.stop.set()
-        threads[0].join(30)
-        want = expected_ids(stream.fixes, args.vehicles, ps)
-        wait_for(lambda: {a["alert_id"] for _, a in clock.seen} >= want, 300, f"{mode}: every expected alert")
-        got = [a["alert_id"] for _, a in clock.seen]
+        return h.verdict(mode, ttl_ms, takeovers, phases, ps)
     finally:
-        stream.stop.set()
-        clock.stop.set()
-        for proc in procs:
-            stop_process_group(proc)
-    return {
-        "mode": mode,
-        "lease_ttl_ms": ttl_ms,
-        "takeover_s": takeovers,
-        "phases": phases,
-        "expected": len(want),
-        "lost": len(want - set(got)),
-        "duplicated": len(got) - len(set(got)),
-        "unexpected": len(set(got) - want),
-    }
+        h.close()
 
 
 def pct(xs: list[float], q: float) -> float:

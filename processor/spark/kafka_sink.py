@@ -43,6 +43,16 @@ class DeadLetter(NamedTuple):
     detail: str
     source: str  # where the record came from: `topic:partition:offset`, or the vehicle when unknown
 
+    def record(self, received_ms: int) -> tuple[bytes, Any]:
+        """The value and headers it is written with."""
+        return dead_letter(
+            self.original,
+            reason=self.reason,
+            detail=self.detail,
+            origin=("source", self.source.encode()),
+            received_ms=received_ms,
+        )
+
 
 @dataclass
 class AlertCommitMessage(WriterCommitMessage):
@@ -325,13 +335,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                 produce_waiting(p, self.alerts_topic, key=vid.encode(), value=value)
             now_ms = int(time.time() * 1000)
             for letter in dlq:
-                value, headers = dead_letter(
-                    letter.original,
-                    reason=letter.reason,
-                    detail=letter.detail,
-                    origin=("source", letter.source.encode()),
-                    received_ms=now_ms,
-                )
+                value, headers = letter.record(now_ms)
                 produce_waiting(p, self.dlq_topic, key=letter.key.encode(), value=value, headers=headers)
             marker = {
                 "sink_id": self.sink_id,
@@ -374,13 +378,7 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         records = [Outgoing(alert_id_of(v), self.alerts_topic, vid.encode(), v) for vid, v in alerts]
         now_ms = int(time.time() * 1000)
         for letter in dlq:
-            value, headers = dead_letter(
-                letter.original,
-                reason=letter.reason,
-                detail=letter.detail,
-                origin=("source", letter.source.encode()),
-                received_ms=now_ms,
-            )
+            value, headers = letter.record(now_ms)
             k = letter.key.encode()
             rid = dead_letter_id(letter.source, k, value) or letter.source
             records.append(Outgoing(rid, self.dlq_topic, k, value, list(headers)))
