@@ -278,7 +278,7 @@ class HotSink:
     ) -> None:
         import redis
 
-        from processor.spark.kafka_sink import last_marker
+        from processor.spark.sink_commits import last_marker
 
         self.bootstrap = bootstrap
         self.sink_id = sink_id
@@ -337,7 +337,7 @@ class HotSink:
         return (v.decode() if isinstance(v, bytes) else v) == self.hot.owner
 
     def _producer(self, transactional_id: str) -> Any:
-        from processor.spark.kafka_sink import SINK_QUEUE_MESSAGES, sink_producer
+        from processor.spark.sink_commits import SINK_QUEUE_MESSAGES, sink_producer
 
         p = sink_producer(self.bootstrap, transactional_id, SINK_QUEUE_MESSAGES)
         p.init_transactions(30)

@@ -28,6 +28,7 @@ from processor.errors import LateReadBackError
 from processor.spark.hot_sink import HotOptions, HotSink, Outgoing, alert_id_of, dead_letter_id
 from processor.spark.live_store import write_live
 from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_rows, unpack_live
+from processor.spark.sink_commits import read_last_marker, sink_producer
 
 logger = logging.getLogger(__name__)
 
@@ -62,26 +63,6 @@ class AlertCommitMessage(WriterCommitMessage):
     live_written: int = 0
 
 
-# Records the sink's producer holds before the broker acknowledges them (librdkafka's default); a
-# batch with more alerts waits for room (fleetfence.kafka.produce_waiting) rather than failing.
-SINK_QUEUE_MESSAGES = 100_000
-
-
-def sink_producer(bootstrap: str, transactional_id: str, queue_messages: int = SINK_QUEUE_MESSAGES) -> Any:
-    """The sink's transactional producer (its caller runs `init_transactions`)."""
-    from fleetfence.kafka import transactional_producer
-
-    return transactional_producer(
-        bootstrap,
-        transactional_id,
-        **{
-            "linger.ms": 2,
-            "transaction.timeout.ms": 60000,
-            "queue.buffering.max.messages": queue_messages,
-        },
-    )
-
-
 class _SinkState:
     """Per-process transactional producer and the last batch this sink committed."""
 
@@ -97,64 +78,6 @@ class _SinkState:
 
 _SINKS: dict[tuple[str, str], _SinkState] = {}
 _HOT_SINKS: dict[tuple[str, str], HotSink] = {}
-
-
-# Answers about a partition whose leader the broker does not know yet (a topic just created):
-# UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION.
-_LEADER_UNKNOWN = frozenset({3, 5, 6})
-
-
-def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> int:
-    """The highest batch id committed by `sink_id` (-1 if none), read_committed, to the end."""
-    m = last_marker(bootstrap, topic, sink_id, timeout_s)
-    return -1 if m is None else int(m["batch_id"])
-
-
-def last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> dict[str, Any] | None:
-    """The marker of the highest batch committed by `sink_id` (None if none), read_committed, to
-    the end: an open transaction on the topic is waited for, up to `timeout_s`."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
-    from fleetfence.kafka import committed_reader
-
-    c = committed_reader(bootstrap, f"fleetfence-marker-{sink_id}", **{"enable.partition.eof": True})
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
-                break
-            except KafkaException as exc:
-                # A topic created a moment ago (a fresh installation) may not have its leader known
-                # to the broker we asked yet: that passes. The error does not say it is retriable.
-                err = exc.args[0] if exc.args else None
-                passing = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_UNKNOWN)
-                if not passing or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        if hi <= lo:
-            return None
-        c.assign([TopicPartition(topic, 0, lo)])
-        last: dict[str, Any] | None = None
-        key = sink_id.encode()
-        while time.monotonic() < deadline:
-            # A short wait: `consume` returns at 1000 records or the timeout, and the log is
-            # usually shorter, so a long one was paid whole by every start (0.5 s a takeover).
-            for m in c.consume(1000, 0.05):
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= hi:
-                        return last
-                    continue
-                if m.key() == key and m.value():
-                    marker = orjson.loads(m.value())
-                    if last is None or int(marker["batch_id"]) > int(last["batch_id"]):
-                        last = marker
-            pos = c.position([TopicPartition(topic, 0)])[0].offset
-            if pos >= hi:
-                return last
-        raise TimeoutError(f"could not read commit markers of {sink_id} from {topic}")
-    finally:
-        c.close()
 
 
 READ_AHEAD = 5_000  # wanted offsets this close are read in one pass instead of one seek each

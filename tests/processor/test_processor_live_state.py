@@ -13,9 +13,10 @@ import redis
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all, wait_for
-from processor.spark.kafka_sink import SINK_QUEUE_MESSAGES, AlertCommitMessage, AlertStreamWriter
+from processor.spark.kafka_sink import AlertCommitMessage, AlertStreamWriter
 from processor.spark.live_store import LIVE_PER_CALL
 from processor.spark.rows import OutputKind, OutputRow, output_frame, pack_live, unpack_live
+from processor.spark.sink_commits import SINK_QUEUE_MESSAGES
 
 
 def state(vid: str, seq: int, silent: bool = False) -> dict[str, object]:
