@@ -19,7 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from fleetfence.kafka import admin_client, group_consumer
-from fleetfence.mqtt import Account, login
+from fleetfence.mqtt import Account, account_env, login
 from fleetfence.settings import Settings
 from fleetfence.testing import mqtt_test_account, wait_for
 from gateway.settings import GatewaySettings
@@ -38,6 +38,15 @@ def fix(vehicle_id: str, seq: int, ts_ms: int | None = None, **extra: object) ->
     }
     d.update(extra)
     return d
+
+
+def acked(info: mqtt.MQTTMessageInfo) -> bool:
+    """Whether the broker has acknowledged a QoS 1 message. paho keeps a message published while
+    its connection is down and sends it after the reconnect, but marks its info NO_CONN, which
+    `is_published` raises on; the PUBACK still marks it published (a private flag, paho pinned)."""
+    if info.rc == mqtt.MQTT_ERR_NO_CONN:
+        return bool(info._published)
+    return info.is_published()
 
 
 class Publisher:
@@ -66,7 +75,11 @@ class Publisher:
 
     @property
     def acknowledged(self) -> int:
-        return sum(1 for i in self._infos if i.is_published())
+        return sum(1 for i in self._infos if acked(i))
+
+    def acknowledged_keys(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Of `keys` (one per `publish` call, in order), those Mosquitto has acknowledged."""
+        return [k for k, i in zip(keys, self._infos, strict=True) if acked(i)]
 
     def wait_all(self, timeout_s: float = 30.0) -> None:
         wait_for(lambda: self.acknowledged == len(self._infos), timeout_s, "Mosquitto PUBACKs")
@@ -180,6 +193,8 @@ def gateway_env(
             "FLEETFENCE_GATEWAY_RECEIVE_MAXIMUM": str(settings.gateway_receive_maximum),
             "FLEETFENCE_GATEWAY_METRICS_PORT": str(metrics_port),
             "FLEETFENCE_GATEWAY_KAFKA_LINGER_MS": str(settings.gateway_kafka_linger_ms),
+            # The broker's service accounts, whether it is the embedded one or reached as an endpoint.
+            **account_env(settings),
         }
     )
     return env

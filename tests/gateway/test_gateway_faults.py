@@ -20,8 +20,10 @@ import orjson
 import pytest
 
 from embedded import infra
+from embedded.processes import alive, read_pid
 from fleetfence import probes
 from fleetfence.errors import WaitTimeoutError
+from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import account_fields, service_account
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
@@ -52,12 +54,14 @@ class PacedPublisher(threading.Thread):
         self.pub, self.vehicles, self.n, self.rate = pub, vehicles, n_per_vehicle, rate_per_s
         self.sent = 0
         self.total = len(vehicles) * n_per_vehicle
+        self.keys: list[tuple[str, int]] = []  # (vehicle, seq) of each publish, in order
 
     def run(self) -> None:
         t0 = time.monotonic()
         for seq in range(self.n):
             for v in self.vehicles:
                 self.pub.publish(f"fleet/{v}/telemetry", orjson.dumps(fix(v, seq)))
+                self.keys.append((v, seq))
                 self.sent += 1
             ahead_s = self.sent / self.rate - (time.monotonic() - t0)
             if ahead_s > 0:
@@ -252,6 +256,101 @@ def test_a_frozen_replica_delays_its_shard_and_reorders_nothing(
         reader.close()
         for s in shards:
             forget_session(*s.mqtt_host_port, s.gateway_client_id, service_account(s, "gateway"))
+
+
+def test_sigkill_mosquitto_loses_no_acknowledged_fix(settings: Settings, tmp_path: Path) -> None:
+    """Mosquitto SIGKILLed under load with two sharded gateways connected, then restarted on its
+    data: every fix it acknowledged reaches Kafka.
+
+    Why this holds although Mosquitto snapshots only every `autosave_interval`: for a connected
+    subscriber with room in its receive window, Mosquitto writes the PUBLISH to that subscriber's
+    socket before the PUBACK to the publisher (`db__message_insert` writes in-flight messages at
+    once; the PUBACK follows in `handle__publish`), so what it acknowledged is already with a
+    gateway, which stores it in Kafka whatever becomes of the broker. What the restart needs from
+    the snapshot is the gateways' sessions with their subscriptions, so that fixes published before
+    a gateway is back are queued for it instead of acknowledged to nobody. Mosquitto 2.0 snapshots
+    plain subscriptions but not shared ones (`persist__subs_save` walks `node->subs` only): with
+    `$share` this test loses the fixes of the reconnect race, which is why the gateways shard by
+    vehicle on plain subscriptions (docs/deploy.md)."""
+    own = Settings(
+        state_dir=tmp_path / "own-mosquitto",
+        mqtt_port=probes.free_port(),
+        mqtt_url=None,
+        kafka_bootstrap=settings.bootstrap_servers,
+        redis_url=settings.redis_dsn,
+        topic_prefix=settings.topic_prefix,
+        startup_timeout_s=60,
+        **account_fields(settings),
+    )
+    prefix = f"m{uuid.uuid4().hex[:6]}-"
+    vehicles = [f"{prefix}{i}" for i in range(10)]
+    gws: list[GatewayProcess] = []
+    pub: Publisher | None = None
+    reader: TopicReader | None = None
+    try:
+        infra.up(own, only=("mqtt",))
+        ensure_topics(own.bootstrap_servers, topic_specs(own))
+        snapshot = own.mqtt_dir / "mosquitto.db"
+        before = snapshot.stat().st_mtime if snapshot.exists() else 0.0
+        for i in range(2):
+            gs = gw_settings(own, gateway_shard_count=2, gateway_shard_index=i)
+            gws.append(GatewayProcess(gs, tmp_path / f"gw{i}.log"))
+        subscribed = time.time()
+        # The restart restores what the last snapshot holds: wait for one taken after the gateways
+        # subscribed (Mosquitto writes it every `autosave_interval`, 5 s).
+        wait_for(
+            lambda: snapshot.exists() and snapshot.stat().st_mtime > max(before, subscribed),
+            20,
+            "a Mosquitto snapshot with the gateways' sessions",
+        )
+        pub = fleet_publisher(own, inflight=1000)
+        load = PacedPublisher(pub, vehicles, 600, rate_per_s=1000)
+        reader = TopicReader(own.bootstrap_servers, [own.topics.telemetry])
+        load.start()
+        reader.read_until(
+            lambda rs: len(telemetry_seqs(rs, prefix)) >= 1500, 30, "the gateways to forward 1500 fixes"
+        )
+        pid = read_pid(own, "mqtt")
+        assert pid is not None
+        os.kill(pid[0], signal.SIGKILL)
+        sent_at_kill = load.sent
+        assert sent_at_kill < load.total, "the kill must land mid-stream"
+        # Gone, and its listening socket closed (a dying process drops its memory before its files).
+        wait_for(lambda: not alive(*pid) and probes.port_free(own.host, own.mqtt_port), 10, "Mosquitto gone")
+        infra.up(own, only=("mqtt",), create_topics=False)  # same port, same data folder
+        load.join(60)
+        pub.wait_all(60)  # the publisher reconnected and re-sent what was not acknowledged
+        acked = set(pub.acknowledged_keys(load.keys))
+        assert acked == {(v, s) for v in vehicles for s in range(600)}
+        try:
+            reader.read_until(
+                lambda rs: acked <= set(telemetry_seqs(rs, prefix)), 60, "every acknowledged fix in Kafka"
+            )
+        except WaitTimeoutError:
+            missing = sorted(acked - set(telemetry_seqs(reader.records, prefix)), key=lambda k: k[1])
+            pytest.fail(
+                f"{len(missing)} of {len(acked)} acknowledged fixes never reached Kafka "
+                f"(seq {missing[0][1]}..{missing[-1][1]}); {sent_at_kill} published at the kill"
+            )
+        for gw in gws:
+            log = gw.log.read_text()
+            # Back on the session the snapshot kept (not a fresh one), hence on its subscription.
+            assert log.count("session_present=True") >= 1, log[-2000:]
+            m = gw.metrics()
+            assert m["fleetfence_gateway_received_total"] == m["fleetfence_gateway_forwarded_total"]
+        got = telemetry_seqs(reader.records, prefix)
+        print(
+            f"mosquitto sigkill: published={load.total} at_kill={sent_at_kill} "
+            f"records={len(got)} duplicates={len(got) - len(set(got))}"
+        )
+    finally:
+        for gw in gws:
+            gw.stop()
+        if pub is not None:
+            pub.close()
+        if reader is not None:
+            reader.close()
+        infra.down(own)
 
 
 def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, tmp_path: Path) -> None:
