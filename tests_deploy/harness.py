@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,16 @@ from fleetfence.testing import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = os.environ.get("FLEETFENCE_DEPLOY_PROJECT", "ffdeploytest")
 ONE_SHOT = ("mqtt-bootstrap", "init")
+# Toxiproxy between the Spark application (driver and executor) and the brokers, for the faults on
+# that link: every broker gets a second listener, advertised as the proxy's port for it, and the
+# processor's bootstrap names the proxy. Without a toxic the proxy only forwards.
+TOXIPROXY = "toxiproxy"
+TOXIPROXY_VERSION = "2.5.0"
+TOXIPROXY_PUBLIC_IMAGE = f"ghcr.io/shopify/toxiproxy:{TOXIPROXY_VERSION}"
+TOXIPROXY_API_PORT = 8474
+TOXIPROXY_PORT_BASE = 19090  # kafka-N through the proxy: toxiproxy:19090+N
+PROXIED_LISTENER_PORT = 9094
+SPARK_SERVICES = ("processor", "spark-worker")
 # Names the TLS certificate of the vehicles' listener carries: the driver reaches the published
 # port through the host as host.docker.internal; localhost for a client on the host.
 TLS_HOSTNAMES = "localhost,127.0.0.1,mosquitto,host.docker.internal"
@@ -138,14 +149,41 @@ def build_local_images() -> dict[str, str]:
     """The local stand-ins (deploy/images/build-local.sh) and the overrides it writes; with
     FLEETFENCE_DEPLOY_PUBLIC_IMAGES=1 the public images instead (a machine that reaches Docker Hub)."""
     if os.environ.get("FLEETFENCE_DEPLOY_PUBLIC_IMAGES") == "1":
-        return {}
+        return {"FLEETFENCE_DEPLOY_TOXIPROXY_IMAGE": TOXIPROXY_PUBLIC_IMAGE}
     run(["bash", "deploy/images/build-local.sh"], timeout_s=1800)
     out = {}
     for line in (ROOT / "deploy" / "images" / "local.env").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             k, _, v = line.partition("=")
             out[k] = v
+    out["FLEETFENCE_DEPLOY_TOXIPROXY_IMAGE"] = build_toxiproxy()
     return out
+
+
+def build_toxiproxy() -> str:
+    """A toxiproxy image for the suite (no public image can be pulled here): the server built from
+    its Go module (`go install`, through the Go module proxy) on the debootstrapped base."""
+    tag = f"local/toxiproxy:{TOXIPROXY_VERSION}"
+    if run(["docker", "image", "inspect", tag], timeout_s=60, check=False).returncode == 0:
+        return tag
+    if shutil.which("go") is None:
+        raise DeployError("Go is needed to build toxiproxy (go install): none on PATH")
+    with tempfile.TemporaryDirectory(prefix="fleetfence-toxiproxy-") as ctx:
+        env = {**os.environ, "GOBIN": ctx, "CGO_ENABLED": "0"}
+        run(
+            ["go", "install", f"github.com/Shopify/toxiproxy/v2/cmd/server@v{TOXIPROXY_VERSION}"],
+            timeout_s=900,
+            env=env,
+        )
+        (Path(ctx) / "Dockerfile").write_text(
+            "ARG BASE_IMAGE=local/debian:bookworm\n"
+            "FROM ${BASE_IMAGE}\n"
+            "COPY server /usr/local/bin/toxiproxy-server\n"
+            "USER nobody\n"
+            'ENTRYPOINT ["/usr/local/bin/toxiproxy-server"]\n'
+        )
+        run(["docker", "build", "-q", "-t", tag, ctx], timeout_s=600)
+    return tag
 
 
 # --------------------------------------------------------------------------- the deployment
@@ -184,7 +222,7 @@ class Deployment:
         all_services = list(compose["services"])
         # Grafana has no local stand-in (deploy/images/README.md): without its image, run without it.
         self.without = [] if "FLEETFENCE_GRAFANA_IMAGE" in self.images or not self.images else ["grafana"]
-        self.services = [s for s in all_services if s not in self.without]
+        self.services = [s for s in all_services if s not in self.without] + [TOXIPROXY]
         self.gateways = [s for s in all_services if s.startswith("gateway-")]
         self.kafka_nodes = [s for s in all_services if s.startswith("kafka-")]
 
@@ -229,7 +267,61 @@ class Deployment:
             "volumes": ["mosquitto-certs:/certs:ro", f"{self.reports}:/reports"],
             "depends_on": {},
         }
-        self.override.write_text(yaml.safe_dump({"services": {"driver": driver}}, sort_keys=False))
+        services: dict[str, Any] = {"driver": driver, **self.toxiproxy_services()}
+        self.override.write_text(yaml.safe_dump({"services": services}, sort_keys=False))
+
+    def toxiproxy_services(self) -> dict[str, Any]:
+        """The proxy, a second listener on every broker advertised as the proxy's port for it, and
+        the Spark application's bootstrap through the proxy (compose merges these into the
+        services of docker-compose.yml; nothing else of them changes)."""
+        proxies: list[dict[str, Any]] = []
+        out: dict[str, Any] = {}
+        for k in self.kafka_nodes:
+            n = int(k.rsplit("-", 1)[1])
+            port = TOXIPROXY_PORT_BASE + n
+            proxies.append(
+                {
+                    "name": k,
+                    "listen": f"0.0.0.0:{port}",
+                    "upstream": f"{k}:{PROXIED_LISTENER_PORT}",
+                    "enabled": True,
+                }
+            )
+            out[k] = {
+                "environment": {
+                    "KAFKA_LISTENERS": f"PLAINTEXT://:9092,CONTROLLER://:9093,PROXIED://:{PROXIED_LISTENER_PORT}",
+                    "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": (
+                        "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PROXIED:PLAINTEXT"
+                    ),
+                    "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://{k}:9092,PROXIED://{TOXIPROXY}:{port}",
+                }
+            }
+        config = self.work / "toxiproxy.json"
+        config.write_text(json.dumps(proxies))
+        config.chmod(0o644)
+        out[TOXIPROXY] = {
+            "image": self.env.get("FLEETFENCE_DEPLOY_TOXIPROXY_IMAGE", TOXIPROXY_PUBLIC_IMAGE),
+            "restart": "unless-stopped",
+            "command": [
+                "-host",
+                "0.0.0.0",
+                "-port",
+                str(TOXIPROXY_API_PORT),
+                "-config",
+                "/etc/toxiproxy.json",
+            ],
+            "volumes": [f"{config}:/etc/toxiproxy.json:ro"],
+            "expose": [str(TOXIPROXY_API_PORT), *(str(p["listen"]).rsplit(":", 1)[1] for p in proxies)],
+        }
+        bootstrap = ",".join(
+            f"{TOXIPROXY}:{TOXIPROXY_PORT_BASE + int(k.rsplit('-', 1)[1])}" for k in self.kafka_nodes
+        )
+        for svc in SPARK_SERVICES:
+            out[svc] = {
+                "environment": {"FLEETFENCE_KAFKA_BOOTSTRAP": bootstrap},
+                "depends_on": {TOXIPROXY: {"condition": "service_started"}},
+            }
+        return out
 
     def states(self) -> dict[str, dict[str, Any]]:
         """Service -> {status, exit, health} of its container(s), from `docker inspect`."""
@@ -270,6 +362,8 @@ class Deployment:
                 if st["status"] != "exited":
                     pending.append(f"{svc}: {st['status']}")
                 continue
+            if st["health"] is None and st["status"] == "running":
+                continue  # no health check (the suite's toxiproxy): running is all it can say
             if st["health"] == "unhealthy":
                 raise DeployError(f"{svc} is unhealthy:\n{self.logs(svc)}")
             if st["status"] in ("exited", "dead"):
@@ -299,7 +393,8 @@ class Deployment:
             *[
                 s
                 for s in self.services
-                if s not in self.kafka_nodes and not s.startswith(("mosquitto", "redis", "prometheus"))
+                if s not in self.kafka_nodes
+                and not s.startswith(("mosquitto", "redis", "prometheus", TOXIPROXY))
             ],
             "driver",
             timeout_s=3600,

@@ -27,7 +27,14 @@ from typing import Any
 import pytest
 
 from fleetfence.testing import wait_for
-from tests_deploy.harness import TOPIC_PROBE, DeployError, Deployment, run
+from tests_deploy.harness import (
+    TOPIC_PROBE,
+    TOXIPROXY,
+    TOXIPROXY_API_PORT,
+    DeployError,
+    Deployment,
+    run,
+)
 from tests_deploy.measure import MEASURED, record
 
 pytestmark = pytest.mark.deploy
@@ -664,6 +671,70 @@ class Reset(Partition):
         return run(argv, timeout_s=30, check=check).returncode == 0
 
 
+class Toxiproxy:
+    """The suite's toxiproxy (tests_deploy/harness.py) through its HTTP API, reached from the host
+    on its compose address: toxics on every broker's proxy, and their removal."""
+
+    def __init__(self, dep: Deployment) -> None:
+        self.url = f"http://{compose_ips(dep, TOXIPROXY)[0]}:{TOXIPROXY_API_PORT}"
+        self.proxies = list(dep.kafka_nodes)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def add(self, name: str, kind: str, attributes: dict[str, int]) -> None:
+        """The toxic on both directions of every broker's proxy."""
+        for proxy in self.proxies:
+            for stream in ("upstream", "downstream"):
+                body = {"name": f"{name}-{stream}", "type": kind, "stream": stream, "attributes": attributes}
+                self._call("POST", f"/proxies/{proxy}/toxics", body)
+
+    def clear(self) -> None:
+        for proxy in self.proxies:
+            for toxic in self._call("GET", f"/proxies/{proxy}/toxics"):
+                self._call("DELETE", f"/proxies/{proxy}/toxics/{toxic['name']}")
+
+    def toxics(self) -> int:
+        return sum(len(self._call("GET", f"/proxies/{p}/toxics")) for p in self.proxies)
+
+
+def test_latency_between_spark_and_kafka(deployment: Deployment, tmp_path: Path) -> None:
+    """300 ms (jitter 100 ms) added each way to every connection of the Spark application (driver
+    and executor) to the brokers, through toxiproxy, for five micro-batches under load; then taken
+    away. Every Kafka round trip of a batch (offsets, fetches, the sink's transaction, the markers)
+    pays it: batches run slower, alerts come later, nothing is lost or emitted twice."""
+    dep = deployment
+
+    def fault() -> None:
+        proxy = Toxiproxy(dep)
+        restarts = dep.states()["processor"]["restarts"]
+        n = batches(dep)
+        t0 = time.monotonic()
+        proxy.add("latency", "latency", {"latency": 300, "jitter": 100})
+        try:
+            assert proxy.toxics() == 2 * len(dep.kafka_nodes)
+            wait_for(
+                lambda: batches(dep) > n + 5,
+                600,
+                "five micro-batches completing with the latency",
+                interval_s=1.0,
+                ignore=(DeployError,),
+            )
+            MEASURED["five batches with the latency took"] = time.monotonic() - t0
+        finally:
+            proxy.clear()
+        assert proxy.toxics() == 0
+        assert dep.states()["processor"]["restarts"] == restarts, "the driver failed under latency"
+
+    under_load(dep, "300 ms latency each way between Spark and Kafka (toxiproxy)", fault, tmp_path)
+
+
 def test_cut_the_connections_between_spark_and_kafka(deployment: Deployment, tmp_path: Path) -> None:
     """The Spark application's connections to the brokers reset, in the driver (the sink's
     transactions, the markers, offset planning) and in the executor (the Kafka source's reads),
@@ -673,7 +744,8 @@ def test_cut_the_connections_between_spark_and_kafka(deployment: Deployment, tmp
     dep = deployment
 
     def fault() -> None:
-        kafka_ips = [ip for k in dep.kafka_nodes for ip in compose_ips(dep, k)]
+        # The brokers, and the proxy the application reaches them through in the suite.
+        kafka_ips = [ip for k in [*dep.kafka_nodes, TOXIPROXY] for ip in compose_ips(dep, k)]
         restarts = dep.states()["processor"]["restarts"]
         cuts = [Reset(container_pid(dep, svc), kafka_ips) for svc in ("processor", "spark-worker")]
         t0 = time.monotonic()
