@@ -166,12 +166,15 @@ def build_toxiproxy() -> str:
     tag = f"local/toxiproxy:{TOXIPROXY_VERSION}"
     if run(["docker", "image", "inspect", tag], timeout_s=60, check=False).returncode == 0:
         return tag
-    if shutil.which("go") is None:
-        raise DeployError("Go is needed to build toxiproxy (go install): none on PATH")
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        raise DeployError(
+            "Go is needed to build toxiproxy (go install): none on PATH or in /usr/local/go/bin"
+        )
     with tempfile.TemporaryDirectory(prefix="fleetfence-toxiproxy-") as ctx:
         env = {**os.environ, "GOBIN": ctx, "CGO_ENABLED": "0"}
         run(
-            ["go", "install", f"github.com/Shopify/toxiproxy/v2/cmd/server@v{TOXIPROXY_VERSION}"],
+            [go, "install", f"github.com/Shopify/toxiproxy/v2/cmd/server@v{TOXIPROXY_VERSION}"],
             timeout_s=900,
             env=env,
         )
