@@ -22,5 +22,10 @@ class LeaseLostError(ProcessorError):
     """This driver no longer holds the checkpoint's lease (processor.ops.lease): it must stop its query."""
 
 
+class StalledError(ProcessorError):
+    """A micro-batch has run longer than `processor_stall_timeout_s`: the query is stuck, and only a
+    new driver on the checkpoint gets it going again."""
+
+
 class StateError(ProcessorError):
     """A value in the checkpoint's state store is in no format this version can read."""

@@ -60,6 +60,13 @@ class ProcessorSettings(ProcessorRulesSettings):
         description="A restarted hot driver reads what was committed from its own last commit less this: "
         "must exceed how far one driver can run ahead of another (docs/exactly-once.md, Hot drivers).",
     )
+    processor_stall_timeout_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="A micro-batch still running after this long means the query is stuck (e.g. its "
+        "tasks wait for executors the cluster does not give back): the driver stops the query and "
+        "exits with an error, for its supervisor to start it again on the checkpoint; 0 = never.",
+    )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
     processor_shuffle_partitions: int | None = Field(
         default=None,

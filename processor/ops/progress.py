@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 from prometheus_client import REGISTRY, Counter, Gauge
 
+from processor.errors import StalledError
+
 logger = logging.getLogger(__name__)
 
 BATCHES = Counter("fleetfence_processor_batches_total", "Micro-batches completed")
@@ -111,3 +113,34 @@ def telemetry_events(progress: Any, telemetry_topic: str, first_start: dict[str,
         for p, e in end.get(telemetry_topic, {}).items():
             total += int(e) - int(begin.get(p, 0))
     return total
+
+
+class StallWatch:
+    """Tells a stuck query from a slow one: a micro-batch that is still running `timeout_s` after
+    the trigger fired (or after the batch before it completed) raises `StalledError`.
+
+    Spark does not give up on a batch whose tasks wait for executors that never come (a cluster
+    manager that lost track of the application) or for workers that never answer: the query stays
+    active, reads nothing, and the alerts stop with no error anywhere. Raising makes the driver stop
+    its query and exit with an error; its supervisor (a restart policy, systemd, a standby) starts a
+    driver on the checkpoint, which replans the batch: a delay, nothing lost or doubled."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._busy_since: float | None = None
+        self._batch = -1
+
+    def check(self, trigger_active: bool, last_batch: int, now: float) -> None:
+        if self.timeout_s <= 0:
+            return
+        if not trigger_active:
+            self._busy_since = None
+        elif self._busy_since is None or last_batch != self._batch:
+            self._busy_since = now  # a batch started, or the one before it just completed
+        self._batch = last_batch
+        if self._busy_since is not None and now - self._busy_since > self.timeout_s:
+            raise StalledError(
+                f"no micro-batch completed for {now - self._busy_since:.0f} s while one was running "
+                f"(last completed: {last_batch}; FLEETFENCE_PROCESSOR_STALL_TIMEOUT_S={self.timeout_s:g}): "
+                "stopping, for a restart on the checkpoint"
+            )

@@ -12,9 +12,11 @@ lease (`processor.ops.lease`).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -24,10 +26,10 @@ from prometheus_client import Counter, Gauge
 from fleetfence.errors import ConfigError
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
-from processor.errors import LeaseLostError, ProcessorError
+from processor.errors import LeaseLostError, ProcessorError, StalledError
 from processor.ops.lease import CheckpointLease, checkpoint_lease
 from processor.ops.markers import BatchLedger, MarkerReader
-from processor.ops.progress import log_first_batch, observe, unseen_progress, untrack_state_rows
+from processor.ops.progress import StallWatch, log_first_batch, observe, unseen_progress, untrack_state_rows
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles
 from processor.spark.hot_sink import HotOptions
@@ -45,10 +47,23 @@ TAKEOVERS = Counter(
 )
 
 
+# The exit status of a driver whose query stalled (`StallWatch`), for its supervisor to restart it.
+EXIT_STALLED = 3
+
+
 def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> None:
-    """Start Spark and the query; block until `stop` is set, a signal arrives, or the query fails."""
-    with stop_on_signals(stop) as event:
-        _run(s, event)
+    """Start Spark and the query; block until `stop` is set, a signal arrives, or the query fails.
+
+    A stalled query ends the process at once with EXIT_STALLED: stopping a query, or Spark, whose
+    tasks hang can hang too, and a driver that never exits is never restarted. The lease is
+    released first; the JVM ends with this process (its gateway reads our end of a pipe)."""
+    try:
+        with stop_on_signals(stop) as event:
+            _run(s, event)
+    except StalledError as exc:
+        logger.error("processor stalled, exiting for a restart: %s", exc)
+        logging.shutdown()
+        os._exit(EXIT_STALLED)
 
 
 def processor_presence(s: ProcessorSettings) -> AbstractContextManager[Presence]:
@@ -77,6 +92,7 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
     if not row_tracking(spark):
         untrack_state_rows()
     lease = checkpoint_lease(s)
+    stalled = False
     try:
         if s.processor_hot:
             if lease is None:
@@ -98,10 +114,14 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
         ROLE.set(1)
         TAKEOVERS.inc()
         _query_loop(spark, s, stop, lease)
+    except StalledError:
+        stalled = True
+        raise
     finally:
         if lease is not None:
             lease.release()
-        spark.stop()
+        if not stalled:  # stopping Spark with hung tasks may never return (run_processor)
+            spark.stop()
 
 
 def _hot_loop(spark: Any, s: ProcessorSettings, stop: threading.Event, lease: CheckpointLease) -> None:
@@ -156,6 +176,7 @@ def _query_loop(
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
     q = start_query(spark, s, hot=hot)
     last_batch = -1
+    stall = StallWatch(s.processor_stall_timeout_s)
 
     def step() -> bool:
         nonlocal last_batch
@@ -164,6 +185,7 @@ def _query_loop(
             raise LeaseLostError(f"the checkpoint's lease {lease.key} is no longer this driver's: stopping")
         done = bool(q.awaitTermination(0.5))
         latest = q.lastProgress
+        stall.check(bool(q.status["isTriggerActive"]), latest["batchId"] if latest else -1, time.monotonic())
         if latest and latest["batchId"] > last_batch:
             # Usually one new batch; the whole recent list (up to 100 reports) only when more
             # than one completed since the last look, or after a restart.
@@ -183,13 +205,17 @@ def _query_loop(
         ledger.flush()
         return done
 
+    stalled = False
     try:
         run_until_stopped(step, stop)
         exc = q.exception()
         if exc is not None:
             raise ProcessorError(f"streaming query failed: {exc}")
+    except StalledError:
+        stalled = True  # its hung tasks could hang the query's stop as well: the process ends instead
+        raise
     finally:
-        if q.isActive:
+        if q.isActive and not stalled:
             logger.info("stopping processor query=%s", q.id)
             q.stop()
         # The last batch committed before the stop: count and log it too.

@@ -8,8 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
+from processor.errors import StalledError
 from processor.ops.progress import (
     STATE_ROWS,
+    StallWatch,
     log_first_batch,
     telemetry_events,
     unseen_progress,
@@ -96,3 +98,29 @@ def test_the_state_rows_gauge_leaves_the_export_when_rocksdb_does_not_count() ->
         assert b"fleetfence_processor_state_rows" not in generate_latest(REGISTRY)
     finally:
         REGISTRY.register(STATE_ROWS)
+
+
+def test_a_batch_running_past_the_timeout_is_a_stall() -> None:
+    w = StallWatch(60)
+    w.check(True, 4, 1000.0)  # batch 5 started
+    w.check(True, 4, 1060.0)  # exactly the timeout: still patient
+    with pytest.raises(StalledError, match="no micro-batch completed for 61 s"):
+        w.check(True, 4, 1061.0)
+
+
+def test_batches_completing_or_an_idle_query_are_no_stall() -> None:
+    w = StallWatch(60)
+    for i in range(10):  # always a batch running, each completing within the timeout
+        w.check(True, i, 1000.0 + 50 * i)
+    for t in range(0, 1000, 100):  # nothing to do: no trigger running, however long
+        w.check(False, 9, 2000.0 + t)
+    w.check(True, 9, 3000.0)  # a new batch starts the clock afresh
+    w.check(True, 9, 3059.0)
+    with pytest.raises(StalledError):
+        w.check(True, 9, 3061.0)
+
+
+def test_a_zero_timeout_never_stalls() -> None:
+    w = StallWatch(0)
+    w.check(True, 0, 0.0)
+    w.check(True, 0, 1e9)

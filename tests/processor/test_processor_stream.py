@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,7 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from fleetfence.testing import read_all
+from processor.ops.service import EXIT_STALLED
 from processor.spark.job import start_query
 from tests.processor.helpers import (
     T0,
@@ -134,6 +137,69 @@ def committed_batches(s: Settings, n: int) -> Callable[[], bool]:
 def received(s: Settings, n: int) -> Callable[[], bool]:
     """A check that the committed batches have read at least `n` telemetry records."""
     return lambda: sum(int(m.get("received", 0)) + int(m.get("invalid", 0)) for m in markers(s)) >= n
+
+
+def spark_python_workers(root: int) -> list[int]:
+    """The pids of Spark's Python workers (`pyspark.daemon` and the workers it forks) among the
+    descendants of `root` (each runs in a session of its own, so not in the driver's group)."""
+    parent: dict[int, int] = {}
+    cmd: dict[int, bytes] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd[int(d.name)] = (d / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == root:
+                return True
+        return False
+
+    return [p for p, c in cmd.items() if b"pyspark.daemon" in c and descends(p)]
+
+
+@pytest.mark.slow
+def test_a_stuck_batch_stops_the_driver_with_an_error(settings: Settings, tmp_path: Path) -> None:
+    """A batch whose tasks never finish, made for real: the driver's Python workers frozen with
+    SIGSTOP, so the next batch's tasks wait on them as they would on executors a cluster never
+    gives back. Spark would wait forever; the driver must stop and exit with an error once a batch
+    has run longer than FLEETFENCE_PROCESSOR_STALL_TIMEOUT_S, for its supervisor to restart it."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    timeout_s = 15.0
+    ps = processor_settings(settings, tmp_path, processor_stall_timeout_s=timeout_s)
+    fixes = scenario()
+    half = len(fixes) // 2
+    produce_master(settings, master_events())
+    log = tmp_path / "processor.log"
+    proc = spawn_processor(ps, log)
+    frozen: list[int] = []
+    try:
+        produce_telemetry(settings, fixes[:half])
+        wait_for(committed_batches(settings, 1), 240, "a committed batch")
+        frozen = spark_python_workers(proc.pid)
+        assert frozen, "no Python worker of Spark's to freeze"
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        produce_telemetry(settings, fixes[half:])
+        rc = proc.wait(timeout_s + 150)
+        took_s = time.monotonic() - t0
+        text = log.read_text(errors="replace")
+        assert rc == EXIT_STALLED, text[-3000:]
+        assert "no micro-batch completed for" in text, text[-3000:]
+        assert took_s >= timeout_s, took_s
+        print(f"stuck batch: the driver exited {rc} after {took_s:.1f} s (timeout {timeout_s:g} s)")
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        stop_process_group(proc)
 
 
 @pytest.mark.slow
