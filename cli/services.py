@@ -175,7 +175,7 @@ def processor_cmd(
     ] = False,
 ) -> None:
     """Run the PySpark geofencing job (FLEETFENCE_PROCESSOR_* settings) until Ctrl-C/SIGTERM."""
-    from processor.ops.service import run_processor
+    from processor.ops.service import serve
     from processor.settings import ProcessorSettings
 
     s = ProcessorSettings()
@@ -187,7 +187,7 @@ def processor_cmd(
             }
         )
     configure_logging(s.log_level, s.log_json)
-    run_processor(s)
+    serve(s)
 
 
 @app.command("rebucket")

@@ -64,8 +64,9 @@ class ProcessorSettings(ProcessorRulesSettings):
         default=300.0,
         ge=0,
         description="A micro-batch still running after this long means the query is stuck (e.g. its "
-        "tasks wait for executors the cluster does not give back): the driver stops the query and "
-        "exits with an error, for its supervisor to start it again on the checkpoint; 0 = never.",
+        "tasks wait for executors the cluster does not give back): the driver exits (status 3) without "
+        "waiting for the query to stop, for its supervisor to start it again on the checkpoint; the "
+        "first batch of a run gets three times this; 0 = never.",
     )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
     processor_shuffle_partitions: int | None = Field(

@@ -67,6 +67,8 @@ case "$cmd" in
     command -v dockerd >/dev/null || need+=(docker.io)
     command -v docker-compose >/dev/null || need+=(docker-compose)
     command -v debootstrap >/dev/null || need+=(debootstrap)
+    # Go builds toxiproxy for the suite (tests_deploy/harness.py); the machine's own Go if it has one.
+    command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || need+=(golang-go)
     if [ ${#need[@]} -gt 0 ]; then
       as_root apt-get update -q
       as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"

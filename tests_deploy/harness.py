@@ -39,7 +39,6 @@ TOXIPROXY_PUBLIC_IMAGE = f"ghcr.io/shopify/toxiproxy:{TOXIPROXY_VERSION}"
 TOXIPROXY_API_PORT = 8474
 TOXIPROXY_PORT_BASE = 19090  # kafka-N through the proxy: toxiproxy:19090+N
 PROXIED_LISTENER_PORT = 9094
-SPARK_SERVICES = ("processor", "spark-worker")
 # Names the TLS certificate of the vehicles' listener carries: the driver reaches the published
 # port through the host as host.docker.internal; localhost for a client on the host.
 TLS_HOSTNAMES = "localhost,127.0.0.1,mosquitto,host.docker.internal"
@@ -185,7 +184,8 @@ def build_toxiproxy() -> str:
             "USER nobody\n"
             'ENTRYPOINT ["/usr/local/bin/toxiproxy-server"]\n'
         )
-        run(["docker", "build", "-q", "-t", tag, ctx], timeout_s=600)
+        base = os.environ.get("FLEETFENCE_BASE_IMAGE", "local/debian:bookworm")  # as build-local.sh
+        run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, ctx], timeout_s=600)
     return tag
 
 
@@ -224,7 +224,8 @@ class Deployment:
         compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
         all_services = list(compose["services"])
         # Grafana has no local stand-in (deploy/images/README.md): without its image, run without it.
-        self.without = [] if "FLEETFENCE_GRAFANA_IMAGE" in self.images or not self.images else ["grafana"]
+        public = os.environ.get("FLEETFENCE_DEPLOY_PUBLIC_IMAGES") == "1"
+        self.without = [] if public or "FLEETFENCE_GRAFANA_IMAGE" in self.images else ["grafana"]
         self.services = [s for s in all_services if s not in self.without] + [TOXIPROXY]
         self.gateways = [s for s in all_services if s.startswith("gateway-")]
         self.kafka_nodes = [s for s in all_services if s.startswith("kafka-")]
@@ -319,11 +320,11 @@ class Deployment:
         bootstrap = ",".join(
             f"{TOXIPROXY}:{TOXIPROXY_PORT_BASE + int(k.rsplit('-', 1)[1])}" for k in self.kafka_nodes
         )
-        for svc in SPARK_SERVICES:
-            out[svc] = {
-                "environment": {"FLEETFENCE_KAFKA_BOOTSTRAP": bootstrap},
-                "depends_on": {TOXIPROXY: {"condition": "service_started"}},
-            }
+        # The driver's bootstrap: its executors read Kafka with the options the driver gives them.
+        out["processor"] = {
+            "environment": {"FLEETFENCE_KAFKA_BOOTSTRAP": bootstrap},
+            "depends_on": {TOXIPROXY: {"condition": "service_started"}},
+        }
         return out
 
     def states(self) -> dict[str, dict[str, Any]]:

@@ -716,11 +716,11 @@ def test_latency_between_spark_and_kafka(deployment: Deployment, tmp_path: Path)
         restarts = dep.states()["processor"]["restarts"]
         n = batches(dep)
         t0 = time.monotonic()
-        proxy.add("latency", "latency", {"latency": 300, "jitter": 100})
         try:
+            proxy.add("latency", "latency", {"latency": 300, "jitter": 100})
             assert proxy.toxics() == 2 * len(dep.kafka_nodes)
             wait_for(
-                lambda: batches(dep) > n + 5,
+                lambda: batches(dep) >= n + 5,
                 600,
                 "five micro-batches completing with the latency",
                 interval_s=1.0,

@@ -115,32 +115,49 @@ def telemetry_events(progress: Any, telemetry_topic: str, first_start: dict[str,
     return total
 
 
+# The first batch of a run may restore state, start Python workers and read a backlog: it gets
+# this many stall timeouts before it counts as stuck.
+FIRST_BATCH_ALLOWANCE = 3
+
+
 class StallWatch:
-    """Tells a stuck query from a slow one: a micro-batch that is still running `timeout_s` after
-    the trigger fired (or after the batch before it completed) raises `StalledError`.
+    """Tells a stuck query from a slow one: a trigger that is still running `timeout_s` after the
+    last progress report (a completed batch, or Spark's periodic report of an idle query) raises
+    `StalledError`; the first batch of a run gets FIRST_BATCH_ALLOWANCE times that.
 
     Spark does not give up on a batch whose tasks wait for executors that never come (a cluster
     manager that lost track of the application) or for workers that never answer: the query stays
-    active, reads nothing, and the alerts stop with no error anywhere. Raising makes the driver stop
-    its query and exit with an error; its supervisor (a restart policy, systemd, a standby) starts a
-    driver on the checkpoint, which replans the batch: a delay, nothing lost or doubled."""
+    active, reads nothing, and the alerts stop with no error anywhere. Raising ends the driver
+    without waiting for its query to stop; its supervisor (a restart policy, systemd, a standby)
+    starts a driver on the checkpoint, which replans the batch: a delay, nothing lost or doubled.
+    The price: a batch that really needs longer than the timeout is cut and replanned the same way
+    on every restart, so the timeout must be well above the longest batch (they are bounded by
+    FLEETFENCE_PROCESSOR_MAX_EVENTS_PER_BATCH); and a Kafka outage longer than it restarts the
+    driver, which waits for Kafka again."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self._busy_since: float | None = None
-        self._batch = -1
+        self._busy_since_s: float | None = None
+        self._report: object = None
+        self._reports = 0
 
-    def check(self, trigger_active: bool, last_batch: int, now: float) -> None:
+    def check(self, trigger_active: bool, report: object, now_s: float) -> None:
+        """`report`: what identifies Spark's last progress report (its batch id and timestamp), or
+        None before the first one."""
         if self.timeout_s <= 0:
             return
-        if not trigger_active:
-            self._busy_since = None
-        elif self._busy_since is None or last_batch != self._batch:
-            self._busy_since = now  # a batch started, or the one before it just completed
-        self._batch = last_batch
-        if self._busy_since is not None and now - self._busy_since > self.timeout_s:
+        if report != self._report:
+            self._reports += report is not None
+            self._report = report
+            self._busy_since_s = now_s if trigger_active else None
+        elif not trigger_active:
+            self._busy_since_s = None
+        elif self._busy_since_s is None:
+            self._busy_since_s = now_s  # a trigger started
+        limit_s = self.timeout_s * (FIRST_BATCH_ALLOWANCE if self._reports == 0 else 1)
+        if self._busy_since_s is not None and now_s - self._busy_since_s > limit_s:
             raise StalledError(
-                f"no micro-batch completed for {now - self._busy_since:.0f} s while one was running "
-                f"(last completed: {last_batch}; FLEETFENCE_PROCESSOR_STALL_TIMEOUT_S={self.timeout_s:g}): "
-                "stopping, for a restart on the checkpoint"
+                f"no micro-batch completed for {now_s - self._busy_since_s:.0f} s while one was running "
+                f"(FLEETFENCE_PROCESSOR_STALL_TIMEOUT_S={self.timeout_s:g}): ending this driver, for a "
+                "restart on the checkpoint"
             )

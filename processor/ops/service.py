@@ -53,13 +53,20 @@ EXIT_STALLED = 3
 
 def run_processor(s: ProcessorSettings, stop: threading.Event | None = None) -> None:
     """Start Spark and the query; block until `stop` is set, a signal arrives, or the query fails.
+    A stalled query raises `StalledError` without stopping the query or Spark (either can hang
+    with hung tasks); `serve` ends the process then."""
+    with stop_on_signals(stop) as event:
+        _run(s, event)
 
-    A stalled query ends the process at once with EXIT_STALLED: stopping a query, or Spark, whose
-    tasks hang can hang too, and a driver that never exits is never restarted. The lease is
-    released first; the JVM ends with this process (its gateway reads our end of a pipe)."""
+
+def serve(s: ProcessorSettings) -> None:
+    """The processor as a process (`python -m processor`, `fleetfence processor`): `run_processor`,
+    and a stalled query ends the process at once with EXIT_STALLED, since a driver that never exits
+    is never restarted. The lease is released and the metrics endpoint closed by then. Spark's JVM
+    ends with this process: its gateway exits when our end of its pipe closes (its shutdown hooks
+    run first; under compose's `init` the container's end stops them too)."""
     try:
-        with stop_on_signals(stop) as event:
-            _run(s, event)
+        run_processor(s)
     except StalledError as exc:
         logger.error("processor stalled, exiting for a restart: %s", exc)
         logging.shutdown()
@@ -185,7 +192,9 @@ def _query_loop(
             raise LeaseLostError(f"the checkpoint's lease {lease.key} is no longer this driver's: stopping")
         done = bool(q.awaitTermination(0.5))
         latest = q.lastProgress
-        stall.check(bool(q.status["isTriggerActive"]), latest["batchId"] if latest else -1, time.monotonic())
+        report = (latest["batchId"], latest["timestamp"]) if latest else None
+        if not done:
+            stall.check(bool(q.status["isTriggerActive"]), report, time.monotonic())
         if latest and latest["batchId"] > last_batch:
             # Usually one new batch; the whole recent list (up to 100 reports) only when more
             # than one completed since the last look, or after a restart.

@@ -141,7 +141,7 @@ def received(s: Settings, n: int) -> Callable[[], bool]:
 
 def spark_python_workers(root: int) -> list[int]:
     """The pids of Spark's Python workers (`pyspark.daemon` and the workers it forks) among the
-    descendants of `root` (each runs in a session of its own, so not in the driver's group)."""
+    descendants of `root` (each in a process group of its own, so not in the driver's)."""
     parent: dict[int, int] = {}
     cmd: dict[int, bytes] = {}
     for d in Path("/proc").iterdir():
@@ -168,8 +168,8 @@ def spark_python_workers(root: int) -> list[int]:
 def test_a_stuck_batch_stops_the_driver_with_an_error(settings: Settings, tmp_path: Path) -> None:
     """A batch whose tasks never finish, made for real: the driver's Python workers frozen with
     SIGSTOP, so the next batch's tasks wait on them as they would on executors a cluster never
-    gives back. Spark would wait forever; the driver must stop and exit with an error once a batch
-    has run longer than FLEETFENCE_PROCESSOR_STALL_TIMEOUT_S, for its supervisor to restart it."""
+    gives back. Spark would wait forever; the driver must exit with EXIT_STALLED once a batch has
+    run longer than FLEETFENCE_PROCESSOR_STALL_TIMEOUT_S, for its supervisor to restart it."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     timeout_s = 15.0
     ps = processor_settings(settings, tmp_path, processor_stall_timeout_s=timeout_s)
@@ -200,6 +200,9 @@ def test_a_stuck_batch_stops_the_driver_with_an_error(settings: Settings, tmp_pa
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         stop_process_group(proc)
+        # The driver's JVM, in its group, may still run its shutdown hooks after the driver's exit.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
