@@ -68,6 +68,19 @@ class PacedPublisher(threading.Thread):
                 time.sleep(ahead_s)  # pacing the load generator, not synchronising the test
 
 
+def all_in_kafka(reader: TopicReader, want: set[tuple[str, int]], prefix: str, context: str) -> None:
+    """Wait until every (vehicle, seq) of `want` is on the telemetry topic; else fail naming what
+    is missing."""
+    try:
+        reader.read_until(lambda rs: want <= set(telemetry_seqs(rs, prefix)), 60, "every fix in Kafka")
+    except WaitTimeoutError:
+        missing = sorted(want - set(telemetry_seqs(reader.records, prefix)), key=lambda k: k[1])
+        pytest.fail(
+            f"{len(missing)} of {len(want)} fixes never reached Kafka "
+            f"(seq {missing[0][1]}..{missing[-1][1]}); {context}"
+        )
+
+
 class GatewayProcess:
     """`python -m gateway` with its /metrics port, stderr kept for the failure message."""
 
@@ -324,16 +337,7 @@ def test_sigkill_mosquitto_loses_no_acknowledged_fix(settings: Settings, tmp_pat
         pub.wait_all(60)  # the publisher reconnected and re-sent what was not acknowledged
         acked = set(pub.acknowledged_keys(load.keys))
         assert acked == {(v, s) for v in vehicles for s in range(600)}
-        try:
-            reader.read_until(
-                lambda rs: acked <= set(telemetry_seqs(rs, prefix)), 60, "every acknowledged fix in Kafka"
-            )
-        except WaitTimeoutError:
-            missing = sorted(acked - set(telemetry_seqs(reader.records, prefix)), key=lambda k: k[1])
-            pytest.fail(
-                f"{len(missing)} of {len(acked)} acknowledged fixes never reached Kafka "
-                f"(seq {missing[0][1]}..{missing[-1][1]}); {sent_at_kill} published at the kill"
-            )
+        all_in_kafka(reader, acked, prefix, f"{sent_at_kill} published at the kill")
         for gw in gws:
             log = gw.log.read_text()
             # Back on the session the snapshot kept (not a fresh one), hence on its subscription.
@@ -428,17 +432,13 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         # them, and a stopped broker keeps what it acknowledged), those it held during it, and
         # those Mosquitto queued for it meanwhile.
         everything = {(v, s) for v in vehicles for s in range(400)}
-        try:
-            reader.read_until(
-                lambda rs: everything <= set(telemetry_seqs(rs, prefix)), 60, "every fix after the outage"
-            )
-        except WaitTimeoutError:
-            missing = sorted(everything - set(telemetry_seqs(reader.records, prefix)), key=lambda k: k[1])
-            pytest.fail(
-                f"{len(missing)} of {len(everything)} fixes missing (seq {missing[0][1]}..{missing[-1][1]}); "
-                f"gateway stats {gw.stats}; forwarded before the outage {forwarded_at_outage}, when "
-                f"stalled {forwarded_during}; held at the stall {len(held)}"
-            )
+        all_in_kafka(
+            reader,
+            everything,
+            prefix,
+            f"gateway stats {gw.stats}; forwarded before the outage {forwarded_at_outage}, when "
+            f"stalled {forwarded_during}; held at the stall {len(held)}",
+        )
         wait_for(lambda: gw is not None and gw.in_flight == 0, 30, "in-flight to drain")
         s = gw.stats
         print(
