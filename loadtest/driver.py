@@ -315,6 +315,7 @@ class LoadTest:
         deadline = time.monotonic() + self.opts.settle_s
         quiet_since = time.monotonic()
         n = len(self.alerts)
+        smp = None
         while time.monotonic() < deadline:
             smp = self.sample(len(self.steps_done) - 1, 0.0)
             live.update(self._view(smp, smp.step))
@@ -324,7 +325,13 @@ class LoadTest:
             if drained and time.monotonic() - quiet_since > 10:
                 return
             time.sleep(1.0)
-        logger.warning("loadtest settle timed out settle_s=%s", self.opts.settle_s)
+        logger.warning(
+            "loadtest settle timed out settle_s=%s processor_lag=%s receivers_lag=%s quiet_s=%.0f",
+            self.opts.settle_s,
+            smp.processor_lag if smp else None,
+            smp.receivers_lag if smp else None,
+            time.monotonic() - quiet_since,
+        )
 
     # ------------------------------------------------------------------ judging
 

@@ -43,6 +43,21 @@ def stall_s(samples: list[dict[str, Any]], rate: str) -> float:
     return worst
 
 
+def settle(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """After the fleet's last fix: how long the load test waited for the stages to drain, and what
+    was still pending at its end (the settle runs out at `--settle-s` when something never drains:
+    a suite that takes twice its usual time shows it here first)."""
+    publishing = [s["t_s"] for s in samples if s["target_rate"] > 0]
+    last = samples[-1]
+    alerts_at_end = last["alerts"]
+    quiet_from = next((s["t_s"] for s in samples if s["alerts"] == alerts_at_end), last["t_s"])
+    return {
+        "settle_s": round(last["t_s"] - (publishing[-1] if publishing else samples[0]["t_s"]), 1),
+        "settle_end": f"processor lag {last['processor_lag']}, receivers lag {last['receivers_lag']}, "
+        f"last alert {last['t_s'] - quiet_from:.0f} s before the end",
+    }
+
+
 def record(name: str, report: dict[str, Any]) -> dict[str, Any]:
     """Check the run exact and add its row (with what MEASURED holds) to the table."""
     step = assert_exact(report)
@@ -60,6 +75,7 @@ def record(name: str, report: dict[str, Any]) -> dict[str, Any]:
         "fixes": step["reconciliation"]["acked"],
         "alerts": step["accuracy"]["expected"],
         "lost": "nothing",
+        **settle(samples),
     }
     row.update({k: round(v, 1) for k, v in MEASURED.items()})
     MEASURED.clear()
@@ -86,9 +102,11 @@ def table() -> str:
         "fixes",
         "alerts",
         "lost",
+        "settle_end",
     }
     for f in ROWS:
         extra = "; ".join(f"{k} {v} s" for k, v in f.items() if k not in fixed)
+        extra += f" ({f['settle_end']})"
         lines.append(
             f"| {f['fault']} | {f['stall_s']:.0f} s | {f['puback_p99_max_ms']:,.0f} ms | "
             f"{f['forward_stall_s']:.0f} s | {f['max_processor_lag']:,} | "
