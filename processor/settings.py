@@ -69,6 +69,13 @@ class ProcessorSettings(ProcessorRulesSettings):
         "first batch of a run gets three times this; 0 = never.",
     )
     processor_spark_master: str | None = Field(default=None, description="e.g. local[2] or spark://host:7077")
+    processor_cores_max: int | None = Field(
+        default=None,
+        ge=1,
+        description="spark.cores.max: the most cores this driver's application takes from a standalone "
+        "cluster. Unset, an application takes every free core, so a standby started beside it gets none "
+        "and cannot run when it takes over (docs/deploy.md, A warm standby).",
+    )
     processor_shuffle_partitions: int | None = Field(
         default=None,
         ge=1,

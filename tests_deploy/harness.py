@@ -229,6 +229,8 @@ class Deployment:
         self.services = [s for s in all_services if s not in self.without] + [TOXIPROXY]
         self.gateways = [s for s in all_services if s.startswith("gateway-")]
         self.kafka_nodes = [s for s in all_services if s.startswith("kafka-")]
+        # The processor and its standby: every driver of the job.
+        self.processors = [s for s in all_services if s == "processor" or s.startswith("processor-")]
 
     # ------------------------------------------------------------------ compose
 
@@ -320,11 +322,12 @@ class Deployment:
         bootstrap = ",".join(
             f"{TOXIPROXY}:{TOXIPROXY_PORT_BASE + int(k.rsplit('-', 1)[1])}" for k in self.kafka_nodes
         )
-        # The driver's bootstrap: its executors read Kafka with the options the driver gives them.
-        out["processor"] = {
-            "environment": {"FLEETFENCE_KAFKA_BOOTSTRAP": bootstrap},
-            "depends_on": {TOXIPROXY: {"condition": "service_started"}},
-        }
+        # Each driver's bootstrap: its executors read Kafka with the options the driver gives them.
+        for svc in self.processors:
+            out[svc] = {
+                "environment": {"FLEETFENCE_KAFKA_BOOTSTRAP": bootstrap},
+                "depends_on": {TOXIPROXY: {"condition": "service_started"}},
+            }
         return out
 
     def states(self) -> dict[str, dict[str, Any]]:

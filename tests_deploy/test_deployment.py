@@ -62,3 +62,5 @@ def test_fleetfence_status_sees_every_service(deployment: Deployment) -> None:
     kinds = sorted(s["kind"] for s in status["services"])
     assert kinds.count("gateway") == len(deployment.gateways), kinds
     assert {"api", "processor", "alerts"} <= set(kinds), kinds
+    # The active driver and the warm standby, each announced under its host name.
+    assert kinds.count("processor") == len(deployment.processors) == 2, kinds

@@ -319,40 +319,82 @@ def pause(cid: str, attempts: int = 5) -> None:
             raise DeployError(f"docker pause failed: {out.stderr.strip()}")
 
 
+# Python in the api container: the owners of the processor's checkpoint leases in Redis
+# (processor.ops.lease: "<host>:<pid>:<token>"; a driver's host name is its service's).
+LEASE_PROBE = """
+import json, os, redis
+r = redis.Redis.from_url(os.environ["FLEETFENCE_REDIS_URL"], socket_timeout=5)
+keys = list(r.scan_iter(match="*processor:lease:*"))
+print(json.dumps([v.decode() for v in (r.get(k) for k in keys) if v]))
+"""
+
+
 def lease_holders(dep: Deployment) -> list[str]:
-    """The processor's checkpoint lease keys present in Redis (processor.ops.lease)."""
-    out = dep.compose(
-        "exec", "-T", "redis", "redis-cli", "--scan", "--pattern", "*processor:lease:*", timeout_s=60
-    ).stdout
-    return out.split()
+    """The owners of the processor's checkpoint leases present in Redis."""
+    data = dep.py(LEASE_PROBE, timeout_s=60)
+    assert isinstance(data, list)
+    return [str(v) for v in data]
+
+
+def active_processor(dep: Deployment) -> str | None:
+    """The processor service whose driver holds the checkpoint's lease (runs the query), or None."""
+    holders = lease_holders(dep)
+    assert len(holders) <= 1, f"more than one lease: {holders}"
+    return holders[0].split(":", 1)[0] if holders else None
+
+
+def the_active_processor(dep: Deployment) -> tuple[str, str]:
+    """(the active processor, the standby): each a service of the compose file."""
+    active = wait_for(lambda: active_processor(dep), 120, "a processor holding the lease", interval_s=1.0)
+    assert active in dep.processors, (active, dep.processors)
+    others = [p for p in dep.processors if p != active]
+    assert len(others) == 1, f"no standby beside {active}: {dep.processors}"
+    return active, others[0]
 
 
 def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: Path) -> None:
-    """A driver frozen (not dead: a GC pause, a stalled VM) longer than its checkpoint lease: when
-    it runs again, its lease is gone, so it stops its query and exits; its restart policy starts it
-    again on the checkpoint. Nothing is lost or emitted twice (docs/exactly-once.md). The compose
-    file runs no standby, so nobody takes over meanwhile: the alerts wait for the restart."""
+    """The active driver frozen (not dead: a GC pause, a stalled VM) longer than its checkpoint
+    lease: the warm standby takes the lease and runs the query from the checkpoint while the
+    frozen one is still frozen. Woken, the old driver finds its lease gone, stops its query and
+    exits (fenced: it commits nothing more, and the sink's shared transactional id would abort its
+    open transaction anyway); its restart policy starts it again as the next standby. Nothing is
+    lost or emitted twice (docs/exactly-once.md)."""
     dep = deployment
 
     def fault() -> None:
-        restarts = dep.states()["processor"]["restarts"]
-        cid = dep.container("processor")
-        assert lease_holders(dep), "the active processor holds no lease"
+        active, standby = the_active_processor(dep)
+        restarts = dep.states()[active]["restarts"]
+        cid = dep.container(active)
+        n = batches_of(dep, standby)
         t0 = time.monotonic()
         pause(cid)
         try:
-            wait_for(lambda: not lease_holders(dep), 60, "the frozen driver's lease expired", interval_s=0.5)
-            MEASURED["lease expired after"] = time.monotonic() - t0
+            wait_for(
+                lambda: active_processor(dep) == standby,
+                120,
+                f"{standby} took the lease from the frozen {active}",
+                interval_s=0.5,
+            )
+            MEASURED["the standby took the lease after"] = time.monotonic() - t0
+            wait_for(
+                lambda: batches_of(dep, standby) > n,
+                300,
+                f"{standby} committing batches while {active} is frozen",
+                interval_s=1.0,
+                ignore=(DeployError,),
+            )
+            MEASURED["the standby's first batch after"] = time.monotonic() - t0
         finally:
             docker("unpause", cid)
         MEASURED["frozen for"] = time.monotonic() - t0
-        back_healthy(dep, "processor", restarts, "processor healthy again after", t0)
-        # Woken, its lease thread finds the key gone ("lease lost") or, on a loaded machine, its
-        # first renewal times out after the margin had passed ("lease not renewed"): fenced either way.
-        logs = dep.logs("processor", tail=800)
+        back_healthy(dep, active, restarts, f"{active} fenced, restarted and healthy again after", t0)
+        # Woken, its lease thread finds the lease another's ("lease lost") or, on a loaded machine,
+        # its first renewal times out after the margin had passed ("lease not renewed"): fenced.
+        logs = dep.logs(active, tail=800)
         assert "lease lost" in logs or "lease not renewed" in logs, (
             f"the woken driver did not report its lost lease:\n{logs[-3000:]}"
         )
+        assert active_processor(dep) == standby, "the woken driver took the lease back"
 
     under_load(dep, "processor frozen past its lease (docker pause), then woken", fault, tmp_path)
 
@@ -484,16 +526,25 @@ METRIC_PROBE = """
 import json, re, urllib.request
 out = {{}}
 for host, port, name in {targets!r}:
-    text = urllib.request.urlopen(f"http://{{host}}:{{port}}/metrics", timeout=5).read().decode()
+    try:
+        text = urllib.request.urlopen(f"http://{{host}}:{{port}}/metrics", timeout=5).read().decode()
+    except OSError:
+        if not {unreachable_ok!r}:
+            raise
+        out[host] = None
+        continue
     m = re.search(r"^" + name + r" (\\S+)$", text, re.M)
     out[host] = None if m is None else float(m.group(1))
 print(json.dumps(out))
 """
 
 
-def metric(dep: Deployment, targets: list[tuple[str, int, str]]) -> dict[str, float | None]:
-    """One Prometheus sample per (service, metrics port, metric name), read inside the network."""
-    data = dep.py(METRIC_PROBE.format(targets=targets))
+def metric(
+    dep: Deployment, targets: list[tuple[str, int, str]], *, unreachable_ok: bool = False
+) -> dict[str, float | None]:
+    """One Prometheus sample per (service, metrics port, metric name), read inside the network;
+    `unreachable_ok`: None for a target that does not answer (a frozen or restarting driver)."""
+    data = dep.py(METRIC_PROBE.format(targets=targets, unreachable_ok=unreachable_ok))
     assert isinstance(data, dict)
     return data
 
@@ -545,35 +596,43 @@ def test_partition_one_gateway_from_kafka(deployment: Deployment, tmp_path: Path
 
 
 def test_partition_the_processor_from_redis(deployment: Deployment, tmp_path: Path) -> None:
-    """The processor cut off from Redis, which holds its checkpoint lease (and its live view). It
-    cannot renew the lease, so within half the lease's time it fences itself: stops its query and
-    exits before another driver could take the lease; its restart policy starts it in a new network
-    namespace (the partition gone, as on a replaced host), it takes the lease once the old one
-    expired and resumes from the checkpoint. The alerts wait; none is lost or emitted twice."""
+    """The active driver cut off from Redis, which holds its checkpoint lease (and its live view).
+    It cannot renew the lease, so within half the lease's time it fences itself: stops its query
+    and exits before another driver could take the lease. The standby, which reaches Redis, takes
+    the lease once it expired and runs the query from the checkpoint; the fenced driver's restart
+    policy starts it in a new network namespace (the partition gone, as on a replaced host) as the
+    next standby. None of the alerts is lost or emitted twice."""
     dep = deployment
 
     def fault() -> None:
-        restarts = dep.states()["processor"]["restarts"]
-        assert lease_holders(dep), "the active processor holds no lease"
-        cut = Partition(container_pid(dep, "processor"), compose_ips(dep, "redis"))
+        active, standby = the_active_processor(dep)
+        restarts = dep.states()[active]["restarts"]
+        cut = Partition(container_pid(dep, active), compose_ips(dep, "redis"))
         t0 = time.monotonic()
         cut.cut()
         try:
             wait_for(
-                lambda: dep.states()["processor"]["restarts"] > restarts,
+                lambda: dep.states()[active]["restarts"] > restarts,
                 120,
-                "the processor fenced itself (exited) without its lease",
+                f"{active} fenced itself (exited) without its lease",
                 interval_s=1.0,
                 ignore=(DeployError,),
             )
-            MEASURED["processor fenced itself, exited and restarted after"] = time.monotonic() - t0
+            MEASURED[f"{active} fenced itself, exited and restarted after"] = time.monotonic() - t0
         finally:
             cut.heal()
-        back_healthy(dep, "processor", restarts, "processor healthy again after", t0)
-        logs = dep.logs("processor", tail=800)
-        assert "lease not renewed" in logs, f"the processor did not say why it stopped:\n{logs[-3000:]}"
+        wait_for(
+            lambda: active_processor(dep) == standby,
+            120,
+            f"{standby} took the lease",
+            interval_s=1.0,
+        )
+        MEASURED["the standby took the lease after"] = time.monotonic() - t0
+        back_healthy(dep, active, restarts, f"{active} healthy again (the standby) after", t0)
+        logs = dep.logs(active, tail=800)
+        assert "lease not renewed" in logs, f"{active} did not say why it stopped:\n{logs[-3000:]}"
 
-    under_load(dep, "processor partitioned from Redis (its lease), restarted by its policy", fault, tmp_path)
+    under_load(dep, "processor partitioned from Redis (its lease), the standby takes over", fault, tmp_path)
 
 
 # --------------------------------------------------------------------------- Spark
@@ -593,11 +652,30 @@ def spark_master(dep: Deployment) -> dict[str, Any]:
     return data
 
 
-def batches(dep: Deployment) -> float:
-    n = metric(dep, [("processor", 9465, "fleetfence_processor_batches_total")])["processor"]
+def batches_of(dep: Deployment, service: str) -> float:
+    """The micro-batches one processor's driver has completed since it started."""
+    n = metric(dep, [(service, 9465, "fleetfence_processor_batches_total")])[service]
     if n is None:
-        raise DeployError("the processor's metrics have no batch count yet")
+        raise DeployError(f"{service}'s metrics have no batch count yet")
     return n
+
+
+def batches(dep: Deployment) -> float:
+    """The micro-batches the processors' drivers have completed, together: it grows while either
+    runs the query (a driver that restarts counts again from zero)."""
+    ns = metric(
+        dep, [(p, 9465, "fleetfence_processor_batches_total") for p in dep.processors], unreachable_ok=True
+    )
+    seen = [n for n in ns.values() if n is not None]
+    if not seen:
+        raise DeployError("no processor's metrics answer with a batch count")
+    return sum(seen)
+
+
+def driver_restarts(dep: Deployment) -> int:
+    """Restarts of the processors' containers, together."""
+    states = dep.states()
+    return sum(int(states[p]["restarts"]) for p in dep.processors)
 
 
 def test_sigkill_the_spark_worker(deployment: Deployment, tmp_path: Path) -> None:
@@ -627,17 +705,16 @@ def test_restart_the_spark_master(deployment: Deployment, tmp_path: Path) -> Non
     def fault() -> None:
         before = spark_master(dep)
         assert before["status"] == "ALIVE", before
-        assert len(before["apps"]) == 1, before
-        app = before["apps"][0][0]
-        driver_restarts = dep.states()["processor"]["restarts"]
+        # One application per driver: the active processor's and the standby's.
+        assert len(before["apps"]) == len(dep.processors), before
+        apps = sorted([a[0], "RUNNING"] for a in before["apps"])
+        restarts = driver_restarts(dep)
         t0 = crash(dep, "spark-master", "master healthy again after")
 
         def recovered() -> bool:
             m = spark_master(dep)
             return bool(
-                m["status"] == "ALIVE"
-                and m["workers"].count("ALIVE") == 1
-                and m["apps"] == [[app, "RUNNING"]]
+                m["status"] == "ALIVE" and m["workers"].count("ALIVE") == 1 and sorted(m["apps"]) == apps
             )
 
         wait_for(
@@ -650,7 +727,7 @@ def test_restart_the_spark_master(deployment: Deployment, tmp_path: Path) -> Non
         MEASURED["master recovered the application after"] = time.monotonic() - t0
         n = batches(dep)
         wait_for(lambda: batches(dep) > n + 1, 300, "micro-batches completing", interval_s=1.0)
-        assert dep.states()["processor"]["restarts"] == driver_restarts, "the driver did not survive"
+        assert driver_restarts(dep) == restarts, "a driver did not survive"
 
     under_load(dep, "SIGKILL the Spark master, restarted by its policy", fault, tmp_path)
 
@@ -713,7 +790,7 @@ def test_latency_between_spark_and_kafka(deployment: Deployment, tmp_path: Path)
 
     def fault() -> None:
         proxy = Toxiproxy(dep)
-        restarts = dep.states()["processor"]["restarts"]
+        restarts = driver_restarts(dep)
         n = batches(dep)
         t0 = time.monotonic()
         try:
@@ -730,7 +807,7 @@ def test_latency_between_spark_and_kafka(deployment: Deployment, tmp_path: Path)
         finally:
             proxy.clear()
         assert proxy.toxics() == 0
-        assert dep.states()["processor"]["restarts"] == restarts, "the driver failed under latency"
+        assert driver_restarts(dep) == restarts, "a driver failed under latency"
 
     under_load(dep, "300 ms latency each way between Spark and Kafka (toxiproxy)", fault, tmp_path)
 
@@ -746,15 +823,16 @@ def test_cut_the_connections_between_spark_and_kafka(deployment: Deployment, tmp
     def fault() -> None:
         # The brokers, and the proxy the application reaches them through in the suite.
         kafka_ips = [ip for k in [*dep.kafka_nodes, TOXIPROXY] for ip in compose_ips(dep, k)]
-        restarts = dep.states()["processor"]["restarts"]
-        cuts = [Reset(container_pid(dep, svc), kafka_ips) for svc in ("processor", "spark-worker")]
+        active, _standby = the_active_processor(dep)
+        restarts = driver_restarts(dep)
+        cuts = [Reset(container_pid(dep, svc), kafka_ips) for svc in (active, "spark-worker")]
         t0 = time.monotonic()
         for c in cuts:
             c.cut()
         try:
             still = standing_still(lambda: batches(dep), 5)
             wait_for(
-                lambda: dep.states()["processor"]["restarts"] > restarts or still(),
+                lambda: driver_restarts(dep) > restarts or still(),
                 180,
                 "no batch completing while cut (or the driver failed)",
                 interval_s=2.0,
@@ -766,9 +844,9 @@ def test_cut_the_connections_between_spark_and_kafka(deployment: Deployment, tmp
                 c.heal()
         t1 = time.monotonic()
         wait_for(
-            lambda: dep.states()["processor"]["health"] == "healthy",
+            lambda: all(dep.states()[p]["health"] == "healthy" for p in dep.processors),
             600,
-            "the processor healthy",
+            "the processors healthy",
             interval_s=2.0,
             ignore=(DeployError,),
         )
@@ -781,6 +859,6 @@ def test_cut_the_connections_between_spark_and_kafka(deployment: Deployment, tmp
             ignore=(DeployError,),
         )
         MEASURED["batches completing again after the link was back"] = time.monotonic() - t1
-        print(f"\nprocessor restarts during the fault: {dep.states()['processor']['restarts'] - restarts}")
+        print(f"\nprocessor restarts during the fault: {driver_restarts(dep) - restarts}")
 
     under_load(dep, "Spark's connections to Kafka reset (driver and executor), then back", fault, tmp_path)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -95,6 +96,7 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
         app_name="fleetfence-processor",
         spark_master=spark_master_url(s.processor_spark_master),
         shuffle_partitions=processor_partitions(s.processor_shuffle_partitions),
+        extra_conf={"spark.cores.max": str(s.processor_cores_max)} if s.processor_cores_max else None,
     )
     if not row_tracking(spark):
         untrack_state_rows()
@@ -108,7 +110,8 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
             return
         if s.processor_standby:
             warm_python_workers(spark)
-            with tempfile.TemporaryDirectory(prefix="fleetfence-warm-up-") as scratch:
+            parent = scratch_parent(s.checkpoint)
+            with tempfile.TemporaryDirectory(prefix="fleetfence-warm-up-", dir=parent) as scratch:
                 warm_up_query(spark, s, scratch)
             logger.info(
                 "standby ready: Spark, the job and its Python workers are up checkpoint=%s", s.checkpoint
@@ -129,6 +132,18 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
             lease.release()
         if not stalled:  # stopping Spark with hung tasks may never return (run_processor)
             spark.stop()
+
+
+def scratch_parent(checkpoint: str) -> str | None:
+    """Where a standby's warm-up puts its scratch checkpoint: beside the real one when that is a
+    local path, since on a cluster the executors write the scratch query's state there too and
+    see the checkpoint's volume where the driver does, not the driver's /tmp; the system's temp
+    directory for a checkpoint elsewhere (a URI)."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return None
+    parent = Path(checkpoint.removeprefix("file://").removeprefix("file:")).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return str(parent)
 
 
 def _hot_loop(spark: Any, s: ProcessorSettings, stop: threading.Event, lease: CheckpointLease) -> None:

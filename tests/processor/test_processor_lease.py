@@ -7,11 +7,13 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import redis
 
 from fleetfence.settings import Settings
 from processor.ops.lease import CheckpointLease, lease_key
+from processor.ops.service import scratch_parent
 from tests.processor.helpers import wait_for
 
 
@@ -89,3 +91,13 @@ def test_a_standby_asked_to_stop_while_waiting_returns_without_the_lease(setting
     stop.set()
     assert standby.wait_acquire(stop) is False
     assert active.holder() == active.owner
+
+
+def test_a_standbys_warm_up_checkpoint_sits_beside_the_real_one(tmp_path: Path) -> None:
+    """On a cluster the executors write the warm-up query's state where the driver planned it: a
+    local checkpoint's volume is shared with them, the driver's /tmp is not."""
+    checkpoint = tmp_path / "volume" / "processor"
+    assert scratch_parent(str(checkpoint)) == str(checkpoint.parent)
+    assert checkpoint.parent.is_dir()  # made when missing, as Spark would make the checkpoint
+    assert scratch_parent(f"file://{checkpoint}") == str(checkpoint.parent)
+    assert scratch_parent("hdfs://namenode/fleetfence/checkpoints/processor") is None
