@@ -326,7 +326,8 @@ class LoadTest:
                 return
             time.sleep(1.0)
         logger.warning(
-            "loadtest settle timed out settle_s=%s processor_lag=%s receivers_lag=%s quiet_s=%.0f",
+            "loadtest settle timed out settle_s=%s processor_lag=%s receivers_lag=%s "
+            "quiet_s=%.0f (since the last alert, or the settle's start)",
             self.opts.settle_s,
             smp.processor_lag if smp else None,
             smp.receivers_lag if smp else None,

@@ -346,8 +346,17 @@ class Deployment:
                 "health": (st.get("Health") or {}).get("Status"),
                 "restarts": c.get("RestartCount", 0),
                 "id": c["Id"],
+                "started_at": st.get("StartedAt"),
             }
         return out
+
+    def logs_since_start(self, service: str) -> str:
+        """What the service's container has logged since it last started (a restarted container's
+        `logs` has its earlier lives too)."""
+        st = self.states()[service]
+        argv = ["docker", "logs", "--since", str(st["started_at"]), str(st["id"])]
+        out = run(argv, timeout_s=120, check=False)
+        return out.stdout + out.stderr
 
     def logs(self, *services: str, tail: int = 60) -> str:
         return self.compose(

@@ -343,12 +343,33 @@ def active_processor(dep: Deployment) -> str | None:
     return holders[0].split(":", 1)[0] if holders else None
 
 
+def standby_waiting(dep: Deployment, service: str) -> bool:
+    """The driver has Spark up and warmed and polls the lease (processor.ops.lease's log line),
+    since its container last started: a fault on the active one now has somebody to take over.
+    Its healthcheck passes earlier, as soon as its metrics endpoint answers."""
+    return "waiting to take over" in dep.logs_since_start(service)
+
+
 def the_active_processor(dep: Deployment) -> tuple[str, str]:
-    """(the active processor, the standby): each a service of the compose file."""
-    active = wait_for(lambda: active_processor(dep), 120, "a processor holding the lease", interval_s=1.0)
+    """(the driver running the query, the standby ready to take over): services of the compose
+    file. Waits for both, so that a fault starts from a deployment that can fail over."""
+    active = wait_for(
+        lambda: active_processor(dep),
+        120,
+        "a processor holding the lease",
+        interval_s=1.0,
+        ignore=(DeployError,),
+    )
     assert active in dep.processors, (active, dep.processors)
     others = [p for p in dep.processors if p != active]
     assert len(others) == 1, f"no standby beside {active}: {dep.processors}"
+    wait_for(
+        lambda: standby_waiting(dep, others[0]),
+        600,
+        f"{others[0]} warmed up and waiting for the lease",
+        interval_s=2.0,
+        ignore=(DeployError,),
+    )
     return active, others[0]
 
 
@@ -374,6 +395,7 @@ def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: P
                 120,
                 f"{standby} took the lease from the frozen {active}",
                 interval_s=0.5,
+                ignore=(DeployError,),
             )
             MEASURED["the standby took the lease after"] = time.monotonic() - t0
             wait_for(
@@ -387,14 +409,16 @@ def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: P
         finally:
             docker("unpause", cid)
         MEASURED["frozen for"] = time.monotonic() - t0
-        back_healthy(dep, active, restarts, f"{active} fenced, restarted and healthy again after", t0)
+        back_healthy(dep, active, restarts, "the frozen driver fenced, restarted and healthy again after", t0)
         # Woken, its lease thread finds the lease another's ("lease lost") or, on a loaded machine,
         # its first renewal times out after the margin had passed ("lease not renewed"): fenced.
         logs = dep.logs(active, tail=800)
         assert "lease lost" in logs or "lease not renewed" in logs, (
             f"the woken driver did not report its lost lease:\n{logs[-3000:]}"
         )
-        assert active_processor(dep) == standby, "the woken driver took the lease back"
+        # (On a machine so loaded that the new holder missed its own renewals, it would have fenced
+        # itself too, and this would say so.)
+        assert active_processor(dep) == standby, "the lease changed hands again after the takeover"
 
     under_load(dep, "processor frozen past its lease (docker pause), then woken", fault, tmp_path)
 
@@ -618,7 +642,7 @@ def test_partition_the_processor_from_redis(deployment: Deployment, tmp_path: Pa
                 interval_s=1.0,
                 ignore=(DeployError,),
             )
-            MEASURED[f"{active} fenced itself, exited and restarted after"] = time.monotonic() - t0
+            MEASURED["the cut driver fenced itself, exited and restarted after"] = time.monotonic() - t0
         finally:
             cut.heal()
         wait_for(
@@ -626,9 +650,10 @@ def test_partition_the_processor_from_redis(deployment: Deployment, tmp_path: Pa
             120,
             f"{standby} took the lease",
             interval_s=1.0,
+            ignore=(DeployError,),
         )
         MEASURED["the standby took the lease after"] = time.monotonic() - t0
-        back_healthy(dep, active, restarts, f"{active} healthy again (the standby) after", t0)
+        back_healthy(dep, active, restarts, "the cut driver healthy again (the next standby) after", t0)
         logs = dep.logs(active, tail=800)
         assert "lease not renewed" in logs, f"{active} did not say why it stopped:\n{logs[-3000:]}"
 
@@ -662,7 +687,8 @@ def batches_of(dep: Deployment, service: str) -> float:
 
 def batches(dep: Deployment) -> float:
     """The micro-batches the processors' drivers have completed, together: it grows while either
-    runs the query (a driver that restarts counts again from zero)."""
+    runs the query, so a fault's "batches completing again" holds whichever driver runs it (a
+    driver that restarts counts again from zero, which can only make the wait longer)."""
     ns = metric(
         dep, [(p, 9465, "fleetfence_processor_batches_total") for p in dep.processors], unreachable_ok=True
     )
@@ -673,7 +699,8 @@ def batches(dep: Deployment) -> float:
 
 
 def driver_restarts(dep: Deployment) -> int:
-    """Restarts of the processors' containers, together."""
+    """Restarts of the processors' containers, together: a fault that should leave the drivers
+    alone must not restart either (a standby restarted by it would not be ready for the next)."""
     states = dep.states()
     return sum(int(states[p]["restarts"]) for p in dep.processors)
 
@@ -697,16 +724,29 @@ def test_sigkill_the_spark_worker(deployment: Deployment, tmp_path: Path) -> Non
 
 def test_restart_the_spark_master(deployment: Deployment, tmp_path: Path) -> None:
     """The standalone master SIGKILLed and restarted by its policy. Running applications do not
-    need it (the driver talks to its executors directly); the restarted master recovers its workers
-    and the processor's application from its recovery directory (spark.deploy.recoveryMode
-    FILESYSTEM in docker-compose.yml), so the executors are kept and the application is one again."""
+    need it (a driver talks to its executors directly); the restarted master recovers its worker
+    and both drivers' applications from its recovery directory (spark.deploy.recoveryMode
+    FILESYSTEM in docker-compose.yml), so the executors are kept and the applications are its own
+    again."""
     dep = deployment
 
     def fault() -> None:
         before = spark_master(dep)
         assert before["status"] == "ALIVE", before
-        # One application per driver: the active processor's and the standby's.
-        assert len(before["apps"]) == len(dep.processors), before
+        # One application per driver, the active one's and the standby's (a driver restarted by an
+        # earlier fault registers its application some seconds after its healthcheck passes).
+        before = wait_for(
+            lambda: (
+                (m := spark_master(dep))["apps"]
+                and len(m["apps"]) == len(dep.processors)
+                and all(state == "RUNNING" for _, state in m["apps"])
+                and m
+            ),
+            300,
+            "an application per driver, running",
+            interval_s=2.0,
+            ignore=(DeployError,),
+        )
         apps = sorted([a[0], "RUNNING"] for a in before["apps"])
         restarts = driver_restarts(dep)
         t0 = crash(dep, "spark-master", "master healthy again after")

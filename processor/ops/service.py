@@ -14,12 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -110,9 +108,12 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
             return
         if s.processor_standby:
             warm_python_workers(spark)
-            parent = scratch_parent(s.checkpoint)
-            with tempfile.TemporaryDirectory(prefix="fleetfence-warm-up-", dir=parent) as scratch:
-                warm_up_query(spark, s, scratch)
+            scratch = HadoopCheckpointFiles(spark, warm_up_checkpoint(s.checkpoint))
+            scratch.remove()  # left by a standby killed during its warm-up
+            try:
+                warm_up_query(spark, s, scratch.location)
+            finally:
+                scratch.remove()
             logger.info(
                 "standby ready: Spark, the job and its Python workers are up checkpoint=%s", s.checkpoint
             )
@@ -134,16 +135,11 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
             spark.stop()
 
 
-def scratch_parent(checkpoint: str) -> str | None:
-    """Where a standby's warm-up puts its scratch checkpoint: beside the real one when that is a
-    local path, since on a cluster the executors write the scratch query's state there too and
-    see the checkpoint's volume where the driver does, not the driver's /tmp; the system's temp
-    directory for a checkpoint elsewhere (a URI)."""
-    if "://" in checkpoint and not checkpoint.startswith("file:"):
-        return None
-    parent = Path(checkpoint.removeprefix("file://").removeprefix("file:")).parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return str(parent)
+def warm_up_checkpoint(checkpoint: str) -> str:
+    """Where a standby's warm-up runs its scratch query: beside the job's checkpoint, on the same
+    file system (the executors of a cluster write the scratch query's state there too, and see
+    the checkpoint's volume or store where the driver does, not the driver's /tmp), one per host."""
+    return f"{checkpoint.rstrip('/')}.warm-up-{socket.gethostname()}"
 
 
 def _hot_loop(spark: Any, s: ProcessorSettings, stop: threading.Event, lease: CheckpointLease) -> None:

@@ -138,6 +138,11 @@ class HadoopCheckpointFiles:
         d = self._path(folder)
         return bool(self._fs.exists(d)) and len(self._fs.listStatus(d)) > 0
 
+    def remove(self) -> None:
+        """Delete the whole location, if it exists (a scratch checkpoint's, never the job's)."""
+        if self._fs.exists(self._root):
+            self._fs.delete(self._root, True)
+
     def delete(self, name: str) -> None:
         """Remove a file or a folder (recursively), if it exists."""
         self._fs.delete(self._path(name), True)

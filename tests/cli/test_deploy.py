@@ -349,8 +349,13 @@ def test_processor_runs_on_the_spark_master_with_a_shared_checkpoint() -> None:
     worker_cmd = worker["command"]
     assert "org.apache.spark.deploy.worker.Worker" in worker_cmd
     assert f"spark://{master_name}:{port}" in worker_cmd
-    cores = int(worker_cmd[worker_cmd.index("--cores") + 1])
-    # Shuffle partitions = total executor cores; buckets >= shuffle partitions (docs/deploy.md).
+    worker_cores = int(worker_cmd[worker_cmd.index("--cores") + 1])
+    # Each driver's application takes at most its cores, so the worker has room for the active
+    # driver's executor and the standby's; shuffle partitions = an application's executor cores;
+    # buckets >= shuffle partitions (docs/deploy.md).
+    cores = int(env["FLEETFENCE_PROCESSOR_CORES_MAX"])
+    drivers = [name for name in svcs if name == "processor" or name.startswith("processor-")]
+    assert worker_cores >= cores * len(drivers), (worker_cores, cores, drivers)
     shuffle = int(env["FLEETFENCE_PROCESSOR_SHUFFLE_PARTITIONS"])
     assert shuffle == cores
     assert int(env["FLEETFENCE_PROCESSOR_BUCKETS"]) >= shuffle
@@ -372,6 +377,19 @@ def test_processor_runs_on_the_spark_master_with_a_shared_checkpoint() -> None:
     assert wm.get(holder[0]) == pm[holder[0]], (
         "the worker does not mount the checkpoint volume at the same path"
     )
+
+
+def test_a_warm_standby_runs_the_same_job_on_the_same_checkpoint() -> None:
+    svcs = services()
+    active, standby = env_of(svcs["processor"]), env_of(svcs["processor-standby"])
+    # Both warm: a fenced or killed driver comes back as a standby that has run the job once.
+    assert active["FLEETFENCE_PROCESSOR_STANDBY"] == standby["FLEETFENCE_PROCESSOR_STANDBY"] == "true"
+    # Executors connect back to each driver under its own host name; everything else is the same.
+    assert svcs["processor-standby"]["hostname"] == standby.pop("SPARK_LOCAL_HOSTNAME") == "processor-standby"
+    assert svcs["processor"]["hostname"] == active.pop("SPARK_LOCAL_HOSTNAME") == "processor"
+    assert standby == active
+    assert svcs["processor-standby"]["volumes"] == svcs["processor"]["volumes"]
+    assert svcs["processor-standby"]["restart"] == svcs["processor"]["restart"] == "unless-stopped"
 
 
 def test_every_fleetfence_variable_is_a_setting() -> None:
@@ -647,7 +665,7 @@ def test_prometheus_scrapes_compose_services_on_their_metrics_ports() -> None:
                     assert port in port_vars, f"{target}: no FLEETFENCE_*_PORT of {host} is {port}"
                     assert env_of(svcs[host]).get("FLEETFENCE_HOST") == "0.0.0.0", f"{host} binds loopback"
                 seen.add(host)
-    wanted = {"processor", "alerts", "api", *services_with_target("gateway")}
+    wanted = {"alerts", "api", *services_with_target("gateway"), *services_with_target("processor")}
     assert wanted <= seen, f"not scraped: {sorted(wanted - seen)}"
 
 

@@ -146,3 +146,17 @@ def test_sink_id_is_kept_in_the_checkpoint(tmp_path: Path, checkpoint_files: Fil
 def test_a_location_spark_cannot_open_is_a_clear_error(spark: object) -> None:
     with pytest.raises(ConfigError, match="nosuchfs://x/cp"):
         HadoopCheckpointFiles(spark, "nosuchfs://x/cp")
+
+
+@pytest.mark.spark
+def test_a_scratch_checkpoint_is_removed_whole_and_removing_a_missing_one_is_no_error(
+    spark: object, tmp_path: Path
+) -> None:
+    scratch = HadoopCheckpointFiles(spark, f"file://{tmp_path / 'cp.warm-up-host'}")
+    assert scratch.create("metadata", "{}")
+    (tmp_path / "cp.warm-up-host" / "state" / "0").mkdir(parents=True)
+    (tmp_path / "cp.warm-up-host" / "state" / "0" / "1.changelog").write_text("x")
+    scratch.remove()
+    assert not (tmp_path / "cp.warm-up-host").exists()
+    scratch.remove()
+    assert list(tmp_path.iterdir()) == []

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import redis
 
 from fleetfence.settings import Settings
 from processor.ops.lease import CheckpointLease, lease_key
-from processor.ops.service import scratch_parent
+from processor.ops.service import warm_up_checkpoint
 from tests.processor.helpers import wait_for
 
 
@@ -93,11 +93,10 @@ def test_a_standby_asked_to_stop_while_waiting_returns_without_the_lease(setting
     assert active.holder() == active.owner
 
 
-def test_a_standbys_warm_up_checkpoint_sits_beside_the_real_one(tmp_path: Path) -> None:
-    """On a cluster the executors write the warm-up query's state where the driver planned it: a
-    local checkpoint's volume is shared with them, the driver's /tmp is not."""
-    checkpoint = tmp_path / "volume" / "processor"
-    assert scratch_parent(str(checkpoint)) == str(checkpoint.parent)
-    assert checkpoint.parent.is_dir()  # made when missing, as Spark would make the checkpoint
-    assert scratch_parent(f"file://{checkpoint}") == str(checkpoint.parent)
-    assert scratch_parent("hdfs://namenode/fleetfence/checkpoints/processor") is None
+def test_a_standbys_warm_up_checkpoint_sits_beside_the_real_one() -> None:
+    """On a cluster the executors write the warm-up query's state where the driver planned it: on
+    the checkpoint's own file system (a shared volume, HDFS, S3), never the driver's /tmp; one per
+    host, so two standbys of a job do not share one."""
+    here = socket.gethostname()
+    assert warm_up_checkpoint("/data/checkpoints/processor/") == f"/data/checkpoints/processor.warm-up-{here}"
+    assert warm_up_checkpoint("hdfs://nn/ff/processor") == f"hdfs://nn/ff/processor.warm-up-{here}"
