@@ -230,14 +230,16 @@ def place_zones(
     A candidate is kept only if its grown shape (hysteresis + noise + margin) touches no other
     route, no other zone and no part of its own route outside the run it was laid on; so the only
     fixes that can ever be inside it are those of its own route on that run. Zones also keep
-    `end_clear_m` of route before the route's end, where the completion rule moves fixes of its
-    own (simulator.trips.end_nudge).
+    `end_clear_m` from the route's end, where the completion rule moves fixes of its own
+    (simulator.trips.end_nudge, which would undo the zone edges' clamp): along the route, and in
+    the plane too, since a route that loops back passes its end point again far from its end.
     """
     guard = hysteresis_m + noise_bound_m + EDGE_MARGIN_M
     lateral = corridor_half_m + 25.0
     placed: list[Polygon] = []
     for ri, route in enumerate(city.routes):
         others = [r.line_m for j, r in enumerate(city.routes) if j != ri]
+        end_point = shapely.Point(route.line.x[-1], route.line.y[-1])
         for k in range(zones_per_route):
             circle = circle_share > 0 and float(rng.random()) < circle_share
             for _attempt in range(60):
@@ -271,7 +273,7 @@ def place_zones(
                     centre = (round(float(clon[0]), 8), round(float(clat[0]), 8), round(length / 2, 3))
                 grown = rect.buffer(guard)
                 lo, hi = a - guard - 1.0, b + guard + 1.0
-                if hi + end_clear_m > route.line.length_m:
+                if hi + end_clear_m > route.line.length_m or grown.distance(end_point) < end_clear_m:
                     continue
                 own_rest = [substring(route.line_m, 0, lo), substring(route.line_m, hi, route.line.length_m)]
                 if any(grown.intersects(g) for g in [*others, *own_rest] if not g.is_empty) or any(

@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 import shapely
+import shapely.ops
 from shapely.geometry import Point, Polygon
 
 from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
+from fleetfence.rules import RouteRules
 from simulator.config import Injections, ScenarioConfig
 from simulator.scenario import Scenario
 from simulator.verify import compare
@@ -286,3 +288,33 @@ def test_hundred_thousand_vehicles_are_generated_vectorized() -> None:
     sc = Scenario(ScenarioConfig(vehicles=100_000, duration_s=3, seed=1))
     total = sum(len(b) for b in sc.ticks())
     assert total >= 3 * 100_000 * 0.99
+
+
+def test_no_zone_lies_where_the_completion_rule_moves_fixes() -> None:
+    """Near a route's end the completion rule replaces a fix's noise (simulator.trips.end_nudge),
+    which would undo the zone edges' clamp and put a fix the truth counts inside on the edge. The
+    load test's own map (seed 11) has a route that loops back past its end point 5 km before
+    its end, where a depot once lay: every zone keeps clear of every route's end in the plane."""
+    from loadtest.driver import DEFAULT_BBOX
+
+    cfg = ScenarioConfig(
+        vehicles=40,
+        routes=20,
+        seed=11,
+        route_length_m=6000.0,
+        rules=RouteRules(
+            corridor_width_m=60.0, speed_limit_kmh=50.0, overspeed_min_s=5.0, silent_after_s=60.0
+        ),
+        bbox=DEFAULT_BBOX,
+    )
+    sc = Scenario(cfg)
+    clear_m = cfg.rules.completion_radius_m + cfg.noise_bound_m + cfg.assume.hysteresis_m
+    loops_back = 0
+    for route in sc.city.routes:
+        end = Point(route.line.x[-1], route.line.y[-1])
+        # Route stretches far from the end along it that come near it in the plane.
+        far = shapely.ops.substring(route.line_m, 0, route.line.length_m - 4 * clear_m)
+        loops_back += far.distance(end) < clear_m
+        for z in route.zones:
+            assert z.polygon_m.distance(end) > clear_m, (z.zone_id, z.polygon_m.distance(end))
+    assert loops_back, "no route of this map passes its own end point: the test would not fail"
