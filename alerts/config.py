@@ -92,6 +92,10 @@ class _ReceiverBase(BaseModel):
 
 class HistoryConfig(_ReceiverBase):
     kind: Literal["history"]
+    # Alerts older than this (by event time) leave the history read model, a batch at a time as new
+    # ones come; an open condition's alert stays while it is open. Unset: kept for ever, and Redis
+    # grows by about 1 KiB an alert. The long-term record is the archive (docs/history.md).
+    retention_days: float | None = Field(default=None, gt=0)
 
 
 class MqttConfig(_ReceiverBase):

@@ -90,7 +90,8 @@ class AlertService:
         dedup = RedisDedup(self._redis_client(), s.redis_prefix, cfg.name, s.alerts_dedup_ttl_s)
         sink: Sink
         if isinstance(cfg, HistoryConfig):
-            sink = HistorySink(self._redis_client(), s.redis_prefix)
+            retention_ms = None if cfg.retention_days is None else round(cfg.retention_days * 86_400_000)
+            sink = HistorySink(self._redis_client(), s.redis_prefix, retention_ms=retention_ms)
         elif isinstance(cfg, MqttConfig):
             host, port = s.mqtt_host_port
             sink = MqttFanoutSink(cfg, host, port, account=service_account(s, "alerts"))

@@ -19,7 +19,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 import paho.mqtt.client as mqtt
@@ -941,3 +941,54 @@ def test_email_alerts_held_on_partitions_that_move_are_mailed_once_by_their_new_
     recipients = ["ops@fleet.example", "dispatch@fleet.example"]
     assert mailed() == Counter({(r, x["alert_id"]): 1 for r in recipients for x in storm})
     assert_fully_committed(s, group_id(s, "mail"))
+
+
+def test_history_retention_takes_old_alerts_out_and_keeps_open_conditions(settings: Settings) -> None:
+    """With a retention, the history read model stays bounded: alerts older than it leave every
+    index and their documents go, except the alert of a condition still open (the API shows it
+    with the vehicle's live state); newer alerts stay."""
+    s = alerts_settings(settings)
+    r = redis.Redis.from_url(s.redis_dsn)
+    keys = ReadKeys(s.redis_prefix)
+    hour_ms = 3_600_000
+    sink = HistorySink(redis.Redis.from_url(s.redis_dsn), s.redis_prefix, hour_ms, trim_interval_s=1e9)
+    ctx = Context(
+        SourceRecord("t", 0, 0, None), ReceiverMetrics("h", CollectorRegistry()), None, threading.Event()
+    )
+    v = f"h{uuid.uuid4().hex[:6]}"
+
+    def index(key: str) -> list[str]:
+        return [_s(x) for x in cast(list[bytes], r.zrange(key, 0, -1))]
+
+    def stored(a: dict[str, Any]) -> bool:
+        return r.get(keys.alert(a["alert_id"])) is not None
+
+    # A deviation and its return (closed), a zone entered (open), an overspeed (open, recent).
+    closed = [make_alert(v, "ROUTE_DEVIATION", 1), make_alert(v, "ROUTE_RETURN", 2)]
+    entered = make_alert(v, "ZONE_ENTER", 3, zone="depot-1")
+    recent = make_alert(v, "OVERSPEED", 20)
+    for a in [*closed, entered, recent]:
+        assert sink.deliver(parse_alert(orjson.dumps(a)), ctx) is Outcome.DELIVERED
+    assert index(keys.alerts_vehicle(v)) == [a["alert_id"] for a in [*closed, entered, recent]]
+
+    # Now = an hour after seq 10's event time: seqs 1-3 are older than the retention.
+    now_ms = make_alert(v, "OVERSPEED", 10)["ts_ms"] + hour_ms
+    assert sink.trim(now_ms) == (3, 2)
+    assert index(keys.alerts_vehicle(v)) == [recent["alert_id"]]
+    assert closed[0]["alert_id"] not in index(keys.alerts_type("ROUTE_DEVIATION"))
+    assert entered["alert_id"] not in index(keys.alerts_by_ts)
+    assert recent["alert_id"] in index(keys.alerts_type("OVERSPEED"))
+    assert [stored(a) for a in [*closed, entered, recent]] == [False, False, True, True]
+    assert r.hget(keys.alerts_open(v), "ZONE:depot-1") == entered["alert_id"].encode()
+    assert sink.trim(now_ms) == (0, 0)  # nothing left before the cutoff
+
+    # Delivering trims by the wall clock, at most once per interval: these alerts are days old.
+    auto = HistorySink(redis.Redis.from_url(s.redis_dsn), s.redis_prefix, hour_ms, trim_interval_s=0)
+    back = make_alert(v, "ROUTE_RETURN", 30)
+    assert auto.deliver(parse_alert(orjson.dumps(back)), ctx) is Outcome.DELIVERED
+    assert index(keys.alerts_vehicle(v)) == []
+    assert not stored(back)
+    assert stored(recent)  # the overspeed is still open
+    sink.close()
+    auto.close()
+    r.close()
