@@ -252,7 +252,12 @@ class ReceiverRunner:
     def _one(self, m: Message) -> None:
         err = m.error()
         if err is not None:
-            if err.fatal():  # e.g. fenced by another process with the same instance id
+            # A fatal error leaves the consumer unusable: e.g. fenced by a member with the same
+            # group.instance.id, which a coordinator's move can cause with no other process. The
+            # event carries the `_FATAL` code with `fatal()` false, so both are checked. The
+            # receiver ends (its service exits non-zero, for its supervisor to restart it from the
+            # committed offsets) instead of polling a dead consumer and delivering nothing more.
+            if err.fatal() or err.code() == KafkaError._FATAL:
                 raise KafkaDeliveryError(f"receiver {self.name}: fatal consumer error: {err}")
             if err.code() != KafkaError._PARTITION_EOF:
                 logger.warning("consumer error receiver=%s error=%s", self.name, err)

@@ -992,3 +992,26 @@ def test_history_retention_takes_old_alerts_out_and_keeps_open_conditions(settin
     sink.close()
     auto.close()
     r.close()
+
+
+def test_a_receiver_fenced_by_its_own_instance_id_ends_instead_of_idling(settings: Settings) -> None:
+    """A static member fenced by another with the same group.instance.id has a dead consumer
+    (librdkafka's fatal error). A coordinator's move can do that with no second process; here a
+    second service with the same id does it for real. The fenced receiver must end, so that its
+    service exits for a restart, not poll on and deliver nothing more."""
+    s = alerts_settings(settings)
+    same = s.model_copy(update={"alerts_instance_id": f"same{uuid.uuid4().hex[:6]}"})
+    toml = '[[receivers]]\nname = "history"\nkind = "history"\n'
+    first = AlertService(same, parse_config(toml), CollectorRegistry()).start()
+    second: AlertService | None = None
+    try:
+        a = first.runners["history"]
+        assert a.wait_assigned(60), "the first receiver was never assigned its partitions"
+        second = AlertService(same, parse_config(toml), CollectorRegistry()).start()
+        wait_for(lambda: not a.running, 90, "the fenced receiver ending")
+        assert "fatal consumer error" in str(a.error), a.error
+        assert second.runners["history"].wait_assigned(60), "the new member never got the partitions"
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
