@@ -350,6 +350,18 @@ def standby_waiting(dep: Deployment, service: str) -> bool:
     return "waiting to take over" in dep.logs_since_start(service)
 
 
+def took_the_lease(dep: Deployment, standby: str, t0: float) -> None:
+    """Wait until the standby holds the checkpoint's lease; MEASURED: seconds since the fault."""
+    wait_for(
+        lambda: active_processor(dep) == standby,
+        120,
+        f"{standby} took the lease",
+        interval_s=0.5,
+        ignore=(DeployError,),
+    )
+    MEASURED["the standby took the lease after"] = time.monotonic() - t0
+
+
 def the_active_processor(dep: Deployment) -> tuple[str, str]:
     """(the driver running the query, the standby ready to take over): services of the compose
     file. Waits for both, so that a fault starts from a deployment that can fail over."""
@@ -390,14 +402,7 @@ def test_freeze_the_processor_past_its_lease(deployment: Deployment, tmp_path: P
         t0 = time.monotonic()
         pause(cid)
         try:
-            wait_for(
-                lambda: active_processor(dep) == standby,
-                120,
-                f"{standby} took the lease from the frozen {active}",
-                interval_s=0.5,
-                ignore=(DeployError,),
-            )
-            MEASURED["the standby took the lease after"] = time.monotonic() - t0
+            took_the_lease(dep, standby, t0)
             wait_for(
                 lambda: batches_of(dep, standby) > n,
                 300,
@@ -645,14 +650,7 @@ def test_partition_the_processor_from_redis(deployment: Deployment, tmp_path: Pa
             MEASURED["the cut driver fenced itself, exited and restarted after"] = time.monotonic() - t0
         finally:
             cut.heal()
-        wait_for(
-            lambda: active_processor(dep) == standby,
-            120,
-            f"{standby} took the lease",
-            interval_s=1.0,
-            ignore=(DeployError,),
-        )
-        MEASURED["the standby took the lease after"] = time.monotonic() - t0
+        took_the_lease(dep, standby, t0)
         back_healthy(dep, active, restarts, "the cut driver healthy again (the next standby) after", t0)
         logs = dep.logs(active, tail=800)
         assert "lease not renewed" in logs, f"{active} did not say why it stopped:\n{logs[-3000:]}"
