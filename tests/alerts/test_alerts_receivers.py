@@ -999,6 +999,7 @@ def test_a_receiver_fenced_by_its_own_instance_id_ends_instead_of_idling(setting
     (librdkafka's fatal error). A coordinator's move can do that with no second process; here a
     second service with the same id does it for real. The fenced receiver must end, so that its
     service exits for a restart, not poll on and deliver nothing more."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     s = alerts_settings(settings)
     same = s.model_copy(update={"alerts_instance_id": f"same{uuid.uuid4().hex[:6]}"})
     toml = '[[receivers]]\nname = "history"\nkind = "history"\n'
