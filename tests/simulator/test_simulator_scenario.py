@@ -21,6 +21,7 @@ from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
 from fleetfence.rules import RouteRules
 from simulator.config import Injections, ScenarioConfig
+from simulator.routes import DEFAULT_BBOX
 from simulator.scenario import Scenario
 from simulator.verify import compare
 from tests.simulator.helpers import engine_alerts, positions, run, small
@@ -295,8 +296,6 @@ def test_no_zone_lies_where_the_completion_rule_moves_fixes() -> None:
     which would undo the zone edges' clamp and put a fix the truth counts inside on the edge. The
     load test's own map (seed 11) has a route that loops back past its end point 5 km before
     its end, where a depot once lay: every zone keeps clear of every route's end in the plane."""
-    from loadtest.driver import DEFAULT_BBOX
-
     cfg = ScenarioConfig(
         vehicles=40,
         routes=20,
