@@ -139,9 +139,9 @@ class HadoopCheckpointFiles:
         return bool(self._fs.exists(d)) and len(self._fs.listStatus(d)) > 0
 
     def remove(self) -> None:
-        """Delete the whole location, if it exists (a scratch checkpoint's, never the job's)."""
-        if self._fs.exists(self._root):
-            self._fs.delete(self._root, True)
+        """Delete the whole location, if it exists (a scratch checkpoint's, never the job's): as
+        `delete`, for the root, which a name relative to it cannot denote."""
+        self._fs.delete(self._root, True)
 
     def delete(self, name: str) -> None:
         """Remove a file or a folder (recursively), if it exists."""
