@@ -29,3 +29,8 @@ class UnmappedAlertTypeError(AlertsError):
     """An alert type that alerts.model.condition_change has no rule for: a programming error that
     mypy and the tests catch first; at run time the history receiver retries the alert rather than
     guess its condition."""
+
+
+class FatalConsumerError(AlertsError):
+    """The receiver's Kafka consumer is dead (librdkafka's fatal error, e.g. fenced by a member with
+    the same group.instance.id): the runner replaces it, within a budget (alerts.runner)."""

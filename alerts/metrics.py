@@ -64,6 +64,12 @@ class _Families:
             label,
             registry=registry,
         )
+        self.consumers_replaced = Counter(
+            "fleetfence_alert_receiver_consumers_replaced",
+            "Kafka consumers the receiver replaced in place after a fatal consumer error.",
+            label,
+            registry=registry,
+        )
         self.lag = Gauge(
             "fleetfence_alert_receiver_lag_messages",
             "Records behind the end of fleet.alerts.",
@@ -91,6 +97,7 @@ class Snapshot:
     filtered: int = 0
     held: int = 0
     messages: int = 0
+    consumers_replaced: int = 0
     lag: int = -1
 
     @property
@@ -114,6 +121,7 @@ class ReceiverMetrics:
         self._lag = fam.lag.labels(receiver)
         self._held = fam.held.labels(receiver)
         self._m = fam.messages.labels(receiver)
+        self._replaced = fam.consumers_replaced.labels(receiver)
         self._snap = Snapshot()
         self._lock = threading.Lock()
 
@@ -160,6 +168,11 @@ class ReceiverMetrics:
         with self._lock:
             self._snap.messages += 1
         self._m.inc()
+
+    def consumer_replaced(self) -> None:
+        with self._lock:
+            self._snap.consumers_replaced += 1
+        self._replaced.inc()
 
     def lag(self, n: int) -> None:
         with self._lock:

@@ -45,7 +45,7 @@ from confluent_kafka import (
 
 from alerts.dead_letters import DeadLetters
 from alerts.dedup import Dedup
-from alerts.errors import StopRequestedError
+from alerts.errors import FatalConsumerError, StopRequestedError
 from alerts.metrics import ReceiverMetrics
 from alerts.model import INVALID_ALERT, Alert, AlertFilter, SourceRecord, parse_alert
 from alerts.sink import Context, HoldingSink, Outcome, Settled, Sink
@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 LAG_INTERVAL_S = 2.0
 MAX_ERROR_BACKOFF_S = 5.0
+#: A consumer dead of a fatal error is replaced in place at most this often in the window (`run`).
+FENCED_LIMIT = 3
+FENCED_WINDOW_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,49 @@ class ReceiverRunner:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
+        """Run until stopped, replacing a consumer that died of a fatal error.
+
+        A static member fenced by the group (librdkafka's fatal error) has a dead consumer. A
+        coordinator's move can fence a member with no second process using its id, so the runner
+        closes the dead consumer, drops what it owned (re-read from the committed offsets, where
+        de-duplication skips what was handled) and joins again with a new one, keeping this
+        process's counters, which the load test reconciles. Fenced more than `FENCED_LIMIT` times in
+        `FENCED_WINDOW_S` means a second process really runs with the same `group.instance.id`
+        (each would fence the other for ever): the receiver ends, and its service exits non-zero.
+        """
+        fenced_at: list[float] = []
+        try:
+            while True:
+                consumer = self._open_consumer()
+                try:
+                    self._loop(consumer)
+                except FatalConsumerError as exc:
+                    self._abandon(consumer)
+                    now = time.monotonic()
+                    fenced_at = [t for t in fenced_at if now - t < FENCED_WINDOW_S] + [now]
+                    if len(fenced_at) > FENCED_LIMIT:
+                        raise KafkaDeliveryError(
+                            f"{exc}; {len(fenced_at)} times in {FENCED_WINDOW_S:.0f} s, so another"
+                            " process uses the same group.instance.id"
+                        ) from exc
+                    self.metrics.consumer_replaced()
+                    logger.warning(
+                        "consumer replaced after a fatal error receiver=%s instance=%s error=%s",
+                        self.name,
+                        self.options.instance_id,
+                        exc,
+                    )
+                    continue
+                except BaseException:
+                    self._close(consumer)
+                    raise
+                self._close(consumer)
+                return
+        finally:
+            self.sink.close()
+            logger.info("receiver stopped receiver=%s %s", self.name, self.metrics.snapshot())
+
+    def _open_consumer(self) -> Consumer:
         o = self.options
         overrides: dict[str, Any] = {"client.id": f"fleetfence-alerts-{self.name}"}
         if o.from_latest:
@@ -212,32 +258,46 @@ class ReceiverRunner:
             o.topic,
             self.filter.describe(),
         )
-        try:
-            while not self._stop.is_set():
-                # What is queued already, at once; when nothing is, wait for the next record and
-                # take it as soon as it comes (consume() would hold it until its timeout for want
-                # of a full batch).
-                msgs = consumer.consume(o.batch_size, 0)
-                if not msgs:
-                    first = consumer.poll(0.2)
-                    msgs = [first] if first is not None else []
-                try:
-                    for m in msgs:
-                        self._one(m)
-                    self._settle()
-                except StopRequestedError:
-                    break
-                self._advance_past_markers(consumer)
-                self._maybe_commit(consumer)
-                self._maybe_lag(consumer)
-        finally:
+        return consumer
+
+    def _loop(self, consumer: Consumer) -> None:
+        o = self.options
+        while not self._stop.is_set():
+            # What is queued already, at once; when nothing is, wait for the next record and
+            # take it as soon as it comes (consume() would hold it until its timeout for want
+            # of a full batch).
+            msgs = consumer.consume(o.batch_size, 0)
+            if not msgs:
+                first = consumer.poll(0.2)
+                msgs = [first] if first is not None else []
             try:
-                self._commit(consumer, synchronous=True)
-            except Exception as exc:  # the next run re-reads; de-duplication makes that harmless
-                logger.error("final offset commit failed receiver=%s error=%s", self.name, exc)
+                for m in msgs:
+                    self._one(m)
+                self._settle()
+            except StopRequestedError:
+                break
+            self._advance_past_markers(consumer)
+            self._maybe_commit(consumer)
+            self._maybe_lag(consumer)
+
+    def _close(self, consumer: Consumer) -> None:
+        try:
+            self._commit(consumer, synchronous=True)
+        except Exception as exc:  # the next run re-reads; de-duplication makes that harmless
+            logger.error("final offset commit failed receiver=%s error=%s", self.name, exc)
+        consumer.close()
+
+    def _abandon(self, consumer: Consumer) -> None:
+        """Close a dead consumer without committing (a fenced member's commits are refused) and drop
+        everything it owned: its successor starts from the committed offsets."""
+        try:
             consumer.close()
-            self.sink.close()
-            logger.info("receiver stopped receiver=%s %s", self.name, self.metrics.snapshot())
+        except Exception as exc:  # it is dead already; its successor is what matters
+            logger.warning("closing a dead consumer failed receiver=%s error=%s", self.name, exc)
+        self._forget([TopicPartition(t, p) for t, p in self._owned])
+        self._processed.clear()
+        self._sent.clear()
+        self._assigned.clear()
 
     def _forget(self, parts: list[TopicPartition]) -> None:
         for tp in parts:
@@ -253,12 +313,11 @@ class ReceiverRunner:
         err = m.error()
         if err is not None:
             # A fatal error leaves the consumer unusable: e.g. fenced by a member with the same
-            # group.instance.id, which a coordinator's move can cause with no other process. The
-            # event carries the `_FATAL` code with `fatal()` false, so both are checked. The
-            # receiver ends (its service exits non-zero, for its supervisor to restart it from the
-            # committed offsets) instead of polling a dead consumer and delivering nothing more.
+            # group.instance.id. The event carries the `_FATAL` code with `fatal()` false, so both
+            # are checked; `run` replaces the consumer instead of polling a dead one and delivering
+            # nothing more.
             if err.fatal() or err.code() == KafkaError._FATAL:
-                raise KafkaDeliveryError(f"receiver {self.name}: fatal consumer error: {err}")
+                raise FatalConsumerError(f"receiver {self.name}: fatal consumer error: {err}")
             if err.code() != KafkaError._PARTITION_EOF:
                 logger.warning("consumer error receiver=%s error=%s", self.name, err)
             return

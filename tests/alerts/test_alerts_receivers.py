@@ -29,6 +29,7 @@ from confluent_kafka import TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
+from alerts import runner
 from alerts.config import AlertsSettings, parse_config
 from alerts.history import HistorySink
 from alerts.metrics import ReceiverMetrics, Snapshot
@@ -994,11 +995,58 @@ def test_history_retention_takes_old_alerts_out_and_keeps_open_conditions(settin
     r.close()
 
 
-def test_a_receiver_fenced_by_its_own_instance_id_ends_instead_of_idling(settings: Settings) -> None:
+def test_a_fenced_receiver_replaces_its_consumer_and_delivers_every_alert_once(
+    settings: Settings, target: WebhookTarget
+) -> None:
     """A static member fenced by another with the same group.instance.id has a dead consumer
     (librdkafka's fatal error). A coordinator's move can do that with no second process; here a
-    second service with the same id does it for real. The fenced receiver must end, so that its
-    service exits for a restart, not poll on and deliver nothing more."""
+    plain consumer joining with the same id, then leaving, does it for real. The receiver must
+    replace its consumer in the same process (its counters, which the load test reconciles, go on)
+    and POST every committed alert, before and after, exactly once."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    s = alerts_settings(settings, alerts_commit_interval_ms=200)
+    run = uuid.uuid4().hex[:6]
+    same = s.model_copy(update={"alerts_instance_id": f"same{run}"})
+    toml = f'[[receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{target.url}"\nsecret = "{SECRET}"\n'
+    writer = AlertWriter(s)
+    vehicles = [f"f{run}-{i}" for i in range(20)]
+    before = [make_alert(vehicles[i % 20], "OVERSPEED", i + 1) for i in range(60)]
+    after = [make_alert(vehicles[i % 20], "OVERSPEED", i + 100) for i in range(60)]
+    service = AlertService(same, parse_config(toml), CollectorRegistry()).start()
+    intruder = None
+    try:
+        a = service.runners["hook"]
+        writer.batch(before)
+        wait_for(lambda: target.accepted_ids() >= {x["alert_id"] for x in before}, 60, "the first 60")
+        join = intruder = group_consumer(
+            s.bootstrap_servers, a.options.group_id, **{"group.instance.id": a.options.instance_id}
+        )
+        join.subscribe([s.topics.alerts])
+
+        def replaced() -> bool:
+            join.poll(0.2)  # joins the group; what it reads or is told (fenced in turn) is moot
+            return a.metrics.snapshot().consumers_replaced >= 1
+
+        wait_for(replaced, 90, "the receiver fenced and its consumer replaced")
+        intruder.close()
+        intruder = None
+        writer.batch(after)
+        wait_for(lambda: target.accepted_ids() >= {x["alert_id"] for x in after}, 90, "the 60 after")
+        assert a.running
+        assert a.error is None
+        assert a.metrics.snapshot().consumers_replaced == 1
+        ids = {x["alert_id"] for x in before + after}
+        assert {k: n for k, n in target.accepted.items() if k in ids and n != 1} == {}
+    finally:
+        if intruder is not None:
+            intruder.close()
+        service.stop()
+
+
+def test_a_receiver_fenced_again_and_again_ends(settings: Settings) -> None:
+    """Two processes really running with one group.instance.id fence each other for ever, each
+    replacing its consumer in turn. Past its budget one of them ends (its service exits non-zero for
+    a supervisor or an operator to see), and the other keeps the partitions."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     s = alerts_settings(settings)
     same = s.model_copy(update={"alerts_instance_id": f"same{uuid.uuid4().hex[:6]}"})
@@ -1009,9 +1057,14 @@ def test_a_receiver_fenced_by_its_own_instance_id_ends_instead_of_idling(setting
         a = first.runners["history"]
         assert a.wait_assigned(60), "the first receiver was never assigned its partitions"
         second = AlertService(same, parse_config(toml), CollectorRegistry()).start()
-        wait_for(lambda: not a.running, 90, "the fenced receiver ending")
-        assert "fatal consumer error" in str(a.error), a.error
-        assert second.runners["history"].wait_assigned(60), "the new member never got the partitions"
+        b = second.runners["history"]
+        wait_for(lambda: not (a.running and b.running), 240, "one of the two receivers ending")
+        ended, kept = (a, b) if not a.running else (b, a)
+        assert "another process uses the same group.instance.id" in str(ended.error), ended.error
+        assert ended.metrics.snapshot().consumers_replaced == runner.FENCED_LIMIT
+        assert kept.running
+        assert kept.error is None
+        assert kept.wait_assigned(60), "the remaining member never got the partitions"
     finally:
         first.stop()
         if second is not None:
