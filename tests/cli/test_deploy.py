@@ -424,6 +424,10 @@ def test_alerts_receivers_config_is_valid_and_mounted() -> None:
     assert config_path in mounts, f"{config_path} is not mounted into alerts"
     cfg = load_config(ROOT / mounts[config_path])
     assert cfg.enabled
+    # The history is a read model in Redis: without a retention it grows with every alert raised.
+    history = [r for r in cfg.enabled if r.kind == "history"]
+    assert history
+    assert all(r.retention_days is not None for r in history)
 
 
 def test_mosquitto_config_keeps_gateway_sessions() -> None:
