@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fleetfence.errors import InfraError, KafkaDeliveryError
@@ -252,3 +252,32 @@ def produce_waiting(
                 raise KafkaDeliveryError(
                     f"the producer's queue stayed full for {timeout_s:.0f} s writing to {topic}"
                 ) from None
+
+
+# What a broker answers about a partition whose leader is moving or not known to it yet (a topic
+# just created, a broker restarted, a preferred leader elected back): UNKNOWN_TOPIC_OR_PART,
+# LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION, and the leader epochs (FENCED_LEADER_EPOCH,
+# UNKNOWN_LEADER_EPOCH). librdkafka raises them from an offset query without marking them retriable.
+_LEADER_MOVING = frozenset({3, 5, 6, 74, 76})
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[int, int]:
+    """A partition's (low, high) watermark from its leader, asked again while the leader moves.
+
+    A replicated cluster moves leaders on its own (a restarted broker gets its partitions back by the
+    preferred-leader election minutes later), and the answer in between is an error that a retry a
+    moment later does not get; only an error that is not one of those, or `timeout_s`, raises."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            lo, hi = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=min(10.0, timeout_s), cached=False
+            )
+            return int(lo), int(hi)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            moving = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_MOVING)
+            if not moving or time.monotonic() > deadline:
+                raise
+            logger.info("watermarks asked again topic=%s partition=%s error=%s", topic, partition, err)
+            time.sleep(0.2)

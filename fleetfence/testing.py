@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 from confluent_kafka import KafkaError, TopicPartition
 
 from fleetfence.errors import WaitTimeoutError
-from fleetfence.kafka import group_consumer
+from fleetfence.kafka import group_consumer, watermarks
 from fleetfence.mqtt import Account, DynSec, acl, service_account
 from fleetfence.settings import Settings
 
@@ -59,10 +59,7 @@ def read_all(settings: Settings, topic: str, partitions: int, timeout_s: float =
         settings.bootstrap_servers, f"read-{uuid.uuid4().hex}", **{"enable.partition.eof": True}
     )
     tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
-    ends = {
-        p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-        for p in range(partitions)
-    }
+    ends = {p: watermarks(c, topic, p)[1] for p in range(partitions)}
     c.assign(tps)
     out: list[Any] = []
     done = {p for p, e in ends.items() if e == 0}

@@ -12,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from fleetfence.kafka import committed_reader
+from fleetfence.kafka import committed_reader, watermarks
 from processor.ops.markers import MarkerReader
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class TopicTap:
         parts = _partitions(self.c, topic)
         starts = []
         for p in parts:
-            _lo, hi = self.c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            _lo, hi = watermarks(self.c, topic, p)
             starts.append(TopicPartition(topic, p, hi))
         self.c.assign(starts)
         # Per partition, the offset after the newest data record read (control records of

@@ -20,7 +20,6 @@ from itertools import takewhile
 from typing import TYPE_CHECKING, Any
 
 import redis
-from confluent_kafka import TopicPartition
 
 from fleetfence.contracts import MasterEntity
 from fleetfence.errors import InfraError
@@ -115,13 +114,11 @@ def moved_schedules(registered: Scenario, moved: Scenario) -> list[AssignmentDat
 
 
 def master_end_offset(settings: Settings) -> int:
-    from fleetfence.kafka import plain_consumer
+    from fleetfence.kafka import plain_consumer, watermarks
 
     c = plain_consumer(settings.bootstrap_servers, "fleetfence-sim-probe")
     try:
-        return int(
-            c.get_watermark_offsets(TopicPartition(settings.topics.master, 0), timeout=10, cached=False)[1]
-        )
+        return watermarks(c, settings.topics.master, 0)[1]
     finally:
         c.close()
 

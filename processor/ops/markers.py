@@ -26,7 +26,7 @@ import orjson
 from confluent_kafka import OFFSET_END, KafkaError, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from fleetfence.kafka import group_consumer
+from fleetfence.kafka import group_consumer, watermarks
 from processor.spark.hot_sink import SHADOW_SUFFIX
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class MarkerReader:
         self._c = group_consumer(bootstrap, f"fleetfence-markers-{uuid.uuid4().hex}")
         md = self._c.list_topics(topic, timeout=10)
         parts = sorted(md.topics[topic].partitions)
-        ends = [self._c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts]
+        ends = [watermarks(self._c, topic, p)[1] for p in parts]
         self._c.assign(
             [TopicPartition(topic, p, e if e >= 0 else OFFSET_END) for p, e in zip(parts, ends, strict=True)]
         )

@@ -97,7 +97,7 @@ def original_records(
     others each from its own position."""
     from confluent_kafka import KafkaError, TopicPartition
 
-    from fleetfence.kafka import committed_reader
+    from fleetfence.kafka import committed_reader, watermarks
 
     found: dict[tuple[int, int], bytes] = {}
     if not wanted or not topic:
@@ -137,7 +137,7 @@ def original_records(
             if (p, o) not in found:
                 missing.setdefault(p, []).append(o)
         for p, offs in missing.items():
-            lo, _hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            lo, _hi = watermarks(c, topic, p)
             unread = sorted(o for o in offs if o >= lo)
             if unread:
                 raise LateReadBackError(

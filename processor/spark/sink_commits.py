@@ -29,11 +29,6 @@ def sink_producer(bootstrap: str, transactional_id: str, queue_messages: int = S
     )
 
 
-# Answers about a partition whose leader the broker does not know yet (a topic just created):
-# UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION.
-_LEADER_UNKNOWN = frozenset({3, 5, 6})
-
-
 def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> int:
     """The highest batch id committed by `sink_id` (-1 if none), read_committed, to the end."""
     m = last_marker(bootstrap, topic, sink_id, timeout_s)
@@ -43,25 +38,14 @@ def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float 
 def last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> dict[str, Any] | None:
     """The marker of the highest batch committed by `sink_id` (None if none), read_committed, to
     the end: an open transaction on the topic is waited for, up to `timeout_s`."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
-    from fleetfence.kafka import committed_reader
+    from fleetfence.kafka import committed_reader, watermarks
 
     c = committed_reader(bootstrap, f"fleetfence-marker-{sink_id}", **{"enable.partition.eof": True})
     deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            try:
-                lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
-                break
-            except KafkaException as exc:
-                # A topic created a moment ago (a fresh installation) may not have its leader known
-                # to the broker we asked yet: that passes. The error does not say it is retriable.
-                err = exc.args[0] if exc.args else None
-                passing = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_UNKNOWN)
-                if not passing or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        lo, hi = watermarks(c, topic, 0, timeout_s)
         if hi <= lo:
             return None
         c.assign([TopicPartition(topic, 0, lo)])

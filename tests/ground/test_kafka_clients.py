@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from fleetfence import kafka
 
@@ -110,3 +111,41 @@ def test_the_check_sees_a_client_built_by_hand(tmp_path: Path) -> None:
         "probe.py:5 builds a Consumer",
         "probe.py:6 builds a Producer",
     ]
+
+
+class _Answers:
+    """Stands in for a consumer whose partition's leader moves: a fault a single embedded broker
+    cannot produce on demand (tests_deploy's clusters meet it for real)."""
+
+    def __init__(self, *answers: tuple[int, int] | KafkaError) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> tuple[int, int]:
+        assert not cached, "a cached watermark can be older than the question"
+        self.asked += 1
+        a = self.answers.pop(0)
+        if isinstance(a, KafkaError):
+            raise KafkaException(a)
+        return a
+
+
+def test_watermarks_are_asked_again_while_the_leader_moves() -> None:
+    c = _Answers(
+        KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION),
+        KafkaError(KafkaError.LEADER_NOT_AVAILABLE),
+        (3, 17),
+    )
+    assert kafka.watermarks(c, "t", 0, timeout_s=10) == (3, 17)
+    assert c.asked == 3
+
+
+def test_watermarks_raise_what_is_not_a_moving_leader_and_give_up_at_the_deadline() -> None:
+    c = _Answers(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), (0, 1))
+    with pytest.raises(KafkaException):
+        kafka.watermarks(c, "t", 0, timeout_s=10)
+    assert c.asked == 1
+    moving = _Answers(*[KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)] * 100)
+    with pytest.raises(KafkaException):
+        kafka.watermarks(moving, "t", 0, timeout_s=0.0)
+    assert moving.asked == 1
