@@ -59,6 +59,8 @@ MAX_ERROR_BACKOFF_S = 5.0
 #: A consumer dead of a fatal error is replaced in place at most this often in the window (`run`).
 FENCED_LIMIT = 3
 FENCED_WINDOW_S = 300.0
+#: A pause before the replacement joins, so a coordinator still moving does not use the budget up.
+REPLACE_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -160,10 +162,12 @@ class ReceiverRunner:
         A static member fenced by the group (librdkafka's fatal error) has a dead consumer. A
         coordinator's move can fence a member with no second process using its id, so the runner
         closes the dead consumer, drops what it owned (re-read from the committed offsets, where
-        de-duplication skips what was handled) and joins again with a new one, keeping this
-        process's counters, which the load test reconciles. Fenced more than `FENCED_LIMIT` times in
-        `FENCED_WINDOW_S` means a second process really runs with the same `group.instance.id`
-        (each would fence the other for ever): the receiver ends, and its service exits non-zero.
+        de-duplication skips what was handled) and joins again with a new one. The process goes
+        on, with its counters: a restarted receivers service is one an attached load test can no
+        longer account for (loadtest.installation). Fenced more than `FENCED_LIMIT` times in
+        `FENCED_WINDOW_S` most likely means a second process runs with the same
+        `group.instance.id` (each would fence the other for ever): the receiver ends, and its
+        service exits non-zero.
         """
         fenced_at: list[float] = []
         try:
@@ -177,8 +181,8 @@ class ReceiverRunner:
                     fenced_at = [t for t in fenced_at if now - t < FENCED_WINDOW_S] + [now]
                     if len(fenced_at) > FENCED_LIMIT:
                         raise KafkaDeliveryError(
-                            f"{exc}; {len(fenced_at)} times in {FENCED_WINDOW_S:.0f} s, so another"
-                            " process uses the same group.instance.id"
+                            f"{exc}; {len(fenced_at)} times in {FENCED_WINDOW_S:.0f} s: does another"
+                            f" process use the same group.instance.id ({self.options.instance_id})?"
                         ) from exc
                     self.metrics.consumer_replaced()
                     logger.warning(
@@ -187,6 +191,8 @@ class ReceiverRunner:
                         self.options.instance_id,
                         exc,
                     )
+                    if self._stop.wait(REPLACE_PAUSE_S):  # stopping: no new member to join and leave
+                        return
                     continue
                 except BaseException:
                     self._close(consumer)

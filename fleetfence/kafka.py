@@ -258,7 +258,15 @@ def produce_waiting(
 # just created, a broker restarted, a preferred leader elected back): UNKNOWN_TOPIC_OR_PART,
 # LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION, and the leader epochs (FENCED_LEADER_EPOCH,
 # UNKNOWN_LEADER_EPOCH). librdkafka raises them from an offset query without marking them retriable.
-_LEADER_MOVING = frozenset({3, 5, 6, 74, 76})
+_LEADER_MOVING = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
 
 
 def watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[int, int]:
@@ -270,14 +278,15 @@ def watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
+            left_s = max(0.1, min(10.0, deadline - time.monotonic()))
             lo, hi = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=min(10.0, timeout_s), cached=False
+                TopicPartition(topic, partition), timeout=left_s, cached=False
             )
             return int(lo), int(hi)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             moving = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_MOVING)
-            if not moving or time.monotonic() > deadline:
+            if not moving or time.monotonic() >= deadline:
                 raise
             logger.info("watermarks asked again topic=%s partition=%s error=%s", topic, partition, err)
             time.sleep(0.2)

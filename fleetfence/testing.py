@@ -59,7 +59,7 @@ def read_all(settings: Settings, topic: str, partitions: int, timeout_s: float =
         settings.bootstrap_servers, f"read-{uuid.uuid4().hex}", **{"enable.partition.eof": True}
     )
     tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
-    ends = {p: watermarks(c, topic, p)[1] for p in range(partitions)}
+    ends = {p: watermarks(c, topic, p, timeout_s)[1] for p in range(partitions)}
     c.assign(tps)
     out: list[Any] = []
     done = {p for p, e in ends.items() if e == 0}

@@ -137,7 +137,7 @@ def original_records(
             if (p, o) not in found:
                 missing.setdefault(p, []).append(o)
         for p, offs in missing.items():
-            lo, _hi = watermarks(c, topic, p)
+            lo, _hi = watermarks(c, topic, p, max(1.0, deadline - time.monotonic()))
             unread = sorted(o for o in offs if o >= lo)
             if unread:
                 raise LateReadBackError(

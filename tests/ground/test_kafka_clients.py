@@ -134,10 +134,12 @@ def test_watermarks_are_asked_again_while_the_leader_moves() -> None:
     c = _Answers(
         KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION),
         KafkaError(KafkaError.LEADER_NOT_AVAILABLE),
+        KafkaError(KafkaError.FENCED_LEADER_EPOCH),
+        KafkaError(KafkaError.UNKNOWN_LEADER_EPOCH),
         (3, 17),
     )
     assert kafka.watermarks(c, "t", 0, timeout_s=10) == (3, 17)
-    assert c.asked == 3
+    assert c.asked == 5
 
 
 def test_watermarks_raise_what_is_not_a_moving_leader_and_give_up_at_the_deadline() -> None:
