@@ -186,12 +186,14 @@ class EmailSink:
             out[key] = min(out.get(key, h.ctx.source.offset), h.ctx.source.offset)
         return out
 
-    def release(self, partitions: Iterable[tuple[str, int]]) -> None:
+    def release(self, partitions: Iterable[tuple[str, int]]) -> int:
         gone = set(partitions)
-        for aid in [a for a, h in self._held.items() if (h.ctx.source.topic, h.ctx.source.partition) in gone]:
+        dropped = [a for a, h in self._held.items() if (h.ctx.source.topic, h.ctx.source.partition) in gone]
+        for aid in dropped:
             del self._held[aid]
         if not self._held:
             self._due = None
+        return len(dropped)
 
     def settle(self, now: float) -> list[Settled]:
         self._write_marks()  # what an earlier call could not record (Redis was down)

@@ -58,6 +58,13 @@ class _Families:
             label,
             registry=registry,
         )
+        self.released = Counter(
+            "fleetfence_alert_receiver_released",
+            "Held alerts dropped unsent when their partition left this consumer (revoked, lost, "
+            "replaced or stopping); uncommitted, they are read again by the partition's next owner.",
+            label,
+            registry=registry,
+        )
         self.messages = Counter(
             "fleetfence_alert_receiver_messages_sent",
             "Messages a batching receiver sent (e-mail: one per recipient and interval).",
@@ -95,6 +102,7 @@ class Snapshot:
     dead_lettered: int = 0
     duplicates: int = 0
     filtered: int = 0
+    released: int = 0
     held: int = 0
     messages: int = 0
     consumers_replaced: int = 0
@@ -103,8 +111,13 @@ class Snapshot:
     @property
     def reconciles(self) -> bool:
         """Every consumed record ended in exactly one bucket (the 'counts reconcile' invariant). An
-        alert a batching receiver holds is in none yet: it is counted when its message went out."""
-        return self.consumed == self.delivered + self.dead_lettered + self.duplicates + self.filtered
+        alert a batching receiver holds is in none yet: it is counted when its message went out, or
+        as released when its partition left this consumer before that (its next reader consumes
+        it again, so `consumed` counts it twice and the two buckets once each)."""
+        return (
+            self.consumed
+            == self.delivered + self.dead_lettered + self.duplicates + self.filtered + self.released
+        )
 
 
 class ReceiverMetrics:
@@ -121,6 +134,7 @@ class ReceiverMetrics:
         self._lag = fam.lag.labels(receiver)
         self._held = fam.held.labels(receiver)
         self._m = fam.messages.labels(receiver)
+        self._rel = fam.released.labels(receiver)
         self._replaced = fam.consumers_replaced.labels(receiver)
         self._snap = Snapshot()
         self._lock = threading.Lock()
@@ -163,6 +177,11 @@ class ReceiverMetrics:
         with self._lock:
             self._snap.held = n
         self._held.set(n)
+
+    def released(self, n: int) -> None:
+        with self._lock:
+            self._snap.released += n
+        self._rel.inc(n)
 
     def message_sent(self) -> None:
         with self._lock:

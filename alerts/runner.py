@@ -292,6 +292,9 @@ class ReceiverRunner:
         except Exception as exc:  # the next run re-reads; de-duplication makes that harmless
             logger.error("final offset commit failed receiver=%s error=%s", self.name, exc)
         consumer.close()
+        # A static member's close may revoke nothing: what it still holds is released here, unsent
+        # and uncommitted, for the next run to read again.
+        self._forget([TopicPartition(t, p) for t, p in self._owned])
 
     def _abandon(self, consumer: Consumer) -> None:
         """Close a dead consumer without committing (a fenced member's commits are refused) and drop
@@ -312,7 +315,7 @@ class ReceiverRunner:
             self._processed.pop(key, None)
             self._sent.pop(key, None)
         if self.holding is not None:
-            self.holding.release((tp.topic, tp.partition) for tp in parts)
+            self.metrics.released(self.holding.release((tp.topic, tp.partition) for tp in parts))
             self.metrics.held(self.holding.held_count())
 
     def _one(self, m: Message) -> None:

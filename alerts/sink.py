@@ -80,7 +80,8 @@ class HoldingSink(Sink, Protocol):
         """The smallest offset held per (topic, partition): the runner commits no further."""
         ...
 
-    def release(self, partitions: Iterable[tuple[str, int]]) -> None:
+    def release(self, partitions: Iterable[tuple[str, int]]) -> int:
         """Forget what is held of partitions this member no longer owns: their next owner reads
-        them again from the committed offset, which is at or before them."""
+        them again from the committed offset, which is at or before them. Returns how many alerts
+        it dropped (the runner counts them as released, so its counts still reconcile)."""
         ...

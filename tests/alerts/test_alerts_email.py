@@ -220,9 +220,10 @@ def test_released_partitions_are_dropped_and_the_window_with_them(smtp_server: S
     sink = EmailSink(config(smtp_server), MemoryDedup())
     sink.deliver(alert("truck-042", 1), context(offset=5, partition=0))
     sink.deliver(alert("truck-042", 2), context(offset=6, partition=1))
-    sink.release([("fleet.alerts", 0)])
+    assert sink.release([("fleet.alerts", 0)]) == 1
     assert sink.held_from() == {("fleet.alerts", 1): 6}
-    sink.release([("fleet.alerts", 1)])
+    assert sink.release([("fleet.alerts", 1)]) == 1
+    assert sink.release([("fleet.alerts", 1)]) == 0
     assert sink.held_count() == 0
     assert sink.settle(LATER) == []
     assert smtp_server.snapshot() == []

@@ -820,6 +820,8 @@ def test_email_holds_a_storm_uncommitted_then_mails_it_once_per_recipient_across
         )
     finally:
         held.stop()
+    # Stopped holding the storm: released unsent, and the counts still reconcile.
+    assert all(x.released == 12 and x.delivered == 0 and x.reconciles for x in held.snapshots().values())
     assert smtp_server.data_attempts == 0
     assert smtp_server.auth_failures == 0
     for name in ("mail", "mail-bad"):  # each partition's first record is held: nothing past it
@@ -929,8 +931,11 @@ def test_email_alerts_held_on_partitions_that_move_are_mailed_once_by_their_new_
         moved_ids = set().union(*(by_partition[p] for p in moved))
         wait_for(lambda: b.snapshots()["mail"].delivered == 6 if b else None, 30, "b to mail what moved")
         assert a.snapshots()["mail"].held == 6
+        assert a.snapshots()["mail"].released == 6  # what moved, dropped unsent
         assert {aid for _, aid in mailed()} == moved_ids  # b's mails; a mailed nothing
         a.stop()
+        first = a.snapshots()["mail"]
+        assert (first.consumed, first.released, first.delivered, first.reconciles) == (12, 12, 0, True)
         again = member("a", 0.5)  # the same static member: its partitions back, no rebalance
         wait_for(
             lambda: again.snapshots()["mail"].delivered == 6 if again else None, 30, "a to mail the rest"
@@ -941,6 +946,9 @@ def test_email_alerts_held_on_partitions_that_move_are_mailed_once_by_their_new_
                 m.stop()
     recipients = ["ops@fleet.example", "dispatch@fleet.example"]
     assert mailed() == Counter({(r, x["alert_id"]): 1 for r in recipients for x in storm})
+    assert b is not None
+    assert again is not None
+    assert all(m.snapshots()["mail"].reconciles for m in (b, again))
     assert_fully_committed(s, group_id(s, "mail"))
 
 
