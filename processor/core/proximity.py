@@ -1,0 +1,275 @@
+"""Vehicle-to-vehicle proximity in event time: which pairs of vehicles come near each other and part.
+
+Every other check is keyed by one vehicle; a pair has two, and comparing every vehicle with every
+other costs n² per fix. H3 cells make it local. With cells whose average edge is at least four times
+the rule's exit distance (`resolution_for`), two vehicles within that distance have their home cells
+equal or neighbouring: hexagons that are not neighbours are at least one edge apart, and H3's edges
+stay within about a factor of two of their average. So the work splits into two keyed stages that a
+streaming engine can shard and checkpoint, each a pure function of its state and its input here:
+
+1. keyed by H3 cell (`CellWindow`): a fix goes to its home cell and to the six around it
+   (`fan_out`). A cell keeps each vehicle's latest fix it was sent, for `tolerance_ms` of event time
+   past the watermark, and reports a meeting (`Observation`) when a fix finds another vehicle's kept
+   fix within the tolerance. One cell reports each meeting: the smaller of the two home cells, where
+   the other vehicle is a visitor (or their shared home cell), so a meeting is never counted twice.
+2. keyed by the pair (`PairState`, `pair_step`): the pair's hysteresis. PROXIMITY_ENTER once the
+   vehicles stayed within `enter_m` for `min_duration_ms`; PROXIMITY_EXIT once they are more than
+   `exit_m` apart (larger, so GPS jitter at the boundary does not flap), or once no meeting was seen
+   for `lost_after_ms` (a vehicle went silent or drove out of every shared cell): an event-time
+   deadline (`PairState.deadline_ms`), which a timer keeps even when nothing arrives.
+
+The pair is ordered (`pair_key`), so both vehicles' fixes drive one state and one alert id, whichever
+of them reported. A pair with nothing open keeps no state: the state is bounded by the pairs that
+are near now, not by every pair that ever met.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+import h3
+
+from fleetfence.geo import haversine_m
+
+# The finest H3 resolution used: cells of about 29 m average edge (resolution 11).
+_FINEST = 11
+# How many average edges a cell's edge spans at least the exit distance by (see the module's
+# docstring: a factor of two for H3's distortion, two more of margin).
+EDGE_FACTOR = 4.0
+MAX_EXIT_M = 5_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProximityRule:
+    """One proximity rule: when two vehicles count as near, and for how long.
+
+    `enter_m` < `exit_m` is the hysteresis band; a meeting compares two fixes at most `tolerance_ms`
+    apart in event time (the vehicles report at their own moments); `min_duration_ms` of continuous
+    nearness before PROXIMITY_ENTER (two trucks passing each other at a junction are not a meeting);
+    `lost_after_ms` without a meeting ends an open one. Deliberately no defaults: the distances are
+    the operator's policy, spelled where the rule is configured."""
+
+    rule_id: str
+    enter_m: float
+    exit_m: float
+    min_duration_ms: int
+    tolerance_ms: int
+    lost_after_ms: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.enter_m < self.exit_m <= MAX_EXIT_M:
+            raise ValueError(
+                f"proximity rule {self.rule_id!r}: needs 0 < enter_m < exit_m <= {MAX_EXIT_M:g} "
+                f"(got {self.enter_m:g} and {self.exit_m:g})"
+            )
+        if self.min_duration_ms < 0 or self.tolerance_ms < 0:
+            raise ValueError(f"proximity rule {self.rule_id!r}: durations are never negative")
+        if self.lost_after_ms <= self.tolerance_ms:
+            raise ValueError(
+                f"proximity rule {self.rule_id!r}: lost_after_ms must exceed tolerance_ms, or a "
+                "meeting could be lost between two fixes that still match"
+            )
+
+    @property
+    def resolution(self) -> int:
+        return resolution_for(self.exit_m)
+
+
+def resolution_for(exit_m: float) -> int:
+    """The finest H3 resolution whose average edge is at least EDGE_FACTOR times `exit_m`."""
+    for res in range(_FINEST, -1, -1):
+        if h3.average_hexagon_edge_length(res, "m") >= EDGE_FACTOR * exit_m:
+            return res
+    raise ValueError(f"no H3 resolution has cells large enough for {exit_m} m")
+
+
+@dataclass(frozen=True, slots=True)
+class Fix:
+    """A vehicle's position at an event time, as the proximity stages need it."""
+
+    vehicle_id: str
+    t_ms: int
+    lat: float
+    lon: float
+
+
+@dataclass(frozen=True, slots=True)
+class CellFix:
+    """A fix as sent to one cell: with its home cell, which decides who reports a meeting."""
+
+    cell: str
+    home: str
+    fix: Fix
+
+
+def fan_out(fix: Fix, resolution: int) -> list[CellFix]:
+    """The fix for its home cell and for each neighbour (grid distance 1): where it can meet."""
+    home = h3.latlng_to_cell(fix.lat, fix.lon, resolution)
+    return [CellFix(c, home, fix) for c in sorted(h3.grid_disk(home, 1))]
+
+
+def pair_key(a: str, b: str) -> tuple[str, str]:
+    """The pair in one order, so either vehicle's report reaches the same state."""
+    return (a, b) if a < b else (b, a)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Two vehicles' fixes within the tolerance of each other: how far apart, and when (the later
+    of the two event times: the moment both positions were known). `a` < `b`."""
+
+    a: str
+    b: str
+    t_ms: int
+    distance_m: float
+    lat: float  # where `a` was
+    lon: float
+
+
+def _meet(f: Fix, g: Fix) -> Observation:
+    first, second = (f, g) if f.vehicle_id < g.vehicle_id else (g, f)
+    d = float(haversine_m(first.lon, first.lat, second.lon, second.lat))
+    return Observation(first.vehicle_id, second.vehicle_id, max(f.t_ms, g.t_ms), d, first.lat, first.lon)
+
+
+@dataclass
+class CellWindow:
+    """What one cell keeps: each vehicle's latest fix sent to it, with that fix's home cell."""
+
+    kept: dict[str, CellFix] = field(default_factory=dict)
+
+    def step(self, arrivals: Iterable[CellFix], watermark_ms: int, tolerance_ms: int) -> list[Observation]:
+        """Meet each arrival (event-time order, ties by vehicle) with the other vehicles' kept fixes
+        within the tolerance, keep the newer fix per vehicle, drop what the watermark has passed by
+        more than the tolerance (no fix on time can meet it any more). Arrivals behind the watermark
+        are the caller's to drop: this keeps no fix older than the watermark minus the tolerance."""
+        out: list[Observation] = []
+        for cf in sorted(arrivals, key=lambda c: (c.fix.t_ms, c.fix.vehicle_id)):
+            f = cf.fix
+            for other in self.kept.values():
+                g = other.fix
+                if g.vehicle_id == f.vehicle_id or abs(g.t_ms - f.t_ms) > tolerance_ms:
+                    continue
+                if reports(cf.cell, cf.home, other.home):
+                    out.append(_meet(f, g))
+            mine = self.kept.get(f.vehicle_id)
+            if mine is None or mine.fix.t_ms < f.t_ms:
+                self.kept[f.vehicle_id] = cf
+        self.evict(watermark_ms - tolerance_ms)
+        return out
+
+    def evict(self, before_ms: int) -> None:
+        for v in [v for v, cf in self.kept.items() if cf.fix.t_ms < before_ms]:
+            del self.kept[v]
+
+    def expires_ms(self, tolerance_ms: int) -> int | None:
+        """When the watermark lets the cell forget everything it keeps (None: it keeps nothing)."""
+        if not self.kept:
+            return None
+        return max(cf.fix.t_ms for cf in self.kept.values()) + tolerance_ms
+
+
+def reports(cell: str, home_a: str, home_b: str) -> bool:
+    """Whether `cell` is the one cell that reports a meeting of fixes homed in `home_a` and `home_b`:
+    the smaller home cell (every cell sees two neighbouring homes' fixes, some as visitors only)."""
+    return cell == min(home_a, home_b)
+
+
+class PairEventKind(StrEnum):
+    ENTER = "PROXIMITY_ENTER"
+    EXIT = "PROXIMITY_EXIT"
+
+
+@dataclass(frozen=True, slots=True)
+class PairEvent:
+    """A proximity alert of the pair `a` < `b` under one rule. `reason` on an exit: `apart` (more
+    than exit_m) or `lost` (no meeting for lost_after_ms); `since_ms` is when the nearness began."""
+
+    kind: PairEventKind
+    rule_id: str
+    a: str
+    b: str
+    t_ms: int
+    distance_m: float
+    lat: float
+    lon: float
+    since_ms: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PairState:
+    """A pair's hysteresis. `near_since_ms`: the event time the current run of nearness began (-1:
+    not near); `entered`: PROXIMITY_ENTER went out and no exit yet; `last_ms`: the latest meeting
+    folded in (older ones are late and ignored); `last_lat/lon/distance_m`: that meeting's facts,
+    for an exit by loss."""
+
+    near_since_ms: int = -1
+    entered: bool = False
+    last_ms: int = -1
+    last_lat: float = 0.0
+    last_lon: float = 0.0
+    last_distance_m: float = math.inf
+
+    @property
+    def empty(self) -> bool:
+        """Nothing open or pending: the pair needs no state."""
+        return not self.entered and self.near_since_ms < 0
+
+    def deadline_ms(self, rule: ProximityRule) -> int | None:
+        """The event time at which the pair is lost without a further meeting (None: nothing open)."""
+        return None if self.empty else self.last_ms + rule.lost_after_ms
+
+
+def pair_step(
+    state: PairState, observations: Iterable[Observation], rule: ProximityRule
+) -> tuple[PairState, list[PairEvent], int]:
+    """Fold a pair's meetings (any order: taken in event time, ties by distance) into its state.
+    Returns the new state, the alerts, and how many meetings were older than the state's latest
+    (ignored: the pair's history is already past them)."""
+    events: list[PairEvent] = []
+    late = 0
+    s = state
+    for o in sorted(observations, key=lambda x: (x.t_ms, x.distance_m)):
+        if o.t_ms < s.last_ms:
+            late += 1
+            continue
+        s = replace(s, last_ms=o.t_ms, last_lat=o.lat, last_lon=o.lon, last_distance_m=o.distance_m)
+        if s.entered:
+            if o.distance_m > rule.exit_m:
+                events.append(_event(PairEventKind.EXIT, rule, o, s.near_since_ms, "apart"))
+                s = replace(s, entered=False, near_since_ms=-1)
+        elif o.distance_m <= rule.enter_m:
+            since = s.near_since_ms if s.near_since_ms >= 0 else o.t_ms
+            s = replace(s, near_since_ms=since)
+            if o.t_ms - since >= rule.min_duration_ms:
+                events.append(_event(PairEventKind.ENTER, rule, o, since))
+                s = replace(s, entered=True)
+        else:
+            s = replace(s, near_since_ms=-1)
+    return s, events, late
+
+
+def pair_expire(
+    state: PairState, a: str, b: str, watermark_ms: int, rule: ProximityRule
+) -> tuple[PairState, list[PairEvent]]:
+    """The watermark has moved: a pair whose deadline it passed is lost. An open meeting ends with
+    PROXIMITY_EXIT (reason `lost`, at the deadline's event time, where the pair was last seen); a
+    nearness not yet long enough is forgotten."""
+    deadline = state.deadline_ms(rule)
+    if deadline is None or watermark_ms < deadline:
+        return state, []
+    events: list[PairEvent] = []
+    if state.entered:
+        o = Observation(a, b, deadline, state.last_distance_m, state.last_lat, state.last_lon)
+        events.append(_event(PairEventKind.EXIT, rule, o, state.near_since_ms, "lost"))
+    return PairState(), events
+
+
+def _event(
+    kind: PairEventKind, rule: ProximityRule, o: Observation, since_ms: int, reason: str = ""
+) -> PairEvent:
+    return PairEvent(kind, rule.rule_id, o.a, o.b, o.t_ms, o.distance_m, o.lat, o.lon, since_ms, reason)

@@ -1,0 +1,205 @@
+"""Vehicle-to-vehicle proximity's pure stages (processor.core.proximity): the cell stage finds every
+meeting the all-pairs answer finds, each once, in one batch or many; the pair stage's hysteresis,
+minimum duration, loss by deadline and order independence."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
+import h3
+import pytest
+
+from fleetfence.geo import haversine_m
+from processor.core.proximity import (
+    EDGE_FACTOR,
+    CellWindow,
+    Fix,
+    Observation,
+    PairEvent,
+    PairEventKind,
+    PairState,
+    ProximityRule,
+    fan_out,
+    pair_expire,
+    pair_step,
+    resolution_for,
+)
+
+RULE = ProximityRule(
+    "convoy", enter_m=50, exit_m=80, min_duration_ms=10_000, tolerance_ms=5_000, lost_after_ms=60_000
+)
+T0 = 1_795_320_000_000
+BERLIN = (52.52, 13.405)
+
+
+def test_a_rule_needs_a_band_and_a_loss_longer_than_its_tolerance() -> None:
+    with pytest.raises(ValueError, match="enter_m < exit_m"):
+        ProximityRule("r", enter_m=80, exit_m=80, min_duration_ms=0, tolerance_ms=0, lost_after_ms=1)
+    with pytest.raises(ValueError, match="exit_m <= 5000"):
+        ProximityRule("r", enter_m=80, exit_m=6000, min_duration_ms=0, tolerance_ms=0, lost_after_ms=1)
+    with pytest.raises(ValueError, match="lost_after_ms must exceed"):
+        ProximityRule("r", enter_m=50, exit_m=80, min_duration_ms=0, tolerance_ms=5000, lost_after_ms=5000)
+
+
+@pytest.mark.parametrize("exit_m", [10, 80, 300, 1200, 5000])
+def test_the_resolution_is_the_finest_whose_cells_span_the_exit_distance(exit_m: float) -> None:
+    res = resolution_for(exit_m)
+    assert h3.average_hexagon_edge_length(res, "m") >= EDGE_FACTOR * exit_m
+    if res < 11:
+        assert h3.average_hexagon_edge_length(res + 1, "m") < EDGE_FACTOR * exit_m
+
+
+def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Fix]:
+    """Vehicles wandering in a square of `spread_m` around Berlin, each reporting every ~2 s with
+    its own clock offset: many meetings, across many cell boundaries."""
+    rng = random.Random(seed)
+    dlat = spread_m / 111_320
+    dlon = spread_m / (111_320 * 0.6088)
+    out = []
+    for v in range(vehicles):
+        lat = BERLIN[0] + rng.uniform(0, dlat)
+        lon = BERLIN[1] + rng.uniform(0, dlon)
+        t = T0 + rng.randrange(0, 2000)
+        for _ in range(steps):
+            lat += rng.uniform(-1, 1) * 15 / 111_320  # up to 15 m a step
+            lon += rng.uniform(-1, 1) * 15 / 67_770
+            out.append(Fix(f"v{v:03d}", t, lat, lon))
+            t += 2000 + rng.randrange(-300, 300)
+    return out
+
+
+def expected_meetings(fixes: list[Fix], rule: ProximityRule) -> set[tuple[str, str, int, float]]:
+    """The all-pairs answer: each fix, taken in event time, meets every other vehicle's latest fix
+    before it, when that is within the tolerance and within the exit distance."""
+    latest: dict[str, Fix] = {}
+    out = set()
+    for f in sorted(fixes, key=lambda f: (f.t_ms, f.vehicle_id)):
+        for g in latest.values():
+            if g.vehicle_id == f.vehicle_id or f.t_ms - g.t_ms > rule.tolerance_ms:
+                continue
+            d = float(haversine_m(f.lon, f.lat, g.lon, g.lat))
+            if d <= rule.exit_m:
+                a, b = sorted((f.vehicle_id, g.vehicle_id))
+                out.add((a, b, f.t_ms, round(d, 6)))
+        latest[f.vehicle_id] = f
+    return out
+
+
+def run_cells(batches: Iterable[list[Fix]], rule: ProximityRule) -> list[Observation]:
+    """The cell stage as a streaming engine runs it: each batch fanned out, each cell stepped with
+    its own window, the watermark the batch's latest event time minus the tolerance."""
+    windows: dict[str, CellWindow] = defaultdict(CellWindow)
+    out: list[Observation] = []
+    watermark = 0
+    for batch in batches:
+        by_cell = defaultdict(list)
+        for f in batch:
+            for cf in fan_out(f, rule.resolution):
+                by_cell[cf.cell].append(cf)
+        for cell in sorted(by_cell):
+            out.extend(windows[cell].step(by_cell[cell], watermark, rule.tolerance_ms))
+        watermark = max(watermark, max(f.t_ms for f in batch) - rule.tolerance_ms)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(seed: int) -> None:
+    fixes = fleet(seed, vehicles=40, steps=30, spread_m=400)
+    expected = expected_meetings(fixes, RULE)
+    assert len(expected) > 200  # the fleet is dense: a test with few meetings proves little
+    one = run_cells([fixes], RULE)
+    near = {(o.a, o.b, o.t_ms, round(o.distance_m, 6)) for o in one if o.distance_m <= RULE.exit_m}
+    assert near == expected
+    dupes = [k for k, n in Counter((o.a, o.b, o.t_ms, o.distance_m) for o in one).items() if n > 1]
+    assert dupes == []
+    for o in one:
+        assert o.a < o.b
+    # Cut into batches of 10 s of event time, in order: the same meetings, the windows bounded.
+    cuts = sorted(fixes, key=lambda f: f.t_ms)
+    batches = [[f for f in cuts if T0 + i * 10_000 <= f.t_ms < T0 + (i + 1) * 10_000] for i in range(8)]
+    assert sum(map(len, batches)) == len(fixes)
+    many = run_cells([b for b in batches if b], RULE)
+    assert Counter(many) == Counter(one)
+
+
+def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
+    w = CellWindow()
+    f = Fix("a", T0, *BERLIN)
+    w.step(fan_out(f, RULE.resolution)[:1], 0, RULE.tolerance_ms)
+    assert w.expires_ms(RULE.tolerance_ms) == T0 + RULE.tolerance_ms
+    w.step([], T0 + RULE.tolerance_ms, RULE.tolerance_ms)
+    assert w.kept  # at the tolerance exactly, a fix on time can still meet it
+    w.step([], T0 + RULE.tolerance_ms + 1, RULE.tolerance_ms)
+    assert w.kept == {}
+    assert w.expires_ms(RULE.tolerance_ms) is None
+
+
+def obs(t_s: float, d_m: float, a: str = "a", b: str = "b") -> Observation:
+    return Observation(a, b, T0 + int(t_s * 1000), d_m, BERLIN[0], BERLIN[1])
+
+
+def kinds(events: Iterable[PairEvent]) -> list[tuple[str, int, str]]:
+    return [(str(e.kind), (e.t_ms - T0) // 1000, e.reason) for e in events]
+
+
+def test_enter_after_the_minimum_duration_exit_past_the_larger_distance_no_flap() -> None:
+    # Approach; near from t=10 s; jitter between 50 and 80 m does not flap; apart at t=60 s.
+    track = [obs(0, 300), obs(5, 120), obs(10, 45), obs(15, 40), obs(20, 30), obs(25, 70)]
+    track += [obs(30, 48), obs(35, 79), obs(40, 20), obs(55, 60), obs(60, 81), obs(65, 75), obs(70, 200)]
+    s, events, late = pair_step(PairState(), track, RULE)
+    assert late == 0
+    assert kinds(events) == [("PROXIMITY_ENTER", 20, ""), ("PROXIMITY_EXIT", 60, "apart")]
+    assert [e.kind for e in events] == [PairEventKind.ENTER, PairEventKind.EXIT]
+    assert events[0].since_ms == T0 + 10_000
+    assert events[1].since_ms == T0 + 10_000
+    assert s.empty  # parted, nothing pending: the pair keeps no state
+
+
+def test_passing_by_is_no_meeting_and_a_gap_in_nearness_starts_the_duration_again() -> None:
+    s, events, _ = pair_step(PairState(), [obs(0, 40), obs(5, 30), obs(8, 45), obs(9, 200)], RULE)
+    assert events == []
+    assert s.empty
+    # Near, then beyond enter_m once (not yet entered: the run of nearness starts again), near again.
+    s, events, _ = pair_step(
+        PairState(), [obs(0, 40), obs(8, 60), obs(9, 40), obs(15, 40), obs(19, 40)], RULE
+    )
+    assert kinds(events) == [("PROXIMITY_ENTER", 19, "")]
+    assert events[0].since_ms == T0 + 9_000
+
+
+def test_the_order_of_meetings_and_their_batches_does_not_change_the_alerts() -> None:
+    track = [obs(t, d) for t, d in [(0, 45), (4, 30), (8, 49), (12, 20), (16, 60), (20, 90), (24, 30)]]
+    _, whole, _ = pair_step(PairState(), track, RULE)
+    _, shuffled, _ = pair_step(PairState(), random.Random(7).sample(track, len(track)), RULE)
+    s1, first, _ = pair_step(PairState(), track[:3], RULE)
+    _, second, _ = pair_step(s1, track[3:], RULE)
+    assert whole == shuffled == first + second
+    assert kinds(whole) == [("PROXIMITY_ENTER", 12, ""), ("PROXIMITY_EXIT", 20, "apart")]
+
+
+def test_a_meeting_older_than_the_pairs_latest_is_late_and_ignored() -> None:
+    s, _, _ = pair_step(PairState(), [obs(0, 40), obs(20, 40)], RULE)
+    assert s.entered
+    s2, events, late = pair_step(s, [obs(10, 500)], RULE)
+    assert (events, late, s2) == ([], 1, s)
+
+
+def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
+    s, events, _ = pair_step(PairState(), [obs(0, 40), obs(12, 35)], RULE)
+    assert kinds(events) == [("PROXIMITY_ENTER", 12, "")]
+    deadline = s.deadline_ms(RULE)
+    assert deadline == T0 + 12_000 + RULE.lost_after_ms
+    same, none = pair_expire(s, "a", "b", deadline - 1, RULE)
+    assert (same, none) == (s, [])
+    gone, lost = pair_expire(s, "a", "b", deadline + 5_000, RULE)
+    assert gone.empty
+    assert kinds(lost) == [("PROXIMITY_EXIT", 72, "lost")]
+    assert lost[0].distance_m == 35
+    # Near but not yet long enough when lost: forgotten, no alert.
+    pending, events, _ = pair_step(PairState(), [obs(0, 40)], RULE)
+    assert events == []
+    assert pending.deadline_ms(RULE) == T0 + RULE.lost_after_ms
+    gone, lost = pair_expire(pending, "a", "b", T0 + RULE.lost_after_ms, RULE)
+    assert (gone.empty, lost) == (True, [])
