@@ -87,28 +87,29 @@ def resolution_for(exit_m: float) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Fix:
-    """A vehicle's position at an event time, as the proximity stages need it."""
+class Position:
+    """A fix as the proximity stages need it: the wire's fields in their order, no more
+    (tests/processor/test_fix_records.py)."""
 
     vehicle_id: str
-    t_ms: int
+    ts_ms: int
     lat: float
     lon: float
 
 
 @dataclass(frozen=True, slots=True)
-class CellFix:
-    """A fix as sent to one cell: with its home cell, which decides who reports a meeting."""
+class CellPosition:
+    """A position as sent to one cell: with its home cell, which decides who reports a meeting."""
 
     cell: str
     home: str
-    fix: Fix
+    position: Position
 
 
-def fan_out(fix: Fix, resolution: int) -> list[CellFix]:
-    """The fix for its home cell and for each neighbour (grid distance 1): where it can meet."""
-    home = h3.latlng_to_cell(fix.lat, fix.lon, resolution)
-    return [CellFix(c, home, fix) for c in sorted(h3.grid_disk(home, 1))]
+def fan_out(position: Position, resolution: int) -> list[CellPosition]:
+    """The position for its home cell and for each neighbour (grid distance 1): where it can meet."""
+    home = h3.latlng_to_cell(position.lat, position.lon, resolution)
+    return [CellPosition(c, home, position) for c in sorted(h3.grid_disk(home, 1))]
 
 
 def pair_key(a: str, b: str) -> tuple[str, str]:
@@ -123,53 +124,55 @@ class Observation:
 
     a: str
     b: str
-    t_ms: int
+    ts_ms: int
     distance_m: float
     lat: float  # where `a` was
     lon: float
 
 
-def _meet(f: Fix, g: Fix) -> Observation:
+def _meet(f: Position, g: Position) -> Observation:
     first, second = (f, g) if f.vehicle_id < g.vehicle_id else (g, f)
     d = float(haversine_m(first.lon, first.lat, second.lon, second.lat))
-    return Observation(first.vehicle_id, second.vehicle_id, max(f.t_ms, g.t_ms), d, first.lat, first.lon)
+    return Observation(first.vehicle_id, second.vehicle_id, max(f.ts_ms, g.ts_ms), d, first.lat, first.lon)
 
 
 @dataclass
 class CellWindow:
     """What one cell keeps: each vehicle's latest fix sent to it, with that fix's home cell."""
 
-    kept: dict[str, CellFix] = field(default_factory=dict)
+    kept: dict[str, CellPosition] = field(default_factory=dict)
 
-    def step(self, arrivals: Iterable[CellFix], watermark_ms: int, tolerance_ms: int) -> list[Observation]:
+    def step(
+        self, arrivals: Iterable[CellPosition], watermark_ms: int, tolerance_ms: int
+    ) -> list[Observation]:
         """Meet each arrival (event-time order, ties by vehicle) with the other vehicles' kept fixes
         within the tolerance, keep the newer fix per vehicle, drop what the watermark has passed by
         more than the tolerance (no fix on time can meet it any more). Arrivals behind the watermark
         are the caller's to drop: this keeps no fix older than the watermark minus the tolerance."""
         out: list[Observation] = []
-        for cf in sorted(arrivals, key=lambda c: (c.fix.t_ms, c.fix.vehicle_id)):
-            f = cf.fix
+        for cf in sorted(arrivals, key=lambda c: (c.position.ts_ms, c.position.vehicle_id)):
+            f = cf.position
             for other in self.kept.values():
-                g = other.fix
-                if g.vehicle_id == f.vehicle_id or abs(g.t_ms - f.t_ms) > tolerance_ms:
+                g = other.position
+                if g.vehicle_id == f.vehicle_id or abs(g.ts_ms - f.ts_ms) > tolerance_ms:
                     continue
                 if reports(cf.cell, cf.home, other.home):
                     out.append(_meet(f, g))
             mine = self.kept.get(f.vehicle_id)
-            if mine is None or mine.fix.t_ms < f.t_ms:
+            if mine is None or mine.position.ts_ms < f.ts_ms:
                 self.kept[f.vehicle_id] = cf
         self.evict(watermark_ms - tolerance_ms)
         return out
 
     def evict(self, before_ms: int) -> None:
-        for v in [v for v, cf in self.kept.items() if cf.fix.t_ms < before_ms]:
+        for v in [v for v, cf in self.kept.items() if cf.position.ts_ms < before_ms]:
             del self.kept[v]
 
     def expires_ms(self, tolerance_ms: int) -> int | None:
         """When the watermark lets the cell forget everything it keeps (None: it keeps nothing)."""
         if not self.kept:
             return None
-        return max(cf.fix.t_ms for cf in self.kept.values()) + tolerance_ms
+        return max(cf.position.ts_ms for cf in self.kept.values()) + tolerance_ms
 
 
 def reports(cell: str, home_a: str, home_b: str) -> bool:
@@ -192,7 +195,7 @@ class PairEvent:
     rule_id: str
     a: str
     b: str
-    t_ms: int
+    ts_ms: int
     distance_m: float
     lat: float
     lon: float
@@ -233,19 +236,19 @@ def pair_step(
     events: list[PairEvent] = []
     late = 0
     s = state
-    for o in sorted(observations, key=lambda x: (x.t_ms, x.distance_m)):
-        if o.t_ms < s.last_ms:
+    for o in sorted(observations, key=lambda x: (x.ts_ms, x.distance_m)):
+        if o.ts_ms < s.last_ms:
             late += 1
             continue
-        s = replace(s, last_ms=o.t_ms, last_lat=o.lat, last_lon=o.lon, last_distance_m=o.distance_m)
+        s = replace(s, last_ms=o.ts_ms, last_lat=o.lat, last_lon=o.lon, last_distance_m=o.distance_m)
         if s.entered:
             if o.distance_m > rule.exit_m:
                 events.append(_event(PairEventKind.EXIT, rule, o, s.near_since_ms, "apart"))
                 s = replace(s, entered=False, near_since_ms=-1)
         elif o.distance_m <= rule.enter_m:
-            since = s.near_since_ms if s.near_since_ms >= 0 else o.t_ms
+            since = s.near_since_ms if s.near_since_ms >= 0 else o.ts_ms
             s = replace(s, near_since_ms=since)
-            if o.t_ms - since >= rule.min_duration_ms:
+            if o.ts_ms - since >= rule.min_duration_ms:
                 events.append(_event(PairEventKind.ENTER, rule, o, since))
                 s = replace(s, entered=True)
         else:
@@ -272,4 +275,4 @@ def pair_expire(
 def _event(
     kind: PairEventKind, rule: ProximityRule, o: Observation, since_ms: int, reason: str = ""
 ) -> PairEvent:
-    return PairEvent(kind, rule.rule_id, o.a, o.b, o.t_ms, o.distance_m, o.lat, o.lon, since_ms, reason)
+    return PairEvent(kind, rule.rule_id, o.a, o.b, o.ts_ms, o.distance_m, o.lat, o.lon, since_ms, reason)

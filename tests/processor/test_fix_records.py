@@ -15,6 +15,7 @@ import pyarrow as pa
 from fleetfence.contracts import PlainFix, Telemetry
 from processor.core.columns import FIX_SCHEMA, Fixes
 from processor.core.domain import Fix, RawFix
+from processor.core.proximity import Position
 from processor.spark.rows import FIX_SCHEMA as ROWS_FIX_SCHEMA
 from processor.spark.rows import decode_chunks, encode_chunk
 
@@ -99,3 +100,10 @@ def test_the_wire_record_round_trips_in_its_field_order() -> None:
     t = Telemetry("v1", 3, 1_795_000_000_000, 52.5, 13.4, 30.0, None, 4.0, 1_795_000_000_050)
     assert Telemetry.from_json(t.to_json()) == t
     assert list(orjson.loads(t.to_json())) == list(Telemetry.__struct_fields__)
+
+
+def test_the_proximity_position_holds_read_fields_in_their_order() -> None:
+    read = list(PlainFix.__struct_fields__)
+    mine = [f.name for f in fields(Position)]
+    assert [f for f in read if f in mine] == mine
+    assert set(mine) <= set(read)

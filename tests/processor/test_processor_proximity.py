@@ -15,11 +15,11 @@ from fleetfence.geo import haversine_m
 from processor.core.proximity import (
     EDGE_FACTOR,
     CellWindow,
-    Fix,
     Observation,
     PairEvent,
     PairEventKind,
     PairState,
+    Position,
     ProximityRule,
     fan_out,
     pair_expire,
@@ -51,7 +51,7 @@ def test_the_resolution_is_the_finest_whose_cells_span_the_exit_distance(exit_m:
         assert h3.average_hexagon_edge_length(res + 1, "m") < EDGE_FACTOR * exit_m
 
 
-def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Fix]:
+def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Position]:
     """Vehicles wandering in a square of `spread_m` around Berlin, each reporting every ~2 s with
     its own clock offset: many meetings, across many cell boundaries."""
     rng = random.Random(seed)
@@ -65,29 +65,29 @@ def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Fix]:
         for _ in range(steps):
             lat += rng.uniform(-1, 1) * 15 / 111_320  # up to 15 m a step
             lon += rng.uniform(-1, 1) * 15 / 67_770
-            out.append(Fix(f"v{v:03d}", t, lat, lon))
+            out.append(Position(f"v{v:03d}", t, lat, lon))
             t += 2000 + rng.randrange(-300, 300)
     return out
 
 
-def expected_meetings(fixes: list[Fix], rule: ProximityRule) -> set[tuple[str, str, int, float]]:
+def expected_meetings(fixes: list[Position], rule: ProximityRule) -> set[tuple[str, str, int, float]]:
     """The all-pairs answer: each fix, taken in event time, meets every other vehicle's latest fix
     before it, when that is within the tolerance and within the exit distance."""
-    latest: dict[str, Fix] = {}
+    latest: dict[str, Position] = {}
     out = set()
-    for f in sorted(fixes, key=lambda f: (f.t_ms, f.vehicle_id)):
+    for f in sorted(fixes, key=lambda f: (f.ts_ms, f.vehicle_id)):
         for g in latest.values():
-            if g.vehicle_id == f.vehicle_id or f.t_ms - g.t_ms > rule.tolerance_ms:
+            if g.vehicle_id == f.vehicle_id or f.ts_ms - g.ts_ms > rule.tolerance_ms:
                 continue
             d = float(haversine_m(f.lon, f.lat, g.lon, g.lat))
             if d <= rule.exit_m:
                 a, b = sorted((f.vehicle_id, g.vehicle_id))
-                out.add((a, b, f.t_ms, round(d, 6)))
+                out.add((a, b, f.ts_ms, round(d, 6)))
         latest[f.vehicle_id] = f
     return out
 
 
-def run_cells(batches: Iterable[list[Fix]], rule: ProximityRule) -> list[Observation]:
+def run_cells(batches: Iterable[list[Position]], rule: ProximityRule) -> list[Observation]:
     """The cell stage as a streaming engine runs it: each batch fanned out, each cell stepped with
     its own window, the watermark the batch's latest event time minus the tolerance."""
     windows: dict[str, CellWindow] = defaultdict(CellWindow)
@@ -100,7 +100,7 @@ def run_cells(batches: Iterable[list[Fix]], rule: ProximityRule) -> list[Observa
                 by_cell[cf.cell].append(cf)
         for cell in sorted(by_cell):
             out.extend(windows[cell].step(by_cell[cell], watermark, rule.tolerance_ms))
-        watermark = max(watermark, max(f.t_ms for f in batch) - rule.tolerance_ms)
+        watermark = max(watermark, max(f.ts_ms for f in batch) - rule.tolerance_ms)
     return out
 
 
@@ -110,15 +110,15 @@ def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(s
     expected = expected_meetings(fixes, RULE)
     assert len(expected) > 200  # the fleet is dense: a test with few meetings proves little
     one = run_cells([fixes], RULE)
-    near = {(o.a, o.b, o.t_ms, round(o.distance_m, 6)) for o in one if o.distance_m <= RULE.exit_m}
+    near = {(o.a, o.b, o.ts_ms, round(o.distance_m, 6)) for o in one if o.distance_m <= RULE.exit_m}
     assert near == expected
-    dupes = [k for k, n in Counter((o.a, o.b, o.t_ms, o.distance_m) for o in one).items() if n > 1]
+    dupes = [k for k, n in Counter((o.a, o.b, o.ts_ms, o.distance_m) for o in one).items() if n > 1]
     assert dupes == []
     for o in one:
         assert o.a < o.b
     # Cut into batches of 10 s of event time, in order: the same meetings, the windows bounded.
-    cuts = sorted(fixes, key=lambda f: f.t_ms)
-    batches = [[f for f in cuts if T0 + i * 10_000 <= f.t_ms < T0 + (i + 1) * 10_000] for i in range(8)]
+    cuts = sorted(fixes, key=lambda f: f.ts_ms)
+    batches = [[f for f in cuts if T0 + i * 10_000 <= f.ts_ms < T0 + (i + 1) * 10_000] for i in range(8)]
     assert sum(map(len, batches)) == len(fixes)
     many = run_cells([b for b in batches if b], RULE)
     assert Counter(many) == Counter(one)
@@ -126,7 +126,7 @@ def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(s
 
 def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
     w = CellWindow()
-    f = Fix("a", T0, *BERLIN)
+    f = Position("a", T0, *BERLIN)
     w.step(fan_out(f, RULE.resolution)[:1], 0, RULE.tolerance_ms)
     assert w.expires_ms(RULE.tolerance_ms) == T0 + RULE.tolerance_ms
     w.step([], T0 + RULE.tolerance_ms, RULE.tolerance_ms)
@@ -141,7 +141,7 @@ def obs(t_s: float, d_m: float, a: str = "a", b: str = "b") -> Observation:
 
 
 def kinds(events: Iterable[PairEvent]) -> list[tuple[str, int, str]]:
-    return [(str(e.kind), (e.t_ms - T0) // 1000, e.reason) for e in events]
+    return [(str(e.kind), (e.ts_ms - T0) // 1000, e.reason) for e in events]
 
 
 def test_enter_after_the_minimum_duration_exit_past_the_larger_distance_no_flap() -> None:

@@ -1,0 +1,313 @@
+"""Vehicle-to-vehicle proximity on Spark: the two keyed stages of processor.core.proximity as two
+chained `transformWithStateInPandas` operators, in event time, their state in the state store.
+
+    fixes (vehicle_id, ts_ms, lat, lon)
+      -> mapInPandas(fan_out: a row per cell it can meet in, plus one clock row per task)
+      -> watermark on `ts` -> groupBy(cell) -> CellProcessor (EventTime)      -> meetings
+      -> groupBy(a, b)                    -> PairProcessor (EventTime)        -> pair events
+
+Why the clock rows: Spark drops a stateful operator's input rows whose event time is behind the
+watermark, before the operator sees them and without counting them. Data rows carry a null `ts`
+(never dropped) and the true event time in `ts_ms`; one clock row per task carries the newest event
+time the task saw and moves the watermark. The cell stage decides lateness itself and counts it.
+
+Why a meeting's `ts` may be later than its `ts_ms`: an operator chained before another may not emit
+a row older than the watermark. A meeting is emitted at its event time or at the watermark, whichever
+is later, for Spark's bookkeeping; the pair stage reads `ts_ms`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from processor.core.proximity import (
+    CellPosition,
+    CellWindow,
+    Observation,
+    PairState,
+    Position,
+    ProximityRule,
+    fan_out,
+    pair_expire,
+    pair_step,
+)
+
+CLOCK_CELL = ""  # the key of the clock rows: its operator instance only moves the watermark
+FIXES_DDL = "vehicle_id string, ts_ms long, lat double, lon double"
+CELL_ROWS_DDL = (
+    "cell string, home string, vehicle_id string, ts timestamp, ts_ms long, lat double, lon double"
+)
+MEETINGS_DDL = "a string, b string, ts timestamp, ts_ms long, distance_m double, lat double, lon double"
+EVENTS_DDL = (
+    "kind string, rule_id string, a string, b string, ts_ms long, distance_m double, lat double, "
+    "lon double, since_ms long, reason string"
+)
+_MEETING_COLS = ["a", "b", "ts", "ts_ms", "distance_m", "lat", "lon"]
+_EVENT_COLS = ["kind", "rule_id", "a", "b", "ts_ms", "distance_m", "lat", "lon", "since_ms", "reason"]
+
+
+def cell_rows(rule: ProximityRule) -> Any:
+    """The mapInPandas function: each fix as a row per cell it can meet in (`fan_out`), `ts` null,
+    and one clock row (`cell` CLOCK_CELL) with the newest event time of what the task read."""
+    res = rule.resolution
+
+    def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        newest = -1
+        for df in frames:
+            rows: list[tuple[Any, ...]] = []
+            for v, t, lat, lon in zip(df["vehicle_id"], df["ts_ms"], df["lat"], df["lon"], strict=True):
+                f = Position(str(v), int(t), float(lat), float(lon))
+                newest = max(newest, f.ts_ms)
+                rows.extend(
+                    (c.cell, c.home, f.vehicle_id, None, f.ts_ms, f.lat, f.lon) for c in fan_out(f, res)
+                )
+            if rows:
+                yield pd.DataFrame(rows, columns=["cell", "home", "vehicle_id", "ts", "ts_ms", "lat", "lon"])
+        if newest >= 0:
+            clock = pd.Timestamp(newest, unit="ms", tz="UTC")
+            yield pd.DataFrame(
+                [(CLOCK_CELL, "", "", clock, newest, 0.0, 0.0)],
+                columns=["cell", "home", "vehicle_id", "ts", "ts_ms", "lat", "lon"],
+            )
+
+    return run
+
+
+def _ts(ms: int) -> pd.Timestamp:
+    return pd.Timestamp(ms, unit="ms", tz="UTC")
+
+
+class CellProcessor(StatefulProcessor):
+    """Stage 1, keyed by H3 cell: the cell's `CellWindow` in one value state (each vehicle's latest
+    fix here), an event-time timer to forget it all once the watermark has passed it by the
+    tolerance."""
+
+    def __init__(self, rule: ProximityRule) -> None:
+        self.rule = rule
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.kept = handle.getValueState("kept", "blob binary")
+        self.timer = handle.getValueState("timer", "ms long")
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[Any], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        cell = str(key[0])
+        if cell == CLOCK_CELL:
+            for _ in rows:
+                pass
+            return
+        wm = max(0, int(timerValues.getCurrentWatermarkInMs()))
+        window = self._load()
+        arrivals = [
+            CellPosition(cell, str(h), Position(str(v), int(t), float(la), float(lo)))
+            for df in rows
+            for h, v, t, la, lo in zip(
+                df["home"], df["vehicle_id"], df["ts_ms"], df["lat"], df["lon"], strict=True
+            )
+        ]
+        meetings = window.step(arrivals, wm, self.rule.tolerance_ms)
+        self._save(window)
+        if meetings:
+            yield meetings_frame(meetings, wm)
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        window = self._load()
+        window.evict(int(timerValues.getCurrentWatermarkInMs()) - self.rule.tolerance_ms)
+        self.timer.clear()  # the timer that fired is gone
+        self._save(window)
+        return iter(())
+
+    def _load(self) -> CellWindow:
+        if not self.kept.exists():
+            return CellWindow()
+        value = self.kept.get()
+        assert value is not None
+        return CellWindow(
+            {
+                v: CellPosition(c, h, Position(v, t, la, lo))
+                for c, h, v, t, la, lo in orjson.loads(bytes(value[0]))
+            }
+        )
+
+    def _save(self, window: CellWindow) -> None:
+        old = int(self.timer.get()[0]) if self.timer.exists() else -1  # type: ignore[index]
+        due = window.expires_ms(self.rule.tolerance_ms)
+        new = -1 if due is None else due + 1  # past it: the watermark then evicts every fix kept
+        if new != old:
+            if old >= 0:
+                self.handle.deleteTimer(old)
+            if new >= 0:
+                self.handle.registerTimer(new)
+                self.timer.update((new,))
+            else:
+                self.timer.clear()
+        if not window.kept:
+            self.kept.clear()
+            return
+        blob = orjson.dumps(
+            [
+                [
+                    cf.cell,
+                    cf.home,
+                    cf.position.vehicle_id,
+                    cf.position.ts_ms,
+                    cf.position.lat,
+                    cf.position.lon,
+                ]
+                for cf in window.kept.values()
+            ]
+        )
+        self.kept.update((blob,))
+
+    def close(self) -> None:
+        pass
+
+
+def meetings_frame(meetings: list[Observation], watermark_ms: int) -> pd.DataFrame:
+    return pd.DataFrame(
+        [(o.a, o.b, _ts(max(o.ts_ms, watermark_ms)), o.ts_ms, o.distance_m, o.lat, o.lon) for o in meetings],
+        columns=_MEETING_COLS,
+    )
+
+
+class PairProcessor(StatefulProcessor):
+    """Stage 2, keyed by the pair (a, b): its `PairState` in one value state, an event-time timer at
+    its lost deadline. An empty state is cleared: state only for pairs near now."""
+
+    def __init__(self, rule: ProximityRule) -> None:
+        self.rule = rule
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.pair = handle.getValueState(
+            "pair",
+            "near_since_ms long, entered boolean, last_ms long, last_lat double, last_lon double, "
+            "last_distance_m double, timer_ms long",
+        )
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[Any], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        a, b = str(key[0]), str(key[1])
+        state, timer = self._load()
+        meetings = [
+            Observation(a, b, int(t), float(d), float(la), float(lo))
+            for df in rows
+            for t, d, la, lo in zip(df["ts_ms"], df["distance_m"], df["lat"], df["lon"], strict=True)
+        ]
+        state, events, _late = pair_step(state, meetings, self.rule)
+        self._save(state, timer)
+        if events:
+            yield pd.DataFrame(
+                [
+                    (
+                        str(e.kind),
+                        e.rule_id,
+                        e.a,
+                        e.b,
+                        e.ts_ms,
+                        e.distance_m,
+                        e.lat,
+                        e.lon,
+                        e.since_ms,
+                        e.reason,
+                    )
+                    for e in events
+                ],
+                columns=_EVENT_COLS,
+            )
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        a, b = str(key[0]), str(key[1])
+        state, _timer = self._load()
+        state, events = pair_expire(state, a, b, int(timerValues.getCurrentWatermarkInMs()), self.rule)
+        self._save(state, -1)  # the timer that fired is gone
+        if events:
+            yield pd.DataFrame(
+                [
+                    (
+                        str(e.kind),
+                        e.rule_id,
+                        e.a,
+                        e.b,
+                        e.ts_ms,
+                        e.distance_m,
+                        e.lat,
+                        e.lon,
+                        e.since_ms,
+                        e.reason,
+                    )
+                    for e in events
+                ],
+                columns=_EVENT_COLS,
+            )
+
+    def _load(self) -> tuple[PairState, int]:
+        if not self.pair.exists():
+            return PairState(), -1
+        v = self.pair.get()
+        assert v is not None
+        return PairState(int(v[0]), bool(v[1]), int(v[2]), float(v[3]), float(v[4]), float(v[5])), int(v[6])
+
+    def _save(self, state: PairState, timer: int) -> None:
+        due = state.deadline_ms(self.rule)
+        new = -1 if due is None else due
+        if new != timer:
+            if timer >= 0:
+                self.handle.deleteTimer(timer)
+            if new >= 0:
+                self.handle.registerTimer(new)
+        if state.empty:
+            self.pair.clear()
+            return
+        self.pair.update(
+            (
+                state.near_since_ms,
+                state.entered,
+                state.last_ms,
+                state.last_lat,
+                state.last_lon,
+                state.last_distance_m,
+                new,
+            )
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def proximity_events(fixes: Any, rule: ProximityRule, lateness_ms: int) -> Any:
+    """The streaming DataFrame of a rule's pair events (EVENTS_DDL) from a streaming DataFrame of
+    fixes (FIXES_DDL); `lateness_ms` is the watermark's delay behind the newest event time."""
+    cells = fixes.mapInPandas(cell_rows(rule), CELL_ROWS_DDL).withWatermark(
+        "ts", f"{lateness_ms} milliseconds"
+    )
+    meetings = cells.groupBy("cell").transformWithStateInPandas(
+        statefulProcessor=CellProcessor(rule),
+        outputStructType=MEETINGS_DDL,
+        outputMode="Append",
+        timeMode="EventTime",
+        eventTimeColumnName="ts",
+    )
+    return meetings.groupBy("a", "b").transformWithStateInPandas(
+        statefulProcessor=PairProcessor(rule),
+        outputStructType=EVENTS_DDL,
+        outputMode="Append",
+        timeMode="EventTime",
+    )
