@@ -291,10 +291,13 @@ class ReceiverRunner:
             self._commit(consumer, synchronous=True)
         except Exception as exc:  # the next run re-reads; de-duplication makes that harmless
             logger.error("final offset commit failed receiver=%s error=%s", self.name, exc)
-        consumer.close()
-        # A static member's close may revoke nothing: what it still holds is released here, unsent
-        # and uncommitted, for the next run to read again.
-        self._forget([TopicPartition(t, p) for t, p in self._owned])
+        try:
+            consumer.close()
+        finally:
+            # A static member's close may revoke nothing: what it still holds is released here,
+            # unsent and uncommitted, for the next run to read again (counted once: a partition
+            # already revoked during the close is no longer owned).
+            self._forget([TopicPartition(t, p) for t, p in self._owned])
 
     def _abandon(self, consumer: Consumer) -> None:
         """Close a dead consumer without committing (a fenced member's commits are refused) and drop

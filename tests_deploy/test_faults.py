@@ -106,7 +106,7 @@ def under_load(dep: Deployment, name: str, fault: Callable[[], None], tmp_path: 
             return records(dep) > start + 20 * VEHICLES
 
         # A partition's leader may not answer a probe for a moment (a broker of the fault before
-        # rejoining, a slow answer on this busy machine): that is "not yet", not a failure.
+        # still rejoining): "not yet", as in every other wait here; an ended load test is not.
         wait_for(publishing, 600, f"{name}: the fleet publishing", interval_s=2.0, ignore=(DeployError,))
         fault()
         rc = proc.wait(timeout=1500)

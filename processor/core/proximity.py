@@ -8,19 +8,22 @@ stay within about a factor of two of their average. So the work splits into two 
 streaming engine can shard and checkpoint, each a pure function of its state and its input here:
 
 1. keyed by H3 cell (`CellWindow`): a fix goes to its home cell and to the six around it
-   (`fan_out`). A cell keeps each vehicle's latest fix it was sent, for `tolerance_ms` of event time
-   past the watermark, and reports a meeting (`Observation`) when a fix finds another vehicle's kept
-   fix within the tolerance. One cell reports each meeting: the smaller of the two home cells, where
-   the other vehicle is a visitor (or their shared home cell), so a meeting is never counted twice.
+   (`fan_out`). A cell keeps the fixes it was sent for `tolerance_ms` of event time past the
+   watermark, and reports a meeting (`Observation`) for every two fixes of two vehicles within the
+   tolerance of each other. One cell reports each: the smaller of the two home cells, where the
+   other fix is a visitor (or their shared home cell), when the second of the two arrives; so each
+   pair of fixes is one meeting, whichever order and batches they come in.
 2. keyed by the pair (`PairState`, `pair_step`): the pair's hysteresis. PROXIMITY_ENTER once the
    vehicles stayed within `enter_m` for `min_duration_ms`; PROXIMITY_EXIT once they are more than
    `exit_m` apart (larger, so GPS jitter at the boundary does not flap), or once no meeting was seen
    for `lost_after_ms` (a vehicle went silent or drove out of every shared cell): an event-time
-   deadline (`PairState.deadline_ms`), which a timer keeps even when nothing arrives.
+   deadline (`PairState.deadline_ms`), which a timer keeps even when nothing arrives, and which a
+   meeting after the gap also applies (the pair was lost in between, however the batches fell).
 
 The pair is ordered (`pair_key`), so both vehicles' fixes drive one state and one alert id, whichever
-of them reported. A pair with nothing open keeps no state: the state is bounded by the pairs that
-are near now, not by every pair that ever met.
+of them reported. A pair with nothing open keeps only its latest meeting's time, until the watermark
+passes it (`PairState.keep_until_ms`): the state is bounded by the pairs near now, not by every pair
+that ever met.
 """
 
 from __future__ import annotations
@@ -137,42 +140,64 @@ def _meet(f: Position, g: Position) -> Observation:
 
 
 @dataclass
+class CellStep:
+    """A cell's batch: the meetings, the arrivals it already had (the same vehicle and event time:
+    a re-delivered fix, met once), and the arrivals behind the watermark (still met with what the
+    cell keeps; a partner older than the watermark minus the tolerance may be forgotten already)."""
+
+    meetings: list[Observation]
+    duplicates: int = 0
+    behind_watermark: int = 0
+
+
+@dataclass
 class CellWindow:
-    """What one cell keeps: each vehicle's latest fix sent to it, with that fix's home cell."""
+    """What one cell keeps: each vehicle's fixes sent to it that a fix on time can still meet
+    (event time at or after the watermark minus the tolerance), each with its home cell."""
 
-    kept: dict[str, CellPosition] = field(default_factory=dict)
+    kept: dict[str, list[CellPosition]] = field(default_factory=dict)
 
-    def step(
-        self, arrivals: Iterable[CellPosition], watermark_ms: int, tolerance_ms: int
-    ) -> list[Observation]:
-        """Meet each arrival (event-time order, ties by vehicle) with the other vehicles' kept fixes
-        within the tolerance, keep the newer fix per vehicle, drop what the watermark has passed by
-        more than the tolerance (no fix on time can meet it any more). Arrivals behind the watermark
-        are the caller's to drop: this keeps no fix older than the watermark minus the tolerance."""
-        out: list[Observation] = []
+    def step(self, arrivals: Iterable[CellPosition], watermark_ms: int, tolerance_ms: int) -> CellStep:
+        """Meet each arrival with every kept fix of another vehicle within the tolerance, keep it,
+        then forget what the watermark has passed by more than the tolerance.
+
+        Every pair of fixes of two vehicles within the tolerance whose home cells are equal or
+        neighbours is reported exactly once: by the smaller home cell (`reports`), when the second
+        of the two arrives, whatever the order and the batches they arrive in, as long as neither
+        arrives behind the watermark (then its partner may be forgotten: counted, not dropped)."""
+        out = CellStep([])
         for cf in sorted(arrivals, key=lambda c: (c.position.ts_ms, c.position.vehicle_id)):
             f = cf.position
-            for other in self.kept.values():
-                g = other.position
-                if g.vehicle_id == f.vehicle_id or abs(g.ts_ms - f.ts_ms) > tolerance_ms:
+            mine = self.kept.setdefault(f.vehicle_id, [])
+            if any(k.position.ts_ms == f.ts_ms for k in mine):
+                out.duplicates += 1
+                continue
+            if f.ts_ms < watermark_ms:
+                out.behind_watermark += 1
+            for v, theirs in self.kept.items():
+                if v == f.vehicle_id:
                     continue
-                if reports(cf.cell, cf.home, other.home):
-                    out.append(_meet(f, g))
-            mine = self.kept.get(f.vehicle_id)
-            if mine is None or mine.position.ts_ms < f.ts_ms:
-                self.kept[f.vehicle_id] = cf
+                for other in theirs:
+                    g = other.position
+                    if abs(g.ts_ms - f.ts_ms) <= tolerance_ms and reports(cf.cell, cf.home, other.home):
+                        out.meetings.append(_meet(f, g))
+            mine.append(cf)
         self.evict(watermark_ms - tolerance_ms)
         return out
 
     def evict(self, before_ms: int) -> None:
-        for v in [v for v, cf in self.kept.items() if cf.position.ts_ms < before_ms]:
-            del self.kept[v]
+        for v in list(self.kept):
+            left = [cf for cf in self.kept[v] if cf.position.ts_ms >= before_ms]
+            if left:
+                self.kept[v] = left
+            else:
+                del self.kept[v]
 
     def expires_ms(self, tolerance_ms: int) -> int | None:
         """When the watermark lets the cell forget everything it keeps (None: it keeps nothing)."""
         if not self.kept:
             return None
-        return max(cf.position.ts_ms for cf in self.kept.values()) + tolerance_ms
+        return max(cf.position.ts_ms for fs in self.kept.values() for cf in fs) + tolerance_ms
 
 
 def reports(cell: str, home_a: str, home_b: str) -> bool:
@@ -186,10 +211,15 @@ class PairEventKind(StrEnum):
     EXIT = "PROXIMITY_EXIT"
 
 
+class ExitReason(StrEnum):
+    APART = "apart"  # more than exit_m apart
+    LOST = "lost"  # no meeting for lost_after_ms
+
+
 @dataclass(frozen=True, slots=True)
 class PairEvent:
-    """A proximity alert of the pair `a` < `b` under one rule. `reason` on an exit: `apart` (more
-    than exit_m) or `lost` (no meeting for lost_after_ms); `since_ms` is when the nearness began."""
+    """A proximity alert of the pair `a` < `b` under one rule: `reason` on an exit only; `since_ms`
+    is when the nearness began."""
 
     kind: PairEventKind
     rule_id: str
@@ -200,7 +230,7 @@ class PairEvent:
     lat: float
     lon: float
     since_ms: int
-    reason: str = ""
+    reason: ExitReason | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +249,21 @@ class PairState:
 
     @property
     def empty(self) -> bool:
-        """Nothing open or pending: the pair needs no state."""
+        """Nothing open or pending: only the latest meeting's time is worth keeping (`keep_until_ms`)."""
         return not self.entered and self.near_since_ms < 0
 
     def deadline_ms(self, rule: ProximityRule) -> int | None:
         """The event time at which the pair is lost without a further meeting (None: nothing open)."""
         return None if self.empty else self.last_ms + rule.lost_after_ms
+
+    def keep_until_ms(self, rule: ProximityRule) -> int | None:
+        """Until when the state is needed: its deadline while something is open; else until the
+        watermark passes its latest meeting, so that a meeting older than that one is still known to
+        be late (None: no state at all)."""
+        deadline = self.deadline_ms(rule)
+        if deadline is not None:
+            return deadline
+        return self.last_ms + 1 if self.last_ms >= 0 else None
 
 
 def pair_step(
@@ -240,10 +279,16 @@ def pair_step(
         if o.ts_ms < s.last_ms:
             late += 1
             continue
+        deadline = s.deadline_ms(rule)
+        if deadline is not None and o.ts_ms >= deadline:
+            # Lost in the gap before this meeting: as the timer would have had it, had the batches
+            # fallen otherwise.
+            s, lost = pair_expire(s, o.a, o.b, deadline, rule)
+            events.extend(lost)
         s = replace(s, last_ms=o.ts_ms, last_lat=o.lat, last_lon=o.lon, last_distance_m=o.distance_m)
         if s.entered:
             if o.distance_m > rule.exit_m:
-                events.append(_event(PairEventKind.EXIT, rule, o, s.near_since_ms, "apart"))
+                events.append(_event(PairEventKind.EXIT, rule, o, s.near_since_ms, ExitReason.APART))
                 s = replace(s, entered=False, near_since_ms=-1)
         elif o.distance_m <= rule.enter_m:
             since = s.near_since_ms if s.near_since_ms >= 0 else o.ts_ms
@@ -259,20 +304,25 @@ def pair_step(
 def pair_expire(
     state: PairState, a: str, b: str, watermark_ms: int, rule: ProximityRule
 ) -> tuple[PairState, list[PairEvent]]:
-    """The watermark has moved: a pair whose deadline it passed is lost. An open meeting ends with
-    PROXIMITY_EXIT (reason `lost`, at the deadline's event time, where the pair was last seen); a
-    nearness not yet long enough is forgotten."""
+    """The watermark has moved to `watermark_ms`: a pair whose deadline it reached is lost. An open
+    meeting ends with PROXIMITY_EXIT (reason `lost`, at the deadline's event time, where the pair was
+    last seen); a nearness not yet long enough is forgotten. The latest meeting's time stays
+    (`keep_until_ms`)."""
     deadline = state.deadline_ms(rule)
     if deadline is None or watermark_ms < deadline:
         return state, []
     events: list[PairEvent] = []
     if state.entered:
         o = Observation(a, b, deadline, state.last_distance_m, state.last_lat, state.last_lon)
-        events.append(_event(PairEventKind.EXIT, rule, o, state.near_since_ms, "lost"))
-    return PairState(), events
+        events.append(_event(PairEventKind.EXIT, rule, o, state.near_since_ms, ExitReason.LOST))
+    return PairState(last_ms=state.last_ms), events
 
 
 def _event(
-    kind: PairEventKind, rule: ProximityRule, o: Observation, since_ms: int, reason: str = ""
+    kind: PairEventKind,
+    rule: ProximityRule,
+    o: Observation,
+    since_ms: int,
+    reason: ExitReason | None = None,
 ) -> PairEvent:
     return PairEvent(kind, rule.rule_id, o.a, o.b, o.ts_ms, o.distance_m, o.lat, o.lon, since_ms, reason)

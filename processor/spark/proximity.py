@@ -9,11 +9,13 @@ chained `transformWithStateInPandas` operators, in event time, their state in th
 Why the clock rows: Spark drops a stateful operator's input rows whose event time is behind the
 watermark, before the operator sees them and without counting them. Data rows carry a null `ts`
 (never dropped) and the true event time in `ts_ms`; one clock row per task carries the newest event
-time the task saw and moves the watermark. The cell stage decides lateness itself and counts it.
+time the task saw and moves the watermark. A fix behind the watermark is still met with what its
+cells keep (`CellWindow.step` counts it; the counts reach no metric yet: issue #40).
 
 Why a meeting's `ts` may be later than its `ts_ms`: an operator chained before another may not emit
-a row older than the watermark. A meeting is emitted at its event time or at the watermark, whichever
-is later, for Spark's bookkeeping; the pair stage reads `ts_ms`.
+a row older than the watermark, and the next one drops rows at or behind it. A meeting is emitted
+just past the watermark when its event time is not, for Spark's bookkeeping; the pair stage reads
+`ts_ms`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from processor.core.proximity import (
     CellPosition,
     CellWindow,
     Observation,
+    PairEvent,
     PairState,
     Position,
     ProximityRule,
@@ -117,10 +120,10 @@ class CellProcessor(StatefulProcessor):
                 df["home"], df["vehicle_id"], df["ts_ms"], df["lat"], df["lon"], strict=True
             )
         ]
-        meetings = window.step(arrivals, wm, self.rule.tolerance_ms)
+        step = window.step(arrivals, wm, self.rule.tolerance_ms)
         self._save(window)
-        if meetings:
-            yield meetings_frame(meetings, wm)
+        if step.meetings:
+            yield meetings_frame(step.meetings, wm)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -136,12 +139,10 @@ class CellProcessor(StatefulProcessor):
             return CellWindow()
         value = self.kept.get()
         assert value is not None
-        return CellWindow(
-            {
-                v: CellPosition(c, h, Position(v, t, la, lo))
-                for c, h, v, t, la, lo in orjson.loads(bytes(value[0]))
-            }
-        )
+        window = CellWindow()
+        for c, h, v, t, la, lo in orjson.loads(bytes(value[0])):
+            window.kept.setdefault(v, []).append(CellPosition(c, h, Position(v, t, la, lo)))
+        return window
 
     def _save(self, window: CellWindow) -> None:
         old = int(self.timer.get()[0]) if self.timer.exists() else -1  # type: ignore[index]
@@ -168,7 +169,8 @@ class CellProcessor(StatefulProcessor):
                     cf.position.lat,
                     cf.position.lon,
                 ]
-                for cf in window.kept.values()
+                for fs in window.kept.values()
+                for cf in fs
             ]
         )
         self.kept.update((blob,))
@@ -179,14 +181,18 @@ class CellProcessor(StatefulProcessor):
 
 def meetings_frame(meetings: list[Observation], watermark_ms: int) -> pd.DataFrame:
     return pd.DataFrame(
-        [(o.a, o.b, _ts(max(o.ts_ms, watermark_ms)), o.ts_ms, o.distance_m, o.lat, o.lon) for o in meetings],
+        [
+            (o.a, o.b, _ts(max(o.ts_ms, watermark_ms + 1)), o.ts_ms, o.distance_m, o.lat, o.lon)
+            for o in meetings
+        ],
         columns=_MEETING_COLS,
     )
 
 
 class PairProcessor(StatefulProcessor):
-    """Stage 2, keyed by the pair (a, b): its `PairState` in one value state, an event-time timer at
-    its lost deadline. An empty state is cleared: state only for pairs near now."""
+    """Stage 2, keyed by the pair (a, b): its `PairState` in one value state and an event-time timer
+    at `PairState.keep_until_ms` (the lost deadline while a meeting is open); the state goes once the
+    watermark has passed its latest meeting with nothing open."""
 
     def __init__(self, rule: ProximityRule) -> None:
         self.rule = rule
@@ -210,53 +216,20 @@ class PairProcessor(StatefulProcessor):
             for t, d, la, lo in zip(df["ts_ms"], df["distance_m"], df["lat"], df["lon"], strict=True)
         ]
         state, events, _late = pair_step(state, meetings, self.rule)
-        self._save(state, timer)
+        self._save(state, timer, int(timerValues.getCurrentWatermarkInMs()))
         if events:
-            yield pd.DataFrame(
-                [
-                    (
-                        str(e.kind),
-                        e.rule_id,
-                        e.a,
-                        e.b,
-                        e.ts_ms,
-                        e.distance_m,
-                        e.lat,
-                        e.lon,
-                        e.since_ms,
-                        e.reason,
-                    )
-                    for e in events
-                ],
-                columns=_EVENT_COLS,
-            )
+            yield events_frame(events)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         a, b = str(key[0]), str(key[1])
+        wm = int(timerValues.getCurrentWatermarkInMs())
         state, _timer = self._load()
-        state, events = pair_expire(state, a, b, int(timerValues.getCurrentWatermarkInMs()), self.rule)
-        self._save(state, -1)  # the timer that fired is gone
+        state, events = pair_expire(state, a, b, wm, self.rule)
+        self._save(state, -1, wm)  # the timer that fired is gone
         if events:
-            yield pd.DataFrame(
-                [
-                    (
-                        str(e.kind),
-                        e.rule_id,
-                        e.a,
-                        e.b,
-                        e.ts_ms,
-                        e.distance_m,
-                        e.lat,
-                        e.lon,
-                        e.since_ms,
-                        e.reason,
-                    )
-                    for e in events
-                ],
-                columns=_EVENT_COLS,
-            )
+            yield events_frame(events)
 
     def _load(self) -> tuple[PairState, int]:
         if not self.pair.exists():
@@ -265,15 +238,17 @@ class PairProcessor(StatefulProcessor):
         assert v is not None
         return PairState(int(v[0]), bool(v[1]), int(v[2]), float(v[3]), float(v[4]), float(v[5])), int(v[6])
 
-    def _save(self, state: PairState, timer: int) -> None:
-        due = state.deadline_ms(self.rule)
-        new = -1 if due is None else due
+    def _save(self, state: PairState, timer: int, watermark_ms: int) -> None:
+        until = state.keep_until_ms(self.rule)
+        if until is not None and state.empty and until <= watermark_ms:
+            until = None  # nothing open, and no meeting older than the latest can come any more
+        new = -1 if until is None else until
         if new != timer:
             if timer >= 0:
                 self.handle.deleteTimer(timer)
             if new >= 0:
                 self.handle.registerTimer(new)
-        if state.empty:
+        if until is None:
             self.pair.clear()
             return
         self.pair.update(
@@ -290,6 +265,27 @@ class PairProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+def events_frame(events: list[PairEvent]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            (
+                str(e.kind),
+                e.rule_id,
+                e.a,
+                e.b,
+                e.ts_ms,
+                e.distance_m,
+                e.lat,
+                e.lon,
+                e.since_ms,
+                e.reason or "",
+            )
+            for e in events
+        ],
+        columns=_EVENT_COLS,
+    )
 
 
 def proximity_events(fixes: Any, rule: ProximityRule, lateness_ms: int) -> Any:

@@ -1,6 +1,7 @@
 """Vehicle-to-vehicle proximity's pure stages (processor.core.proximity): the cell stage finds every
-meeting the all-pairs answer finds, each once, in one batch or many; the pair stage's hysteresis,
-minimum duration, loss by deadline and order independence."""
+meeting the all-pairs answer finds, each once, in one batch or many, in order or not; the pair
+stage's hysteresis, minimum duration, loss by deadline (by timer or by a meeting after the gap),
+lateness and order independence."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fleetfence.geo import haversine_m
 from processor.core.proximity import (
     EDGE_FACTOR,
     CellWindow,
+    ExitReason,
     Observation,
     PairEvent,
     PairEventKind,
@@ -71,27 +73,29 @@ def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Positio
 
 
 def expected_meetings(fixes: list[Position], rule: ProximityRule) -> set[tuple[str, str, int, float]]:
-    """The all-pairs answer: each fix, taken in event time, meets every other vehicle's latest fix
-    before it, when that is within the tolerance and within the exit distance."""
-    latest: dict[str, Position] = {}
+    """The all-pairs answer: every two fixes of two vehicles within the tolerance of each other and
+    within the exit distance, at the later one's event time."""
     out = set()
-    for f in sorted(fixes, key=lambda f: (f.ts_ms, f.vehicle_id)):
-        for g in latest.values():
-            if g.vehicle_id == f.vehicle_id or f.ts_ms - g.ts_ms > rule.tolerance_ms:
+    for i, f in enumerate(fixes):
+        for g in fixes[i + 1 :]:
+            if g.vehicle_id == f.vehicle_id or abs(f.ts_ms - g.ts_ms) > rule.tolerance_ms:
                 continue
             d = float(haversine_m(f.lon, f.lat, g.lon, g.lat))
             if d <= rule.exit_m:
                 a, b = sorted((f.vehicle_id, g.vehicle_id))
-                out.add((a, b, f.ts_ms, round(d, 6)))
-        latest[f.vehicle_id] = f
+                out.add((a, b, max(f.ts_ms, g.ts_ms), round(d, 6)))
     return out
 
 
-def run_cells(batches: Iterable[list[Position]], rule: ProximityRule) -> list[Observation]:
+def run_cells(
+    batches: Iterable[list[Position]], rule: ProximityRule, lateness_ms: int
+) -> tuple[list[Observation], int]:
     """The cell stage as a streaming engine runs it: each batch fanned out, each cell stepped with
-    its own window, the watermark the batch's latest event time minus the tolerance."""
+    its own window; the watermark is the newest event time so far minus `lateness_ms`. Returns the
+    meetings and how many arrivals were behind the watermark."""
     windows: dict[str, CellWindow] = defaultdict(CellWindow)
     out: list[Observation] = []
+    behind = 0
     watermark = 0
     for batch in batches:
         by_cell = defaultdict(list)
@@ -99,29 +103,54 @@ def run_cells(batches: Iterable[list[Position]], rule: ProximityRule) -> list[Ob
             for cf in fan_out(f, rule.resolution):
                 by_cell[cf.cell].append(cf)
         for cell in sorted(by_cell):
-            out.extend(windows[cell].step(by_cell[cell], watermark, rule.tolerance_ms))
-        watermark = max(watermark, max(f.ts_ms for f in batch) - rule.tolerance_ms)
-    return out
+            step = windows[cell].step(by_cell[cell], watermark, rule.tolerance_ms)
+            out.extend(step.meetings)
+            behind += step.behind_watermark
+        watermark = max(watermark, max(f.ts_ms for f in batch) - lateness_ms)
+    return out, behind
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(seed: int) -> None:
     fixes = fleet(seed, vehicles=40, steps=30, spread_m=400)
     expected = expected_meetings(fixes, RULE)
-    assert len(expected) > 200  # the fleet is dense: a test with few meetings proves little
-    one = run_cells([fixes], RULE)
+    assert len(expected) > 500  # the fleet is dense: a test with few meetings proves little
+    one, behind = run_cells([fixes], RULE, 0)
+    assert behind == 0
     near = {(o.a, o.b, o.ts_ms, round(o.distance_m, 6)) for o in one if o.distance_m <= RULE.exit_m}
     assert near == expected
     dupes = [k for k, n in Counter((o.a, o.b, o.ts_ms, o.distance_m) for o in one).items() if n > 1]
     assert dupes == []
     for o in one:
         assert o.a < o.b
-    # Cut into batches of 10 s of event time, in order: the same meetings, the windows bounded.
-    cuts = sorted(fixes, key=lambda f: f.ts_ms)
-    batches = [[f for f in cuts if T0 + i * 10_000 <= f.ts_ms < T0 + (i + 1) * 10_000] for i in range(8)]
+    # Cut into batches of 10 s of event time, in order: the same meetings.
+    ordered = sorted(fixes, key=lambda f: f.ts_ms)
+    batches = [[f for f in ordered if T0 + i * 10_000 <= f.ts_ms < T0 + (i + 1) * 10_000] for i in range(8)]
     assert sum(map(len, batches)) == len(fixes)
-    many = run_cells([b for b in batches if b], RULE)
+    many, behind = run_cells([b for b in batches if b], RULE, 0)
+    assert behind == 0
     assert Counter(many) == Counter(one)
+    # Out of order within 8 s (as partitions read at different paces deliver), in batches of 50
+    # arrivals, with a watermark 8 s behind: still the same meetings, each once.
+    rng = random.Random(seed)
+    jittered = sorted(fixes, key=lambda f: f.ts_ms + rng.uniform(0, 8_000))
+    shuffled, behind = run_cells([jittered[i : i + 50] for i in range(0, len(jittered), 50)], RULE, 8_000)
+    assert behind == 0
+    assert Counter(shuffled) == Counter(one)
+
+
+def test_a_fix_delivered_twice_meets_once_and_one_behind_the_watermark_is_counted() -> None:
+    home = fan_out(Position("a", T0, *BERLIN), RULE.resolution)[0].home
+    at_home = [c for c in fan_out(Position("a", T0, *BERLIN), RULE.resolution) if c.cell == home]
+    b = [c for c in fan_out(Position("b", T0 + 1000, *BERLIN), RULE.resolution) if c.cell == home]
+    w = CellWindow()
+    first = w.step(at_home + b, 0, RULE.tolerance_ms)
+    assert (len(first.meetings), first.duplicates) == (1, 0)
+    again = w.step(at_home + b, 0, RULE.tolerance_ms)
+    assert (again.meetings, again.duplicates) == ([], 2)
+    old = [c for c in fan_out(Position("c", T0 - 500, *BERLIN), RULE.resolution) if c.cell == home]
+    late = w.step(old, T0, RULE.tolerance_ms)
+    assert (len(late.meetings), late.behind_watermark) == (2, 1)  # met with what is still kept
 
 
 def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
@@ -141,7 +170,7 @@ def obs(t_s: float, d_m: float, a: str = "a", b: str = "b") -> Observation:
 
 
 def kinds(events: Iterable[PairEvent]) -> list[tuple[str, int, str]]:
-    return [(str(e.kind), (e.ts_ms - T0) // 1000, e.reason) for e in events]
+    return [(str(e.kind), (e.ts_ms - T0) // 1000, str(e.reason or "")) for e in events]
 
 
 def test_enter_after_the_minimum_duration_exit_past_the_larger_distance_no_flap() -> None:
@@ -184,6 +213,27 @@ def test_a_meeting_older_than_the_pairs_latest_is_late_and_ignored() -> None:
     assert s.entered
     s2, events, late = pair_step(s, [obs(10, 500)], RULE)
     assert (events, late, s2) == ([], 1, s)
+    # After the exit nothing is open, and the latest meeting's time is still kept: a late meeting
+    # cannot open the pair again in the past.
+    apart, events, _ = pair_step(s, [obs(30, 200)], RULE)
+    assert kinds(events) == [("PROXIMITY_EXIT", 30, "apart")]
+    assert apart.empty
+    assert apart.keep_until_ms(RULE) == T0 + 30_001
+    after, events, late = pair_step(apart, [obs(15, 10), obs(29, 10)], RULE)
+    assert (events, late, after) == ([], 2, apart)
+
+
+def test_a_meeting_after_a_gap_longer_than_the_loss_ends_the_old_meeting_first() -> None:
+    """Whether the timer fired in between or the next meeting came first (the batches decide),
+    the alerts are the same."""
+    track = [obs(0, 40), obs(12, 35), obs(200, 30), obs(205, 30), obs(212, 30)]
+    _, together, _ = pair_step(PairState(), track, RULE)
+    s, first, _ = pair_step(PairState(), track[:2], RULE)
+    s, lost = pair_expire(s, "a", "b", T0 + 100_000, RULE)
+    _, rest, _ = pair_step(s, track[2:], RULE)
+    expected = [("PROXIMITY_ENTER", 12, ""), ("PROXIMITY_EXIT", 72, "lost"), ("PROXIMITY_ENTER", 212, "")]
+    assert kinds(together) == kinds(first + lost + rest) == expected
+    assert [e.reason for e in together] == [None, ExitReason.LOST, None]
 
 
 def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:

@@ -1,0 +1,236 @@
+"""Vehicle proximity's stages (processor.core.proximity) against the all-pairs check they replace.
+
+    .venv/bin/python -m bench.proximity [--vehicles 10000] [--ticks 10] [--depot 500] [--record]
+
+`--record` replaces its section of docs/bench-log/proximity.md.
+
+Two fleets, each reporting every 2 s (each vehicle at its own offset in the interval) for `--ticks`
+intervals: `city`, the vehicles spread over 20 x 20 km (the common case: few neighbours per cell),
+and `depot`, every vehicle within 300 m (the worst case: one cell and its ring hold the whole fleet,
+so each fix meets every other vehicle). Timed on one core, in one run, side by side:
+- the stages as the Spark job folds them: each interval's fixes fanned out to their cells, each cell
+  stepped (`CellWindow.step`), the meetings folded per pair (`pair_step`);
+- the peer: the all-pairs check a stream keyed by nothing must make, each fix against every other
+  vehicle's fixes within the tolerance, vectorised with numpy (haversine), timed on a sample of
+  intervals.
+Both must find the same meetings within the exit distance, or the run fails. Pure Python stages
+against a vectorised peer: the ratio shows where the sharding wins (city) and what the worst case
+costs (depot), not Spark's overhead, which bench/processor.py measures for the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import BENCH_LOG, write_section
+from fleetfence.geo import haversine_m
+from processor.core.proximity import (
+    CellPosition,
+    CellWindow,
+    Observation,
+    PairState,
+    Position,
+    ProximityRule,
+    fan_out,
+    pair_step,
+)
+
+console = Console(width=150)
+RULE = ProximityRule(
+    "bench", enter_m=50, exit_m=80, min_duration_ms=10_000, tolerance_ms=2_000, lost_after_ms=60_000
+)
+T0 = 1_795_320_000_000
+INTERVAL_MS = 2_000
+LAT0, LON0 = 52.40, 13.20
+M_PER_DEG_LAT = 111_320.0
+M_PER_DEG_LON = 111_320.0 * np.cos(np.radians(LAT0))
+
+
+@dataclass
+class Result:
+    fleet: str
+    vehicles: int
+    fixes: int
+    meetings_near: int
+    stages_us: float  # per fix
+    peer_us: float  # per fix
+    state_cells: int
+    state_pairs: int
+
+
+def intervals(vehicles: int, ticks: int, spread_m: float, seed: int) -> list[list[Position]]:
+    """Each interval's fixes: vehicles moving up to 20 m an interval, each at its own offset."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, spread_m, vehicles)
+    y = rng.uniform(0, spread_m, vehicles)
+    offset = rng.integers(0, INTERVAL_MS, vehicles)
+    ids = [f"v{i:05d}" for i in range(vehicles)]
+    out = []
+    for k in range(ticks):
+        x += rng.uniform(-20, 20, vehicles)
+        y += rng.uniform(-20, 20, vehicles)
+        lat = LAT0 + y / M_PER_DEG_LAT
+        lon = LON0 + x / M_PER_DEG_LON
+        ts = T0 + k * INTERVAL_MS + offset
+        order = np.argsort(ts, kind="stable")
+        out.append([Position(ids[i], int(ts[i]), float(lat[i]), float(lon[i])) for i in order])
+    return out
+
+
+Meeting = tuple[str, str, int, float]  # (a, b, event time, distance_m rounded to the mm)
+
+
+def run_stages(batches: list[list[Position]]) -> tuple[float, set[Meeting], int, int]:
+    """The stages over every interval: seconds, the meetings within exit_m, cells and pairs kept."""
+    res = RULE.resolution
+    windows: dict[str, CellWindow] = defaultdict(CellWindow)
+    pairs: dict[tuple[str, str], PairState] = {}
+    near: set[Meeting] = set()
+    watermark = 0
+    t = time.perf_counter()
+    for batch in batches:
+        by_cell: dict[str, list[CellPosition]] = defaultdict(list)
+        for p in batch:
+            for cp in fan_out(p, res):
+                by_cell[cp.cell].append(cp)
+        by_pair: dict[tuple[str, str], list[Observation]] = defaultdict(list)
+        for cell, arrivals in by_cell.items():
+            for o in windows[cell].step(arrivals, watermark, RULE.tolerance_ms).meetings:
+                by_pair[(o.a, o.b)].append(o)
+                if o.distance_m <= RULE.exit_m:
+                    near.add((o.a, o.b, o.ts_ms, round(o.distance_m, 3)))
+        for key, obs in by_pair.items():
+            pairs[key] = pair_step(pairs.get(key, PairState()), obs, RULE)[0]
+        watermark = max(p.ts_ms for p in batch)
+        for cell in [c for c, w in windows.items() if not w.kept]:
+            del windows[cell]
+        for key in [k for k, st in pairs.items() if (st.keep_until_ms(RULE) or 0) <= watermark and st.empty]:
+            del pairs[key]
+    return time.perf_counter() - t, near, len(windows), len(pairs)
+
+
+def run_peer(batches: list[list[Position]], sample: int) -> tuple[float, set[Meeting], int]:
+    """All pairs: each fix against every fix of another vehicle within the tolerance (numpy, per
+    fix: the previous interval's and the current one's so far), on the first `sample` intervals.
+    Seconds, the meetings within exit_m, fixes timed."""
+    near: set[Meeting] = set()
+    fixes = 0
+    prev: tuple[np.ndarray, ...] | None = None
+    t = time.perf_counter()
+    for batch in batches[:sample]:
+        ids = np.array([p.vehicle_id for p in batch])
+        lat = np.array([p.lat for p in batch])
+        lon = np.array([p.lon for p in batch])
+        ts = np.array([p.ts_ms for p in batch], dtype=np.int64)
+        for j, p in enumerate(batch):
+            parts = [(ids[:j], lat[:j], lon[:j], ts[:j])]
+            if prev is not None:
+                parts.append(prev)  # type: ignore[arg-type]
+            for pid, plat, plon, pts in parts:
+                d = haversine_m(p.lon, p.lat, plon, plat)
+                hit = np.flatnonzero((d <= RULE.exit_m) & (np.abs(p.ts_ms - pts) <= RULE.tolerance_ms))
+                for k in hit:
+                    if pid[k] != p.vehicle_id:
+                        a, b = sorted((p.vehicle_id, str(pid[k])))
+                        near.add((a, b, max(p.ts_ms, int(pts[k])), round(float(d[k]), 3)))
+            fixes += 1
+        prev = (ids, lat, lon, ts)
+    return time.perf_counter() - t, near, fixes
+
+
+def measure(fleet: str, vehicles: int, ticks: int, spread_m: float, peer_sample: int) -> Result:
+    batches = intervals(vehicles, ticks, spread_m, seed=7)
+    fixes = sum(map(len, batches))
+    stages_s, near, cells, pairs = run_stages(batches)
+    peer_s, peer_near, peer_fixes = run_peer(batches, peer_sample)
+    sampled_fixes = sum(len(b) for b in batches[:peer_sample])
+    # Both date a meeting at its later fix: on the sampled intervals the two sets must be equal.
+    mine = {m for m in near if m[2] <= batches[peer_sample - 1][-1].ts_ms}
+    if mine != peer_near:
+        raise SystemExit(
+            f"{fleet}: the stages and the all-pairs check disagree on {len(mine ^ peer_near)} meetings"
+        )
+    assert peer_fixes == sampled_fixes
+    return Result(
+        fleet,
+        vehicles,
+        fixes,
+        len(near),
+        stages_s / fixes * 1e6,
+        peer_s / peer_fixes * 1e6,
+        cells,
+        pairs,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vehicles", type=int, default=10_000)
+    ap.add_argument("--ticks", type=int, default=10)
+    ap.add_argument("--depot", type=int, default=500, help="vehicles in the worst-case fleet")
+    ap.add_argument("--peer-sample", type=int, default=2, help="intervals the all-pairs peer is timed on")
+    ap.add_argument("--record", action="store_true")
+    args = ap.parse_args()
+    results = [
+        measure("city", args.vehicles, args.ticks, 20_000, args.peer_sample),
+        measure("depot", args.depot, args.ticks, 300, args.peer_sample),
+    ]
+    table = Table(
+        title=f"proximity: the H3 stages against all pairs (enter {RULE.enter_m:g} m, exit {RULE.exit_m:g} m)"
+    )
+    for col in (
+        "fleet",
+        "vehicles",
+        "fixes",
+        "meetings ≤ exit",
+        "stages µs/fix",
+        "all pairs µs/fix",
+        "all pairs / stages",
+        "cells, pairs kept",
+    ):
+        table.add_column(col, justify="right")
+    rows = []
+    for r in results:
+        row = (
+            r.fleet,
+            f"{r.vehicles:,}",
+            f"{r.fixes:,}",
+            f"{r.meetings_near:,}",
+            f"{r.stages_us:,.1f}",
+            f"{r.peer_us:,.1f}",
+            f"{r.peer_us / r.stages_us:,.2f}×",
+            f"{r.state_cells:,}, {r.state_pairs:,}",
+        )
+        rows.append(row)
+        table.add_row(*row)
+    console.print(table)
+    if args.record:
+        now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        cmd = (
+            f".venv/bin/python -m bench.proximity --vehicles {args.vehicles} --ticks {args.ticks} "
+            f"--depot {args.depot} --peer-sample {args.peer_sample} --record"
+        )
+        lines = [
+            "## Proximity stages (bench/proximity.py)",
+            "",
+            f"Recorded {now}. `{cmd}` (one core; the peer timed on the first {args.peer_sample} intervals)",
+            "",
+            "| " + " | ".join(c.header for c in table.columns) + " |",  # type: ignore[misc]
+            "|" + "---|" * len(table.columns),
+            *("| " + " | ".join(r) + " |" for r in rows),
+            "",
+            "Both find the same meetings within the exit distance on the timed intervals.",
+        ]
+        write_section("## Proximity stages", lines, BENCH_LOG / "proximity.md")
+
+
+if __name__ == "__main__":
+    main()
