@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import h3
+import numpy as np
 
 from fleetfence.geo import haversine_m
 
@@ -133,12 +134,6 @@ class Observation:
     lon: float
 
 
-def _meet(f: Position, g: Position) -> Observation:
-    first, second = (f, g) if f.vehicle_id < g.vehicle_id else (g, f)
-    d = float(haversine_m(first.lon, first.lat, second.lon, second.lat))
-    return Observation(first.vehicle_id, second.vehicle_id, max(f.ts_ms, g.ts_ms), d, first.lat, first.lon)
-
-
 @dataclass
 class CellStep:
     """A cell's batch: the meetings, the arrivals it already had (the same vehicle and event time:
@@ -166,22 +161,22 @@ class CellWindow:
         of the two arrives, whatever the order and the batches they arrive in, as long as neither
         arrives behind the watermark (then its partner may be forgotten: counted, not dropped)."""
         out = CellStep([])
+        seen = {(v, cf.position.ts_ms) for v, fs in self.kept.items() for cf in fs}
+        fresh: list[CellPosition] = []
         for cf in sorted(arrivals, key=lambda c: (c.position.ts_ms, c.position.vehicle_id)):
-            f = cf.position
-            mine = self.kept.setdefault(f.vehicle_id, [])
-            if any(k.position.ts_ms == f.ts_ms for k in mine):
+            key = (cf.position.vehicle_id, cf.position.ts_ms)
+            if key in seen:
                 out.duplicates += 1
                 continue
-            if f.ts_ms < watermark_ms:
+            seen.add(key)
+            fresh.append(cf)
+            if cf.position.ts_ms < watermark_ms:
                 out.behind_watermark += 1
-            for v, theirs in self.kept.items():
-                if v == f.vehicle_id:
-                    continue
-                for other in theirs:
-                    g = other.position
-                    if abs(g.ts_ms - f.ts_ms) <= tolerance_ms and reports(cf.cell, cf.home, other.home):
-                        out.meetings.append(_meet(f, g))
-            mine.append(cf)
+        if fresh:
+            kept = [cf for fs in self.kept.values() for cf in fs]
+            out.meetings = _meetings(fresh, kept, tolerance_ms)
+            for cf in fresh:
+                self.kept.setdefault(cf.position.vehicle_id, []).append(cf)
         self.evict(watermark_ms - tolerance_ms)
         return out
 
@@ -198,6 +193,60 @@ class CellWindow:
         if not self.kept:
             return None
         return max(cf.position.ts_ms for fs in self.kept.values() for cf in fs) + tolerance_ms
+
+
+def _columns(cps: list[CellPosition]) -> tuple[np.ndarray, ...]:
+    vid = np.array([c.position.vehicle_id for c in cps], dtype=object)
+    ts = np.fromiter((c.position.ts_ms for c in cps), np.int64, len(cps))
+    lat = np.fromiter((c.position.lat for c in cps), np.float64, len(cps))
+    lon = np.fromiter((c.position.lon for c in cps), np.float64, len(cps))
+    home = np.array([c.home for c in cps], dtype=object)
+    return vid, ts, lat, lon, home
+
+
+def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms: int) -> list[Observation]:
+    """The meetings this cell reports among `fresh` (arrivals, in event-time order) and between them
+    and `kept`: vectorised over all candidate pairs, as `reports` and the tolerance select them (a
+    cell's own fixes and visitors are few, but a depot's cell holds the whole fleet)."""
+    cell = fresh[0].cell
+    fv, fts, flat, flon, fhome = _columns(fresh)
+    f_home, f_ge = fhome == cell, fhome >= cell
+    pairs: list[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]] = []
+    if kept:
+        kv, kts, klat, klon, khome = _columns(kept)
+        k_home, k_ge = khome == cell, khome >= cell
+        ok = (
+            (np.abs(fts[:, None] - kts[None, :]) <= tolerance_ms)
+            & (fv[:, None] != kv[None, :])
+            & (f_home[:, None] | k_home[None, :])
+            & f_ge[:, None]
+            & k_ge[None, :]
+        )
+        i, j = np.nonzero(ok)
+        pairs.append((i, j, (kv, kts, klat, klon)))
+    # Among the arrivals: each unordered pair once (i < j).
+    ok = (
+        (np.abs(fts[:, None] - fts[None, :]) <= tolerance_ms)
+        & (fv[:, None] != fv[None, :])
+        & (f_home[:, None] | f_home[None, :])
+        & f_ge[:, None]
+        & f_ge[None, :]
+    )
+    i, j = np.nonzero(np.triu(ok, 1))
+    pairs.append((i, j, (fv, fts, flat, flon)))
+    out: list[Observation] = []
+    for i, j, (ov, ots, olat, olon) in pairs:
+        if len(i) == 0:
+            continue
+        d = haversine_m(flon[i], flat[i], olon[j], olat[j])
+        t = np.maximum(fts[i], ots[j])
+        for n in range(len(i)):
+            a, b = fv[i[n]], ov[j[n]]
+            if a < b:
+                out.append(Observation(a, b, int(t[n]), float(d[n]), float(flat[i[n]]), float(flon[i[n]])))
+            else:
+                out.append(Observation(b, a, int(t[n]), float(d[n]), float(olat[j[n]]), float(olon[j[n]])))
+    return out
 
 
 def reports(cell: str, home_a: str, home_b: str) -> bool:
@@ -271,34 +320,43 @@ def pair_step(
 ) -> tuple[PairState, list[PairEvent], int]:
     """Fold a pair's meetings (any order: taken in event time, ties by distance) into its state.
     Returns the new state, the alerts, and how many meetings were older than the state's latest
-    (ignored: the pair's history is already past them)."""
+    (ignored: the pair's history is already past them).
+
+    A pair with no history that only meets beyond `enter_m` stays without one: most meetings a
+    cell reports are of vehicles in neighbouring cells, far apart, and they cost no state."""
     events: list[PairEvent] = []
     late = 0
-    s = state
+    near_since, entered, last = state.near_since_ms, state.entered, state.last_ms
+    last_lat, last_lon, last_d = state.last_lat, state.last_lon, state.last_distance_m
     for o in sorted(observations, key=lambda x: (x.ts_ms, x.distance_m)):
-        if o.ts_ms < s.last_ms:
+        if o.ts_ms < last:
             late += 1
             continue
-        deadline = s.deadline_ms(rule)
-        if deadline is not None and o.ts_ms >= deadline:
+        if last < 0 and o.distance_m > rule.enter_m:
+            continue  # no history, not near: nothing to remember
+        open_ = entered or near_since >= 0
+        if open_ and o.ts_ms >= last + rule.lost_after_ms:
             # Lost in the gap before this meeting: as the timer would have had it, had the batches
             # fallen otherwise.
-            s, lost = pair_expire(s, o.a, o.b, deadline, rule)
+            gone = PairState(near_since, entered, last, last_lat, last_lon, last_d)
+            _, lost = pair_expire(gone, o.a, o.b, last + rule.lost_after_ms, rule)
             events.extend(lost)
-        s = replace(s, last_ms=o.ts_ms, last_lat=o.lat, last_lon=o.lon, last_distance_m=o.distance_m)
-        if s.entered:
+            near_since, entered = -1, False
+        last, last_lat, last_lon, last_d = o.ts_ms, o.lat, o.lon, o.distance_m
+        if entered:
             if o.distance_m > rule.exit_m:
-                events.append(_event(PairEventKind.EXIT, rule, o, s.near_since_ms, ExitReason.APART))
-                s = replace(s, entered=False, near_since_ms=-1)
+                events.append(_event(PairEventKind.EXIT, rule, o, near_since, ExitReason.APART))
+                entered, near_since = False, -1
         elif o.distance_m <= rule.enter_m:
-            since = s.near_since_ms if s.near_since_ms >= 0 else o.ts_ms
-            s = replace(s, near_since_ms=since)
-            if o.ts_ms - since >= rule.min_duration_ms:
-                events.append(_event(PairEventKind.ENTER, rule, o, since))
-                s = replace(s, entered=True)
+            if near_since < 0:
+                near_since = o.ts_ms
+            if o.ts_ms - near_since >= rule.min_duration_ms:
+                events.append(_event(PairEventKind.ENTER, rule, o, near_since))
+                entered = True
         else:
-            s = replace(s, near_since_ms=-1)
-    return s, events, late
+            near_since = -1
+    new = PairState(near_since, entered, last, last_lat, last_lon, last_d)
+    return (state if new == state else new), events, late
 
 
 def pair_expire(
