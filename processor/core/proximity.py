@@ -21,9 +21,9 @@ streaming engine can shard and checkpoint, each a pure function of its state and
    meeting after the gap also applies (the pair was lost in between, however the batches fell).
 
 The pair is ordered (`pair_key`), so both vehicles' fixes drive one state and one alert id, whichever
-of them reported. A pair with nothing open keeps only its latest meeting's time, until the watermark
-passes it (`PairState.keep_until_ms`): the state is bounded by the pairs near now, not by every pair
-that ever met.
+of them reported. A pair with nothing open keeps only its latest near meeting's time, until the
+watermark passes it by the tolerance (`PairState.keep_until_ms`): the state is bounded by the pairs
+near now, not by every pair that ever met.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ class CellWindow:
     kept: dict[str, list[CellPosition]] = field(default_factory=dict)
 
     def step(self, arrivals: Iterable[CellPosition], watermark_ms: int, tolerance_ms: int) -> CellStep:
-        """Meet each arrival with every kept fix of another vehicle within the tolerance, keep it,
-        then forget what the watermark has passed by more than the tolerance.
+        """Meet each arrival (all of this cell) with every kept fix of another vehicle within the
+        tolerance, keep it, then forget what the watermark has passed by more than the tolerance.
 
         Every pair of fixes of two vehicles within the tolerance whose home cells are equal or
         neighbours is reported exactly once: by the smaller home cell (`reports`), when the second
@@ -195,26 +195,33 @@ class CellWindow:
         return max(cf.position.ts_ms for fs in self.kept.values() for cf in fs) + tolerance_ms
 
 
-def _columns(cps: list[CellPosition]) -> tuple[np.ndarray, ...]:
-    vid = np.array([c.position.vehicle_id for c in cps], dtype=object)
-    ts = np.fromiter((c.position.ts_ms for c in cps), np.int64, len(cps))
-    lat = np.fromiter((c.position.lat for c in cps), np.float64, len(cps))
-    lon = np.fromiter((c.position.lon for c in cps), np.float64, len(cps))
-    home = np.array([c.home for c in cps], dtype=object)
-    return vid, ts, lat, lon, home
+def _columns(cps: list[CellPosition], codes: dict[str, int], cell: str) -> tuple[np.ndarray, ...]:
+    """Columns of fixes for the masks: vehicles as integer codes (no string compared per pair),
+    whether each is homed in `cell`, and whether its home is not below it (`reports`)."""
+    n = len(cps)
+    vid = np.fromiter((codes.setdefault(c.position.vehicle_id, len(codes)) for c in cps), np.int64, n)
+    ts = np.fromiter((c.position.ts_ms for c in cps), np.int64, n)
+    lat = np.fromiter((c.position.lat for c in cps), np.float64, n)
+    lon = np.fromiter((c.position.lon for c in cps), np.float64, n)
+    at_home = np.fromiter((c.home == cell for c in cps), np.bool_, n)
+    not_below = np.fromiter((c.home >= cell for c in cps), np.bool_, n)
+    return vid, ts, lat, lon, at_home, not_below
 
 
 def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms: int) -> list[Observation]:
-    """The meetings this cell reports among `fresh` (arrivals, in event-time order) and between them
-    and `kept`: vectorised over all candidate pairs, as `reports` and the tolerance select them (a
-    cell's own fixes and visitors are few, but a depot's cell holds the whole fleet)."""
+    """The meetings one cell reports among `fresh` (its arrivals, in event-time order) and between
+    them and `kept`, vectorised over all candidate pairs: within the tolerance, two vehicles, and
+    `reports` as a mask (the cell is the smaller home: both homes not below it, one of them it). A
+    cell's own fixes and visitors are few; a depot's cell holds the whole fleet."""
     cell = fresh[0].cell
-    fv, fts, flat, flon, fhome = _columns(fresh)
-    f_home, f_ge = fhome == cell, fhome >= cell
-    pairs: list[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]] = []
+    if any(c.cell != cell for c in fresh):
+        raise ValueError("a cell's window steps its own arrivals only")
+    codes: dict[str, int] = {}
+    fv, fts, flat, flon, f_home, f_ge = _columns(fresh, codes, cell)
+    names = [c.position.vehicle_id for c in fresh]
+    pairs: list[tuple[np.ndarray, np.ndarray, list[str], tuple[np.ndarray, ...]]] = []
     if kept:
-        kv, kts, klat, klon, khome = _columns(kept)
-        k_home, k_ge = khome == cell, khome >= cell
+        kv, kts, klat, klon, k_home, k_ge = _columns(kept, codes, cell)
         ok = (
             (np.abs(fts[:, None] - kts[None, :]) <= tolerance_ms)
             & (fv[:, None] != kv[None, :])
@@ -223,7 +230,7 @@ def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms:
             & k_ge[None, :]
         )
         i, j = np.nonzero(ok)
-        pairs.append((i, j, (kv, kts, klat, klon)))
+        pairs.append((i, j, [c.position.vehicle_id for c in kept], (kts, klat, klon)))
     # Among the arrivals: each unordered pair once (i < j).
     ok = (
         (np.abs(fts[:, None] - fts[None, :]) <= tolerance_ms)
@@ -233,15 +240,15 @@ def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms:
         & f_ge[None, :]
     )
     i, j = np.nonzero(np.triu(ok, 1))
-    pairs.append((i, j, (fv, fts, flat, flon)))
+    pairs.append((i, j, names, (fts, flat, flon)))
     out: list[Observation] = []
-    for i, j, (ov, ots, olat, olon) in pairs:
+    for i, j, other, (ots, olat, olon) in pairs:
         if len(i) == 0:
             continue
         d = haversine_m(flon[i], flat[i], olon[j], olat[j])
         t = np.maximum(fts[i], ots[j])
         for n in range(len(i)):
-            a, b = fv[i[n]], ov[j[n]]
+            a, b = names[i[n]], other[j[n]]
             if a < b:
                 out.append(Observation(a, b, int(t[n]), float(d[n]), float(flat[i[n]]), float(flon[i[n]])))
             else:
@@ -307,23 +314,26 @@ class PairState:
 
     def keep_until_ms(self, rule: ProximityRule) -> int | None:
         """Until when the state is needed: its deadline while something is open; else until the
-        watermark passes its latest meeting, so that a meeting older than that one is still known to
-        be late (None: no state at all)."""
+        watermark passes its latest meeting by the tolerance (None: no state at all). A cell meets
+        a fix, even one behind the watermark, only with fixes it keeps, which are at most the
+        tolerance behind the watermark; so no meeting older than the latest can come after that."""
         deadline = self.deadline_ms(rule)
         if deadline is not None:
             return deadline
-        return self.last_ms + 1 if self.last_ms >= 0 else None
+        return self.last_ms + rule.tolerance_ms + 1 if self.last_ms >= 0 else None
 
 
 def pair_step(
     state: PairState, observations: Iterable[Observation], rule: ProximityRule
 ) -> tuple[PairState, list[PairEvent], int]:
-    """Fold a pair's meetings (any order: taken in event time, ties by distance) into its state.
-    Returns the new state, the alerts, and how many meetings were older than the state's latest
-    (ignored: the pair's history is already past them).
+    """Fold a pair's meetings into its state: those of one call in event time (ties by distance),
+    those of later calls after them. Returns the new state, the alerts, and how many meetings were
+    older than the state's latest (ignored: the pair's history is already past them).
 
-    A pair with no history that only meets beyond `enter_m` stays without one: most meetings a
-    cell reports are of vehicles in neighbouring cells, far apart, and they cost no state."""
+    A meeting beyond `enter_m` while nothing is open changes nothing and is not remembered: most
+    meetings a cell reports are of vehicles in neighbouring cells, far apart, and they cost no
+    state. The price: a near meeting that arrives in a later batch than a far one of the same
+    moment (a partition read late) can start a nearness the far one would have broken."""
     events: list[PairEvent] = []
     late = 0
     near_since, entered, last = state.near_since_ms, state.entered, state.last_ms
@@ -332,9 +342,9 @@ def pair_step(
         if o.ts_ms < last:
             late += 1
             continue
-        if last < 0 and o.distance_m > rule.enter_m:
-            continue  # no history, not near: nothing to remember
         open_ = entered or near_since >= 0
+        if not open_ and o.distance_m > rule.enter_m:
+            continue  # nothing open, not near: nothing to remember
         if open_ and o.ts_ms >= last + rule.lost_after_ms:
             # Lost in the gap before this meeting: as the timer would have had it, had the batches
             # fallen otherwise.
@@ -355,8 +365,7 @@ def pair_step(
                 entered = True
         else:
             near_since = -1
-    new = PairState(near_since, entered, last, last_lat, last_lon, last_d)
-    return (state if new == state else new), events, late
+    return PairState(near_since, entered, last, last_lat, last_lon, last_d), events, late
 
 
 def pair_expire(

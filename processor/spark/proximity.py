@@ -91,9 +91,8 @@ def _ts(ms: int) -> pd.Timestamp:
 
 
 class CellProcessor(StatefulProcessor):
-    """Stage 1, keyed by H3 cell: the cell's `CellWindow` in one value state (each vehicle's latest
-    fix here), an event-time timer to forget it all once the watermark has passed it by the
-    tolerance."""
+    """Stage 1, keyed by H3 cell: the cell's `CellWindow` in one value state (the fixes sent here,
+    until the watermark passes them by the tolerance), an event-time timer to forget them then."""
 
     def __init__(self, rule: ProximityRule) -> None:
         self.rule = rule
@@ -241,7 +240,7 @@ class PairProcessor(StatefulProcessor):
     def _save(self, state: PairState, timer: int, watermark_ms: int) -> None:
         until = state.keep_until_ms(self.rule)
         if until is not None and state.empty and until <= watermark_ms:
-            until = None  # nothing open, and no meeting older than the latest can come any more
+            until = None  # nothing open, and no meeting older than the latest can come (keep_until_ms)
         new = -1 if until is None else until
         if new != timer:
             if timer >= 0:

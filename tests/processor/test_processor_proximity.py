@@ -218,7 +218,7 @@ def test_a_meeting_older_than_the_pairs_latest_is_late_and_ignored() -> None:
     apart, events, _ = pair_step(s, [obs(30, 200)], RULE)
     assert kinds(events) == [("PROXIMITY_EXIT", 30, "apart")]
     assert apart.empty
-    assert apart.keep_until_ms(RULE) == T0 + 30_001
+    assert apart.keep_until_ms(RULE) == T0 + 30_000 + RULE.tolerance_ms + 1
     after, events, late = pair_step(apart, [obs(15, 10), obs(29, 10)], RULE)
     assert (events, late, after) == ([], 2, apart)
 
