@@ -208,6 +208,21 @@ def _columns(cps: list[CellPosition], codes: dict[str, int], cell: str) -> tuple
     return vid, ts, lat, lon, at_home, not_below
 
 
+def _reported(x: tuple[np.ndarray, ...], y: tuple[np.ndarray, ...], tolerance_ms: int) -> np.ndarray:
+    """The mask of the (x, y) fix pairs this cell reports: two vehicles within the tolerance, and
+    `reports` (the cell is the smaller home: both homes not below it, one of them it)."""
+    xv, xts, x_home, x_ge = x
+    yv, yts, y_home, y_ge = y
+    mask: np.ndarray = (
+        (np.abs(xts[:, None] - yts[None, :]) <= tolerance_ms)
+        & (xv[:, None] != yv[None, :])
+        & (x_home[:, None] | y_home[None, :])
+        & x_ge[:, None]
+        & y_ge[None, :]
+    )
+    return mask
+
+
 def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms: int) -> list[Observation]:
     """The meetings one cell reports among `fresh` (its arrivals, in event-time order) and between
     them and `kept`, vectorised over all candidate pairs: within the tolerance, two vehicles, and
@@ -222,24 +237,11 @@ def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms:
     pairs: list[tuple[np.ndarray, np.ndarray, list[str], tuple[np.ndarray, ...]]] = []
     if kept:
         kv, kts, klat, klon, k_home, k_ge = _columns(kept, codes, cell)
-        ok = (
-            (np.abs(fts[:, None] - kts[None, :]) <= tolerance_ms)
-            & (fv[:, None] != kv[None, :])
-            & (f_home[:, None] | k_home[None, :])
-            & f_ge[:, None]
-            & k_ge[None, :]
-        )
-        i, j = np.nonzero(ok)
+        i, j = np.nonzero(_reported((fv, fts, f_home, f_ge), (kv, kts, k_home, k_ge), tolerance_ms))
         pairs.append((i, j, [c.position.vehicle_id for c in kept], (kts, klat, klon)))
     # Among the arrivals: each unordered pair once (i < j).
-    ok = (
-        (np.abs(fts[:, None] - fts[None, :]) <= tolerance_ms)
-        & (fv[:, None] != fv[None, :])
-        & (f_home[:, None] | f_home[None, :])
-        & f_ge[:, None]
-        & f_ge[None, :]
-    )
-    i, j = np.nonzero(np.triu(ok, 1))
+    arrivals = (fv, fts, f_home, f_ge)
+    i, j = np.nonzero(np.triu(_reported(arrivals, arrivals, tolerance_ms), 1))
     pairs.append((i, j, names, (fts, flat, flon)))
     out: list[Observation] = []
     for i, j, other, (ots, olat, olon) in pairs:
