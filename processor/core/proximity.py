@@ -21,7 +21,7 @@ streaming engine can shard and checkpoint, each a pure function of its state and
    meeting after the gap also applies (the pair was lost in between, however the batches fell).
 
 The pair is ordered (`pair_key`), so both vehicles' fixes drive one state and one alert id, whichever
-of them reported. A pair with nothing open keeps only its latest near meeting's time, until the
+of them reported. A pair with nothing open keeps only its latest meeting's time, until the
 watermark passes it by the tolerance (`PairState.keep_until_ms`): the state is bounded by the pairs
 near now, not by every pair that ever met.
 """

@@ -15,6 +15,7 @@ import pytest
 from fleetfence.geo import haversine_m
 from processor.core.proximity import (
     EDGE_FACTOR,
+    CellPosition,
     CellWindow,
     ExitReason,
     Observation,
@@ -26,6 +27,7 @@ from processor.core.proximity import (
     fan_out,
     pair_expire,
     pair_step,
+    reports,
     resolution_for,
 )
 
@@ -253,3 +255,23 @@ def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
     assert pending.deadline_ms(RULE) == T0 + RULE.lost_after_ms
     gone, lost = pair_expire(pending, "a", "b", T0 + RULE.lost_after_ms, RULE)
     assert (gone.empty, lost) == (True, [])
+
+
+def test_the_cells_mask_is_the_reporting_rule() -> None:
+    """`_meetings` selects pairs with a vectorised mask; it must be `reports`, pair by pair."""
+    from processor.core.proximity import _columns, _reported
+
+    centre = h3.latlng_to_cell(*BERLIN, RULE.resolution)
+    ring = sorted(h3.grid_disk(centre, 2))
+    rng = random.Random(5)
+    seen: set[bool] = set()
+    for cell in sorted(h3.grid_disk(centre, 1)):
+        xs = [CellPosition(cell, rng.choice(ring), Position(f"v{i}", T0, *BERLIN)) for i in range(12)]
+        ys = [CellPosition(cell, rng.choice(ring), Position(f"w{i}", T0, *BERLIN)) for i in range(9)]
+        codes: dict[str, int] = {}
+        x, y = _columns(xs, codes, cell), _columns(ys, codes, cell)
+        mask = _reported((x[0], x[1], x[4], x[5]), (y[0], y[1], y[4], y[5]), RULE.tolerance_ms)
+        want = [[reports(cell, a.home, b.home) for b in ys] for a in xs]
+        assert mask.tolist() == want
+        seen.update(v for row in want for v in row)
+    assert seen == {True, False}  # both answers were asked for
