@@ -2,7 +2,7 @@
 chained `transformWithStateInPandas` operators, in event time, their state in the state store.
 
     fixes (vehicle_id, ts_ms, lat, lon)
-      -> mapInPandas(fan_out: a row per cell it can meet in, plus one clock row per task)
+      -> mapInPandas(fan_out_columns: a row per cell it can meet in, plus one clock row per task)
       -> watermark on `ts` -> groupBy(cell) -> CellProcessor (EventTime)      -> meetings
       -> groupBy(a, b)                    -> PairProcessor (EventTime)        -> pair events
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import orjson
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
@@ -40,7 +41,7 @@ from processor.core.proximity import (
     PairState,
     Position,
     ProximityRule,
-    fan_out,
+    fan_out_columns,
     pair_expire,
     pair_step,
 )
@@ -60,22 +61,27 @@ _EVENT_COLS = ["kind", "rule_id", "a", "b", "ts_ms", "distance_m", "lat", "lon",
 
 
 def cell_rows(rule: ProximityRule) -> Any:
-    """The mapInPandas function: each fix as a row per cell it can meet in (`fan_out`), `ts` null,
+    """The mapInPandas function: each fix as a row per cell it can meet in (`fan_out_columns`), `ts` null,
     and one clock row (`cell` CLOCK_CELL) with the newest event time of what the task read."""
     res = rule.resolution
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         newest = -1
         for df in frames:
-            rows: list[tuple[Any, ...]] = []
-            for v, t, lat, lon in zip(df["vehicle_id"], df["ts_ms"], df["lat"], df["lon"], strict=True):
-                f = Position(str(v), int(t), float(lat), float(lon))
-                newest = max(newest, f.ts_ms)
-                rows.extend(
-                    (c.cell, c.home, f.vehicle_id, None, f.ts_ms, f.lat, f.lon) for c in fan_out(f, res)
-                )
-            if rows:
-                yield pd.DataFrame(rows, columns=["cell", "home", "vehicle_id", "ts", "ts_ms", "lat", "lon"])
+            if df.empty:
+                continue
+            ts_ms = df["ts_ms"].to_numpy(np.int64)
+            newest = max(newest, int(ts_ms.max()))
+            cols = fan_out_columns(
+                df["vehicle_id"].to_numpy(object),
+                ts_ms,
+                df["lat"].to_numpy(np.float64),
+                df["lon"].to_numpy(np.float64),
+                res,
+            )
+            out = pd.DataFrame(cols)
+            out.insert(3, "ts", None)  # null: Spark's late filter never drops a data row
+            yield out
         if newest >= 0:
             clock = pd.Timestamp(newest, unit="ms", tz="UTC")
             yield pd.DataFrame(

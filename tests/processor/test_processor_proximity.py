@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 import h3
+import numpy as np
 import pytest
 
 from fleetfence.geo import haversine_m
@@ -25,6 +26,7 @@ from processor.core.proximity import (
     Position,
     ProximityRule,
     fan_out,
+    fan_out_columns,
     pair_expire,
     pair_step,
     reports,
@@ -275,3 +277,22 @@ def test_the_cells_mask_is_the_reporting_rule() -> None:
         assert mask.tolist() == want
         seen.update(v for row in want for v in row)
     assert seen == {True, False}  # both answers were asked for
+
+
+def test_the_columnar_fan_out_is_fan_out_fix_by_fix() -> None:
+    fixes = fleet(4, vehicles=30, steps=5, spread_m=3000)
+    cols = fan_out_columns(
+        np.array([f.vehicle_id for f in fixes], dtype=object),
+        np.array([f.ts_ms for f in fixes], dtype=np.int64),
+        np.array([f.lat for f in fixes]),
+        np.array([f.lon for f in fixes]),
+        RULE.resolution,
+    )
+    one_by_one = [cp for f in fixes for cp in fan_out(f, RULE.resolution)]
+    assert len(cols["cell"]) == len(one_by_one) > 6 * len(fixes)
+    names = ("cell", "home", "vehicle_id", "ts_ms", "lat", "lon")
+    got = list(zip(*(cols[k] for k in names), strict=True))
+    assert got == [
+        (c.cell, c.home, c.position.vehicle_id, c.position.ts_ms, c.position.lat, c.position.lon)
+        for c in one_by_one
+    ]
