@@ -116,6 +116,7 @@ def test_verify_reads_only_committed_alerts_and_gates(settings: Settings, tmp_pa
     p.begin_transaction()  # an aborted duplicate and an aborted extra alert must not count
     p.produce(topic, record(truth[0]), truth[0].vehicle_id.encode())
     p.produce(topic, record(t("sim-000001", "OVERSPEED", 3)), b"sim-000001")
+    assert p.flush(10) == 0  # in the log before the abort (and no abort racing AddPartitionsToTxn)
     p.abort_transaction(10)
 
     got = read_alerts(settings, timeout_s=10, expected={a.key for a in truth})
