@@ -122,6 +122,9 @@ def parse_alert(raw: bytes | None) -> Alert:
         raise _bad("field 'zone_id' must be a string")
     if atype.meta.zone and not zone:
         raise _bad(f"{atype.value} alert needs a 'zone_id' (top level or in 'details')")
+    other = details.get("other_vehicle_id")
+    if atype.meta.pair and not (isinstance(other, str) and VEHICLE_ID_RE.match(other)):
+        raise _bad(f"{atype.value} alert needs the other vehicle's id in 'details.other_vehicle_id'")
     return Alert(
         alert_id=aid,
         type=atype,
@@ -189,8 +192,12 @@ _TRIP_OPENS = tuple(t for t in AlertType if t.meta.trip and t.meta.opens)
 
 
 def _condition(opener: AlertType, alert: Alert) -> str:
-    """The name of the condition `opener` opens: a zone's is per zone."""
-    return f"ZONE:{alert.zone_id}" if opener.meta.zone else opener.value
+    """The name of the condition `opener` opens: a zone's is per zone, a pair's per other vehicle."""
+    if opener.meta.zone:
+        return f"ZONE:{alert.zone_id}"
+    if opener.meta.pair:
+        return f"PROXIMITY:{alert.details['other_vehicle_id']}"
+    return opener.value
 
 
 def condition_change(alert: Alert) -> ConditionChange:
@@ -218,7 +225,10 @@ def condition_change(alert: Alert) -> ConditionChange:
         closes.append(_condition(AlertType[m.closes], alert))
     if m.ends_trip:
         closes.extend(o.value for o in _TRIP_OPENS)
-    closes.extend(c.value for c in _CLOSED_BY_ANY if c is not t and c.value not in closes)
+    # Any alert raised at a new fix proves the vehicle spoke; a pair lost at its deadline is no
+    # such proof (the vehicle may be the one gone silent).
+    if not (m.pair and alert.details.get("reason") == "lost"):
+        closes.extend(c.value for c in _CLOSED_BY_ANY if c is not t and c.value not in closes)
     return ConditionChange(opens=_condition(t, alert) if m.opens else None, closes=tuple(closes))
 
 

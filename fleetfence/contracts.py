@@ -97,6 +97,8 @@ class AlertMeta:
     - opens: it opens a condition that stays open (docs/alerts.md, "Open conditions"): named after
       the type, or `ZONE:{zone_id}` for a zone type; `closes`: the type whose condition it closes.
     - zone: its subject is a zone (it must carry a `zone_id`).
+    - pair: its subject is another vehicle (`details.other_vehicle_id`): vehicle proximity; its
+      condition is `PROXIMITY:{other_vehicle_id}`.
     - trip: part of the trip along the assigned route: ROUTE_COMPLETED (`ends_trip`) closes it.
     - closed_by_any: no alert of its own ends it, so any later alert of the vehicle does (a vehicle
       that was silent and raised something has spoken again).
@@ -110,6 +112,7 @@ class AlertMeta:
     opens: bool = False
     closes: str | None = None
     zone: bool = False
+    pair: bool = False
     trip: bool = False
     ends_trip: bool = False
     closed_by_any: bool = False
@@ -218,6 +221,30 @@ class AlertType(StrEnum):
             trip=True,
             ends_trip=True,
             detail=(("in {}", "duration_s", "duration"), ("{}", "delay_s", "delay")),
+        ),
+    )
+
+    # Vehicle proximity (processor.core.proximity): one alert per vehicle of the pair.
+    PROXIMITY_ENTER = (
+        "PROXIMITY_ENTER",
+        AlertMeta(
+            "Vehicles near",
+            "plain",
+            "bold cyan",
+            opens=True,
+            pair=True,
+            detail=(("{} apart", "distance_m", "km"),),
+        ),
+    )
+    PROXIMITY_EXIT = (
+        "PROXIMITY_EXIT",
+        AlertMeta(
+            "Vehicles parted",
+            "plain",
+            "blue",
+            closes="PROXIMITY_ENTER",
+            pair=True,
+            detail=(("after {}", "near_s", "duration"),),
         ),
     )
 
@@ -539,11 +566,14 @@ def alert_record(
     trigger_received_ms: int,
     zone_id: str = "",
     late: bool = False,
+    subject: str = "",
 ) -> AlertRecord:
     """The record of one alert, with its deterministic `alert_id` and `ts` derived here so that no
-    writer can derive them differently; `zone_id` and `late` appear only when they say something."""
+    writer can derive them differently; `zone_id` and `late` appear only when they say something.
+    The id's subject is the zone, else `subject` (what else the alert is about: a pair's other
+    vehicle), so that two alerts of one type at one fix differ."""
     d: AlertRecord = {
-        "alert_id": alert_id(vehicle_id, alert_type.value, seq, zone_id),
+        "alert_id": alert_id(vehicle_id, alert_type.value, seq, zone_id or subject),
         "type": alert_type,
         "vehicle_id": vehicle_id,
         "route_id": route_id,

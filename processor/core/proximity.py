@@ -28,7 +28,7 @@ near now, not by every pair that ever met.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -36,6 +36,7 @@ from enum import StrEnum
 import h3
 import numpy as np
 
+from fleetfence.contracts import AlertRecord, AlertType, alert_record
 from fleetfence.geo import haversine_m
 from processor.core.zones import h3_cells_int
 
@@ -97,6 +98,7 @@ class Position:
     (tests/processor/test_fix_records.py)."""
 
     vehicle_id: str
+    seq: int  # the fix's, for its alert's id
     ts_ms: int
     lat: float
     lon: float
@@ -118,7 +120,12 @@ def fan_out(position: Position, resolution: int) -> list[CellPosition]:
 
 
 def fan_out_columns(
-    vehicle_id: np.ndarray, ts_ms: np.ndarray, lat: np.ndarray, lon: np.ndarray, resolution: int
+    vehicle_id: np.ndarray,
+    seq: np.ndarray,
+    ts_ms: np.ndarray,
+    lat: np.ndarray,
+    lon: np.ndarray,
+    resolution: int,
 ) -> dict[str, np.ndarray]:
     """`fan_out` of many fixes as columns (`cell`, `home` and the fixes' own, a row per cell each
     can meet in, in `fan_out`'s order): the home cells in one native call (`h3_cells_int`), the
@@ -138,6 +145,7 @@ def fan_out_columns(
         "cell": cells[np.repeat(ring_start, counts) + place],
         "home": np.array(home_names, dtype=object)[inverse][rows],
         "vehicle_id": np.asarray(vehicle_id)[rows],
+        "seq": np.asarray(seq)[rows],
         "ts_ms": np.asarray(ts_ms)[rows],
         "lat": np.asarray(lat)[rows],
         "lon": np.asarray(lon)[rows],
@@ -152,14 +160,19 @@ def pair_key(a: str, b: str) -> tuple[str, str]:
 @dataclass(frozen=True, slots=True)
 class Observation:
     """Two vehicles' fixes within the tolerance of each other: how far apart, and when (the later
-    of the two event times: the moment both positions were known). `a` < `b`."""
+    of the two event times: the moment both positions were known). `a` < `b`; each vehicle's fix
+    (its seq and where it was) is kept, because each vehicle's alert is raised at its own fix."""
 
     a: str
     b: str
     ts_ms: int
     distance_m: float
-    lat: float  # where `a` was
-    lon: float
+    a_seq: int
+    a_lat: float
+    a_lon: float
+    b_seq: int
+    b_lat: float
+    b_lon: float
 
 
 @dataclass
@@ -228,12 +241,13 @@ def _columns(cps: list[CellPosition], codes: dict[str, int], cell: str) -> tuple
     whether each is homed in `cell`, and whether its home is not below it (`reports`)."""
     n = len(cps)
     vid = np.fromiter((codes.setdefault(c.position.vehicle_id, len(codes)) for c in cps), np.int64, n)
+    seq = np.fromiter((c.position.seq for c in cps), np.int64, n)
     ts = np.fromiter((c.position.ts_ms for c in cps), np.int64, n)
     lat = np.fromiter((c.position.lat for c in cps), np.float64, n)
     lon = np.fromiter((c.position.lon for c in cps), np.float64, n)
     at_home = np.fromiter((c.home == cell for c in cps), np.bool_, n)
     not_below = np.fromiter((c.home >= cell for c in cps), np.bool_, n)
-    return vid, ts, lat, lon, at_home, not_below
+    return vid, seq, ts, lat, lon, at_home, not_below
 
 
 def _reported(x: tuple[np.ndarray, ...], y: tuple[np.ndarray, ...], tolerance_ms: int) -> np.ndarray:
@@ -260,29 +274,32 @@ def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms:
     if any(c.cell != cell for c in fresh):
         raise ValueError("a cell's window steps its own arrivals only")
     codes: dict[str, int] = {}
-    fv, fts, flat, flon, f_home, f_ge = _columns(fresh, codes, cell)
+    fv, fseq, fts, flat, flon, f_home, f_ge = _columns(fresh, codes, cell)
     names = [c.position.vehicle_id for c in fresh]
     pairs: list[tuple[np.ndarray, np.ndarray, list[str], tuple[np.ndarray, ...]]] = []
     if kept:
-        kv, kts, klat, klon, k_home, k_ge = _columns(kept, codes, cell)
+        kv, kseq, kts, klat, klon, k_home, k_ge = _columns(kept, codes, cell)
         i, j = np.nonzero(_reported((fv, fts, f_home, f_ge), (kv, kts, k_home, k_ge), tolerance_ms))
-        pairs.append((i, j, [c.position.vehicle_id for c in kept], (kts, klat, klon)))
+        pairs.append((i, j, [c.position.vehicle_id for c in kept], (kseq, kts, klat, klon)))
     # Among the arrivals: each unordered pair once (i < j).
     arrivals = (fv, fts, f_home, f_ge)
     i, j = np.nonzero(np.triu(_reported(arrivals, arrivals, tolerance_ms), 1))
-    pairs.append((i, j, names, (fts, flat, flon)))
+    pairs.append((i, j, names, (fseq, fts, flat, flon)))
     out: list[Observation] = []
-    for i, j, other, (ots, olat, olon) in pairs:
+    for i, j, other, (oseq, ots, olat, olon) in pairs:
         if len(i) == 0:
             continue
         d = haversine_m(flon[i], flat[i], olon[j], olat[j])
         t = np.maximum(fts[i], ots[j])
         for n in range(len(i)):
-            a, b = names[i[n]], other[j[n]]
+            x, y = i[n], j[n]
+            mine = (int(fseq[x]), float(flat[x]), float(flon[x]))
+            theirs = (int(oseq[y]), float(olat[y]), float(olon[y]))
+            a, b = names[x], other[y]
             if a < b:
-                out.append(Observation(a, b, int(t[n]), float(d[n]), float(flat[i[n]]), float(flon[i[n]])))
+                out.append(Observation(a, b, int(t[n]), float(d[n]), *mine, *theirs))
             else:
-                out.append(Observation(b, a, int(t[n]), float(d[n]), float(olat[j[n]]), float(olon[j[n]])))
+                out.append(Observation(b, a, int(t[n]), float(d[n]), *theirs, *mine))
     return out
 
 
@@ -304,34 +321,60 @@ class ExitReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PairEvent:
-    """A proximity alert of the pair `a` < `b` under one rule: `reason` on an exit only; `since_ms`
-    is when the nearness began."""
+    """A proximity alert of the pair under one rule, at the meeting `at` that decided it (for an
+    exit by loss: the last meeting, at the deadline's event time): `reason` on an exit only;
+    `since_ms` is when the nearness began. Each vehicle of the pair gets its alert (`alerts`)."""
 
     kind: PairEventKind
     rule_id: str
-    a: str
-    b: str
-    ts_ms: int
-    distance_m: float
-    lat: float
-    lon: float
+    at: Observation
     since_ms: int
     reason: ExitReason | None = None
+
+    def alerts(self) -> list[AlertRecord]:
+        """The two alert records of the event, one per vehicle, each at that vehicle's own fix
+        and naming the other: a receiver, a map or a history keyed by vehicle sees both sides.
+        The id's subject is the rule and the other vehicle, so each side of each event has one
+        id however often it is replayed."""
+        o = self.at
+        details: dict[str, object] = {"rule_id": self.rule_id, "distance_m": round(o.distance_m, 1)}
+        details["near_s"] = round((o.ts_ms - self.since_ms) / 1000, 1)
+        if self.reason is not None:
+            details["reason"] = self.reason.value
+        out: list[AlertRecord] = []
+        for me, seq, lat, lon, other in (
+            (o.a, o.a_seq, o.a_lat, o.a_lon, o.b),
+            (o.b, o.b_seq, o.b_lat, o.b_lon, o.a),
+        ):
+            out.append(
+                alert_record(
+                    AlertType(self.kind.value),
+                    me,
+                    seq,
+                    o.ts_ms,
+                    lat,
+                    lon,
+                    None,
+                    0,
+                    {"other_vehicle_id": other, **details},
+                    0,
+                    subject=f"{self.rule_id}:{other}",
+                )
+            )
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class PairState:
     """A pair's hysteresis. `near_since_ms`: the event time the current run of nearness began (-1:
     not near); `entered`: PROXIMITY_ENTER went out and no exit yet; `last_ms`: the latest meeting
-    folded in (older ones are late and ignored); `last_lat/lon/distance_m`: that meeting's facts,
-    for an exit by loss."""
+    folded in (older ones are late and ignored); `last`: that meeting, while something is open (an
+    exit by loss is raised at it)."""
 
     near_since_ms: int = -1
     entered: bool = False
     last_ms: int = -1
-    last_lat: float = 0.0
-    last_lon: float = 0.0
-    last_distance_m: float = math.inf
+    last: Observation | None = None
 
     @property
     def empty(self) -> bool:
@@ -366,8 +409,7 @@ def pair_step(
     moment (a partition read late) can start a nearness the far one would have broken."""
     events: list[PairEvent] = []
     late = 0
-    near_since, entered, last = state.near_since_ms, state.entered, state.last_ms
-    last_lat, last_lon, last_d = state.last_lat, state.last_lon, state.last_distance_m
+    near_since, entered, last, last_o = state.near_since_ms, state.entered, state.last_ms, state.last
     for o in sorted(observations, key=lambda x: (x.ts_ms, x.distance_m)):
         if o.ts_ms < last:
             late += 1
@@ -378,11 +420,11 @@ def pair_step(
         if open_ and o.ts_ms >= last + rule.lost_after_ms:
             # Lost in the gap before this meeting: as the timer would have had it, had the batches
             # fallen otherwise.
-            gone = PairState(near_since, entered, last, last_lat, last_lon, last_d)
-            _, lost = pair_expire(gone, o.a, o.b, last + rule.lost_after_ms, rule)
+            gone = PairState(near_since, entered, last, last_o)
+            _, lost = pair_expire(gone, last + rule.lost_after_ms, rule)
             events.extend(lost)
             near_since, entered = -1, False
-        last, last_lat, last_lon, last_d = o.ts_ms, o.lat, o.lon, o.distance_m
+        last, last_o = o.ts_ms, o
         if entered:
             if o.distance_m > rule.exit_m:
                 events.append(_event(PairEventKind.EXIT, rule, o, near_since, ExitReason.APART))
@@ -395,11 +437,12 @@ def pair_step(
                 entered = True
         else:
             near_since = -1
-    return PairState(near_since, entered, last, last_lat, last_lon, last_d), events, late
+    open_ = entered or near_since >= 0
+    return PairState(near_since, entered, last, last_o if open_ else None), events, late
 
 
 def pair_expire(
-    state: PairState, a: str, b: str, watermark_ms: int, rule: ProximityRule
+    state: PairState, watermark_ms: int, rule: ProximityRule
 ) -> tuple[PairState, list[PairEvent]]:
     """The watermark has moved to `watermark_ms`: a pair whose deadline it reached is lost. An open
     meeting ends with PROXIMITY_EXIT (reason `lost`, at the deadline's event time, where the pair was
@@ -410,7 +453,9 @@ def pair_expire(
         return state, []
     events: list[PairEvent] = []
     if state.entered:
-        o = Observation(a, b, deadline, state.last_distance_m, state.last_lat, state.last_lon)
+        if state.last is None:
+            raise ValueError("an entered pair keeps its last meeting")
+        o = dataclasses.replace(state.last, ts_ms=deadline)
         events.append(_event(PairEventKind.EXIT, rule, o, state.near_since_ms, ExitReason.LOST))
     return PairState(last_ms=state.last_ms), events
 
@@ -422,4 +467,4 @@ def _event(
     since_ms: int,
     reason: ExitReason | None = None,
 ) -> PairEvent:
-    return PairEvent(kind, rule.rule_id, o.a, o.b, o.ts_ms, o.distance_m, o.lat, o.lon, since_ms, reason)
+    return PairEvent(kind, rule.rule_id, o, since_ms, reason)

@@ -32,7 +32,7 @@ from processor.ops.progress import StallWatch, log_first_batch, observe, unseen_
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles
 from processor.spark.hot_sink import HotOptions
-from processor.spark.job import checkpoint_sink_id, start_query, warm_up_query
+from processor.spark.job import checkpoint_sink_id, start_proximity_query, start_query, warm_up_query
 from processor.spark.rebucket import read_seed
 from processor.spark.session import build_session, processor_partitions, row_tracking, spark_master_url
 
@@ -104,6 +104,11 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
         if s.processor_hot:
             if lease is None:
                 raise ConfigError("hot drivers need the lease: FLEETFENCE_PROCESSOR_LEASE_TTL_MS must be > 0")
+            if s.proximity_rule() is not None:
+                raise ConfigError(
+                    "vehicle proximity runs on a driver that is not hot (its sink has no shadow mode "
+                    "yet): unset FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M or FLEETFENCE_PROCESSOR_HOT"
+                )
             _hot_loop(spark, s, stop, lease)
             return
         if s.processor_standby:
@@ -193,6 +198,9 @@ def _query_loop(
     first_start = seed.offsets.get(s.topics.telemetry) if seed else None
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
     q = start_query(spark, s, hot=hot)
+    rule = s.proximity_rule()
+    # Beside the job, on its own checkpoint and sink id, under the same lease (never hot: _run_query).
+    pq = start_proximity_query(spark, s, rule) if rule is not None and hot is None else None
     last_batch = -1
     stall = StallWatch(s.processor_stall_timeout_s)
 
@@ -202,6 +210,8 @@ def _query_loop(
         if lease is not None and holding and lease.lost.is_set():
             raise LeaseLostError(f"the checkpoint's lease {lease.key} is no longer this driver's: stopping")
         done = bool(q.awaitTermination(0.5))
+        if pq is not None and not pq.isActive:
+            raise ProcessorError(f"the proximity query ended: {pq.exception()}")
         latest = q.lastProgress
         report = (latest["batchId"], latest["timestamp"]) if latest else None
         if not done:
@@ -238,6 +248,9 @@ def _query_loop(
         if q.isActive and not stalled:
             logger.info("stopping processor query=%s", q.id)
             q.stop()
+        if pq is not None and pq.isActive and not stalled:
+            logger.info("stopping proximity query=%s", pq.id)
+            pq.stop()
         # The last batch committed before the stop: count and log it too.
         for m in reader.poll(1.0):
             ledger.marker(m)

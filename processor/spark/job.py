@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from processor.core.proximity import ProximityRule
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.spark.hot_sink import HotOptions
@@ -185,3 +186,46 @@ def start_query(
     inp = job_input(spark, s, s.driver_checkpoint, s.processor_starting_offsets)
     rows = geofence_rows(spark, s, inp)
     return start_output(spark, rows, s, inp, query_name, available_now=available_now, hot=hot)
+
+
+def start_proximity_query(
+    spark: Any,
+    s: ProcessorSettings,
+    rule: ProximityRule,
+    query_name: str = "fleetfence-proximity",
+    *,
+    available_now: bool = False,
+) -> Any:
+    """Start the vehicle-proximity query (processor.spark.proximity) on its own checkpoint
+    (`ProcessorSettings.proximity_checkpoint`): the telemetry topic in, PROXIMITY_ENTER/EXIT
+    through the same exactly-once sink as the job's alerts, under that checkpoint's own sink id
+    (its own transactional id and markers). A query of its own rather than a branch of the job's:
+    its state is keyed by cell and by pair, not by vehicle bucket, and the job's checkpoint, its
+    re-bucketing and its plan stay as they are whether the rule is on or off."""
+    from processor.spark.proximity import FIXES_DDL, proximity_alerts, telemetry_fixes
+    from processor.spark.source import kafka_stream
+
+    checkpoint = s.proximity_checkpoint
+    fixes = kafka_stream(
+        spark,
+        s.bootstrap_servers,
+        [s.topics.telemetry],
+        starting_offsets=s.processor_starting_offsets,
+        max_offsets_per_trigger=s.processor_max_events_per_batch,
+    ).select("value")
+    rows = proximity_alerts(
+        fixes.mapInPandas(telemetry_fixes, FIXES_DDL), rule, round(s.processor_lateness_s * 1000)
+    )
+    register_sink(spark)
+    writer = (
+        _sink(rows.writeStream, s, sink_id_for(HadoopCheckpointFiles(spark, checkpoint)))
+        .queryName(query_name)
+        .option("checkpointLocation", checkpoint)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    elif s.processor_trigger_ms > 0:
+        writer = writer.trigger(processingTime=f"{s.processor_trigger_ms} milliseconds")
+    q = writer.start()
+    logger.info("proximity started query=%s checkpoint=%s rule=%s", q.id, checkpoint, rule)
+    return q

@@ -149,6 +149,15 @@ def original_records(
         c.close()
 
 
+def _fenced(exc: Exception) -> bool:
+    """Whether the producer was fenced: another producer initialised its transactional id."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    codes = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+    return isinstance(err, KafkaError) and err.code() in codes
+
+
 class AlertStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
         self.bootstrap = options["bootstrap"]
@@ -239,14 +248,56 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
         if self.hot is not None:
             self._commit_hot(self.hot, batchId, alerts, dlq, stats)
             return
+        # Spark may run a query's commits in more than one of the driver's Python workers (idle
+        # workers are shared between the queries of one driver), and each keeps its own producer
+        # for the sink: a worker that initialised the producer fences the one used before in
+        # another. Fenced, a worker initialises its own again (which waits for or aborts the other's
+        # transaction), reads the markers again, and retries the batch unless it was committed.
+        for attempt in (1, 2):
+            st = self._state()
+            if batchId <= st.last_committed:
+                logger.warning(
+                    "batch already committed, skipped sink_id=%s batch_id=%s", self.sink_id, batchId
+                )
+                return
+            try:
+                self._transaction(st, batchId, alerts, dlq, stats)
+                break
+            except Exception as exc:
+                if attempt == 2 or not _fenced(exc):
+                    raise
+                logger.warning(
+                    "sink producer fenced by another worker of this sink, retried sink_id=%s batch_id=%s",
+                    self.sink_id,
+                    batchId,
+                )
+        st.last_committed = batchId
+        logger.info(
+            "batch committed sink_id=%s batch_id=%s alerts=%s dead_lettered=%s",
+            self.sink_id,
+            batchId,
+            len(alerts),
+            len(dlq),
+        )
+
+    def _state(self) -> _SinkState:
         key = (self.bootstrap, self.sink_id)
         st = _SINKS.get(key)
         if st is None:
             st = _SinkState(self.bootstrap, self.sink_id, self.markers_topic)
             _SINKS[key] = st
-        if batchId <= st.last_committed:
-            logger.warning("batch already committed, skipped sink_id=%s batch_id=%s", self.sink_id, batchId)
-            return
+        return st
+
+    def _transaction(
+        self,
+        st: _SinkState,
+        batch_id: int,
+        alerts: list[tuple[str, bytes]],
+        dlq: list[DeadLetter],
+        stats: dict[str, int],
+    ) -> None:
+        """The batch's records and its marker in one transaction; on failure the producer is
+        dropped (the next commit initialises a new one) and the error raised."""
         # Imported at the first commit, which a standby's dry run makes in advance (see above).
         from fleetfence.kafka import produce_waiting
 
@@ -262,27 +313,19 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                 produce_waiting(p, self.dlq_topic, key=letter.key.encode(), value=value, headers=headers)
             marker = {
                 "sink_id": self.sink_id,
-                "batch_id": batchId,
+                "batch_id": batch_id,
                 "committed_ms": int(time.time() * 1000),
                 **stats,
             }
             produce_waiting(p, self.markers_topic, key=self.sink_id.encode(), value=orjson.dumps(marker))
             p.commit_transaction(60)
         except Exception:
-            _SINKS.pop(key, None)
+            _SINKS.pop((self.bootstrap, self.sink_id), None)
             try:
                 p.abort_transaction(10)
             except Exception:  # fenced or broker gone: the next incarnation's init aborts it
                 logger.exception("abort after failed commit also failed sink_id=%s", self.sink_id)
             raise
-        st.last_committed = batchId
-        logger.info(
-            "batch committed sink_id=%s batch_id=%s alerts=%s dead_lettered=%s",
-            self.sink_id,
-            batchId,
-            len(alerts),
-            len(dlq),
-        )
 
     def _commit_hot(
         self,

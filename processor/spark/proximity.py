@@ -1,10 +1,10 @@
 """Vehicle-to-vehicle proximity on Spark: the two keyed stages of processor.core.proximity as two
 chained `transformWithStateInPandas` operators, in event time, their state in the state store.
 
-    fixes (vehicle_id, ts_ms, lat, lon)
+    fixes (vehicle_id, seq, ts_ms, lat, lon)
       -> mapInPandas(fan_out_columns: a row per cell it can meet in, plus one clock row per task)
       -> watermark on `ts` -> groupBy(cell) -> CellProcessor (EventTime)      -> meetings
-      -> groupBy(a, b)                    -> PairProcessor (EventTime)        -> pair events
+      -> groupBy(a, b)                    -> PairProcessor (EventTime)        -> alert rows
 
 Why the clock rows: Spark drops a stateful operator's input rows whose event time is behind the
 watermark, before the operator sees them and without counting them. Data rows carry a null `ts`
@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
@@ -33,6 +34,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
+from fleetfence.contracts import INVALID_ERRORS, alert_json, canonical_fix, decode_plain_fix
 from processor.core.proximity import (
     CellPosition,
     CellWindow,
@@ -45,19 +47,49 @@ from processor.core.proximity import (
     pair_expire,
     pair_step,
 )
+from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_frame
 
 CLOCK_CELL = ""  # the key of the clock rows: its operator instance only moves the watermark
-FIXES_DDL = "vehicle_id string, ts_ms long, lat double, lon double"
+FIXES_DDL = "vehicle_id string, seq long, ts_ms long, lat double, lon double"
+_CELL_COLS = ["cell", "home", "vehicle_id", "seq", "ts", "ts_ms", "lat", "lon"]
 CELL_ROWS_DDL = (
-    "cell string, home string, vehicle_id string, ts timestamp, ts_ms long, lat double, lon double"
+    "cell string, home string, vehicle_id string, seq long, ts timestamp, ts_ms long, lat double, lon double"
 )
-MEETINGS_DDL = "a string, b string, ts timestamp, ts_ms long, distance_m double, lat double, lon double"
-EVENTS_DDL = (
-    "kind string, rule_id string, a string, b string, ts_ms long, distance_m double, lat double, "
-    "lon double, since_ms long, reason string"
+# A meeting: `Observation`'s fields, with `ts` for Spark's watermark after `ts_ms`.
+_MEETING_COLS = [
+    "a", "b", "ts", "ts_ms", "distance_m", "a_seq", "a_lat", "a_lon", "b_seq", "b_lat", "b_lon"
+]  # fmt: skip
+MEETINGS_DDL = (
+    "a string, b string, ts timestamp, ts_ms long, distance_m double, a_seq long, a_lat double, "
+    "a_lon double, b_seq long, b_lat double, b_lon double"
 )
-_MEETING_COLS = ["a", "b", "ts", "ts_ms", "distance_m", "lat", "lon"]
-_EVENT_COLS = ["kind", "rule_id", "a", "b", "ts_ms", "distance_m", "lat", "lon", "since_ms", "reason"]
+_PAIR_STATE_DDL = (
+    "near_since_ms long, entered boolean, last_ms long, timer_ms long, has_last boolean, "
+    "distance_m double, a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double"
+)
+
+
+def telemetry_fixes(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The mapInPandas function from the telemetry topic's `value` column to FIXES_DDL: each record
+    decoded as the main job decodes it (msgspec's `PlainFix`, else `canonical_fix`, the one judge
+    of valid telemetry). A record that is not canonical is skipped here: the main job, reading the
+    same topic, dead-letters it and counts it."""
+    for df in frames:
+        rows: list[tuple[str, int, int, float, float]] = []
+        for value in df["value"]:
+            try:
+                if value is None or not value.isascii() or b"\\" in value:
+                    raise ValueError  # escapes and non-ASCII: canonical_fix's verdict (as in parse)
+                f = decode_plain_fix(value)
+                rows.append((f.vehicle_id, f.seq, f.ts_ms, f.lat, f.lon))
+            except (msgspec.DecodeError, ValueError):
+                try:
+                    vid, seq, ts_ms, lat, lon, _speed = canonical_fix(orjson.loads(value or b""))
+                except INVALID_ERRORS:
+                    continue
+                rows.append((vid, seq, ts_ms, lat, lon))
+        if rows:
+            yield pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon"])
 
 
 def cell_rows(rule: ProximityRule) -> Any:
@@ -74,20 +106,18 @@ def cell_rows(rule: ProximityRule) -> Any:
             newest = max(newest, int(ts_ms.max()))
             cols = fan_out_columns(
                 df["vehicle_id"].to_numpy(object),
+                df["seq"].to_numpy(np.int64),
                 ts_ms,
                 df["lat"].to_numpy(np.float64),
                 df["lon"].to_numpy(np.float64),
                 res,
             )
             out = pd.DataFrame(cols)
-            out.insert(3, "ts", None)  # null: Spark's late filter never drops a data row
+            out.insert(4, "ts", None)  # null: Spark's late filter never drops a data row
             yield out
         if newest >= 0:
             clock = pd.Timestamp(newest, unit="ms", tz="UTC")
-            yield pd.DataFrame(
-                [(CLOCK_CELL, "", "", clock, newest, 0.0, 0.0)],
-                columns=["cell", "home", "vehicle_id", "ts", "ts_ms", "lat", "lon"],
-            )
+            yield pd.DataFrame([(CLOCK_CELL, "", "", 0, clock, newest, 0.0, 0.0)], columns=_CELL_COLS)
 
     return run
 
@@ -119,10 +149,10 @@ class CellProcessor(StatefulProcessor):
         wm = max(0, int(timerValues.getCurrentWatermarkInMs()))
         window = self._load()
         arrivals = [
-            CellPosition(cell, str(h), Position(str(v), int(t), float(la), float(lo)))
+            CellPosition(cell, str(h), Position(str(v), int(q), int(t), float(la), float(lo)))
             for df in rows
-            for h, v, t, la, lo in zip(
-                df["home"], df["vehicle_id"], df["ts_ms"], df["lat"], df["lon"], strict=True
+            for h, v, q, t, la, lo in zip(
+                df["home"], df["vehicle_id"], df["seq"], df["ts_ms"], df["lat"], df["lon"], strict=True
             )
         ]
         step = window.step(arrivals, wm, self.rule.tolerance_ms)
@@ -145,8 +175,8 @@ class CellProcessor(StatefulProcessor):
         value = self.kept.get()
         assert value is not None
         window = CellWindow()
-        for c, h, v, t, la, lo in orjson.loads(bytes(value[0])):
-            window.kept.setdefault(v, []).append(CellPosition(c, h, Position(v, t, la, lo)))
+        for c, h, v, q, t, la, lo in orjson.loads(bytes(value[0])):
+            window.kept.setdefault(v, []).append(CellPosition(c, h, Position(v, q, t, la, lo)))
         return window
 
     def _save(self, window: CellWindow) -> None:
@@ -170,6 +200,7 @@ class CellProcessor(StatefulProcessor):
                     cf.cell,
                     cf.home,
                     cf.position.vehicle_id,
+                    cf.position.seq,
                     cf.position.ts_ms,
                     cf.position.lat,
                     cf.position.lon,
@@ -187,7 +218,19 @@ class CellProcessor(StatefulProcessor):
 def meetings_frame(meetings: list[Observation], watermark_ms: int) -> pd.DataFrame:
     return pd.DataFrame(
         [
-            (o.a, o.b, _ts(max(o.ts_ms, watermark_ms + 1)), o.ts_ms, o.distance_m, o.lat, o.lon)
+            (
+                o.a,
+                o.b,
+                _ts(max(o.ts_ms, watermark_ms + 1)),
+                o.ts_ms,
+                o.distance_m,
+                o.a_seq,
+                o.a_lat,
+                o.a_lon,
+                o.b_seq,
+                o.b_lat,
+                o.b_lon,
+            )
             for o in meetings
         ],
         columns=_MEETING_COLS,
@@ -197,51 +240,79 @@ def meetings_frame(meetings: list[Observation], watermark_ms: int) -> pd.DataFra
 class PairProcessor(StatefulProcessor):
     """Stage 2, keyed by the pair (a, b): its `PairState` in one value state and an event-time timer
     at `PairState.keep_until_ms` (the lost deadline while a meeting is open); the state goes once the
-    watermark has passed its latest meeting with nothing open."""
+    watermark has passed its latest meeting with nothing open. Emits the alert rows of the job's
+    sink (processor.spark.rows.OUTPUT_DDL): two per event, one per vehicle (`PairEvent.alerts`)."""
 
     def __init__(self, rule: ProximityRule) -> None:
         self.rule = rule
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.pair = handle.getValueState(
-            "pair",
-            "near_since_ms long, entered boolean, last_ms long, last_lat double, last_lon double, "
-            "last_distance_m double, timer_ms long",
-        )
+        self.pair = handle.getValueState("pair", _PAIR_STATE_DDL)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Any], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         a, b = str(key[0]), str(key[1])
-        state, timer = self._load()
+        state, timer = self._load(a, b)
         meetings = [
-            Observation(a, b, int(t), float(d), float(la), float(lo))
+            Observation(a, b, int(t), float(d), int(sa), float(la), float(oa), int(sb), float(lb), float(ob))
             for df in rows
-            for t, d, la, lo in zip(df["ts_ms"], df["distance_m"], df["lat"], df["lon"], strict=True)
+            for t, d, sa, la, oa, sb, lb, ob in zip(
+                df["ts_ms"],
+                df["distance_m"],
+                df["a_seq"],
+                df["a_lat"],
+                df["a_lon"],
+                df["b_seq"],
+                df["b_lat"],
+                df["b_lon"],
+                strict=True,
+            )
         ]
         state, events, _late = pair_step(state, meetings, self.rule)
         self._save(state, timer, int(timerValues.getCurrentWatermarkInMs()))
         if events:
-            yield events_frame(events)
+            yield alert_frame(events)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         a, b = str(key[0]), str(key[1])
         wm = int(timerValues.getCurrentWatermarkInMs())
-        state, _timer = self._load()
-        state, events = pair_expire(state, a, b, wm, self.rule)
+        state, _timer = self._load(a, b)
+        state, events = pair_expire(state, wm, self.rule)
         self._save(state, -1, wm)  # the timer that fired is gone
         if events:
-            yield events_frame(events)
+            yield alert_frame(events)
 
-    def _load(self) -> tuple[PairState, int]:
+    def _load(self, a: str, b: str) -> tuple[PairState, int]:
         if not self.pair.exists():
             return PairState(), -1
         v = self.pair.get()
         assert v is not None
-        return PairState(int(v[0]), bool(v[1]), int(v[2]), float(v[3]), float(v[4]), float(v[5])), int(v[6])
+        near_since, entered, last_ms, timer, has_last = (
+            int(v[0]),
+            bool(v[1]),
+            int(v[2]),
+            int(v[3]),
+            bool(v[4]),
+        )
+        last = None
+        if has_last:
+            last = Observation(
+                a,
+                b,
+                last_ms,
+                float(v[5]),
+                int(v[6]),
+                float(v[7]),
+                float(v[8]),
+                int(v[9]),
+                float(v[10]),
+                float(v[11]),
+            )
+        return PairState(near_since, entered, last_ms, last), timer
 
     def _save(self, state: PairState, timer: int, watermark_ms: int) -> None:
         until = state.keep_until_ms(self.rule)
@@ -256,46 +327,33 @@ class PairProcessor(StatefulProcessor):
         if until is None:
             self.pair.clear()
             return
-        self.pair.update(
-            (
-                state.near_since_ms,
-                state.entered,
-                state.last_ms,
-                state.last_lat,
-                state.last_lon,
-                state.last_distance_m,
-                new,
-            )
+        o = state.last
+        last = (
+            (False, 0.0, 0, 0.0, 0.0, 0, 0.0, 0.0)
+            if o is None
+            else (True, o.distance_m, o.a_seq, o.a_lat, o.a_lon, o.b_seq, o.b_lat, o.b_lon)
         )
+        self.pair.update((state.near_since_ms, state.entered, state.last_ms, new, *last))
 
     def close(self) -> None:
         pass
 
 
-def events_frame(events: list[PairEvent]) -> pd.DataFrame:
-    return pd.DataFrame(
+def alert_frame(events: list[PairEvent]) -> pd.DataFrame:
+    """The events' alerts as the sink's rows: two per event, one per vehicle."""
+    return output_frame(
         [
-            (
-                str(e.kind),
-                e.rule_id,
-                e.a,
-                e.b,
-                e.ts_ms,
-                e.distance_m,
-                e.lat,
-                e.lon,
-                e.since_ms,
-                e.reason or "",
-            )
+            OutputRow(OutputKind.ALERT, alert_json(r), vehicle_id=r["vehicle_id"], seq=r["seq"])
             for e in events
-        ],
-        columns=_EVENT_COLS,
+            for r in e.alerts()
+        ]
     )
 
 
-def proximity_events(fixes: Any, rule: ProximityRule, lateness_ms: int) -> Any:
-    """The streaming DataFrame of a rule's pair events (EVENTS_DDL) from a streaming DataFrame of
-    fixes (FIXES_DDL); `lateness_ms` is the watermark's delay behind the newest event time."""
+def proximity_alerts(fixes: Any, rule: ProximityRule, lateness_ms: int) -> Any:
+    """The streaming DataFrame of a rule's alert rows (processor.spark.rows.OUTPUT_DDL, for the
+    job's exactly-once sink) from a streaming DataFrame of fixes (FIXES_DDL); `lateness_ms` is the
+    watermark's delay behind the newest event time."""
     cells = fixes.mapInPandas(cell_rows(rule), CELL_ROWS_DDL).withWatermark(
         "ts", f"{lateness_ms} milliseconds"
     )
@@ -308,7 +366,7 @@ def proximity_events(fixes: Any, rule: ProximityRule, lateness_ms: int) -> Any:
     )
     return meetings.groupBy("a", "b").transformWithStateInPandas(
         statefulProcessor=PairProcessor(rule),
-        outputStructType=EVENTS_DDL,
+        outputStructType=OUTPUT_DDL,
         outputMode="Append",
         timeMode="EventTime",
     )

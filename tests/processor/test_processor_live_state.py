@@ -114,3 +114,46 @@ def test_a_batch_with_more_alerts_than_the_producers_queue_commits_whole(setting
         if orjson.loads(m.value())["sink_id"] == sink_id
     ]
     assert (marker["batch_id"], marker["alerts"]) == (0, n)
+
+
+def test_commits_moving_between_python_workers_fence_and_recover_each_batch_once(settings: Settings) -> None:
+    """Spark runs a query's commits in whichever of the driver's idle Python workers is free (two
+    queries share them), and each worker keeps its own producer for the sink: the second worker's
+    producer fences the first one's. Each commit still goes through once: a fenced worker takes the
+    transactional id back, reads the markers again, and retries the batch unless it was committed."""
+    from processor.spark import kafka_sink
+
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    t = settings.topics
+    sink_id = uuid.uuid4().hex[:12]
+    w = AlertStreamWriter(
+        {
+            "bootstrap": settings.bootstrap_servers,
+            "alertstopic": t.alerts,
+            "dlqtopic": t.telemetry_dlq,
+            "markerstopic": t.processor_commits,
+            "sinkid": sink_id,
+        }
+    )
+    workers: list[dict[tuple[str, str], object]] = [{}, {}]  # each Python worker's own producers
+    order = [0, 1, 0, 0, 1]  # batch 2 goes back to the fenced worker 0, batch 4 to the fenced 1
+    for batch_id, worker in enumerate(order):
+        kafka_sink._SINKS = workers[worker]  # type: ignore[assignment]
+        w.commit([AlertCommitMessage(alerts=[("v1", b'{"batch": %d}' % batch_id)])], batch_id)
+    # A batch Spark hands again (a retry after a failure elsewhere) to the worker that did not commit
+    # it: that worker is fenced, reads the markers, and skips it.
+    kafka_sink._SINKS = workers[0]  # type: ignore[assignment]
+    w.commit([AlertCommitMessage(alerts=[("v1", b'{"batch": 4}')])], 4)
+    kafka_sink._SINKS = {}
+    got = wait_for(
+        lambda: len(a := read_all(settings, t.alerts, settings.alerts_partitions)) >= 5 and a,
+        60,
+        "the batches' alerts",
+    )
+    assert sorted(orjson.loads(m.value())["batch"] for m in got) == [0, 1, 2, 3, 4]
+    marks = [
+        orjson.loads(m.value())["batch_id"]
+        for m in read_all(settings, t.processor_commits, 1)
+        if orjson.loads(m.value())["sink_id"] == sink_id
+    ]
+    assert marks == [0, 1, 2, 3, 4]

@@ -68,17 +68,19 @@ def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Positio
         lat = BERLIN[0] + rng.uniform(0, dlat)
         lon = BERLIN[1] + rng.uniform(0, dlon)
         t = T0 + rng.randrange(0, 2000)
-        for _ in range(steps):
+        for seq in range(steps):
             lat += rng.uniform(-1, 1) * 15 / 111_320  # up to 15 m a step
             lon += rng.uniform(-1, 1) * 15 / 67_770
-            out.append(Position(f"v{v:03d}", t, lat, lon))
+            out.append(Position(f"v{v:03d}", seq, t, lat, lon))
             t += 2000 + rng.randrange(-300, 300)
     return out
 
 
-def expected_meetings(fixes: list[Position], rule: ProximityRule) -> set[tuple[str, str, int, float]]:
+def expected_meetings(
+    fixes: list[Position], rule: ProximityRule
+) -> set[tuple[str, str, int, float, int, int]]:
     """The all-pairs answer: every two fixes of two vehicles within the tolerance of each other and
-    within the exit distance, at the later one's event time."""
+    within the exit distance, at the later one's event time, with each vehicle's fix seq."""
     out = set()
     for i, f in enumerate(fixes):
         for g in fixes[i + 1 :]:
@@ -86,8 +88,8 @@ def expected_meetings(fixes: list[Position], rule: ProximityRule) -> set[tuple[s
                 continue
             d = float(haversine_m(f.lon, f.lat, g.lon, g.lat))
             if d <= rule.exit_m:
-                a, b = sorted((f.vehicle_id, g.vehicle_id))
-                out.add((a, b, max(f.ts_ms, g.ts_ms), round(d, 6)))
+                x, y = sorted((f, g), key=lambda p: p.vehicle_id)
+                out.add((x.vehicle_id, y.vehicle_id, max(f.ts_ms, g.ts_ms), round(d, 6), x.seq, y.seq))
     return out
 
 
@@ -121,7 +123,11 @@ def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(s
     assert len(expected) > 500  # the fleet is dense: a test with few meetings proves little
     one, behind = run_cells([fixes], RULE, 0)
     assert behind == 0
-    near = {(o.a, o.b, o.ts_ms, round(o.distance_m, 6)) for o in one if o.distance_m <= RULE.exit_m}
+    near = {
+        (o.a, o.b, o.ts_ms, round(o.distance_m, 6), o.a_seq, o.b_seq)
+        for o in one
+        if o.distance_m <= RULE.exit_m
+    }
     assert near == expected
     dupes = [k for k, n in Counter((o.a, o.b, o.ts_ms, o.distance_m) for o in one).items() if n > 1]
     assert dupes == []
@@ -144,22 +150,22 @@ def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(s
 
 
 def test_a_fix_delivered_twice_meets_once_and_one_behind_the_watermark_is_counted() -> None:
-    home = fan_out(Position("a", T0, *BERLIN), RULE.resolution)[0].home
-    at_home = [c for c in fan_out(Position("a", T0, *BERLIN), RULE.resolution) if c.cell == home]
-    b = [c for c in fan_out(Position("b", T0 + 1000, *BERLIN), RULE.resolution) if c.cell == home]
+    home = fan_out(Position("a", 1, T0, *BERLIN), RULE.resolution)[0].home
+    at_home = [c for c in fan_out(Position("a", 1, T0, *BERLIN), RULE.resolution) if c.cell == home]
+    b = [c for c in fan_out(Position("b", 1, T0 + 1000, *BERLIN), RULE.resolution) if c.cell == home]
     w = CellWindow()
     first = w.step(at_home + b, 0, RULE.tolerance_ms)
     assert (len(first.meetings), first.duplicates) == (1, 0)
     again = w.step(at_home + b, 0, RULE.tolerance_ms)
     assert (again.meetings, again.duplicates) == ([], 2)
-    old = [c for c in fan_out(Position("c", T0 - 500, *BERLIN), RULE.resolution) if c.cell == home]
+    old = [c for c in fan_out(Position("c", 1, T0 - 500, *BERLIN), RULE.resolution) if c.cell == home]
     late = w.step(old, T0, RULE.tolerance_ms)
     assert (len(late.meetings), late.behind_watermark) == (2, 1)  # met with what is still kept
 
 
 def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
     w = CellWindow()
-    f = Position("a", T0, *BERLIN)
+    f = Position("a", 1, T0, *BERLIN)
     w.step(fan_out(f, RULE.resolution)[:1], 0, RULE.tolerance_ms)
     assert w.expires_ms(RULE.tolerance_ms) == T0 + RULE.tolerance_ms
     w.step([], T0 + RULE.tolerance_ms, RULE.tolerance_ms)
@@ -170,11 +176,13 @@ def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
 
 
 def obs(t_s: float, d_m: float, a: str = "a", b: str = "b") -> Observation:
-    return Observation(a, b, T0 + int(t_s * 1000), d_m, BERLIN[0], BERLIN[1])
+    """A meeting at t_s seconds; each vehicle's fix seq is its second (the alert's seq)."""
+    seq = int(t_s)
+    return Observation(a, b, T0 + int(t_s * 1000), d_m, seq, *BERLIN, seq, BERLIN[0], BERLIN[1] + 0.001)
 
 
 def kinds(events: Iterable[PairEvent]) -> list[tuple[str, int, str]]:
-    return [(str(e.kind), (e.ts_ms - T0) // 1000, str(e.reason or "")) for e in events]
+    return [(str(e.kind), (e.at.ts_ms - T0) // 1000, str(e.reason or "")) for e in events]
 
 
 def test_enter_after_the_minimum_duration_exit_past_the_larger_distance_no_flap() -> None:
@@ -233,7 +241,7 @@ def test_a_meeting_after_a_gap_longer_than_the_loss_ends_the_old_meeting_first()
     track = [obs(0, 40), obs(12, 35), obs(200, 30), obs(205, 30), obs(212, 30)]
     _, together, _ = pair_step(PairState(), track, RULE)
     s, first, _ = pair_step(PairState(), track[:2], RULE)
-    s, lost = pair_expire(s, "a", "b", T0 + 100_000, RULE)
+    s, lost = pair_expire(s, T0 + 100_000, RULE)
     _, rest, _ = pair_step(s, track[2:], RULE)
     expected = [("PROXIMITY_ENTER", 12, ""), ("PROXIMITY_EXIT", 72, "lost"), ("PROXIMITY_ENTER", 212, "")]
     assert kinds(together) == kinds(first + lost + rest) == expected
@@ -245,17 +253,18 @@ def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
     assert kinds(events) == [("PROXIMITY_ENTER", 12, "")]
     deadline = s.deadline_ms(RULE)
     assert deadline == T0 + 12_000 + RULE.lost_after_ms
-    same, none = pair_expire(s, "a", "b", deadline - 1, RULE)
+    same, none = pair_expire(s, deadline - 1, RULE)
     assert (same, none) == (s, [])
-    gone, lost = pair_expire(s, "a", "b", deadline + 5_000, RULE)
+    gone, lost = pair_expire(s, deadline + 5_000, RULE)
     assert gone.empty
     assert kinds(lost) == [("PROXIMITY_EXIT", 72, "lost")]
-    assert lost[0].distance_m == 35
+    assert lost[0].at.distance_m == 35
+    assert (lost[0].at.a_seq, lost[0].at.b_seq) == (12, 12)  # at the last meeting's fixes
     # Near but not yet long enough when lost: forgotten, no alert.
     pending, events, _ = pair_step(PairState(), [obs(0, 40)], RULE)
     assert events == []
     assert pending.deadline_ms(RULE) == T0 + RULE.lost_after_ms
-    gone, lost = pair_expire(pending, "a", "b", T0 + RULE.lost_after_ms, RULE)
+    gone, lost = pair_expire(pending, T0 + RULE.lost_after_ms, RULE)
     assert (gone.empty, lost) == (True, [])
 
 
@@ -268,11 +277,11 @@ def test_the_cells_mask_is_the_reporting_rule() -> None:
     rng = random.Random(5)
     seen: set[bool] = set()
     for cell in sorted(h3.grid_disk(centre, 1)):
-        xs = [CellPosition(cell, rng.choice(ring), Position(f"v{i}", T0, *BERLIN)) for i in range(12)]
-        ys = [CellPosition(cell, rng.choice(ring), Position(f"w{i}", T0, *BERLIN)) for i in range(9)]
+        xs = [CellPosition(cell, rng.choice(ring), Position(f"v{i}", i, T0, *BERLIN)) for i in range(12)]
+        ys = [CellPosition(cell, rng.choice(ring), Position(f"w{i}", i, T0, *BERLIN)) for i in range(9)]
         codes: dict[str, int] = {}
         x, y = _columns(xs, codes, cell), _columns(ys, codes, cell)
-        mask = _reported((x[0], x[1], x[4], x[5]), (y[0], y[1], y[4], y[5]), RULE.tolerance_ms)
+        mask = _reported((x[0], x[2], x[5], x[6]), (y[0], y[2], y[5], y[6]), RULE.tolerance_ms)
         want = [[reports(cell, a.home, b.home) for b in ys] for a in xs]
         assert mask.tolist() == want
         seen.update(v for row in want for v in row)
@@ -283,6 +292,7 @@ def test_the_columnar_fan_out_is_fan_out_fix_by_fix() -> None:
     fixes = fleet(4, vehicles=30, steps=5, spread_m=3000)
     cols = fan_out_columns(
         np.array([f.vehicle_id for f in fixes], dtype=object),
+        np.array([f.seq for f in fixes], dtype=np.int64),
         np.array([f.ts_ms for f in fixes], dtype=np.int64),
         np.array([f.lat for f in fixes]),
         np.array([f.lon for f in fixes]),
@@ -290,9 +300,38 @@ def test_the_columnar_fan_out_is_fan_out_fix_by_fix() -> None:
     )
     one_by_one = [cp for f in fixes for cp in fan_out(f, RULE.resolution)]
     assert len(cols["cell"]) == len(one_by_one) > 6 * len(fixes)
-    names = ("cell", "home", "vehicle_id", "ts_ms", "lat", "lon")
+    names = ("cell", "home", "vehicle_id", "seq", "ts_ms", "lat", "lon")
     got = list(zip(*(cols[k] for k in names), strict=True))
-    assert got == [
-        (c.cell, c.home, c.position.vehicle_id, c.position.ts_ms, c.position.lat, c.position.lon)
-        for c in one_by_one
+    assert got == [(c.cell, c.home, *(getattr(c.position, f) for f in names[2:])) for c in one_by_one]
+
+
+def test_each_vehicle_of_the_pair_gets_its_alert_at_its_own_fix_naming_the_other() -> None:
+    from alerts.model import condition_change, parse_alert
+    from fleetfence.contracts import AlertType, alert_json
+
+    track = [obs(0, 40), obs(12, 35), obs(30, 200)]
+    _, events, _ = pair_step(PairState(), track, RULE)
+    enter, exit_ = (e.alerts() for e in events)
+    assert [(r["type"], r["vehicle_id"], r["seq"], r["details"]["other_vehicle_id"]) for r in enter] == [
+        (AlertType.PROXIMITY_ENTER, "a", 12, "b"),
+        (AlertType.PROXIMITY_ENTER, "b", 12, "a"),
     ]
+    assert [(r["lat"], r["lon"]) for r in enter] == [BERLIN, (BERLIN[0], BERLIN[1] + 0.001)]
+    assert enter[0]["details"] == {
+        "other_vehicle_id": "b",
+        "rule_id": "convoy",
+        "distance_m": 35.0,
+        "near_s": 12.0,
+    }
+    assert exit_[1]["details"]["reason"] == "apart"
+    ids = [r["alert_id"] for r in enter + exit_]
+    assert len(set(ids)) == 4
+    assert ids == [r["alert_id"] for e in pair_step(PairState(), track, RULE)[1] for r in e.alerts()]
+    # The receivers' open conditions: per other vehicle, opened by the enter, closed by the exit.
+    opened = condition_change(parse_alert(alert_json(enter[0])))
+    closed = condition_change(parse_alert(alert_json(exit_[0])))
+    assert (opened.opens, closed.closes) == ("PROXIMITY:b", ("PROXIMITY:b", "VEHICLE_SILENT"))
+    # A pair lost at its deadline closes its own condition only: no proof that the vehicle spoke.
+    s, _, _ = pair_step(PairState(), track[:2], RULE)
+    _, lost = pair_expire(s, T0 + 12_000 + RULE.lost_after_ms, RULE)
+    assert condition_change(parse_alert(alert_json(lost[0].alerts()[1]))).closes == ("PROXIMITY:a",)

@@ -1,27 +1,40 @@
-"""Proximity on Spark (processor.spark.proximity): the two chained stateful stages, in event time,
-their state checkpointed. Two pairs meet; one parts (an exit by distance), the other's second vehicle
-goes silent (an exit by the lost deadline, which only an event-time timer can fire); a third vehicle
-is never near anyone. The input arrives in two runs of the query on one checkpoint, cut in the middle
-of both meetings: each alert exactly once, at the fix the pure stages say."""
+"""Proximity on Spark end to end (processor.spark.job.start_proximity_query): the telemetry topic in,
+the two chained stateful stages in event time with their state checkpointed, PROXIMITY_ENTER/EXIT
+out through the exactly-once sink. Two pairs meet; one parts (an exit by distance), the other's
+second vehicle goes silent (an exit by the lost deadline, which only an event-time timer can fire);
+a third vehicle is never near anyone. The fixes arrive in two runs of the query on one checkpoint,
+cut in the middle of both meetings and read in small batches: each alert exactly once, on each
+vehicle's side, at the fix the pure stages say."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
+from fleetfence.contracts import Telemetry
+from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.service import stop_process_group
+from fleetfence.settings import Settings
 from processor.core.proximity import ProximityRule
-from processor.spark.proximity import FIXES_DDL, proximity_events
-
-pytestmark = pytest.mark.spark
-
-RULE = ProximityRule(
-    "convoy", enter_m=50, exit_m=80, min_duration_ms=10_000, tolerance_ms=5_000, lost_after_ms=60_000
+from processor.settings import ProcessorSettings
+from processor.spark.job import start_proximity_query
+from tests.processor.helpers import (
+    committed_alerts,
+    markers,
+    processor_settings,
+    produce,
+    produce_telemetry,
+    spawn_processor,
+    wait_for,
 )
-LATENESS_MS = 10_000
+
+pytestmark = [pytest.mark.spark, pytest.mark.services]
+
 T0 = 1_795_320_000_000
 LAT0, LON0 = 52.52, 13.405
 
@@ -30,75 +43,142 @@ def at(x_m: float, y_m: float) -> tuple[float, float]:
     return LAT0 + y_m / 111_320, LON0 + x_m / 67_770
 
 
-def fix(v: str, ts_ms: int, x_m: float, y_m: float) -> dict[str, Any]:
+def fix(v: str, i: int, ts_ms: int, x_m: float, y_m: float) -> Telemetry:
     lat, lon = at(x_m, y_m)
-    return {"vehicle_id": v, "ts_ms": ts_ms, "lat": lat, "lon": lon}
+    return Telemetry(v, i, ts_ms, lat, lon, 30.0, received_ms=ts_ms)
 
 
-def fleet() -> list[dict[str, Any]]:
+def fleet() -> list[Telemetry]:
+    """Fix i of each vehicle has seq i (the alerts' seq says which fix raised them)."""
     out = []
-    for i in range(61):
+    for i in range(76):
         t = T0 + 2000 * i
         if i <= 40:  # a drives east; b beside it 30 m north, then away north from i = 20
-            out.append(fix("a", t, 10 * i, 0))
-            out.append(fix("b", t + 500, 10 * i, 30 if i < 20 else 30 + 15 * (i - 19)))
-            out.append(fix("c", t + 100, 2000 + 5 * i, 0))  # c and d: a pair 20 m apart ...
+            out.append(fix("a", i, t, 10 * i, 0))
+            out.append(fix("b", i, t + 500, 10 * i, 30 if i < 20 else 30 + 15 * (i - 19)))
+            out.append(fix("c", i, t + 100, 2000 + 5 * i, 0))  # c and d: a pair 20 m apart ...
         if i <= 15:
-            out.append(fix("d", t + 900, 2000 + 5 * i, 20))  # ... until d goes silent
-        out.append(fix("e", t + 300, 9000, 5000))  # far from everyone; its clock moves time on
+            out.append(fix("d", i, t + 900, 2000 + 5 * i, 20))  # ... until d goes silent
+        out.append(fix("e", i, t + 300, 9000, 5000))  # far from everyone; its clock moves time on
     return out
 
 
-def run(spark: Any, inbox: Path, out: Path, checkpoint: Path) -> None:
-    fixes = spark.readStream.schema(FIXES_DDL).option("maxFilesPerTrigger", 1).json(str(inbox))
-    q = (
-        proximity_events(fixes, RULE, LATENESS_MS)
-        .writeStream.format("json")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
+def settings_for(settings: Settings, tmp_path: Path) -> ProcessorSettings:
+    return processor_settings(
+        settings,
+        tmp_path,
+        # Meetings cut across batches within each run. A batch spans about 10 s of event time, and
+        # the partitions' reads within it differ by up to that: the lateness covers it, as it must
+        # in a deployment (a fix arriving further behind may find its partner forgotten, counted).
+        processor_lateness_s=20,
+        processor_max_events_per_batch=25,
+        processor_proximity_enter_m=50,
+        processor_proximity_exit_m=80,
+        processor_proximity_min_duration_s=10,
+        processor_proximity_tolerance_s=5,
+        processor_proximity_lost_after_s=60,
     )
+
+
+def run(spark: Any, ps: ProcessorSettings) -> None:
+    rule = ps.proximity_rule()
+    assert rule == ProximityRule("fleet", 50, 80, 10_000, 5_000, 60_000)
+    q = start_proximity_query(spark, ps, rule, available_now=True)
     q.awaitTermination(600)
     assert q.exception() is None, q.exception()
 
 
-def write_files(inbox: Path, fixes: list[dict[str, Any]], first: int, n: int) -> None:
-    """`fixes` as `n` files of consecutive event time, named from `first`: one file a batch, read
-    in the order of their modification times (set apart, as a clock's granularity may not)."""
-    span = -(-len(fixes) // n)
-    ordered = sorted(fixes, key=lambda f: f["ts_ms"])
-    for k in range(n):
-        chunk = ordered[k * span : (k + 1) * span]
-        path = inbox / f"{first + k:03d}.json"
-        path.write_bytes(b"\n".join(orjson.dumps(f) for f in chunk))
-        mtime = 1_700_000_000 + 10 * (first + k)
-        os.utime(path, (mtime, mtime))
+def alerts(settings: Settings) -> list[tuple[str, str, str, int, int, str]]:
+    got = committed_alerts(settings)
+    assert len({a["alert_id"] for a in got}) == len(got), "an alert twice"
+    return sorted(
+        (
+            a["type"],
+            a["vehicle_id"],
+            a["details"]["other_vehicle_id"],
+            a["ts_ms"] - T0,
+            a["seq"],
+            a["details"].get("reason", ""),
+        )
+        for a in got
+    )
 
 
-def events(spark: Any, out: Path) -> list[tuple[str, str, str, int, str]]:
-    rows = spark.read.schema("kind string, a string, b string, ts_ms long, reason string").json(str(out))
-    return sorted((r.kind, r.a, r.b, r.ts_ms - T0, r.reason) for r in rows.collect())
-
-
-def test_pairs_meet_and_part_exactly_once_across_a_restart(spark: Any, tmp_path: Path) -> None:
-    inbox, out, checkpoint = tmp_path / "in", tmp_path / "out", tmp_path / "checkpoint"
-    inbox.mkdir()
+def test_pairs_meet_and_part_exactly_once_across_a_restart(
+    spark: Any, settings: Settings, tmp_path: Path
+) -> None:
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    ps = settings_for(settings, tmp_path)
     fixes = fleet()
     cut = T0 + 24_000  # both pairs entered, neither parted: their open meetings cross the restart
-    write_files(inbox, [f for f in fixes if f["ts_ms"] < cut], 0, 2)
-    run(spark, inbox, out, checkpoint)
-    first = events(spark, out)
-    assert first == [("PROXIMITY_ENTER", "a", "b", 10_500, ""), ("PROXIMITY_ENTER", "c", "d", 10_900, "")]
-    write_files(inbox, [f for f in fixes if f["ts_ms"] >= cut], 10, 3)
-    run(spark, inbox, out, checkpoint)
-    # b leaves: apart once 90 m from a (its fix at i = 23); d's last meeting is c's fix 3.2 s after
-    # d's last (within the tolerance) at 34.1 s, so the pair is lost 60 s later, at 94.1 s.
-    assert events(spark, out) == [
-        ("PROXIMITY_ENTER", "a", "b", 10_500, ""),
-        ("PROXIMITY_ENTER", "c", "d", 10_900, ""),
-        ("PROXIMITY_EXIT", "a", "b", 46_500, "apart"),
-        ("PROXIMITY_EXIT", "c", "d", 94_100, "lost"),
+    produce_telemetry(settings, [f for f in fixes if f.ts_ms < cut])
+    produce(settings, settings.topics.telemetry, [(b"junk", b"{not json")])  # skipped, not fatal
+    run(spark, ps)
+    # a-b: near from a's fix 0 and b's at 0.5 s; 10 s later, at b's fix 5 (10.5 s), entered. The
+    # meeting is of b's fix 5 and a's fix 5, each side's alert at its own fix.
+    entered = [
+        ("PROXIMITY_ENTER", "a", "b", 10_500, 5, ""),
+        ("PROXIMITY_ENTER", "b", "a", 10_500, 5, ""),
+        ("PROXIMITY_ENTER", "c", "d", 10_900, 5, ""),
+        ("PROXIMITY_ENTER", "d", "c", 10_900, 5, ""),
     ]
-    run(spark, inbox, out, checkpoint)  # nothing new to read: nothing written again
-    assert len(events(spark, out)) == 4
+    assert alerts(settings) == entered
+    produce_telemetry(settings, [f for f in fixes if f.ts_ms >= cut])
+    run(spark, ps)
+    # b leaves: apart once 90 m from a (b's fix 23, a's 23 at 46 s); d's last meeting is c's fix 17
+    # 3.2 s after d's last (fix 15, within the tolerance) at 34.1 s: lost 60 s later, at 94.1 s.
+    parted = [
+        ("PROXIMITY_EXIT", "a", "b", 46_500, 23, "apart"),
+        ("PROXIMITY_EXIT", "b", "a", 46_500, 23, "apart"),
+        ("PROXIMITY_EXIT", "c", "d", 94_100, 17, "lost"),
+        ("PROXIMITY_EXIT", "d", "c", 94_100, 15, "lost"),
+    ]
+    assert alerts(settings) == sorted(entered + parted)
+    run(spark, ps)  # nothing new to read: nothing written again
+    assert len(alerts(settings)) == 8
+    # The query's own sink id and commit markers count what it wrote.
+    ms = markers(settings)
+    assert len({m["sink_id"] for m in ms}) == 1
+    assert sum(m.get("alerts", 0) for m in ms) == 8
+
+
+@pytest.mark.slow
+def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """`fleetfence processor` (`python -m processor`) with a proximity rule runs the proximity query
+    beside the geofencing job; SIGKILLed while the second half of the fixes is read, restarted on its
+    checkpoints: the same 8 alerts, each once."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    ps = settings_for(settings, tmp_path)
+    fixes = fleet()
+    cut = T0 + 24_000
+    produce_telemetry(settings, [f for f in fixes if f.ts_ms < cut])
+    logs = iter(tmp_path / f"processor-{n}.log" for n in range(3))
+    proc = spawn_processor(ps, next(logs))
+    try:
+        wait_for(lambda: len(alerts(settings)) >= 4, 240, "the pairs to enter")
+        proximity = {m["sink_id"] for m in markers(settings) if m.get("alerts")}
+        assert len(proximity) == 1  # the proximity query's own sink id (the job raised nothing here)
+        done = len(markers(settings))
+        produce_telemetry(settings, [f for f in fixes if f.ts_ms >= cut])
+        # Mid-stream: a batch of the second half committed, more to read (25 records a batch).
+        wait_for(lambda: len(markers(settings)) > done, 120, "a batch of the second half")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        proc = spawn_processor(ps, next(logs))
+        got = wait_for(lambda: (a := alerts(settings)) and len(a) >= 8 and a, 240, "every alert")
+        assert [a[:2] for a in got] == [
+            ("PROXIMITY_ENTER", "a"),
+            ("PROXIMITY_ENTER", "b"),
+            ("PROXIMITY_ENTER", "c"),
+            ("PROXIMITY_ENTER", "d"),
+            ("PROXIMITY_EXIT", "a"),
+            ("PROXIMITY_EXIT", "b"),
+            ("PROXIMITY_EXIT", "c"),
+            ("PROXIMITY_EXIT", "d"),
+        ]
+    finally:
+        stop_process_group(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -44,8 +44,10 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
     truth_path = tmp_path / "truth.jsonl"
     rep = run_simulation(sim, cfg, SimulationOptions(direct=True, truth_path=truth_path, show_progress=False))
     header, truth = read_truth(truth_path)
-    # Every alert type the simulator plans (its silent vehicles never come back: no VEHICLE_RESUMED).
-    assert {a.type for a in truth} == {t.value for t in AlertType} - {AlertType.VEHICLE_RESUMED.value}
+    # Every alert type the simulator plans (its silent vehicles never come back: no VEHICLE_RESUMED;
+    # no convoys yet, issue #40: no proximity, which the processor runs only with its rule set).
+    unplanned = {AlertType.VEHICLE_RESUMED.value} | {t.value for t in AlertType if t.meta.pair}
+    assert {a.type for a in truth} == {t.value for t in AlertType} - unplanned
     assert rep.scenario.duplicates > 0
     assert rep.scenario.out_of_order > 0
     assert rep.scenario.late > 0
