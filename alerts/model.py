@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from alerts.errors import UnmappedAlertTypeError
-from fleetfence.contracts import VEHICLE_ID_RE, AlertType, ms_to_iso
+from fleetfence.contracts import VEHICLE_ID_RE, AlertType, ProximityExitReason, ms_to_iso
 from fleetfence.errors import ContractError
 
 INVALID_ALERT = "invalid_alert"
@@ -227,7 +227,7 @@ def condition_change(alert: Alert) -> ConditionChange:
         closes.extend(o.value for o in _TRIP_OPENS)
     # Any alert raised at a new fix proves the vehicle spoke; a pair lost at its deadline is no
     # such proof (the vehicle may be the one gone silent).
-    if not (m.pair and alert.details.get("reason") == "lost"):
+    if not (m.pair and alert.details.get("reason") == ProximityExitReason.LOST):
         closes.extend(c.value for c in _CLOSED_BY_ANY if c is not t and c.value not in closes)
     return ConditionChange(opens=_condition(t, alert) if m.opens else None, closes=tuple(closes))
 

@@ -21,6 +21,11 @@ the commit before #26) on the same topic: what the rules cost against no route a
 with `--baseline-python` (that checkout's virtualenv, say with another pyspark) it runs on that
 interpreter and reads the same master data as this tree's first `--route-rules` mode, so the two
 differ only in their code and their Spark.
+
+`--proximity-m M` adds `spark-proximity`: the job with the vehicle-proximity query beside it in the
+same driver (processor.spark.job.start_proximity_query: enter at M metres, exit at twice that),
+alternated with `spark` over the repeats; timed until both queries have read every event, with the
+with/without ratio of throughput and CPU per event (what turning the rule on costs).
 """
 
 from __future__ import annotations
@@ -70,7 +75,9 @@ GUARANTEE = {
     "spark": "exactly-once (Spark state + Kafka txn), Spark's Kafka connector",
     "spark-floor": "exactly-once; Spark's floor: the job's query, an alert per fix (bench/state_api.py)",
     "spark-floor-quiet": "exactly-once; Spark's floor: the job's query, no alerts (bench/state_api.py)",
+    "spark-proximity": "exactly-once; the job and the proximity query beside it (two queries, one driver)",
 }
+PROXIMITY = "spark-proximity"
 
 
 def produce_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], label: str) -> None:
@@ -99,9 +106,11 @@ def contender_spark(
     checkpoint: str,
     cpu: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
     state_api: str = "transformWithState",
+    proximity_m: float = 0.0,
 ) -> dict[str, Any]:
     from processor.ops.progress import telemetry_events
     from processor.settings import ProcessorSettings
+    from processor.spark.job import start_proximity_query
     from processor.spark.session import build_session
 
     ps = ProcessorSettings(
@@ -113,6 +122,7 @@ def contender_spark(
             "processor_max_events_per_batch": args.batch,
             "processor_live_state": args.live,
             "redis_prefix": "bench:",
+            "processor_proximity_enter_m": proximity_m or None,
         }
     )
     spark = build_session(
@@ -124,24 +134,31 @@ def contender_spark(
     )
     t_start = time.perf_counter()
     q = starter(state_api)(spark, ps)
-    seen = 0
+    rule = ps.proximity_rule()
+    queries = [q] if rule is None else [q, start_proximity_query(spark, ps, rule)]
+    seen = 0  # events read by every query (the slower one's count)
+    read = [0] * len(queries)
     ends: list[tuple[float, int]] = []  # (time, events so far) at the end of each batch
     cpus: list[tuple[float, float]] = []  # CPU snapshots taken when each batch end was seen
-    progress: list[Any] = []
-    last_batch = -1
+    progress: list[tuple[float, Any]] = []  # the job's batches, with when each was seen
+    last_batch = [-1] * len(queries)
     while seen < total:
-        if q.exception() is not None:
-            raise RuntimeError(q.exception())
-        for p in q.recentProgress:
-            if p["batchId"] > last_batch:
-                last_batch = p["batchId"]
-                rows = telemetry_events(p, s.topics.telemetry)
-                seen += rows
-                ends.append((time.perf_counter(), seen))
-                cpus.append(cpu())
-                progress.append(p)
+        for k, query in enumerate(queries):
+            if query.exception() is not None:
+                raise RuntimeError(query.exception())
+            for p in query.recentProgress:
+                if p["batchId"] > last_batch[k]:
+                    last_batch[k] = p["batchId"]
+                    read[k] += telemetry_events(p, s.topics.telemetry)
+                    if k == 0:
+                        progress.append((time.perf_counter(), p))
+        if min(read) > seen:
+            seen = min(read)
+            ends.append((time.perf_counter(), seen))
+            cpus.append(cpu())
         time.sleep(0.2)
-    q.stop()
+    for query in queries:
+        query.stop()
     spark.stop()
     # Sustained: from the end of the first batch that completes the warm-up share to the end of the
     # last one (the same rule as the peers: `warmup_events`).
@@ -153,8 +170,8 @@ def contender_spark(
     t_first = data[0][0]
     t_warm, n_warm, cpu_warm = next((d for d in data if d[1] >= warmup_events(args, total)), data[0])
     t_end, _, cpu_end = data[-1]
-    # Where the measured batches' time went (Spark's durationMs phases, median per batch).
-    measured = [p for (t, _), p in zip(ends, progress, strict=True) if t > t_warm]
+    # Where the job's measured batches' time went (Spark's durationMs phases, median per batch).
+    measured = [p for t, p in progress if t > t_warm]
     return {
         "phases": batch_phases(measured, s.topics.telemetry),
         "events": seen,
@@ -223,7 +240,8 @@ def run_child(args: argparse.Namespace) -> None:
         )
     else:
         state_api = FLOOR_CONTENDERS.get(args.child, "transformWithState")
-        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu, state_api)
+        proximity_m = args.proximity_m if args.child == PROXIMITY else 0.0
+        res = contender_spark(args, s, total, tempfile.mkdtemp() + "/cp", cpu, state_api, proximity_m)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -265,6 +283,8 @@ def run_contender(
         str(args.warmup_share),
         "--live" if args.live else "--no-live",
     ]
+    if name == PROXIMITY:  # only then: a --baseline-tree's older script has no such option
+        cmd += ["--proximity-m", str(args.proximity_m)]
     if getattr(args, "spark_master", None):
         cmd += ["--spark-master", args.spark_master]
     if getattr(args, "shuffle_partitions", None):
@@ -591,6 +611,13 @@ def main() -> None:
         "--baseline-python",
         help="the baseline tree's interpreter (its own virtualenv, e.g. with another pyspark)",
     )
+    ap.add_argument(
+        "--proximity-m",
+        type=float,
+        default=0.0,
+        help=f"add {PROXIMITY}: the job with the proximity query beside it (enter at this many metres), "
+        "alternated with the job",
+    )
     ap.add_argument("--latency-s", type=float, default=60.0, help="0 skips the latency phase")
     ap.add_argument(
         "--latency-rate", type=float, help="events/s of the latency phase (default: half the Spark rate)"
@@ -663,6 +690,8 @@ def main() -> None:
                 configs.append((name, label, base, args.baseline_tree.resolve()))
             if args.floor:
                 configs += [(floor, "-", first, None) for floor in FLOOR_CONTENDERS]
+            if args.proximity_m > 0:
+                configs.append((PROXIMITY, modes[0], first, None))
             for r in range(args.repeats):
                 for child, label, ms, tree in configs if r % 2 == 0 else configs[::-1]:
                     res = run_contender(args, ms, child, tree)
@@ -755,7 +784,7 @@ def table_rows(runs: list[tuple[str, str, dict[str, Any]]]) -> list[list[str]]:
                 f"{rate / off:.3f}" if off and c == "spark" else "-",
                 cpu_per_event(r),
                 str(deviation_alerts(r)),
-                route_alerts(r) if c == "spark" else "-",
+                route_alerts(r) if c in ("spark", PROXIMITY) else "-",
             ]
         )
     return rows
@@ -801,6 +830,18 @@ def comparison(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
         lines.append(
             f"Spark job / {contender}: throughput x{j_rate / f_rate:.3f} ({j_rate:,.0f} / {f_rate:,.0f} "
             f"events/s), own CPU per event x{j_cpu / f_cpu:.3f} ({j_cpu:.1f} / {f_cpu:.1f} µs)"
+        )
+    near = [r for c, _, r in runs if c == PROXIMITY]
+    if near and job:
+        n_rate = statistics.median(rate_of(r) for r in near)
+        n_cpu = statistics.median(cpu_us(r) for r in near)
+        j_rate = statistics.median(rate_of(r) for r in job)
+        j_cpu = statistics.median(cpu_us(r) for r in job)
+        pairs = statistics.median(r.get("alert_types", {}).get("PROXIMITY_ENTER", 0) for r in near)
+        lines.append(
+            f"Spark job with proximity / without: throughput x{n_rate / j_rate:.3f} ({n_rate:,.0f} / "
+            f"{j_rate:,.0f} events/s), own CPU per event x{n_cpu / j_cpu:.3f} ({n_cpu:.1f} / "
+            f"{j_cpu:.1f} µs); {pairs:.0f} PROXIMITY_ENTER alerts"
         )
     floor_alerts = [r for c, _, r in runs if c == "spark-floor"]
     if floor_alerts:

@@ -81,7 +81,7 @@ def intervals(vehicles: int, ticks: int, spread_m: float, seed: int) -> list[lis
         lon = LON0 + x / M_PER_DEG_LON
         ts = T0 + k * INTERVAL_MS + offset
         order = np.argsort(ts, kind="stable")
-        out.append([Position(ids[i], k, int(ts[i]), float(lat[i]), float(lon[i])) for i in order])
+        out.append([Position(ids[i], k, int(ts[i]), float(lat[i]), float(lon[i]), 0.0) for i in order])
     return out
 
 

@@ -249,6 +249,13 @@ class AlertType(StrEnum):
     )
 
 
+class ProximityExitReason(StrEnum):
+    """Why a PROXIMITY_EXIT was raised (its `details.reason`)."""
+
+    APART = "apart"  # a meeting put the vehicles more than the exit distance apart
+    LOST = "lost"  # no meeting for the rule's lost_after: raised at that deadline, not at a new fix
+
+
 def _check_alert_types() -> None:
     """A type that closes must name one that opens (a misspelt `closes` fails at import)."""
     for t in AlertType:
@@ -570,8 +577,10 @@ def alert_record(
 ) -> AlertRecord:
     """The record of one alert, with its deterministic `alert_id` and `ts` derived here so that no
     writer can derive them differently; `zone_id` and `late` appear only when they say something.
-    The id's subject is the zone, else `subject` (what else the alert is about: a pair's other
-    vehicle), so that two alerts of one type at one fix differ."""
+    The id's subject is the zone, or `subject` (what else the alert is about: a pair's other
+    vehicle), so that two alerts of one type at one fix differ; never both."""
+    if zone_id and subject:
+        raise ValueError("an alert's id has one subject: a zone or another, not both")
     d: AlertRecord = {
         "alert_id": alert_id(vehicle_id, alert_type.value, seq, zone_id or subject),
         "type": alert_type,

@@ -107,7 +107,9 @@ class ProcessorSettings(ProcessorRulesSettings):
         description="PROXIMITY_EXIT beyond this many metres (more than the enter distance: the "
         "hysteresis band); unset: twice the enter distance.",
     )
-    processor_proximity_min_duration_s: float = Field(default=30.0, ge=0)
+    processor_proximity_min_duration_s: float = Field(
+        default=30.0, ge=0, description="How long two vehicles stay near before PROXIMITY_ENTER."
+    )
     processor_proximity_tolerance_s: float = Field(
         default=5.0,
         ge=0,
@@ -117,6 +119,17 @@ class ProcessorSettings(ProcessorRulesSettings):
         default=120.0,
         gt=0,
         description="PROXIMITY_EXIT (reason lost) after this long without a meeting.",
+    )
+    processor_proximity_checkpoint: str | None = Field(
+        default=None,
+        description="The proximity query's checkpoint; default <state_dir>/checkpoints/proximity. Its own "
+        "setting: it stays where it is when the job's checkpoint moves (a re-bucketing).",
+    )
+    processor_proximity_starting_offsets: str = Field(
+        default="latest",
+        pattern="^(earliest|latest)$",
+        description="Where a new proximity checkpoint starts reading telemetry: latest, so that a rule "
+        "turned on in a running deployment raises no alerts about the retained past.",
     )
     processor_metrics_port: int = Field(
         default=PROCESSOR_METRICS_PORT,
@@ -140,6 +153,8 @@ class ProcessorSettings(ProcessorRulesSettings):
 
     @model_validator(mode="after")
     def _proximity_rule_holds(self) -> ProcessorSettings:
+        if self.processor_proximity_enter_m is None and self.processor_proximity_exit_m is not None:
+            raise ValueError("FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M needs the enter distance too")
         self.proximity_rule()  # a contradictory rule fails at start-up, with the rule's own words
         return self
 
@@ -159,9 +174,10 @@ class ProcessorSettings(ProcessorRulesSettings):
 
     @property
     def proximity_checkpoint(self) -> str:
-        """The proximity query's checkpoint, beside the driver's: a query of its own, with its own
-        sink id and markers."""
-        return f"{self.driver_checkpoint.rstrip('/')}-proximity"
+        """The proximity query's checkpoint: a query of its own, with its own sink id and markers."""
+        return self.processor_proximity_checkpoint or str(
+            (self.state_dir / "checkpoints" / "proximity").resolve()
+        )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.of(self.processor_rules())

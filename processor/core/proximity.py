@@ -36,7 +36,7 @@ from enum import StrEnum
 import h3
 import numpy as np
 
-from fleetfence.contracts import AlertRecord, AlertType, alert_record
+from fleetfence.contracts import AlertRecord, AlertType, ProximityExitReason, alert_record
 from fleetfence.geo import haversine_m
 from processor.core.zones import h3_cells_int
 
@@ -102,6 +102,7 @@ class Position:
     ts_ms: int
     lat: float
     lon: float
+    speed_kmh: float  # how far the vehicle may have moved before the other's fix (`Observation`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,7 @@ def fan_out_columns(
     ts_ms: np.ndarray,
     lat: np.ndarray,
     lon: np.ndarray,
+    speed_kmh: np.ndarray,
     resolution: int,
 ) -> dict[str, np.ndarray]:
     """`fan_out` of many fixes as columns (`cell`, `home` and the fixes' own, a row per cell each
@@ -149,6 +151,7 @@ def fan_out_columns(
         "ts_ms": np.asarray(ts_ms)[rows],
         "lat": np.asarray(lat)[rows],
         "lon": np.asarray(lon)[rows],
+        "speed_kmh": np.asarray(speed_kmh)[rows],
     }
 
 
@@ -160,19 +163,29 @@ def pair_key(a: str, b: str) -> tuple[str, str]:
 @dataclass(frozen=True, slots=True)
 class Observation:
     """Two vehicles' fixes within the tolerance of each other: how far apart, and when (the later
-    of the two event times: the moment both positions were known). `a` < `b`; each vehicle's fix
-    (its seq and where it was) is kept, because each vehicle's alert is raised at its own fix."""
+    of the two event times: the moment both positions were known). Fixes of a moving pair taken
+    at different moments are further apart than the vehicles ever were (at 30 m/s, fixes 1.5 s
+    apart put a convoy 45 m apart along its road), so the meeting keeps how far apart in time
+    (`skew_ms`) and how far the earlier fix's vehicle may have driven since, at its speed
+    (`reach_m`): the pair stage judges `gap_m`, the least the vehicles can have been apart at the
+    later moment. `a` < `b`; each vehicle's fix (seq, where) is kept: its alert is raised there."""
 
     a: str
     b: str
     ts_ms: int
     distance_m: float
+    skew_ms: int
+    reach_m: float
     a_seq: int
     a_lat: float
     a_lon: float
     b_seq: int
     b_lat: float
     b_lon: float
+
+    @property
+    def gap_m(self) -> float:
+        return max(0.0, self.distance_m - self.reach_m)
 
 
 @dataclass
@@ -245,9 +258,10 @@ def _columns(cps: list[CellPosition], codes: dict[str, int], cell: str) -> tuple
     ts = np.fromiter((c.position.ts_ms for c in cps), np.int64, n)
     lat = np.fromiter((c.position.lat for c in cps), np.float64, n)
     lon = np.fromiter((c.position.lon for c in cps), np.float64, n)
+    mps = np.fromiter((c.position.speed_kmh for c in cps), np.float64, n) / 3.6
     at_home = np.fromiter((c.home == cell for c in cps), np.bool_, n)
     not_below = np.fromiter((c.home >= cell for c in cps), np.bool_, n)
-    return vid, seq, ts, lat, lon, at_home, not_below
+    return vid, seq, ts, lat, lon, mps, at_home, not_below
 
 
 def _reported(x: tuple[np.ndarray, ...], y: tuple[np.ndarray, ...], tolerance_ms: int) -> np.ndarray:
@@ -274,32 +288,36 @@ def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms:
     if any(c.cell != cell for c in fresh):
         raise ValueError("a cell's window steps its own arrivals only")
     codes: dict[str, int] = {}
-    fv, fseq, fts, flat, flon, f_home, f_ge = _columns(fresh, codes, cell)
+    fv, fseq, fts, flat, flon, fmps, f_home, f_ge = _columns(fresh, codes, cell)
     names = [c.position.vehicle_id for c in fresh]
     pairs: list[tuple[np.ndarray, np.ndarray, list[str], tuple[np.ndarray, ...]]] = []
     if kept:
-        kv, kseq, kts, klat, klon, k_home, k_ge = _columns(kept, codes, cell)
+        kv, kseq, kts, klat, klon, kmps, k_home, k_ge = _columns(kept, codes, cell)
         i, j = np.nonzero(_reported((fv, fts, f_home, f_ge), (kv, kts, k_home, k_ge), tolerance_ms))
-        pairs.append((i, j, [c.position.vehicle_id for c in kept], (kseq, kts, klat, klon)))
+        pairs.append((i, j, [c.position.vehicle_id for c in kept], (kseq, kts, klat, klon, kmps)))
     # Among the arrivals: each unordered pair once (i < j).
     arrivals = (fv, fts, f_home, f_ge)
     i, j = np.nonzero(np.triu(_reported(arrivals, arrivals, tolerance_ms), 1))
-    pairs.append((i, j, names, (fseq, fts, flat, flon)))
+    pairs.append((i, j, names, (fseq, fts, flat, flon, fmps)))
     out: list[Observation] = []
-    for i, j, other, (oseq, ots, olat, olon) in pairs:
+    for i, j, other, (oseq, ots, olat, olon, omps) in pairs:
         if len(i) == 0:
             continue
         d = haversine_m(flon[i], flat[i], olon[j], olat[j])
         t = np.maximum(fts[i], ots[j])
+        skew = np.abs(fts[i] - ots[j])
+        # The earlier fix's vehicle, at that fix's speed, until the later fix.
+        reach = np.where(fts[i] <= ots[j], fmps[i], omps[j]) * skew / 1000
         for n in range(len(i)):
             x, y = i[n], j[n]
             mine = (int(fseq[x]), float(flat[x]), float(flon[x]))
             theirs = (int(oseq[y]), float(olat[y]), float(olon[y]))
             a, b = names[x], other[y]
+            when = (int(t[n]), float(d[n]), int(skew[n]), float(reach[n]))
             if a < b:
-                out.append(Observation(a, b, int(t[n]), float(d[n]), *mine, *theirs))
+                out.append(Observation(a, b, *when, *mine, *theirs))
             else:
-                out.append(Observation(b, a, int(t[n]), float(d[n]), *theirs, *mine))
+                out.append(Observation(b, a, *when, *theirs, *mine))
     return out
 
 
@@ -314,11 +332,6 @@ class PairEventKind(StrEnum):
     EXIT = "PROXIMITY_EXIT"
 
 
-class ExitReason(StrEnum):
-    APART = "apart"  # more than exit_m apart
-    LOST = "lost"  # no meeting for lost_after_ms
-
-
 @dataclass(frozen=True, slots=True)
 class PairEvent:
     """A proximity alert of the pair under one rule, at the meeting `at` that decided it (for an
@@ -329,16 +342,22 @@ class PairEvent:
     rule_id: str
     at: Observation
     since_ms: int
-    reason: ExitReason | None = None
+    reason: ProximityExitReason | None = None
 
     def alerts(self) -> list[AlertRecord]:
         """The two alert records of the event, one per vehicle, each at that vehicle's own fix
         and naming the other: a receiver, a map or a history keyed by vehicle sees both sides.
-        The id's subject is the rule and the other vehicle, so each side of each event has one
-        id however often it is replayed."""
+        The id's subject is the rule, the other vehicle and when the nearness began: each side of
+        each event has one id however often it is replayed, and two runs of nearness decided at
+        one fix (a minimum duration shorter than the tolerance) have two."""
         o = self.at
-        details: dict[str, object] = {"rule_id": self.rule_id, "distance_m": round(o.distance_m, 1)}
-        details["near_s"] = round((o.ts_ms - self.since_ms) / 1000, 1)
+        details: dict[str, object] = {
+            "rule_id": self.rule_id,
+            "gap_m": round(o.gap_m, 1),
+            "distance_m": round(o.distance_m, 1),
+            "skew_s": round(o.skew_ms / 1000, 1),
+            "near_s": round((o.ts_ms - self.since_ms) / 1000, 1),
+        }
         if self.reason is not None:
             details["reason"] = self.reason.value
         out: list[AlertRecord] = []
@@ -349,16 +368,16 @@ class PairEvent:
             out.append(
                 alert_record(
                     AlertType(self.kind.value),
-                    me,
-                    seq,
-                    o.ts_ms,
-                    lat,
-                    lon,
-                    None,
-                    0,
-                    {"other_vehicle_id": other, **details},
-                    0,
-                    subject=f"{self.rule_id}:{other}",
+                    vehicle_id=me,
+                    seq=seq,
+                    ts_ms=o.ts_ms,
+                    lat=lat,
+                    lon=lon,
+                    route_id=None,
+                    route_version=0,
+                    details={"other_vehicle_id": other, **details},
+                    trigger_received_ms=0,  # the pair's, not one fix's: no ingest latency to measure
+                    subject=f"{self.rule_id}:{other}:{self.since_ms}",
                 )
             )
         return out
@@ -399,9 +418,15 @@ class PairState:
 def pair_step(
     state: PairState, observations: Iterable[Observation], rule: ProximityRule
 ) -> tuple[PairState, list[PairEvent], int]:
-    """Fold a pair's meetings into its state: those of one call in event time (ties by distance),
-    those of later calls after them. Returns the new state, the alerts, and how many meetings were
-    older than the state's latest (ignored: the pair's history is already past them).
+    """Fold a pair's meetings into its state: those of one call in event time, those of later
+    calls after them. Returns the new state, the alerts, and how many meetings were ignored as
+    late: not after the state's latest moment (the pair's history is already past them).
+
+    One meeting per moment counts: the one whose fixes are closest in time (then the nearest). A
+    moment is a fix of one vehicle, met with each fix of the other within the tolerance before
+    it; of two vehicles driving together, only the closest in time tells how far apart they are
+    (at 25 m/s, fixes 4 s apart are 100 m apart along the road). Its fix of the other vehicle is
+    then that vehicle's newest at that moment, so each side's alerts go forward in `seq`.
 
     A meeting beyond `enter_m` while nothing is open changes nothing and is not remembered: most
     meetings a cell reports are of vehicles in neighbouring cells, far apart, and they cost no
@@ -410,12 +435,16 @@ def pair_step(
     events: list[PairEvent] = []
     late = 0
     near_since, entered, last, last_o = state.near_since_ms, state.entered, state.last_ms, state.last
-    for o in sorted(observations, key=lambda x: (x.ts_ms, x.distance_m)):
-        if o.ts_ms < last:
+    moment = -1
+    for o in sorted(observations, key=lambda x: (x.ts_ms, x.skew_ms, x.gap_m)):
+        if o.ts_ms == moment:
+            continue  # a fix of this moment further in time from it than the one taken
+        moment = o.ts_ms
+        if o.ts_ms <= last:
             late += 1
             continue
         open_ = entered or near_since >= 0
-        if not open_ and o.distance_m > rule.enter_m:
+        if not open_ and o.gap_m > rule.enter_m:
             continue  # nothing open, not near: nothing to remember
         if open_ and o.ts_ms >= last + rule.lost_after_ms:
             # Lost in the gap before this meeting: as the timer would have had it, had the batches
@@ -426,10 +455,10 @@ def pair_step(
             near_since, entered = -1, False
         last, last_o = o.ts_ms, o
         if entered:
-            if o.distance_m > rule.exit_m:
-                events.append(_event(PairEventKind.EXIT, rule, o, near_since, ExitReason.APART))
+            if o.gap_m > rule.exit_m:
+                events.append(_event(PairEventKind.EXIT, rule, o, near_since, ProximityExitReason.APART))
                 entered, near_since = False, -1
-        elif o.distance_m <= rule.enter_m:
+        elif o.gap_m <= rule.enter_m:
             if near_since < 0:
                 near_since = o.ts_ms
             if o.ts_ms - near_since >= rule.min_duration_ms:
@@ -456,7 +485,7 @@ def pair_expire(
         if state.last is None:
             raise ValueError("an entered pair keeps its last meeting")
         o = dataclasses.replace(state.last, ts_ms=deadline)
-        events.append(_event(PairEventKind.EXIT, rule, o, state.near_since_ms, ExitReason.LOST))
+        events.append(_event(PairEventKind.EXIT, rule, o, state.near_since_ms, ProximityExitReason.LOST))
     return PairState(last_ms=state.last_ms), events
 
 
@@ -465,6 +494,6 @@ def _event(
     rule: ProximityRule,
     o: Observation,
     since_ms: int,
-    reason: ExitReason | None = None,
+    reason: ProximityExitReason | None = None,
 ) -> PairEvent:
     return PairEvent(kind, rule.rule_id, o, since_ms, reason)

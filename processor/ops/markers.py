@@ -52,6 +52,10 @@ PARKING = Counter(
     ["move"],
 )
 HELD = Gauge("fleetfence_processor_held_fixes", "Fixes held in reorder buffers after the last batch")
+PROXIMITY_BATCHES = Counter(
+    "fleetfence_processor_proximity_committed_batches_total",
+    "Micro-batches of the proximity query (processor.spark.job.start_proximity_query) committed",
+)
 
 # Marker field -> `outcome` label. `received` (valid telemetry rows) = accepted + duplicates + late
 # + the change in `held`; records in `fleet.telemetry` = received + invalid.
@@ -62,6 +66,11 @@ OUTCOMES = {
     "late": "late",
     "invalid": "invalid",
 }
+# What a job's batch line says of its marker, in this order.
+JOB_COUNTS = (
+    *("received", "accepted", "duplicates", "late", "invalid"),
+    *("unassigned", "held", "alerts", "master_events", "parked", "woken"),
+)
 # A marker whose progress report does not come within this long is logged without it.
 JOIN_TIMEOUT_S = 30.0
 
@@ -72,6 +81,9 @@ class BatchLedger:
     once. Pure apart from the Prometheus counters it increments."""
 
     sink_id: str
+    # The proximity query's ledger: its markers count alerts and batches of their own, and none of
+    # the job's telemetry outcomes or gauges (it reads the same records the job counts).
+    proximity: bool = False
     _markers: dict[int, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     _progress: dict[int, dict[str, Any]] = field(default_factory=dict)
     lines: list[dict[str, Any]] = field(default_factory=list)
@@ -84,6 +96,14 @@ class BatchLedger:
         if m.get("sink_id") != self.sink_id and not shadow:
             return False
         counts: dict[str, Any] = m["shadow"] if shadow else m
+        if self.proximity:
+            ALERTS.inc(int(m.get("alerts", 0)))
+            PROXIMITY_BATCHES.inc()
+            self._markers[int(m["batch_id"])] = (
+                time.monotonic() if now is None else now,
+                {**counts, "role": "proximity"},
+            )
+            return True
         for key, outcome in OUTCOMES.items():
             RECORDS.labels(outcome).inc(int(counts.get(key, 0)))
         if not shadow:
@@ -122,11 +142,10 @@ class BatchLedger:
                 continue
             del self._markers[b]
             self._progress.pop(b, None)
+            counted = ("alerts",) if self.proximity else JOB_COUNTS
             line: dict[str, Any] = {
                 "batch_id": b,
-                **{k: int(m.get(k, 0)) for k in ("received", "accepted", "duplicates", "late", "invalid")},
-                **{k: int(m.get(k, 0)) for k in ("unassigned", "held", "alerts", "master_events")},
-                **{k: int(m.get(k, 0)) for k in ("parked", "woken")},
+                **{k: int(m.get(k, 0)) for k in counted},
                 "role": m.get("role", "live"),
                 **{k: int(m[k]) for k in ("hot_released", "hot_deduplicated", "hot_went_live_ms") if k in m},
                 "duration_ms": p and p["duration_ms"],

@@ -32,7 +32,13 @@ from processor.ops.progress import StallWatch, log_first_batch, observe, unseen_
 from processor.settings import PROCESSOR_METRICS_PORT, ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles
 from processor.spark.hot_sink import HotOptions
-from processor.spark.job import checkpoint_sink_id, start_proximity_query, start_query, warm_up_query
+from processor.spark.job import (
+    checkpoint_sink_id,
+    proximity_sink_id,
+    start_proximity_query,
+    start_query,
+    warm_up_query,
+)
 from processor.spark.rebucket import read_seed
 from processor.spark.session import build_session, processor_partitions, row_tracking, spark_master_url
 
@@ -199,19 +205,29 @@ def _query_loop(
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
     q = start_query(spark, s, hot=hot)
     rule = s.proximity_rule()
-    # Beside the job, on its own checkpoint and sink id, under the same lease (never hot: _run_query).
-    pq = start_proximity_query(spark, s, rule) if rule is not None and hot is None else None
+    pq: Any = None  # the proximity query: beside the job, same lease, never hot (_run_query)
+    p_ledger: BatchLedger | None = None
+    p_last_batch = -1
     last_batch = -1
     stall = StallWatch(s.processor_stall_timeout_s)
+    proximity_stall = StallWatch(s.processor_stall_timeout_s)
 
     def step() -> bool:
-        nonlocal last_batch
+        nonlocal last_batch, p_last_batch
         holding = live is None or live.is_set()
         if lease is not None and holding and lease.lost.is_set():
             raise LeaseLostError(f"the checkpoint's lease {lease.key} is no longer this driver's: stopping")
         done = bool(q.awaitTermination(0.5))
-        if pq is not None and not pq.isActive:
-            raise ProcessorError(f"the proximity query ended: {pq.exception()}")
+        if pq is not None:
+            if not pq.isActive:
+                raise ProcessorError(f"the proximity query ended: {pq.exception()}")
+            latest_p = pq.lastProgress
+            report_p = (latest_p["batchId"], latest_p["timestamp"]) if latest_p else None
+            proximity_stall.check(bool(pq.status["isTriggerActive"]), report_p, time.monotonic())
+            if p_ledger is not None and latest_p and latest_p["batchId"] > p_last_batch:
+                for p in unseen_progress(pq.recentProgress, p_last_batch):
+                    p_last_batch = p["batchId"]
+                    p_ledger.progress(p)
         latest = q.lastProgress
         report = (latest["batchId"], latest["timestamp"]) if latest else None
         if not done:
@@ -231,16 +247,24 @@ def _query_loop(
                 observe(p, s.topics.telemetry, first_start)
                 ledger.progress(p)
         for m in reader.poll():
-            ledger.marker(m)
+            if not ledger.marker(m) and p_ledger is not None:
+                p_ledger.marker(m)
         ledger.flush()
+        if p_ledger is not None:
+            p_ledger.flush()
         return done
 
     stalled = False
     try:
+        if rule is not None and hot is None:
+            pq = start_proximity_query(spark, s, rule)
+            p_ledger = BatchLedger(proximity_sink_id(spark, s), proximity=True)
         run_until_stopped(step, stop)
         exc = q.exception()
         if exc is not None:
             raise ProcessorError(f"streaming query failed: {exc}")
+        if pq is not None and pq.exception() is not None:
+            raise ProcessorError(f"the proximity query failed: {pq.exception()}")
     except StalledError:
         stalled = True  # its hung tasks could hang the query's stop as well: the process ends instead
         raise
@@ -253,8 +277,11 @@ def _query_loop(
             pq.stop()
         # The last batch committed before the stop: count and log it too.
         for m in reader.poll(1.0):
-            ledger.marker(m)
+            if not ledger.marker(m) and p_ledger is not None:
+                p_ledger.marker(m)
         ledger.flush(now=float("inf"))
+        if p_ledger is not None:
+            p_ledger.flush(now=float("inf"))
         reader.close()
 
 

@@ -188,6 +188,11 @@ def start_query(
     return start_output(spark, rows, s, inp, query_name, available_now=available_now, hot=hot)
 
 
+def proximity_sink_id(spark: Any, s: ProcessorSettings) -> str:
+    """The proximity query's sink id (created with its checkpoint): the key of its markers."""
+    return sink_id_for(HadoopCheckpointFiles(spark, s.proximity_checkpoint))
+
+
 def start_proximity_query(
     spark: Any,
     s: ProcessorSettings,
@@ -210,7 +215,7 @@ def start_proximity_query(
         spark,
         s.bootstrap_servers,
         [s.topics.telemetry],
-        starting_offsets=s.processor_starting_offsets,
+        starting_offsets=s.processor_proximity_starting_offsets,
         max_offsets_per_trigger=s.processor_max_events_per_batch,
     ).select("value")
     rows = proximity_alerts(
@@ -218,7 +223,7 @@ def start_proximity_query(
     )
     register_sink(spark)
     writer = (
-        _sink(rows.writeStream, s, sink_id_for(HadoopCheckpointFiles(spark, checkpoint)))
+        _sink(rows.writeStream, s, proximity_sink_id(spark, s))
         .queryName(query_name)
         .option("checkpointLocation", checkpoint)
     )

@@ -149,13 +149,15 @@ def original_records(
         c.close()
 
 
-def _fenced(exc: Exception) -> bool:
-    """Whether the producer was fenced: another producer initialised its transactional id."""
+def _fatal(exc: Exception) -> bool:
+    """Whether the producer is done for (librdkafka's fatal errors): fenced by another producer of
+    its transactional id, which a produce call in flight reports as `_FATAL` and the transaction's
+    calls as `_FENCED`, or another error no call of this producer can recover from. Only a new
+    producer can go on; its `init_transactions` and the markers decide what was committed."""
     from confluent_kafka import KafkaError, KafkaException
 
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    codes = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
-    return isinstance(err, KafkaError) and err.code() in codes
+    return isinstance(err, KafkaError) and bool(err.fatal())
 
 
 class AlertStreamWriter(DataSourceStreamArrowWriter):
@@ -264,12 +266,14 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
                 self._transaction(st, batchId, alerts, dlq, stats)
                 break
             except Exception as exc:
-                if attempt == 2 or not _fenced(exc):
+                if attempt == 2 or not _fatal(exc):
                     raise
                 logger.warning(
-                    "sink producer fenced by another worker of this sink, retried sink_id=%s batch_id=%s",
+                    "sink producer unusable (fenced by another worker of this sink?), batch retried with "
+                    "a new one sink_id=%s batch_id=%s error=%s",
                     self.sink_id,
                     batchId,
+                    exc,
                 )
         st.last_committed = batchId
         logger.info(
@@ -319,8 +323,10 @@ class AlertStreamWriter(DataSourceStreamArrowWriter):
             }
             produce_waiting(p, self.markers_topic, key=self.sink_id.encode(), value=orjson.dumps(marker))
             p.commit_transaction(60)
-        except Exception:
+        except Exception as failed:
             _SINKS.pop((self.bootstrap, self.sink_id), None)
+            if _fatal(failed):
+                raise  # nothing to abort with: the next producer's init_transactions aborts it
             try:
                 p.abort_transaction(10)
             except Exception:  # fenced or broker gone: the next incarnation's init aborts it

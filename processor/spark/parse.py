@@ -179,31 +179,22 @@ def parse_telemetry_batch(
     recv: list[int] = []
     where: list[int] = []
     for value, off in zip(values, offsets, strict=True):
-        f: Any
         try:
-            if value is None or not value.isascii() or b"\\" in value:
-                raise ValueError
-            f = decode_plain_fix(value)
-            r = f.received_ms or 0
-        except (msgspec.DecodeError, ValueError):
-            try:
-                d = orjson.loads(value or b"")
-                f = PlainFix(*canonical_fix(d))
-                r = received_ms_of(d)
-            except INVALID_ERRORS as exc:
-                key = f"{topic}:{part}:{off}"
-                rows.row(
-                    InputKind.INVALID_RECORD,
-                    bucket_of(key, rows.buckets),
-                    None,
-                    1,
-                    value,
-                    topic,
-                    part,
-                    off,
-                    f"not canonical telemetry: {type(exc).__name__}: {str(exc)[:120]}",
-                )
-                continue
+            f, r = read_fix(value)
+        except INVALID_ERRORS as exc:
+            key = f"{topic}:{part}:{off}"
+            rows.row(
+                InputKind.INVALID_RECORD,
+                bucket_of(key, rows.buckets),
+                None,
+                1,
+                value,
+                topic,
+                part,
+                off,
+                f"not canonical telemetry: {type(exc).__name__}: {str(exc)[:120]}",
+            )
+            continue
         vid.append(f.vehicle_id)
         seq.append(f.seq)
         ts.append(f.ts_ms)
@@ -213,6 +204,21 @@ def parse_telemetry_batch(
         recv.append(r)
         where.append(off)
     rows.fixes([vid, seq, ts, lat, lon, speed, recv, [part] * len(vid), where])
+
+
+def read_fix(value: bytes | None) -> tuple[PlainFix, int]:
+    """One telemetry record as the processor reads it, one at a time: the fix and its received_ms
+    (0: unknown). A plain-ASCII record is decoded by msgspec (`PlainFix`); one it rejects, or one
+    with escapes or non-ASCII bytes (where JSON decoders may judge differently), by `canonical_fix`,
+    the one definition of valid telemetry. Raises one of INVALID_ERRORS for an invalid record."""
+    try:
+        if value is None or not value.isascii() or b"\\" in value:
+            raise ValueError("not plain ASCII")
+        f = decode_plain_fix(value)
+        return f, f.received_ms or 0
+    except (msgspec.DecodeError, ValueError):
+        d = orjson.loads(value or b"")
+        return PlainFix(*canonical_fix(d)), received_ms_of(d)
 
 
 def parse_master(rows: BucketRows, value: bytes | None, topic: str, part: int, off: int) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import numpy as np
 import orjson
 import pandas as pd
@@ -34,7 +33,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from fleetfence.contracts import INVALID_ERRORS, alert_json, canonical_fix, decode_plain_fix
+from fleetfence.contracts import INVALID_ERRORS, alert_json
 from processor.core.proximity import (
     CellPosition,
     CellWindow,
@@ -47,49 +46,48 @@ from processor.core.proximity import (
     pair_expire,
     pair_step,
 )
+from processor.spark.parse import read_fix
 from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_frame
 
 CLOCK_CELL = ""  # the key of the clock rows: its operator instance only moves the watermark
-FIXES_DDL = "vehicle_id string, seq long, ts_ms long, lat double, lon double"
-_CELL_COLS = ["cell", "home", "vehicle_id", "seq", "ts", "ts_ms", "lat", "lon"]
+_FIX_COLS = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh"]  # `Position`'s fields
+FIXES_DDL = "vehicle_id string, seq long, ts_ms long, lat double, lon double, speed_kmh double"
+_CELL_COLS = ["cell", "home", "vehicle_id", "seq", "ts", "ts_ms", "lat", "lon", "speed_kmh"]
 CELL_ROWS_DDL = (
-    "cell string, home string, vehicle_id string, seq long, ts timestamp, ts_ms long, lat double, lon double"
+    "cell string, home string, vehicle_id string, seq long, ts timestamp, ts_ms long, lat double, "
+    "lon double, speed_kmh double"
 )
 # A meeting: `Observation`'s fields, with `ts` for Spark's watermark after `ts_ms`.
 _MEETING_COLS = [
-    "a", "b", "ts", "ts_ms", "distance_m", "a_seq", "a_lat", "a_lon", "b_seq", "b_lat", "b_lon"
+    "a", "b", "ts", "ts_ms", "distance_m", "skew_ms", "reach_m",
+    "a_seq", "a_lat", "a_lon", "b_seq", "b_lat", "b_lon",
 ]  # fmt: skip
 MEETINGS_DDL = (
-    "a string, b string, ts timestamp, ts_ms long, distance_m double, a_seq long, a_lat double, "
-    "a_lon double, b_seq long, b_lat double, b_lon double"
+    "a string, b string, ts timestamp, ts_ms long, distance_m double, skew_ms long, reach_m double, "
+    "a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double"
 )
+# A pair's state: `PairState`, its `last` meeting's fields after `has_last`, and the timer set.
 _PAIR_STATE_DDL = (
     "near_since_ms long, entered boolean, last_ms long, timer_ms long, has_last boolean, "
-    "distance_m double, a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double"
+    "distance_m double, skew_ms long, reach_m double, a_seq long, a_lat double, a_lon double, "
+    "b_seq long, b_lat double, b_lon double"
 )
 
 
 def telemetry_fixes(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The mapInPandas function from the telemetry topic's `value` column to FIXES_DDL: each record
-    decoded as the main job decodes it (msgspec's `PlainFix`, else `canonical_fix`, the one judge
-    of valid telemetry). A record that is not canonical is skipped here: the main job, reading the
-    same topic, dead-letters it and counts it."""
+    read as the main job reads it (`read_fix`). A record that is not canonical is skipped here: the
+    main job, reading the same topic, dead-letters it and counts it."""
     for df in frames:
-        rows: list[tuple[str, int, int, float, float]] = []
+        rows: list[tuple[str, int, int, float, float, float]] = []
         for value in df["value"]:
             try:
-                if value is None or not value.isascii() or b"\\" in value:
-                    raise ValueError  # escapes and non-ASCII: canonical_fix's verdict (as in parse)
-                f = decode_plain_fix(value)
-                rows.append((f.vehicle_id, f.seq, f.ts_ms, f.lat, f.lon))
-            except (msgspec.DecodeError, ValueError):
-                try:
-                    vid, seq, ts_ms, lat, lon, _speed = canonical_fix(orjson.loads(value or b""))
-                except INVALID_ERRORS:
-                    continue
-                rows.append((vid, seq, ts_ms, lat, lon))
+                f, _received = read_fix(value)
+            except INVALID_ERRORS:
+                continue
+            rows.append((f.vehicle_id, f.seq, f.ts_ms, f.lat, f.lon, f.speed_kmh))
         if rows:
-            yield pd.DataFrame(rows, columns=["vehicle_id", "seq", "ts_ms", "lat", "lon"])
+            yield pd.DataFrame(rows, columns=_FIX_COLS)
 
 
 def cell_rows(rule: ProximityRule) -> Any:
@@ -110,6 +108,7 @@ def cell_rows(rule: ProximityRule) -> Any:
                 ts_ms,
                 df["lat"].to_numpy(np.float64),
                 df["lon"].to_numpy(np.float64),
+                df["speed_kmh"].to_numpy(np.float64),
                 res,
             )
             out = pd.DataFrame(cols)
@@ -117,7 +116,7 @@ def cell_rows(rule: ProximityRule) -> Any:
             yield out
         if newest >= 0:
             clock = pd.Timestamp(newest, unit="ms", tz="UTC")
-            yield pd.DataFrame([(CLOCK_CELL, "", "", 0, clock, newest, 0.0, 0.0)], columns=_CELL_COLS)
+            yield pd.DataFrame([(CLOCK_CELL, "", "", 0, clock, newest, 0.0, 0.0, 0.0)], columns=_CELL_COLS)
 
     return run
 
@@ -149,10 +148,17 @@ class CellProcessor(StatefulProcessor):
         wm = max(0, int(timerValues.getCurrentWatermarkInMs()))
         window = self._load()
         arrivals = [
-            CellPosition(cell, str(h), Position(str(v), int(q), int(t), float(la), float(lo)))
+            CellPosition(cell, str(h), Position(str(v), int(q), int(t), float(la), float(lo), float(sp)))
             for df in rows
-            for h, v, q, t, la, lo in zip(
-                df["home"], df["vehicle_id"], df["seq"], df["ts_ms"], df["lat"], df["lon"], strict=True
+            for h, v, q, t, la, lo, sp in zip(
+                df["home"],
+                df["vehicle_id"],
+                df["seq"],
+                df["ts_ms"],
+                df["lat"],
+                df["lon"],
+                df["speed_kmh"],
+                strict=True,
             )
         ]
         step = window.step(arrivals, wm, self.rule.tolerance_ms)
@@ -175,8 +181,8 @@ class CellProcessor(StatefulProcessor):
         value = self.kept.get()
         assert value is not None
         window = CellWindow()
-        for c, h, v, q, t, la, lo in orjson.loads(bytes(value[0])):
-            window.kept.setdefault(v, []).append(CellPosition(c, h, Position(v, q, t, la, lo)))
+        for c, h, v, q, t, la, lo, sp in orjson.loads(bytes(value[0])):
+            window.kept.setdefault(v, []).append(CellPosition(c, h, Position(v, q, t, la, lo, sp)))
         return window
 
     def _save(self, window: CellWindow) -> None:
@@ -204,6 +210,7 @@ class CellProcessor(StatefulProcessor):
                     cf.position.ts_ms,
                     cf.position.lat,
                     cf.position.lon,
+                    cf.position.speed_kmh,
                 ]
                 for fs in window.kept.values()
                 for cf in fs
@@ -224,6 +231,8 @@ def meetings_frame(meetings: list[Observation], watermark_ms: int) -> pd.DataFra
                 _ts(max(o.ts_ms, watermark_ms + 1)),
                 o.ts_ms,
                 o.distance_m,
+                o.skew_ms,
+                o.reach_m,
                 o.a_seq,
                 o.a_lat,
                 o.a_lon,
@@ -256,11 +265,26 @@ class PairProcessor(StatefulProcessor):
         a, b = str(key[0]), str(key[1])
         state, timer = self._load(a, b)
         meetings = [
-            Observation(a, b, int(t), float(d), int(sa), float(la), float(oa), int(sb), float(lb), float(ob))
+            Observation(
+                a,
+                b,
+                int(t),
+                float(d),
+                int(k),
+                float(r),
+                int(sa),
+                float(la),
+                float(oa),
+                int(sb),
+                float(lb),
+                float(ob),
+            )
             for df in rows
-            for t, d, sa, la, oa, sb, lb, ob in zip(
+            for t, d, k, r, sa, la, oa, sb, lb, ob in zip(
                 df["ts_ms"],
                 df["distance_m"],
+                df["skew_ms"],
+                df["reach_m"],
                 df["a_seq"],
                 df["a_lat"],
                 df["a_lon"],
@@ -300,17 +324,20 @@ class PairProcessor(StatefulProcessor):
         )
         last = None
         if has_last:
+            d, k, r, sa, la, oa, sb, lb, ob = v[5:14]
             last = Observation(
                 a,
                 b,
                 last_ms,
-                float(v[5]),
-                int(v[6]),
-                float(v[7]),
-                float(v[8]),
-                int(v[9]),
-                float(v[10]),
-                float(v[11]),
+                float(d),
+                int(k),
+                float(r),
+                int(sa),
+                float(la),
+                float(oa),
+                int(sb),
+                float(lb),
+                float(ob),
             )
         return PairState(near_since, entered, last_ms, last), timer
 
@@ -329,9 +356,20 @@ class PairProcessor(StatefulProcessor):
             return
         o = state.last
         last = (
-            (False, 0.0, 0, 0.0, 0.0, 0, 0.0, 0.0)
+            (False, 0.0, 0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0.0)
             if o is None
-            else (True, o.distance_m, o.a_seq, o.a_lat, o.a_lon, o.b_seq, o.b_lat, o.b_lon)
+            else (
+                True,
+                o.distance_m,
+                o.skew_ms,
+                o.reach_m,
+                o.a_seq,
+                o.a_lat,
+                o.a_lon,
+                o.b_seq,
+                o.b_lat,
+                o.b_lon,
+            )
         )
         self.pair.update((state.near_since_ms, state.entered, state.last_ms, new, *last))
 

@@ -5,10 +5,13 @@ version hash), its dry run, and a batch bigger than its producer's queue on Kafk
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import orjson
 import pyarrow as pa
+import pytest
 import redis
+from pyspark.sql.datasource import WriterCommitMessage
 
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
@@ -116,11 +119,15 @@ def test_a_batch_with_more_alerts_than_the_producers_queue_commits_whole(setting
     assert (marker["batch_id"], marker["alerts"]) == (0, n)
 
 
-def test_commits_moving_between_python_workers_fence_and_recover_each_batch_once(settings: Settings) -> None:
+def test_commits_moving_between_python_workers_fence_and_recover_each_batch_once(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Spark runs a query's commits in whichever of the driver's idle Python workers is free (two
     queries share them), and each worker keeps its own producer for the sink: the second worker's
     producer fences the first one's. Each commit still goes through once: a fenced worker takes the
-    transactional id back, reads the markers again, and retries the batch unless it was committed."""
+    transactional id back, reads the markers again, and retries the batch unless it was committed.
+    Batches of many alerts: the fence then also shows while the batch is produced (a fatal error
+    of a produce call, not only of the commit)."""
     from processor.spark import kafka_sink
 
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
@@ -137,20 +144,24 @@ def test_commits_moving_between_python_workers_fence_and_recover_each_batch_once
     )
     workers: list[dict[tuple[str, str], object]] = [{}, {}]  # each Python worker's own producers
     order = [0, 1, 0, 0, 1]  # batch 2 goes back to the fenced worker 0, batch 4 to the fenced 1
+    per_batch = 3_000
+
+    def batch(n: int) -> list[WriterCommitMessage | None]:
+        return [AlertCommitMessage(alerts=[(f"v{i % 7}", b'{"batch": %d}' % n) for i in range(per_batch)])]
+
     for batch_id, worker in enumerate(order):
-        kafka_sink._SINKS = workers[worker]  # type: ignore[assignment]
-        w.commit([AlertCommitMessage(alerts=[("v1", b'{"batch": %d}' % batch_id)])], batch_id)
+        monkeypatch.setattr(kafka_sink, "_SINKS", workers[worker])
+        w.commit(batch(batch_id), batch_id)
     # A batch Spark hands again (a retry after a failure elsewhere) to the worker that did not commit
     # it: that worker is fenced, reads the markers, and skips it.
-    kafka_sink._SINKS = workers[0]  # type: ignore[assignment]
-    w.commit([AlertCommitMessage(alerts=[("v1", b'{"batch": 4}')])], 4)
-    kafka_sink._SINKS = {}
+    monkeypatch.setattr(kafka_sink, "_SINKS", workers[0])
+    w.commit(batch(4), 4)
     got = wait_for(
-        lambda: len(a := read_all(settings, t.alerts, settings.alerts_partitions)) >= 5 and a,
+        lambda: len(a := read_all(settings, t.alerts, settings.alerts_partitions)) >= 5 * per_batch and a,
         60,
         "the batches' alerts",
     )
-    assert sorted(orjson.loads(m.value())["batch"] for m in got) == [0, 1, 2, 3, 4]
+    assert Counter(orjson.loads(m.value())["batch"] for m in got) == dict.fromkeys(range(5), per_batch)
     marks = [
         orjson.loads(m.value())["batch_id"]
         for m in read_all(settings, t.processor_commits, 1)

@@ -63,6 +63,26 @@ def test_the_ledger_counts_each_marker_once_and_joins_it_with_its_progress() -> 
     assert (late["batch_id"], late["duration_ms"]) == (8, None)
 
 
+def test_the_proximity_ledger_counts_its_alerts_and_batches_and_none_of_the_jobs_records() -> None:
+    """The proximity query reads the records the job counts: its markers add alerts and batches of
+    their own, never to the job's record outcomes, batches or held gauge."""
+    job, near = BatchLedger("job"), BatchLedger("near", proximity=True)
+    alerts = counter("fleetfence_processor_alerts_total")
+    batches = counter("fleetfence_processor_committed_batches_total")
+    near_batches = counter("fleetfence_processor_proximity_committed_batches_total")
+    received = counter("fleetfence_processor_records_total", outcome="received")
+    m = {"sink_id": "near", "batch_id": 3, "alerts": 4, "received": 99}  # a stray count: not read
+    assert not job.marker(m, now=0.0)
+    assert near.marker(m, now=0.0)
+    near.progress({"batchId": 3, "durationMs": {"triggerExecution": 80}, "eventTime": {"watermark": "W"}})
+    (line,) = near.flush(now=1.0)
+    assert line == {"batch_id": 3, "alerts": 4, "role": "proximity", "duration_ms": 80, "watermark": "W"}
+    assert counter("fleetfence_processor_alerts_total") == alerts + 4
+    assert counter("fleetfence_processor_proximity_committed_batches_total") == near_batches + 1
+    assert counter("fleetfence_processor_committed_batches_total") == batches
+    assert counter("fleetfence_processor_records_total", outcome="received") == received
+
+
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

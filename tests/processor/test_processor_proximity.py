@@ -13,12 +13,12 @@ import h3
 import numpy as np
 import pytest
 
+from fleetfence.contracts import ProximityExitReason
 from fleetfence.geo import haversine_m
 from processor.core.proximity import (
     EDGE_FACTOR,
     CellPosition,
     CellWindow,
-    ExitReason,
     Observation,
     PairEvent,
     PairEventKind,
@@ -71,7 +71,7 @@ def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Positio
         for seq in range(steps):
             lat += rng.uniform(-1, 1) * 15 / 111_320  # up to 15 m a step
             lon += rng.uniform(-1, 1) * 15 / 67_770
-            out.append(Position(f"v{v:03d}", seq, t, lat, lon))
+            out.append(Position(f"v{v:03d}", seq, t, lat, lon, 25.0))  # up to 7.5 m/s
             t += 2000 + rng.randrange(-300, 300)
     return out
 
@@ -150,22 +150,22 @@ def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(s
 
 
 def test_a_fix_delivered_twice_meets_once_and_one_behind_the_watermark_is_counted() -> None:
-    home = fan_out(Position("a", 1, T0, *BERLIN), RULE.resolution)[0].home
-    at_home = [c for c in fan_out(Position("a", 1, T0, *BERLIN), RULE.resolution) if c.cell == home]
-    b = [c for c in fan_out(Position("b", 1, T0 + 1000, *BERLIN), RULE.resolution) if c.cell == home]
+    home = fan_out(Position("a", 1, T0, *BERLIN, 0.0), RULE.resolution)[0].home
+    at_home = [c for c in fan_out(Position("a", 1, T0, *BERLIN, 0.0), RULE.resolution) if c.cell == home]
+    b = [c for c in fan_out(Position("b", 1, T0 + 1000, *BERLIN, 0.0), RULE.resolution) if c.cell == home]
     w = CellWindow()
     first = w.step(at_home + b, 0, RULE.tolerance_ms)
     assert (len(first.meetings), first.duplicates) == (1, 0)
     again = w.step(at_home + b, 0, RULE.tolerance_ms)
     assert (again.meetings, again.duplicates) == ([], 2)
-    old = [c for c in fan_out(Position("c", 1, T0 - 500, *BERLIN), RULE.resolution) if c.cell == home]
+    old = [c for c in fan_out(Position("c", 1, T0 - 500, *BERLIN, 0.0), RULE.resolution) if c.cell == home]
     late = w.step(old, T0, RULE.tolerance_ms)
     assert (len(late.meetings), late.behind_watermark) == (2, 1)  # met with what is still kept
 
 
 def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
     w = CellWindow()
-    f = Position("a", 1, T0, *BERLIN)
+    f = Position("a", 1, T0, *BERLIN, 0.0)
     w.step(fan_out(f, RULE.resolution)[:1], 0, RULE.tolerance_ms)
     assert w.expires_ms(RULE.tolerance_ms) == T0 + RULE.tolerance_ms
     w.step([], T0 + RULE.tolerance_ms, RULE.tolerance_ms)
@@ -175,10 +175,13 @@ def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
     assert w.expires_ms(RULE.tolerance_ms) is None
 
 
-def obs(t_s: float, d_m: float, a: str = "a", b: str = "b") -> Observation:
-    """A meeting at t_s seconds; each vehicle's fix seq is its second (the alert's seq)."""
+def obs(
+    t_s: float, d_m: float, a: str = "a", b: str = "b", skew_ms: int = 0, reach_m: float = 0.0
+) -> Observation:
+    """A meeting at t_s seconds; a's fix seq is its second, b's that plus 100 (the alerts' seq)."""
     seq = int(t_s)
-    return Observation(a, b, T0 + int(t_s * 1000), d_m, seq, *BERLIN, seq, BERLIN[0], BERLIN[1] + 0.001)
+    where = (seq, *BERLIN, seq + 100, BERLIN[0], BERLIN[1] + 0.001)
+    return Observation(a, b, T0 + int(t_s * 1000), d_m, skew_ms, reach_m, *where)
 
 
 def kinds(events: Iterable[PairEvent]) -> list[tuple[str, int, str]]:
@@ -245,7 +248,7 @@ def test_a_meeting_after_a_gap_longer_than_the_loss_ends_the_old_meeting_first()
     _, rest, _ = pair_step(s, track[2:], RULE)
     expected = [("PROXIMITY_ENTER", 12, ""), ("PROXIMITY_EXIT", 72, "lost"), ("PROXIMITY_ENTER", 212, "")]
     assert kinds(together) == kinds(first + lost + rest) == expected
-    assert [e.reason for e in together] == [None, ExitReason.LOST, None]
+    assert [e.reason for e in together] == [None, ProximityExitReason.LOST, None]
 
 
 def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
@@ -259,7 +262,7 @@ def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
     assert gone.empty
     assert kinds(lost) == [("PROXIMITY_EXIT", 72, "lost")]
     assert lost[0].at.distance_m == 35
-    assert (lost[0].at.a_seq, lost[0].at.b_seq) == (12, 12)  # at the last meeting's fixes
+    assert (lost[0].at.a_seq, lost[0].at.b_seq) == (12, 112)  # at the last meeting's fixes
     # Near but not yet long enough when lost: forgotten, no alert.
     pending, events, _ = pair_step(PairState(), [obs(0, 40)], RULE)
     assert events == []
@@ -277,11 +280,11 @@ def test_the_cells_mask_is_the_reporting_rule() -> None:
     rng = random.Random(5)
     seen: set[bool] = set()
     for cell in sorted(h3.grid_disk(centre, 1)):
-        xs = [CellPosition(cell, rng.choice(ring), Position(f"v{i}", i, T0, *BERLIN)) for i in range(12)]
-        ys = [CellPosition(cell, rng.choice(ring), Position(f"w{i}", i, T0, *BERLIN)) for i in range(9)]
+        xs = [CellPosition(cell, rng.choice(ring), Position(f"v{i}", i, T0, *BERLIN, 0.0)) for i in range(12)]
+        ys = [CellPosition(cell, rng.choice(ring), Position(f"w{i}", i, T0, *BERLIN, 0.0)) for i in range(9)]
         codes: dict[str, int] = {}
         x, y = _columns(xs, codes, cell), _columns(ys, codes, cell)
-        mask = _reported((x[0], x[2], x[5], x[6]), (y[0], y[2], y[5], y[6]), RULE.tolerance_ms)
+        mask = _reported((x[0], x[2], x[6], x[7]), (y[0], y[2], y[6], y[7]), RULE.tolerance_ms)
         want = [[reports(cell, a.home, b.home) for b in ys] for a in xs]
         assert mask.tolist() == want
         seen.update(v for row in want for v in row)
@@ -296,11 +299,12 @@ def test_the_columnar_fan_out_is_fan_out_fix_by_fix() -> None:
         np.array([f.ts_ms for f in fixes], dtype=np.int64),
         np.array([f.lat for f in fixes]),
         np.array([f.lon for f in fixes]),
+        np.array([f.speed_kmh for f in fixes]),
         RULE.resolution,
     )
     one_by_one = [cp for f in fixes for cp in fan_out(f, RULE.resolution)]
     assert len(cols["cell"]) == len(one_by_one) > 6 * len(fixes)
-    names = ("cell", "home", "vehicle_id", "seq", "ts_ms", "lat", "lon")
+    names = ("cell", "home", "vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh")
     got = list(zip(*(cols[k] for k in names), strict=True))
     assert got == [(c.cell, c.home, *(getattr(c.position, f) for f in names[2:])) for c in one_by_one]
 
@@ -309,24 +313,30 @@ def test_each_vehicle_of_the_pair_gets_its_alert_at_its_own_fix_naming_the_other
     from alerts.model import condition_change, parse_alert
     from fleetfence.contracts import AlertType, alert_json
 
-    track = [obs(0, 40), obs(12, 35), obs(30, 200)]
+    # At 12 s the fixes are 1.5 s apart: 50 m, of which the earlier one's vehicle may have driven 15.
+    track = [obs(0, 40), obs(12, 50, skew_ms=1500, reach_m=15), obs(30, 200)]
     _, events, _ = pair_step(PairState(), track, RULE)
     enter, exit_ = (e.alerts() for e in events)
     assert [(r["type"], r["vehicle_id"], r["seq"], r["details"]["other_vehicle_id"]) for r in enter] == [
         (AlertType.PROXIMITY_ENTER, "a", 12, "b"),
-        (AlertType.PROXIMITY_ENTER, "b", 12, "a"),
+        (AlertType.PROXIMITY_ENTER, "b", 112, "a"),
     ]
     assert [(r["lat"], r["lon"]) for r in enter] == [BERLIN, (BERLIN[0], BERLIN[1] + 0.001)]
     assert enter[0]["details"] == {
         "other_vehicle_id": "b",
         "rule_id": "convoy",
-        "distance_m": 35.0,
+        "gap_m": 35.0,
+        "distance_m": 50.0,
+        "skew_s": 1.5,
         "near_s": 12.0,
     }
     assert exit_[1]["details"]["reason"] == "apart"
     ids = [r["alert_id"] for r in enter + exit_]
     assert len(set(ids)) == 4
-    assert ids == [r["alert_id"] for e in pair_step(PairState(), track, RULE)[1] for r in e.alerts()]
+    # The same ids however the meetings are cut into batches (a replay's batches differ).
+    s1, first, _ = pair_step(PairState(), track[:1], RULE)
+    _, rest, _ = pair_step(s1, track[1:], RULE)
+    assert ids == [r["alert_id"] for e in first + rest for r in e.alerts()]
     # The receivers' open conditions: per other vehicle, opened by the enter, closed by the exit.
     opened = condition_change(parse_alert(alert_json(enter[0])))
     closed = condition_change(parse_alert(alert_json(exit_[0])))
@@ -335,3 +345,94 @@ def test_each_vehicle_of_the_pair_gets_its_alert_at_its_own_fix_naming_the_other
     s, _, _ = pair_step(PairState(), track[:2], RULE)
     _, lost = pair_expire(s, T0 + 12_000 + RULE.lost_after_ms, RULE)
     assert condition_change(parse_alert(alert_json(lost[0].alerts()[1]))).closes == ("PROXIMITY:a",)
+
+
+def test_of_each_moment_the_fixes_closest_in_time_count() -> None:
+    """A moment (a fix of one vehicle) met with several fixes of the other within the tolerance:
+    the one closest in time decides, whatever the order and however near the others are."""
+    track = [obs(0, 40, skew_ms=500), obs(0, 130, skew_ms=2500), obs(12, 30, skew_ms=500)]
+    track += [obs(12, 10, skew_ms=4500), obs(14, 120, skew_ms=300), obs(14, 20, skew_ms=2300)]
+    _, events, late = pair_step(PairState(), random.Random(3).sample(track, len(track)), RULE)
+    assert kinds(events) == [("PROXIMITY_ENTER", 12, ""), ("PROXIMITY_EXIT", 14, "apart")]
+    assert [e.at.distance_m for e in events] == [30, 120]
+    assert late == 0
+
+
+def run_pairs(batches: list[list[Position]], rule: ProximityRule, lateness_ms: int) -> list[PairEvent]:
+    """Both stages as the streaming engine runs them: the cells, then each pair's meetings of the
+    batch, then the pairs whose deadline the new watermark passed."""
+    windows: dict[str, CellWindow] = defaultdict(CellWindow)
+    pairs: dict[tuple[str, str], PairState] = {}
+    events: list[PairEvent] = []
+    watermark = 0
+    for batch in batches:
+        by_cell = defaultdict(list)
+        for f in batch:
+            for cf in fan_out(f, rule.resolution):
+                by_cell[cf.cell].append(cf)
+        by_pair: dict[tuple[str, str], list[Observation]] = defaultdict(list)
+        for cell in sorted(by_cell):
+            for o in windows[cell].step(by_cell[cell], watermark, rule.tolerance_ms).meetings:
+                by_pair[(o.a, o.b)].append(o)
+        for key in sorted(by_pair):
+            pairs[key], new, _ = pair_step(pairs.get(key, PairState()), by_pair[key], rule)
+            events.extend(new)
+        watermark = max(watermark, max(f.ts_ms for f in batch) - lateness_ms)
+        for key in sorted(pairs):
+            pairs[key], lost = pair_expire(pairs[key], watermark, rule)
+            events.extend(lost)
+    return events
+
+
+@pytest.mark.parametrize("speed_mps", [3, 14, 25, 33])
+def test_a_convoy_at_speed_is_near_until_it_parts(speed_mps: float) -> None:
+    """Two trucks 20 m apart across a road, reporting every 2 s half a second apart, at any speed:
+    near once, no flapping while together, apart once when one turns off (its fixes before ts 60 s
+    beside the other, then 10 m/s further across the road each second)."""
+    fixes = []
+    for i in range(45):
+        for v, offset_ms, lane_m in (("a", 0, 0.0), ("b", 500, 20.0)):
+            t_s = 2 * i + offset_ms / 1000
+            x = speed_mps * t_s
+            turned = v == "b" and t_s > 60
+            y = lane_m + (10 * (t_s - 60) if turned else 0.0)
+            kmh = 3.6 * (speed_mps**2 + 10**2) ** 0.5 if turned else 3.6 * speed_mps
+            lat, lon = BERLIN[0] + y / 111_320, BERLIN[1] + x / 67_770
+            fixes.append(Position(v, i, T0 + int(t_s * 1000), lat, lon, kmh))
+    fixes.sort(key=lambda f: f.ts_ms)
+    batches = [fixes[k : k + 7] for k in range(0, len(fixes), 7)]
+    events = run_pairs(batches, RULE, 3_000)
+    assert [(str(e.kind), str(e.reason or "")) for e in events] == [
+        ("PROXIMITY_ENTER", ""),
+        ("PROXIMITY_EXIT", "apart"),
+    ]
+    assert events[0].at.ts_ms - T0 <= 11_000  # near from the first fixes: entered after 10 s
+    assert 60_000 < events[1].at.ts_ms - T0 < 70_000
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_each_sides_alerts_alternate_and_go_forward_in_seq(seed: int) -> None:
+    """A dense wandering fleet, read in batches out of order within the lateness: for each vehicle
+    and each other, its alerts alternate ENTER, EXIT, and their fixes' seqs never go back (the
+    receivers close a condition only with an alert at a later or equal seq); ids are unique."""
+    rule = ProximityRule(
+        "r", enter_m=40, exit_m=60, min_duration_ms=4_000, tolerance_ms=3_000, lost_after_ms=8_000
+    )
+    fixes = fleet(seed, vehicles=30, steps=40, spread_m=300)
+    rng = random.Random(seed)
+    jittered = sorted(fixes, key=lambda f: f.ts_ms + rng.uniform(0, 4_000))
+    events = run_pairs([jittered[i : i + 40] for i in range(0, len(jittered), 40)], rule, 5_000)
+    records = [r for e in events for r in e.alerts()]
+    assert len(records) > 50  # many meetings and partings: a fleet with few proves little
+    assert len({r["alert_id"] for r in records}) == len(records)
+    sides: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+    for r in records:
+        sides[(r["vehicle_id"], r["details"]["other_vehicle_id"])].append((r["type"].value, r["seq"]))
+    for side, seen in sides.items():
+        kinds_ = [k for k, _ in seen]
+        assert (
+            kinds_
+            == ["PROXIMITY_ENTER", "PROXIMITY_EXIT"] * (len(kinds_) // 2) + kinds_[len(kinds_) // 2 * 2 :]
+        ), side
+        seqs = [q for _, q in seen]
+        assert seqs == sorted(seqs), (side, seen)

@@ -22,6 +22,7 @@ from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from processor.core.proximity import ProximityRule
 from processor.settings import ProcessorSettings
+from processor.spark.checkpoint_files import SINK_ID_FILE
 from processor.spark.job import start_proximity_query
 from tests.processor.helpers import (
     committed_alerts,
@@ -43,9 +44,9 @@ def at(x_m: float, y_m: float) -> tuple[float, float]:
     return LAT0 + y_m / 111_320, LON0 + x_m / 67_770
 
 
-def fix(v: str, i: int, ts_ms: int, x_m: float, y_m: float) -> Telemetry:
+def fix(v: str, i: int, ts_ms: int, x_m: float, y_m: float, speed_mps: float) -> Telemetry:
     lat, lon = at(x_m, y_m)
-    return Telemetry(v, i, ts_ms, lat, lon, 30.0, received_ms=ts_ms)
+    return Telemetry(v, i, ts_ms, lat, lon, round(3.6 * speed_mps, 1), received_ms=ts_ms)
 
 
 def fleet() -> list[Telemetry]:
@@ -53,13 +54,14 @@ def fleet() -> list[Telemetry]:
     out = []
     for i in range(76):
         t = T0 + 2000 * i
-        if i <= 40:  # a drives east; b beside it 30 m north, then away north from i = 20
-            out.append(fix("a", i, t, 10 * i, 0))
-            out.append(fix("b", i, t + 500, 10 * i, 30 if i < 20 else 30 + 15 * (i - 19)))
-            out.append(fix("c", i, t + 100, 2000 + 5 * i, 0))  # c and d: a pair 20 m apart ...
+        if i <= 40:  # a drives east at 5 m/s; b beside it 30 m north, then also north at 7.5 m/s
+            out.append(fix("a", i, t, 10 * i, 0, 5))
+            away = i >= 20
+            out.append(fix("b", i, t + 500, 10 * i, 30 + 15 * (i - 19) if away else 30, 9 if away else 5))
+            out.append(fix("c", i, t + 100, 2000 + 5 * i, 0, 2.5))  # c and d: a pair 20 m apart ...
         if i <= 15:
-            out.append(fix("d", i, t + 900, 2000 + 5 * i, 20))  # ... until d goes silent
-        out.append(fix("e", i, t + 300, 9000, 5000))  # far from everyone; its clock moves time on
+            out.append(fix("d", i, t + 900, 2000 + 5 * i, 20, 2.5))  # ... until d goes silent
+        out.append(fix("e", i, t + 300, 9000, 5000, 0))  # far from everyone; its clock moves time on
     return out
 
 
@@ -77,6 +79,8 @@ def settings_for(settings: Settings, tmp_path: Path) -> ProcessorSettings:
         processor_proximity_min_duration_s=10,
         processor_proximity_tolerance_s=5,
         processor_proximity_lost_after_s=60,
+        processor_proximity_checkpoint=str(tmp_path / "cp-proximity"),
+        processor_proximity_starting_offsets="earliest",  # the fixes are there before the query
     )
 
 
@@ -158,12 +162,16 @@ def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
     proc = spawn_processor(ps, next(logs))
     try:
         wait_for(lambda: len(alerts(settings)) >= 4, 240, "the pairs to enter")
-        proximity = {m["sink_id"] for m in markers(settings) if m.get("alerts")}
-        assert len(proximity) == 1  # the proximity query's own sink id (the job raised nothing here)
-        done = len(markers(settings))
+        sink_id = (tmp_path / "cp-proximity" / SINK_ID_FILE).read_text().strip()
+        assert {m["sink_id"] for m in markers(settings) if m.get("alerts")} == {sink_id}
+
+        def batches() -> int:
+            return sum(1 for m in markers(settings) if m["sink_id"] == sink_id)
+
+        done = batches()
         produce_telemetry(settings, [f for f in fixes if f.ts_ms >= cut])
         # Mid-stream: a batch of the second half committed, more to read (25 records a batch).
-        wait_for(lambda: len(markers(settings)) > done, 120, "a batch of the second half")
+        wait_for(lambda: batches() > done, 120, "a proximity batch of the second half")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         proc = spawn_processor(ps, next(logs))
