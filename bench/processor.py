@@ -123,6 +123,8 @@ def contender_spark(
             "processor_live_state": args.live,
             "redis_prefix": "bench:",
             "processor_proximity_enter_m": proximity_m or None,
+            "processor_proximity_checkpoint": checkpoint + "-proximity",
+            "processor_proximity_starting_offsets": "earliest",  # the topic was filled before
         }
     )
     spark = build_session(

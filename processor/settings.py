@@ -122,8 +122,9 @@ class ProcessorSettings(ProcessorRulesSettings):
     )
     processor_proximity_checkpoint: str | None = Field(
         default=None,
-        description="The proximity query's checkpoint; default <state_dir>/checkpoints/proximity. Its own "
-        "setting: it stays where it is when the job's checkpoint moves (a re-bucketing).",
+        description="The proximity query's checkpoint; default `proximity` beside the job's checkpoint "
+        "(in the same folder, so on the same storage), where it stays when the job's checkpoint moves to "
+        "another name (a re-bucketing).",
     )
     processor_proximity_starting_offsets: str = Field(
         default="latest",
@@ -175,9 +176,10 @@ class ProcessorSettings(ProcessorRulesSettings):
     @property
     def proximity_checkpoint(self) -> str:
         """The proximity query's checkpoint: a query of its own, with its own sink id and markers."""
-        return self.processor_proximity_checkpoint or str(
-            (self.state_dir / "checkpoints" / "proximity").resolve()
-        )
+        if self.processor_proximity_checkpoint:
+            return self.processor_proximity_checkpoint
+        folder = self.checkpoint.rstrip("/").rsplit("/", 1)[0]
+        return f"{folder}/proximity"
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.of(self.processor_rules())

@@ -42,6 +42,10 @@ from processor.core.zones import h3_cells_int
 
 # The finest H3 resolution used: cells of about 29 m average edge (resolution 11).
 _FINEST = 11
+# A reported speed above this is taken as this for how far a vehicle may have driven between two
+# fixes (`Observation.reach_m`): no fleet vehicle is faster, and a wild value must not make a pair
+# look near for ever.
+MAX_SPEED_KMH = 300.0
 # How many average edges a cell's edge spans at least the exit distance by (see the module's
 # docstring: a factor of two for H3's distortion, two more of margin).
 EDGE_FACTOR = 4.0
@@ -258,7 +262,8 @@ def _columns(cps: list[CellPosition], codes: dict[str, int], cell: str) -> tuple
     ts = np.fromiter((c.position.ts_ms for c in cps), np.int64, n)
     lat = np.fromiter((c.position.lat for c in cps), np.float64, n)
     lon = np.fromiter((c.position.lon for c in cps), np.float64, n)
-    mps = np.fromiter((c.position.speed_kmh for c in cps), np.float64, n) / 3.6
+    kmh = np.fromiter((c.position.speed_kmh for c in cps), np.float64, n)
+    mps = np.minimum(kmh, MAX_SPEED_KMH) / 3.6
     at_home = np.fromiter((c.home == cell for c in cps), np.bool_, n)
     not_below = np.fromiter((c.home >= cell for c in cps), np.bool_, n)
     return vid, seq, ts, lat, lon, mps, at_home, not_below
@@ -426,7 +431,15 @@ def pair_step(
     moment is a fix of one vehicle, met with each fix of the other within the tolerance before
     it; of two vehicles driving together, only the closest in time tells how far apart they are
     (at 25 m/s, fixes 4 s apart are 100 m apart along the road). Its fix of the other vehicle is
-    then that vehicle's newest at that moment, so each side's alerts go forward in `seq`.
+    then that vehicle's newest at that moment (of those read so far: a closer one read in a later
+    batch is late), so each side's alerts go forward in `seq`.
+
+    A run of nearness starts with two fixes within `enter_m` of each other, and goes on while the
+    gap (`Observation.gap_m`: the distance less how far the earlier fix's vehicle may have driven
+    since) stays within it; an entered pair parts when the gap exceeds `exit_m`. Judging the start
+    by the gap would let two vehicles on parallel roads wider apart than `enter_m` meet whenever
+    their fixes are far apart in time; judging the run by the distance would break a convoy's
+    nearness at every moment whose fixes are not simultaneous.
 
     A meeting beyond `enter_m` while nothing is open changes nothing and is not remembered: most
     meetings a cell reports are of vehicles in neighbouring cells, far apart, and they cost no
@@ -444,7 +457,7 @@ def pair_step(
             late += 1
             continue
         open_ = entered or near_since >= 0
-        if not open_ and o.gap_m > rule.enter_m:
+        if not open_ and o.distance_m > rule.enter_m:
             continue  # nothing open, not near: nothing to remember
         if open_ and o.ts_ms >= last + rule.lost_after_ms:
             # Lost in the gap before this meeting: as the timer would have had it, had the batches
@@ -458,14 +471,16 @@ def pair_step(
             if o.gap_m > rule.exit_m:
                 events.append(_event(PairEventKind.EXIT, rule, o, near_since, ProximityExitReason.APART))
                 entered, near_since = False, -1
-        elif o.gap_m <= rule.enter_m:
-            if near_since < 0:
-                near_since = o.ts_ms
-            if o.ts_ms - near_since >= rule.min_duration_ms:
-                events.append(_event(PairEventKind.ENTER, rule, o, near_since))
-                entered = True
+            continue
+        if near_since >= 0 and o.gap_m <= rule.enter_m:
+            pass  # the run of nearness goes on
+        elif o.distance_m <= rule.enter_m:
+            near_since = o.ts_ms  # two fixes that close: a run of nearness starts
         else:
             near_since = -1
+        if near_since >= 0 and o.ts_ms - near_since >= rule.min_duration_ms:
+            events.append(_event(PairEventKind.ENTER, rule, o, near_since))
+            entered = True
     open_ = entered or near_since >= 0
     return PairState(near_since, entered, last, last_o if open_ else None), events, late
 

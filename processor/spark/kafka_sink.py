@@ -157,7 +157,16 @@ def _fatal(exc: Exception) -> bool:
     from confluent_kafka import KafkaError, KafkaException
 
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(err, KafkaError) and bool(err.fatal())
+    if not isinstance(err, KafkaError):
+        return False
+    # A produce call's error does not carry the fatal flag: its code says it.
+    codes = (
+        KafkaError._FATAL,
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    )
+    return bool(err.fatal()) or err.code() in codes
 
 
 class AlertStreamWriter(DataSourceStreamArrowWriter):

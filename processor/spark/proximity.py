@@ -1,7 +1,7 @@
 """Vehicle-to-vehicle proximity on Spark: the two keyed stages of processor.core.proximity as two
 chained `transformWithStateInPandas` operators, in event time, their state in the state store.
 
-    fixes (vehicle_id, seq, ts_ms, lat, lon)
+    fixes (vehicle_id, seq, ts_ms, lat, lon, speed_kmh)
       -> mapInPandas(fan_out_columns: a row per cell it can meet in, plus one clock row per task)
       -> watermark on `ts` -> groupBy(cell) -> CellProcessor (EventTime)      -> meetings
       -> groupBy(a, b)                    -> PairProcessor (EventTime)        -> alert rows

@@ -168,3 +168,17 @@ def test_commits_moving_between_python_workers_fence_and_recover_each_batch_once
         if orjson.loads(m.value())["sink_id"] == sink_id
     ]
     assert marks == [0, 1, 2, 3, 4]
+
+
+def test_a_produce_calls_fatal_error_counts_as_a_producer_to_replace() -> None:
+    """librdkafka reports a fence to a produce call in flight as `_FATAL`, without the fatal flag
+    the transactional calls' errors carry: both make the sink replace its producer and retry."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processor.spark.kafka_sink import _fatal
+
+    assert _fatal(KafkaException(KafkaError(KafkaError._FATAL)))
+    assert _fatal(KafkaException(KafkaError(KafkaError._FENCED)))
+    assert _fatal(KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, fatal=True)))
+    assert not _fatal(KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)))
+    assert not _fatal(ValueError("not Kafka's"))

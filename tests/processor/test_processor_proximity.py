@@ -17,6 +17,7 @@ from fleetfence.contracts import ProximityExitReason
 from fleetfence.geo import haversine_m
 from processor.core.proximity import (
     EDGE_FACTOR,
+    MAX_SPEED_KMH,
     CellPosition,
     CellWindow,
     Observation,
@@ -436,3 +437,52 @@ def test_each_sides_alerts_alternate_and_go_forward_in_seq(seed: int) -> None:
         ), side
         seqs = [q for _, q in seen]
         assert seqs == sorted(seqs), (side, seen)
+
+
+@pytest.mark.parametrize("road_gap_m", [70, 90, 130])
+def test_vehicles_on_parallel_roads_wider_apart_than_the_rule_never_meet(road_gap_m: float) -> None:
+    """Two vehicles at 30 m/s on parallel roads, reporting every 10 s, 5 s apart: their fixes' gap
+    (less what one may have driven in 5 s, 150 m) is small, but no two of their fixes were ever
+    within the enter distance, so no nearness starts."""
+    rule = ProximityRule(
+        "r", enter_m=50, exit_m=100, min_duration_ms=0, tolerance_ms=5_000, lost_after_ms=60_000
+    )
+    fixes = []
+    for i in range(12):
+        for v, offset_ms, y in (("a", 0, 0.0), ("b", 5_000, road_gap_m)):
+            t_ms = 10_000 * i + offset_ms
+            lat, lon = BERLIN[0] + y / 111_320, BERLIN[1] + 30 * t_ms / 1000 / 67_770
+            fixes.append(Position(v, i, T0 + t_ms, lat, lon, 108.0))
+    fixes.sort(key=lambda f: f.ts_ms)
+    assert run_pairs([fixes[k : k + 4] for k in range(0, len(fixes), 4)], rule, 3_000) == []
+
+
+def test_the_reach_is_the_earlier_fixs_vehicle_at_its_speed_capped() -> None:
+    """How far the earlier fix's vehicle may have driven until the later fix: its own speed (not
+    the later one's), and a wild reported speed capped, so that a parted pair still parts."""
+    w = CellWindow()
+    home = fan_out(Position("a", 1, T0, *BERLIN, 0.0), RULE.resolution)[0].home
+
+    def at_home(p: Position) -> list[CellPosition]:
+        return [c for c in fan_out(p, RULE.resolution) if c.cell == home]
+
+    first = w.step(at_home(Position("a", 1, T0, *BERLIN, 72.0)), 0, RULE.tolerance_ms)
+    assert first.meetings == []
+    (o,) = w.step(at_home(Position("b", 1, T0 + 2_000, *BERLIN, 1e308)), 0, RULE.tolerance_ms).meetings
+    assert (o.skew_ms, o.reach_m) == (2_000, 40.0)  # a, at 72 km/h, for 2 s
+    (o,) = w.step(at_home(Position("a", 2, T0 + 3_000, *BERLIN, 0.0)), 0, RULE.tolerance_ms).meetings
+    assert o.skew_ms == 1_000
+    assert o.reach_m == pytest.approx(MAX_SPEED_KMH / 3.6)  # b's wild speed, capped
+
+
+def test_the_proximity_checkpoint_stays_beside_the_jobs_when_the_job_moves() -> None:
+    from processor.settings import ProcessorSettings
+
+    moved = ProcessorSettings(
+        processor_checkpoint="hdfs://nn/ff/ck/processor-b8/", processor_proximity_enter_m=50
+    )
+    assert moved.proximity_checkpoint == "hdfs://nn/ff/ck/proximity"
+    with pytest.raises(ValueError, match="needs the enter distance"):
+        ProcessorSettings(processor_proximity_exit_m=80)
+    with pytest.raises(ValueError, match="enter_m < exit_m"):
+        ProcessorSettings(processor_proximity_enter_m=80, processor_proximity_exit_m=60)
