@@ -20,6 +20,7 @@ just past the watermark when its event time is not, for Spark's bookkeeping; the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,11 +58,12 @@ CELL_ROWS_DDL = (
     "cell string, home string, vehicle_id string, seq long, ts timestamp, ts_ms long, lat double, "
     "lon double, speed_kmh double"
 )
+# What a meeting row and a pair's state hold of an `Observation` besides its pair and moment, in
+# its order (the DDLs below spell their types), and those facts' zero values for a state without one.
+_FACTS = [f.name for f in dataclasses.fields(Observation)][3:]
+_NO_FACTS = tuple(0.0 if f.type == "float" else 0 for f in dataclasses.fields(Observation)[3:])
 # A meeting: `Observation`'s fields, with `ts` for Spark's watermark after `ts_ms`.
-_MEETING_COLS = [
-    "a", "b", "ts", "ts_ms", "distance_m", "skew_ms", "reach_m",
-    "a_seq", "a_lat", "a_lon", "b_seq", "b_lat", "b_lon",
-]  # fmt: skip
+_MEETING_COLS = ["a", "b", "ts", "ts_ms", *_FACTS]
 MEETINGS_DDL = (
     "a string, b string, ts timestamp, ts_ms long, distance_m double, skew_ms long, reach_m double, "
     "a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double"
@@ -222,26 +224,13 @@ class CellProcessor(StatefulProcessor):
         pass
 
 
+def _facts(o: Observation) -> tuple[Any, ...]:
+    return tuple(getattr(o, f) for f in _FACTS)
+
+
 def meetings_frame(meetings: list[Observation], watermark_ms: int) -> pd.DataFrame:
     return pd.DataFrame(
-        [
-            (
-                o.a,
-                o.b,
-                _ts(max(o.ts_ms, watermark_ms + 1)),
-                o.ts_ms,
-                o.distance_m,
-                o.skew_ms,
-                o.reach_m,
-                o.a_seq,
-                o.a_lat,
-                o.a_lon,
-                o.b_seq,
-                o.b_lat,
-                o.b_lon,
-            )
-            for o in meetings
-        ],
+        [(o.a, o.b, _ts(max(o.ts_ms, watermark_ms + 1)), o.ts_ms, *_facts(o)) for o in meetings],
         columns=_MEETING_COLS,
     )
 
@@ -264,35 +253,11 @@ class PairProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         a, b = str(key[0]), str(key[1])
         state, timer = self._load(a, b)
+        # `tolist`: Python ints and floats, as the alert records' JSON needs them.
         meetings = [
-            Observation(
-                a,
-                b,
-                int(t),
-                float(d),
-                int(k),
-                float(r),
-                int(sa),
-                float(la),
-                float(oa),
-                int(sb),
-                float(lb),
-                float(ob),
-            )
+            Observation(a, b, *row)
             for df in rows
-            for t, d, k, r, sa, la, oa, sb, lb, ob in zip(
-                df["ts_ms"],
-                df["distance_m"],
-                df["skew_ms"],
-                df["reach_m"],
-                df["a_seq"],
-                df["a_lat"],
-                df["a_lon"],
-                df["b_seq"],
-                df["b_lat"],
-                df["b_lon"],
-                strict=True,
-            )
+            for row in zip(*(df[c].tolist() for c in ["ts_ms", *_FACTS]), strict=True)
         ]
         state, events, _late = pair_step(state, meetings, self.rule)
         self._save(state, timer, int(timerValues.getCurrentWatermarkInMs()))
@@ -322,23 +287,7 @@ class PairProcessor(StatefulProcessor):
             int(v[3]),
             bool(v[4]),
         )
-        last = None
-        if has_last:
-            d, k, r, sa, la, oa, sb, lb, ob = v[5:14]
-            last = Observation(
-                a,
-                b,
-                last_ms,
-                float(d),
-                int(k),
-                float(r),
-                int(sa),
-                float(la),
-                float(oa),
-                int(sb),
-                float(lb),
-                float(ob),
-            )
+        last = Observation(a, b, last_ms, *v[5 : 5 + len(_FACTS)]) if has_last else None
         return PairState(near_since, entered, last_ms, last), timer
 
     def _save(self, state: PairState, timer: int, watermark_ms: int) -> None:
@@ -355,22 +304,7 @@ class PairProcessor(StatefulProcessor):
             self.pair.clear()
             return
         o = state.last
-        last = (
-            (False, 0.0, 0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0.0)
-            if o is None
-            else (
-                True,
-                o.distance_m,
-                o.skew_ms,
-                o.reach_m,
-                o.a_seq,
-                o.a_lat,
-                o.a_lon,
-                o.b_seq,
-                o.b_lat,
-                o.b_lon,
-            )
-        )
+        last = (False, *_NO_FACTS) if o is None else (True, *_facts(o))
         self.pair.update((state.near_since_ms, state.entered, state.last_ms, new, *last))
 
     def close(self) -> None:
