@@ -172,6 +172,11 @@ def contender_spark(
     t_first = data[0][0]
     t_warm, n_warm, cpu_warm = next((d for d in data if d[1] >= warmup_events(args, total)), data[0])
     t_end, _, cpu_end = data[-1]
+    if t_end <= t_warm:
+        raise SystemExit(
+            f"the run had no batch after its warm-up ({len(data)} batches in all): nothing to time; "
+            "lower --batch (or --warmup-share) so that the workload spans several batches"
+        )
     # Where the job's measured batches' time went (Spark's durationMs phases, median per batch).
     measured = [p for t, p in progress if t > t_warm]
     return {

@@ -8,13 +8,14 @@ Two fleets, each reporting every 2 s (each vehicle at its own offset in the inte
 intervals: `city`, the vehicles spread over 20 x 20 km (the common case: few neighbours per cell),
 and `depot`, every vehicle within 300 m (the worst case: one cell and its ring hold the whole fleet,
 so each fix meets every other vehicle). Timed on one core, in one run, side by side:
-- the stages as the Spark job folds them: each interval's fixes fanned out to their cells, each cell
-  stepped (`CellWindow.step`), the meetings folded per pair (`pair_step`);
+- the stages as the Spark query folds them, in columns: each interval's fixes fanned out to their
+  buckets of cells, each bucket stepped (`CellWindow.step`), the meetings folded per bucket of pairs
+  (`pairs_step`);
 - the peer: the all-pairs check a stream keyed by nothing must make, each fix against every other
   vehicle's fixes within the tolerance, vectorised with numpy (haversine), timed on a sample of
   intervals.
-Both must find the same meetings within the exit distance, or the run fails. Pure Python stages
-against a vectorised peer: the ratio shows where the sharding wins (city) and what the worst case
+Both must find the same meetings within the exit distance, or the run fails. The stages without
+Spark against a vectorised peer: the ratio shows where the sharding wins (city) and what the worst case
 costs (depot), not Spark's overhead, which bench/processor.py measures for the job.
 """
 
@@ -22,25 +23,27 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import defaultdict
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import BENCH_LOG, write_section
 from fleetfence.geo import haversine_m
 from processor.core.proximity import (
-    CellPosition,
+    MEETING_FIELDS,
     CellWindow,
-    Observation,
+    Fixes,
+    Meetings,
     PairState,
     Position,
     ProximityRule,
-    fan_out,
-    pair_step,
+    bucket_fan_out,
+    pairs_step,
 )
 
 console = Console(width=150)
@@ -49,6 +52,7 @@ RULE = ProximityRule(
 )
 T0 = 1_795_320_000_000
 INTERVAL_MS = 2_000
+BUCKETS = 8  # the query's default on 2 shuffle partitions (processor.spark.layout)
 LAT0, LON0 = 52.40, 13.20
 M_PER_DEG_LAT = 111_320.0
 M_PER_DEG_LON = 111_320.0 * np.cos(np.radians(LAT0))
@@ -62,7 +66,7 @@ class Result:
     meetings_near: int
     stages_us: float  # per fix
     peer_us: float  # per fix
-    state_cells: int
+    state_fixes: int
     state_pairs: int
 
 
@@ -88,73 +92,94 @@ def intervals(vehicles: int, ticks: int, spread_m: float, seed: int) -> list[lis
 Meeting = tuple[str, str, int, float]  # (a, b, event time, distance_m rounded to the mm)
 
 
-def run_stages(batches: list[list[Position]]) -> tuple[float, set[Meeting], int, int]:
-    """The stages over every interval: seconds, the meetings within exit_m, cells and pairs kept."""
+def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[Meeting], int, int]:
+    """The stages over every interval, as the Spark query folds them: each interval's fixes fanned
+    out to their buckets (`bucket_fan_out`), each bucket stepped in columns (`CellWindow.step`), the
+    meetings folded per bucket of pairs (`pairs_step`). Seconds, the meetings within exit_m, the
+    fixes and the pairs kept at the end."""
     res = RULE.resolution
-    windows: dict[str, CellWindow] = defaultdict(CellWindow)
-    pairs: dict[tuple[str, str], PairState] = {}
+    windows = [CellWindow(res, b, buckets, watch_m=RULE.watch_m) for b in range(buckets)]
+    pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
     near: set[Meeting] = set()
     watermark = 0
     t = time.perf_counter()
     for batch in batches:
-        by_cell: dict[str, list[CellPosition]] = defaultdict(list)
-        for p in batch:
-            for cp in fan_out(p, res):
-                by_cell[cp.cell].append(cp)
-        by_pair: dict[tuple[str, str], list[Observation]] = defaultdict(list)
-        for cell, arrivals in by_cell.items():
-            for o in windows[cell].step(arrivals, watermark, RULE.tolerance_ms).meetings:
-                by_pair[(o.a, o.b)].append(o)
-                if o.distance_m <= RULE.exit_m:
-                    near.add((o.a, o.b, o.ts_ms, round(o.distance_m, 3)))
-        for key, obs in by_pair.items():
-            pairs[key] = pair_step(pairs.get(key, PairState()), obs, RULE)[0]
+        fixes = Fixes.from_positions(batch, res)
+        rows, bucket = bucket_fan_out(fixes.home, res, buckets)
+        found = [
+            w.step(fixes.take(rows[bucket == b]), watermark, RULE.tolerance_ms).meetings
+            for b, w in enumerate(windows)
+        ]
+        m = Meetings(*(np.concatenate([getattr(x, f) for x in found]) for f in MEETING_FIELDS))
+        # Of a moment reported by two buckets, the one the pair stage takes (closest in time).
+        taken = pd.DataFrame(m.columns()).sort_values(["a", "b", "ts_ms", "skew_ms"], kind="stable")
+        taken = taken.drop_duplicates(["a", "b", "ts_ms"])
+        taken = taken[taken["distance_m"] <= RULE.exit_m]
+        for a, b_, ts, d in zip(
+            taken["a"], taken["b"], taken["ts_ms"].tolist(), taken["distance_m"].tolist(), strict=True
+        ):
+            near.add((a, b_, ts, round(d, 3)))
+        # The pairs' buckets: the batch's meetings of a bucket in one call, as Spark hands them.
+        pair_bucket = np.array(
+            [zlib.crc32(f"{a}|{b_}".encode()) % buckets for a, b_ in zip(m.a, m.b, strict=True)], np.int64
+        )
+        for b, states in enumerate(pairs):
+            mine = np.flatnonzero(pair_bucket == b)
+            pairs_step(states, Meetings(*(getattr(m, f)[mine] for f in MEETING_FIELDS)), watermark, RULE)
         watermark = max(p.ts_ms for p in batch)
-        for cell in [c for c, w in windows.items() if not w.kept]:
-            del windows[cell]
-        for key in [k for k, st in pairs.items() if (st.keep_until_ms(RULE) or 0) <= watermark and st.empty]:
-            del pairs[key]
-    return time.perf_counter() - t, near, len(windows), len(pairs)
+    return time.perf_counter() - t, near, sum(len(w.kept) for w in windows), sum(map(len, pairs))
 
 
 def run_peer(batches: list[list[Position]], sample: int) -> tuple[float, set[Meeting], int]:
     """All pairs: each fix against every fix of another vehicle within the tolerance (numpy, per
     fix: the previous interval's and the current one's so far), timed on `sample` intervals after
-    the first. Seconds, the meetings within exit_m (of the timed intervals), fixes timed."""
+    the first. Of each other vehicle the fix closest in time counts (its latest: the stages report
+    that one a moment, `CellWindow.step`), found by following the near hits to the same vehicle's
+    later fixes. Seconds, the meetings within exit_m (of the timed intervals), fixes timed."""
     near: set[Meeting] = set()
     fixes = 0
-    prev: tuple[np.ndarray, ...] | None = None
+    prev: list[Position] = []
     t = 0.0
     for n, batch in enumerate(batches[: sample + 1]):
-        ids = np.array([p.vehicle_id for p in batch])
-        lat = np.array([p.lat for p in batch])
-        lon = np.array([p.lon for p in batch])
-        ts = np.array([p.ts_ms for p in batch], dtype=np.int64)
         if n == 0:  # the first interval, untimed: every timed fix has a previous one to meet
-            prev = (ids, lat, lon, ts)
+            prev = batch
             continue
         start = time.perf_counter()
-        for j, p in enumerate(batch):
-            parts = [(ids[:j], lat[:j], lon[:j], ts[:j])]
-            if prev is not None:
-                parts.append(prev)  # type: ignore[arg-type]
-            for pid, plat, plon, pts in parts:
-                d = haversine_m(p.lon, p.lat, plon, plat)
-                hit = np.flatnonzero((d <= RULE.exit_m) & (np.abs(p.ts_ms - pts) <= RULE.tolerance_ms))
-                for k in hit:
-                    if pid[k] != p.vehicle_id:
-                        a, b = sorted((p.vehicle_id, str(pid[k])))
-                        near.add((a, b, max(p.ts_ms, int(pts[k])), round(float(d[k]), 3)))
+        window = prev + batch
+        ids = np.array([p.vehicle_id for p in window])
+        lat = np.array([p.lat for p in window])
+        lon = np.array([p.lon for p in window])
+        ts = np.array([p.ts_ms for p in window], dtype=np.int64)
+        later = np.full(len(window), len(window), np.int64)  # the same vehicle's next fix
+        last: dict[str, int] = {}
+        for k in range(len(window) - 1, -1, -1):
+            later[k] = last.get(window[k].vehicle_id, len(window))
+            last[window[k].vehicle_id] = k
+        for p in batch:
+            # The fixes before this one and those at the same time (a moment is the later fix's).
+            limit = int(np.searchsorted(ts, p.ts_ms, "right"))
+            d = haversine_m(p.lon, p.lat, lon[:limit], lat[:limit])
+            hit = np.flatnonzero((d <= RULE.exit_m) & (np.abs(p.ts_ms - ts[:limit]) <= RULE.tolerance_ms))
+            for h in hit.tolist():
+                if ids[h] == p.vehicle_id:
+                    continue
+                k = h
+                while later[k] < limit:
+                    k = int(later[k])
+                dk = float(haversine_m(p.lon, p.lat, lon[k], lat[k]))
+                if dk <= RULE.exit_m:
+                    a, b = sorted((p.vehicle_id, str(ids[k])))
+                    near.add((a, b, max(p.ts_ms, int(ts[k])), round(dk, 3)))
             fixes += 1
         t += time.perf_counter() - start
-        prev = (ids, lat, lon, ts)
+        prev = batch
     return t, near, fixes
 
 
 def measure(fleet: str, vehicles: int, ticks: int, spread_m: float, peer_sample: int) -> Result:
     batches = intervals(vehicles, ticks, spread_m, seed=7)
     fixes = sum(map(len, batches))
-    stages_s, near, cells, pairs = run_stages(batches)
+    stages_s, near, cells, pairs = run_stages(batches, BUCKETS)
     peer_s, peer_near, peer_fixes = run_peer(batches, peer_sample)
     sampled_fixes = sum(len(b) for b in batches[1 : peer_sample + 1])
     # Both date a meeting at its later fix: on the timed intervals the two sets must be equal.
@@ -200,7 +225,7 @@ def main() -> None:
         "stages µs/fix",
         "all pairs µs/fix",
         "all pairs / stages",
-        "cells, pairs kept",
+        "fixes, pairs kept",
     ):
         table.add_column(col, justify="right")
     rows = []
@@ -213,7 +238,7 @@ def main() -> None:
             f"{r.stages_us:,.1f}",
             f"{r.peer_us:,.1f}",
             f"{r.peer_us / r.stages_us:,.2f}×",
-            f"{r.state_cells:,}, {r.state_pairs:,}",
+            f"{r.state_fixes:,}, {r.state_pairs:,}",
         )
         rows.append(row)
         table.add_row(*row)

@@ -7,18 +7,23 @@ equal or neighbouring: hexagons that are not neighbours are at least one edge ap
 stay within about a factor of two of their average. So the work splits into two keyed stages that a
 streaming engine can shard and checkpoint, each a pure function of its state and its input here:
 
-1. keyed by H3 cell (`CellWindow`): a fix goes to its home cell and to the six around it
-   (`fan_out`). A cell keeps the fixes it was sent for `tolerance_ms` of event time past the
-   watermark, and reports a meeting (`Observation`) for every two fixes of two vehicles within the
-   tolerance of each other. One cell reports each: the smaller of the two home cells, where the
-   other fix is a visitor (or their shared home cell), when the second of the two arrives; so each
-   pair of fixes is one meeting, whichever order and batches they come in.
-2. keyed by the pair (`PairState`, `pair_step`): the pair's hysteresis. PROXIMITY_ENTER once the
-   vehicles stayed within `enter_m` for `min_duration_ms`; PROXIMITY_EXIT once they are more than
-   `exit_m` apart (larger, so GPS jitter at the boundary does not flap), or once no meeting was seen
-   for `lost_after_ms` (a vehicle went silent or drove out of every shared cell): an event-time
-   deadline (`PairState.deadline_ms`), which a timer keeps even when nothing arrives, and which a
-   meeting after the gap also applies (the pair was lost in between, however the batches fell).
+1. the cells (`CellWindow`): a meeting of two fixes is reported at the smaller of their two home
+   cells (`reports`), so a fix is needed at its home cell and at the neighbours below it. Cells are
+   grouped into buckets (`cell_buckets`, by their parent cell: neighbours mostly share one) and a
+   bucket is the engine's key: a fix goes to each bucket holding one of those cells
+   (`bucket_fan_out`, one or two for most fixes). A bucket keeps the fixes it was sent for
+   `tolerance_ms` of event time past the watermark, and reports a meeting for every two fixes of two
+   vehicles within the tolerance of each other, as a join on the reporting cell in columns
+   (`Meetings`): each pair of fixes is one meeting, whichever order and batches they come in. A key
+   per cell would cost a state round trip per cell a batch; a bucket costs one.
+2. the pairs (`PairState`, `pair_step`), also bucketed (`pairs_step`): the pair's hysteresis.
+   PROXIMITY_ENTER once the vehicles stayed within `enter_m` for `min_duration_ms`; PROXIMITY_EXIT
+   once they are more than `exit_m` apart (larger, so GPS jitter at the boundary does not flap), or
+   once no meeting was seen for `lost_after_ms` (a vehicle went silent or drove out of every shared
+   cell): an event-time deadline (`PairState.deadline_ms`), which a timer keeps even when nothing
+   arrives, and which a meeting after the gap also applies (the pair was lost in between, however
+   the batches fell). Only pairs with a state or a meeting within `enter_m` reach `pair_step`
+   (`pair_inputs`): the far meetings of everyone else are dropped in columns.
 
 The pair is ordered (`pair_key`), so both vehicles' fixes drive one state and one alert id, whichever
 of them reported. A pair with nothing open keeps only its latest meeting's time, until the
@@ -29,12 +34,17 @@ near now, not by every pair that ever met.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
+import math
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import h3
 import numpy as np
+import pandas as pd
+from h3.api import basic_int as h3i
 
 from fleetfence.contracts import AlertRecord, AlertType, ProximityExitReason, alert_record
 from fleetfence.geo import haversine_m
@@ -49,6 +59,9 @@ MAX_SPEED_KMH = 300.0
 # How many average edges a cell's edge spans at least the exit distance by (see the module's
 # docstring: a factor of two for H3's distortion, two more of margin).
 EDGE_FACTOR = 4.0
+# The speed (m/s, 144 km/h) of each of two vehicles driving apart within the rule's tolerance that
+# the cells still report meetings for (`ProximityRule.watch_m`).
+WATCH_SPEED_MPS = 40.0
 MAX_EXIT_M = 5_000.0
 
 
@@ -87,6 +100,15 @@ class ProximityRule:
     def resolution(self) -> int:
         return resolution_for(self.exit_m)
 
+    @property
+    def watch_m(self) -> float:
+        """How far apart a meeting may be and still be reported by the cells: the exit distance and
+        what two vehicles driving apart at WATCH_SPEED_MPS each can add within the tolerance.
+        Farther meetings change nothing for a pair that is not near (most of them: vehicles in
+        neighbouring cells); a near pair parting faster than that between two of its moments is
+        not seen apart, and ends as `lost` when its deadline passes."""
+        return self.exit_m + 2 * WATCH_SPEED_MPS * self.tolerance_ms / 1000
+
 
 def resolution_for(exit_m: float) -> int:
     """The finest H3 resolution whose average edge is at least EDGE_FACTOR times `exit_m`."""
@@ -107,56 +129,6 @@ class Position:
     lat: float
     lon: float
     speed_kmh: float  # how far the vehicle may have moved before the other's fix (`Observation`)
-
-
-@dataclass(frozen=True, slots=True)
-class CellPosition:
-    """A position as sent to one cell: with its home cell, which decides who reports a meeting."""
-
-    cell: str
-    home: str
-    position: Position
-
-
-def fan_out(position: Position, resolution: int) -> list[CellPosition]:
-    """The position for its home cell and for each neighbour (grid distance 1): where it can meet."""
-    home = h3.latlng_to_cell(position.lat, position.lon, resolution)
-    return [CellPosition(c, home, position) for c in sorted(h3.grid_disk(home, 1))]
-
-
-def fan_out_columns(
-    vehicle_id: np.ndarray,
-    seq: np.ndarray,
-    ts_ms: np.ndarray,
-    lat: np.ndarray,
-    lon: np.ndarray,
-    speed_kmh: np.ndarray,
-    resolution: int,
-) -> dict[str, np.ndarray]:
-    """`fan_out` of many fixes as columns (`cell`, `home` and the fixes' own, a row per cell each
-    can meet in, in `fan_out`'s order): the home cells in one native call (`h3_cells_int`), the
-    rings once per distinct home, and no Python call per fix."""
-    n = len(lat)
-    homes, inverse = np.unique(h3_cells_int(lat, lon, resolution), return_inverse=True)
-    home_names = [h3.int_to_str(int(c)) for c in homes]
-    disks = [sorted(h3.grid_disk(h, 1)) for h in home_names]
-    sizes = np.array([len(d) for d in disks], dtype=np.int64)  # 7; 6 around a pentagon
-    counts = sizes[inverse]
-    rows = np.repeat(np.arange(n), counts)
-    # Each row's place in its fix's ring, and where that home's ring starts among all the rings.
-    place = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    ring_start = (np.cumsum(sizes) - sizes)[inverse]
-    cells = np.array([c for d in disks for c in d], dtype=object)
-    return {
-        "cell": cells[np.repeat(ring_start, counts) + place],
-        "home": np.array(home_names, dtype=object)[inverse][rows],
-        "vehicle_id": np.asarray(vehicle_id)[rows],
-        "seq": np.asarray(seq)[rows],
-        "ts_ms": np.asarray(ts_ms)[rows],
-        "lat": np.asarray(lat)[rows],
-        "lon": np.asarray(lon)[rows],
-        "speed_kmh": np.asarray(speed_kmh)[rows],
-    }
 
 
 def pair_key(a: str, b: str) -> tuple[str, str]:
@@ -192,141 +164,304 @@ class Observation:
         return max(0.0, self.distance_m - self.reach_m)
 
 
+@dataclass(frozen=True, slots=True)
+class Fixes:
+    """Fixes as columns (`Position`'s fields), each with its home cell: the H3 cell of the rule's
+    resolution it lies in, as an integer (every H3 index is below 2**63, and at one resolution the
+    integers order as the cells' names do)."""
+
+    vehicle_id: np.ndarray  # object (str)
+    seq: np.ndarray  # int64
+    ts_ms: np.ndarray  # int64
+    lat: np.ndarray  # float64
+    lon: np.ndarray  # float64
+    speed_kmh: np.ndarray  # float64
+    home: np.ndarray  # int64
+
+    @staticmethod
+    def located(columns: Mapping[str, Any] | pd.DataFrame, resolution: int) -> Fixes:
+        """Fixes from columns named as `Position`'s fields, their home cells in one native call
+        (`h3_cells_int`)."""
+        lat = np.asarray(columns["lat"], np.float64)
+        lon = np.asarray(columns["lon"], np.float64)
+        home = h3_cells_int(lat, lon, resolution).astype(np.int64)
+        return Fixes.from_columns({**{f: columns[f] for f in _POSITION_FIELDS}, "home": home})
+
+    @staticmethod
+    def from_columns(columns: Mapping[str, Any] | pd.DataFrame) -> Fixes:
+        """Fixes from columns named as its fields (a frame, a state's table), in their types."""
+        return Fixes(*(np.asarray(columns[f], dtype=t) for f, t in _FIXES_TYPES.items()))
+
+    @staticmethod
+    def from_positions(positions: Iterable[Position], resolution: int) -> Fixes:
+        ps = list(positions)
+        return Fixes.located({f: [getattr(p, f) for p in ps] for f in _POSITION_FIELDS}, resolution)
+
+    @staticmethod
+    def empty() -> Fixes:
+        return Fixes.from_columns({f: [] for f in _FIXES_FIELDS})
+
+    def __len__(self) -> int:
+        return len(self.ts_ms)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {f: getattr(self, f) for f in _FIXES_FIELDS}
+
+    def take(self, index: np.ndarray) -> Fixes:
+        return Fixes(*(getattr(self, f)[index] for f in _FIXES_FIELDS))
+
+    def concat(self, other: Fixes) -> Fixes:
+        return Fixes(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in _FIXES_FIELDS))
+
+    def positions(self) -> list[Position]:
+        cols = (getattr(self, f).tolist() for f in _POSITION_FIELDS)
+        return [Position(*row) for row in zip(*cols, strict=True)]
+
+
+_POSITION_FIELDS = tuple(f.name for f in dataclasses.fields(Position))
+_FIXES_FIELDS = tuple(f.name for f in dataclasses.fields(Fixes))
+_F8, _I8 = np.float64, np.int64
+_FIXES_TYPES = dict(zip(_FIXES_FIELDS, (object, _I8, _I8, _F8, _F8, _F8, _I8), strict=True))
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing's multiplier
+
+
+def cell_buckets(cells: np.ndarray, resolution: int, buckets: int) -> np.ndarray:
+    """The bucket (0 .. buckets-1) each cell's meetings are found in: a hash of the cell's parent one
+    resolution coarser (its index with its last digit dropped), so that a cell's neighbours mostly
+    share its bucket and a fix is sent to few. Part of a checkpoint's identity: the state of a bucket
+    holds its cells' fixes."""
+    shift = np.uint64(3 * min(15, 16 - resolution))
+    with np.errstate(over="ignore"):
+        mixed = (np.asarray(cells).astype(np.uint64) >> shift) * _MIX
+    return ((mixed >> np.uint64(32)) % np.uint64(buckets)).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _reporting_cells(home: int) -> tuple[int, ...]:
+    """The cells that may report a meeting of a fix homed in `home` (`reports`): itself and the
+    neighbours below it."""
+    return tuple(sorted(c for c in h3i.grid_disk(home, 1) if c <= home))
+
+
+def bucket_fan_out(home: np.ndarray, resolution: int, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which buckets each fix goes to, by its home cell: those of every cell that may report its
+    meetings (`_reporting_cells`), each bucket once. Returns (fix index, bucket) pairs, by fix."""
+    homes, inverse = np.unique(np.asarray(home, np.int64), return_inverse=True)
+    per_home = [
+        np.unique(cell_buckets(np.array(_reporting_cells(int(h)), np.int64), resolution, buckets))
+        for h in homes
+    ]
+    sizes = np.array([len(b) for b in per_home], np.int64)
+    counts = sizes[inverse]
+    rows = np.repeat(np.arange(len(inverse)), counts)
+    starts = (np.cumsum(sizes) - sizes)[inverse]
+    place = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    flat = np.concatenate(per_home) if per_home else np.zeros(0, np.int64)
+    return rows, flat[np.repeat(starts, counts) + place]
+
+
+@dataclass(frozen=True, slots=True)
+class Meetings:
+    """Observations as columns (`Observation`'s fields, in its order): what the cell stage emits,
+    with no Python object per meeting."""
+
+    a: np.ndarray
+    b: np.ndarray
+    ts_ms: np.ndarray
+    distance_m: np.ndarray
+    skew_ms: np.ndarray
+    reach_m: np.ndarray
+    a_seq: np.ndarray
+    a_lat: np.ndarray
+    a_lon: np.ndarray
+    b_seq: np.ndarray
+    b_lat: np.ndarray
+    b_lon: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ts_ms)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {f: getattr(self, f) for f in MEETING_FIELDS}
+
+    def observations(self) -> list[Observation]:
+        cols = (getattr(self, f).tolist() for f in MEETING_FIELDS)
+        return [Observation(*row) for row in zip(*cols, strict=True)]
+
+
+MEETING_FIELDS = tuple(f.name for f in dataclasses.fields(Observation))
+
+
 @dataclass
 class CellStep:
-    """A cell's batch: the meetings, the arrivals it already had (the same vehicle and event time:
+    """A bucket's batch: the meetings, the arrivals it already had (the same vehicle and event time:
     a re-delivered fix, met once), and the arrivals behind the watermark (still met with what the
-    cell keeps; a partner older than the watermark minus the tolerance may be forgotten already)."""
+    bucket keeps; a partner older than the watermark minus the tolerance may be forgotten already)."""
 
-    meetings: list[Observation]
+    meetings: Meetings
     duplicates: int = 0
     behind_watermark: int = 0
 
 
 @dataclass
 class CellWindow:
-    """What one cell keeps: each vehicle's fixes sent to it that a fix on time can still meet
-    (event time at or after the watermark minus the tolerance), each with its home cell."""
+    """What one bucket of cells keeps (`cell_buckets`): the fixes sent to it (`bucket_fan_out`) that
+    a fix on time can still meet (event time at or after the watermark minus the tolerance)."""
 
-    kept: dict[str, list[CellPosition]] = field(default_factory=dict)
+    resolution: int
+    bucket: int = 0
+    buckets: int = 1
+    watch_m: float = math.inf  # meetings farther apart are not reported (`ProximityRule.watch_m`)
+    kept: Fixes = field(default_factory=Fixes.empty)
 
-    def step(self, arrivals: Iterable[CellPosition], watermark_ms: int, tolerance_ms: int) -> CellStep:
-        """Meet each arrival (all of this cell) with every kept fix of another vehicle within the
-        tolerance, keep it, then forget what the watermark has passed by more than the tolerance.
+    def step(self, arrivals: Fixes, watermark_ms: int, tolerance_ms: int) -> CellStep:
+        """Meet each arrival with every kept fix and every other arrival of another vehicle within
+        the tolerance whose home cell is the same or a neighbour, keep it, then forget what the
+        watermark has passed by more than the tolerance.
 
-        Every pair of fixes of two vehicles within the tolerance whose home cells are equal or
-        neighbours is reported exactly once: by the smaller home cell (`reports`), when the second
-        of the two arrives, whatever the order and the batches they arrive in, as long as neither
-        arrives behind the watermark (then its partner may be forgotten: counted, not dropped)."""
-        out = CellStep([])
-        seen = {(v, cf.position.ts_ms) for v, fs in self.kept.items() for cf in fs}
-        fresh: list[CellPosition] = []
-        for cf in sorted(arrivals, key=lambda c: (c.position.ts_ms, c.position.vehicle_id)):
-            key = (cf.position.vehicle_id, cf.position.ts_ms)
-            if key in seen:
-                out.duplicates += 1
-                continue
-            seen.add(key)
-            fresh.append(cf)
-            if cf.position.ts_ms < watermark_ms:
-                out.behind_watermark += 1
-        if fresh:
-            kept = [cf for fs in self.kept.values() for cf in fs]
-            out.meetings = _meetings(fresh, kept, tolerance_ms)
-            for cf in fresh:
-                self.kept.setdefault(cf.position.vehicle_id, []).append(cf)
+        Each such pair of fixes is reported exactly once: at the smaller of the two home cells
+        (`reports`), in that cell's bucket, when the second of the two arrives, whatever the order
+        and the batches they arrive in, as long as neither arrives behind the watermark (then its
+        partner may be forgotten: counted, not dropped)."""
+        kept = self.kept
+        _, codes = np.unique(np.concatenate([kept.vehicle_id, arrivals.vehicle_id]), return_inverse=True)
+        arrived = codes[len(kept) :]
+        order = np.lexsort((arrived, arrivals.ts_ms))  # by event time, then vehicle
+        arrivals, arrived = arrivals.take(order), arrived[order]
+        # A fix whose vehicle and event time the bucket kept or an earlier arrival had: a duplicate.
+        vs = np.concatenate([codes[: len(kept)], arrived])
+        ts = np.concatenate([kept.ts_ms, arrivals.ts_ms])
+        by = np.lexsort((np.arange(len(ts)), ts, vs))
+        repeat = np.zeros(len(ts), bool)
+        repeat[by[1:]] = (vs[by[1:]] == vs[by[:-1]]) & (ts[by[1:]] == ts[by[:-1]])
+        fresh_mask = ~repeat[len(kept) :]
+        fresh = arrivals.take(np.nonzero(fresh_mask)[0])
+        out = CellStep(
+            _meetings(kept, fresh, tolerance_ms, self.resolution, self.bucket, self.buckets, self.watch_m),
+            duplicates=int(len(arrivals) - len(fresh)),
+            behind_watermark=int((fresh.ts_ms < watermark_ms).sum()),
+        )
+        self.kept = kept.concat(fresh)
         self.evict(watermark_ms - tolerance_ms)
         return out
 
     def evict(self, before_ms: int) -> None:
-        for v in list(self.kept):
-            left = [cf for cf in self.kept[v] if cf.position.ts_ms >= before_ms]
-            if left:
-                self.kept[v] = left
-            else:
-                del self.kept[v]
+        stale = self.kept.ts_ms < before_ms
+        if stale.any():
+            self.kept = self.kept.take(np.nonzero(~stale)[0])
 
     def expires_ms(self, tolerance_ms: int) -> int | None:
-        """When the watermark lets the cell forget everything it keeps (None: it keeps nothing)."""
-        if not self.kept:
+        """When the watermark lets the bucket forget everything it keeps (None: it keeps nothing)."""
+        if not len(self.kept):
             return None
-        return max(cf.position.ts_ms for fs in self.kept.values() for cf in fs) + tolerance_ms
+        return int(self.kept.ts_ms.max()) + tolerance_ms
 
 
-def _columns(cps: list[CellPosition], codes: dict[str, int], cell: str) -> tuple[np.ndarray, ...]:
-    """Columns of fixes for the masks: vehicles as integer codes (no string compared per pair),
-    whether each is homed in `cell`, and whether its home is not below it (`reports`)."""
-    n = len(cps)
-    vid = np.fromiter((codes.setdefault(c.position.vehicle_id, len(codes)) for c in cps), np.int64, n)
-    seq = np.fromiter((c.position.seq for c in cps), np.int64, n)
-    ts = np.fromiter((c.position.ts_ms for c in cps), np.int64, n)
-    lat = np.fromiter((c.position.lat for c in cps), np.float64, n)
-    lon = np.fromiter((c.position.lon for c in cps), np.float64, n)
-    kmh = np.fromiter((c.position.speed_kmh for c in cps), np.float64, n)
-    mps = np.minimum(kmh, MAX_SPEED_KMH) / 3.6
-    at_home = np.fromiter((c.home == cell for c in cps), np.bool_, n)
-    not_below = np.fromiter((c.home >= cell for c in cps), np.bool_, n)
-    return vid, seq, ts, lat, lon, mps, at_home, not_below
+@functools.lru_cache(maxsize=1 << 18)
+def _cells_in_bucket(home: int, resolution: int, bucket: int, buckets: int) -> tuple[int, ...]:
+    cells = np.array(_reporting_cells(home), np.int64)
+    return tuple(cells[cell_buckets(cells, resolution, buckets) == bucket].tolist())
 
 
-def _reported(x: tuple[np.ndarray, ...], y: tuple[np.ndarray, ...], tolerance_ms: int) -> np.ndarray:
-    """The mask of the (x, y) fix pairs this cell reports: two vehicles within the tolerance, and
-    `reports` (the cell is the smaller home: both homes not below it, one of them it)."""
-    xv, xts, x_home, x_ge = x
-    yv, yts, y_home, y_ge = y
-    mask: np.ndarray = (
-        (np.abs(xts[:, None] - yts[None, :]) <= tolerance_ms)
-        & (xv[:, None] != yv[None, :])
-        & (x_home[:, None] | y_home[None, :])
-        & x_ge[:, None]
-        & y_ge[None, :]
+def _expand(
+    fixes: Fixes, resolution: int, bucket: int, buckets: int, tolerance_ms: int
+) -> tuple[np.ndarray, ...]:
+    """Each fix at each of its reporting cells (`_reporting_cells`) that is in `bucket`: (key, fix
+    index, whether the cell is the fix's home), sorted by key. The key orders by cell, then by event
+    time, and keeps each cell's times at least the tolerance from the next cell's: the fixes of a
+    cell within the tolerance of a time are then one range of keys."""
+    homes, inverse = np.unique(fixes.home, return_inverse=True)
+    per_home = [_cells_in_bucket(h, resolution, bucket, buckets) for h in homes.tolist()]
+    sizes = np.array([len(c) for c in per_home], np.int64)
+    counts = sizes[inverse]
+    rows = np.repeat(np.arange(len(fixes)), counts)
+    starts = (np.cumsum(sizes) - sizes)[inverse]
+    place = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    flat = np.fromiter((c for cells in per_home for c in cells), np.int64, int(sizes.sum()))
+    cell = flat[np.repeat(starts, counts) + place]
+    _, rank = np.unique(cell, return_inverse=True)
+    ts = fixes.ts_ms[rows]
+    t0 = int(ts.min(initial=0))
+    span = int(ts.max(initial=0)) - t0 + 2 * tolerance_ms + 1
+    key = rank.astype(np.int64) * span + (ts - t0 + tolerance_ms)
+    order = np.argsort(key, kind="stable")
+    rows = rows[order]
+    return key[order], rows, cell[order] == fixes.home[rows]
+
+
+def _meetings(
+    kept: Fixes,
+    fresh: Fixes,
+    tolerance_ms: int,
+    resolution: int,
+    bucket: int,
+    buckets: int,
+    watch_m: float,
+) -> Meetings:
+    """The meetings a bucket reports among `fresh` and between them and `kept`, as a join on the
+    reporting cell and the tolerance (a range of `_expand`'s keys): a fix goes to its home and the
+    neighbours below it; at a cell, two fixes of two vehicles within the tolerance meet when the
+    cell is one's home (so it is the smaller home, the other's home being at or above it:
+    `reports`). Each unordered pair once: with a kept fix, or with a later arrival. A depot's cell
+    holds the whole fleet: then every pair is a candidate.
+
+    Of the meetings of a pair at one moment (the later fix's time) only the one `pair_step` takes is
+    reported: closest in time, then the smallest gap; the rest could change nothing (they come in
+    the same batch). Then that one only when within `watch_m` (`ProximityRule.watch_m`): most pairs
+    of fixes a bucket joins are of vehicles in neighbouring cells, far apart."""
+    allf = kept.concat(fresh)
+    n_kept = len(kept)
+    key, row, at_home = _expand(allf, resolution, bucket, buckets, tolerance_ms)
+    is_fresh = row >= n_kept
+    lo = np.searchsorted(key, key[is_fresh] - tolerance_ms, "left")
+    hi = np.searchsorted(key, key[is_fresh] + tolerance_ms, "right")
+    counts = hi - lo
+    x = np.repeat(np.nonzero(is_fresh)[0], counts)  # positions in the expanded rows
+    y = np.repeat(lo, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    xi, yi = row[x], row[y]  # fix indexes in `allf`
+    # Vehicles as codes in the order of their names (np.unique sorts): no string compared per pair.
+    _, vcode = np.unique(allf.vehicle_id, return_inverse=True)
+    vcode = vcode.astype(np.int64)
+    ts = allf.ts_ms
+    keep = (
+        (at_home[x] | at_home[y])
+        & ((yi < n_kept) | (yi > xi))
+        & (vcode[xi] != vcode[yi])
+        & (np.abs(ts[xi] - ts[yi]) <= tolerance_ms)
     )
-    return mask
+    xi, yi = xi[keep], yi[keep]
+    swap = vcode[xi] > vcode[yi]
+    a_i, b_i = np.where(swap, yi, xi), np.where(swap, xi, yi)
+    d = np.asarray(haversine_m(allf.lon[a_i], allf.lat[a_i], allf.lon[b_i], allf.lat[b_i]), np.float64)
+    skew = np.abs(ts[a_i] - ts[b_i])
+    mps = np.minimum(allf.speed_kmh, MAX_SPEED_KMH) / 3.6
+    # The earlier fix's vehicle, at that fix's speed, until the later fix.
+    reach = np.where(ts[a_i] <= ts[b_i], mps[a_i], mps[b_i]) * skew / 1000
+    when = np.maximum(ts[a_i], ts[b_i])
+    pair = vcode[a_i] * (int(vcode.max(initial=0)) + 1) + vcode[b_i]
+    by = np.lexsort((np.maximum(0.0, d - reach), skew, when, pair))
+    taken = np.ones(len(by), bool)
+    taken[1:] = (pair[by[1:]] != pair[by[:-1]]) | (when[by[1:]] != when[by[:-1]])
+    m = by[taken]
+    m = m[d[m] <= watch_m]
+    a_i, b_i = a_i[m], b_i[m]
+    return Meetings(
+        allf.vehicle_id[a_i],
+        allf.vehicle_id[b_i],
+        when[m],
+        d[m],
+        skew[m],
+        reach[m],
+        allf.seq[a_i],
+        allf.lat[a_i],
+        allf.lon[a_i],
+        allf.seq[b_i],
+        allf.lat[b_i],
+        allf.lon[b_i],
+    )
 
 
-def _meetings(fresh: list[CellPosition], kept: list[CellPosition], tolerance_ms: int) -> list[Observation]:
-    """The meetings one cell reports among `fresh` (its arrivals, in event-time order) and between
-    them and `kept`, vectorised over all candidate pairs: within the tolerance, two vehicles, and
-    `reports` as a mask (the cell is the smaller home: both homes not below it, one of them it). A
-    cell's own fixes and visitors are few; a depot's cell holds the whole fleet."""
-    cell = fresh[0].cell
-    if any(c.cell != cell for c in fresh):
-        raise ValueError("a cell's window steps its own arrivals only")
-    codes: dict[str, int] = {}
-    fv, fseq, fts, flat, flon, fmps, f_home, f_ge = _columns(fresh, codes, cell)
-    names = [c.position.vehicle_id for c in fresh]
-    pairs: list[tuple[np.ndarray, np.ndarray, list[str], tuple[np.ndarray, ...]]] = []
-    if kept:
-        kv, kseq, kts, klat, klon, kmps, k_home, k_ge = _columns(kept, codes, cell)
-        i, j = np.nonzero(_reported((fv, fts, f_home, f_ge), (kv, kts, k_home, k_ge), tolerance_ms))
-        pairs.append((i, j, [c.position.vehicle_id for c in kept], (kseq, kts, klat, klon, kmps)))
-    # Among the arrivals: each unordered pair once (i < j).
-    arrivals = (fv, fts, f_home, f_ge)
-    i, j = np.nonzero(np.triu(_reported(arrivals, arrivals, tolerance_ms), 1))
-    pairs.append((i, j, names, (fseq, fts, flat, flon, fmps)))
-    out: list[Observation] = []
-    for i, j, other, (oseq, ots, olat, olon, omps) in pairs:
-        if len(i) == 0:
-            continue
-        d = haversine_m(flon[i], flat[i], olon[j], olat[j])
-        t = np.maximum(fts[i], ots[j])
-        skew = np.abs(fts[i] - ots[j])
-        # The earlier fix's vehicle, at that fix's speed, until the later fix.
-        reach = np.where(fts[i] <= ots[j], fmps[i], omps[j]) * skew / 1000
-        for n in range(len(i)):
-            x, y = i[n], j[n]
-            mine = (int(fseq[x]), float(flat[x]), float(flon[x]))
-            theirs = (int(oseq[y]), float(olat[y]), float(olon[y]))
-            a, b = names[x], other[y]
-            when = (int(t[n]), float(d[n]), int(skew[n]), float(reach[n]))
-            if a < b:
-                out.append(Observation(a, b, *when, *mine, *theirs))
-            else:
-                out.append(Observation(b, a, *when, *theirs, *mine))
-    return out
-
-
-def reports(cell: str, home_a: str, home_b: str) -> bool:
+def reports(cell: int, home_a: int, home_b: int) -> bool:
     """Whether `cell` is the one cell that reports a meeting of fixes homed in `home_a` and `home_b`:
     the smaller home cell (every cell sees two neighbouring homes' fixes, some as visitors only)."""
     return cell == min(home_a, home_b)
@@ -512,3 +647,67 @@ def _event(
     reason: ProximityExitReason | None = None,
 ) -> PairEvent:
     return PairEvent(kind, rule.rule_id, o, since_ms, reason)
+
+
+def pair_inputs(
+    meetings: Meetings, known: Container[tuple[str, str]], rule: ProximityRule
+) -> dict[tuple[str, str], list[Observation]]:
+    """Of a batch's meetings, per pair, those `pair_step` can act on, chosen by columns: of each
+    moment the one it takes (closest in time, then the smallest gap), and only for pairs with a
+    state (`known`) or with a moment within the enter distance. For every other pair `pair_step`
+    would change nothing: most meetings a cell reports are of vehicles in neighbouring cells, far
+    apart, and they cost no Python object."""
+    if not len(meetings):
+        return {}
+    df = pd.DataFrame(meetings.columns())
+    df["gap"] = np.maximum(0.0, df["distance_m"].to_numpy() - df["reach_m"].to_numpy())
+    df = df.sort_values(["a", "b", "ts_ms", "skew_ms", "gap"], kind="stable")
+    df = df.drop_duplicates(["a", "b", "ts_ms"])
+    near = df.groupby(["a", "b"], sort=False)["distance_m"].transform("min").to_numpy() <= rule.enter_m
+    pairs = list(zip(df["a"].tolist(), df["b"].tolist(), strict=True))
+    use = near | np.fromiter((p in known for p in pairs), bool, len(pairs))
+    df = df[use]
+    out: dict[tuple[str, str], list[Observation]] = {}
+    # `tolist`: Python ints and floats, as the alert records' JSON needs them.
+    for row in zip(*(df[f].tolist() for f in MEETING_FIELDS), strict=True):
+        out.setdefault((row[0], row[1]), []).append(Observation(*row))
+    return out
+
+
+def pairs_step(
+    states: dict[tuple[str, str], PairState], meetings: Meetings, watermark_ms: int, rule: ProximityRule
+) -> tuple[list[PairEvent], int]:
+    """A batch of a bucket of pairs as the engine runs it: each pair's usable meetings folded in
+    (`pair_inputs`, `pair_step`), then the pairs whose deadline the watermark reached lost
+    (`pairs_expire`). `states` is updated in place. Returns the alerts and how many meetings came late."""
+    events: list[PairEvent] = []
+    late = 0
+    for key, observations in pair_inputs(meetings, states, rule).items():
+        states[key], new, n = pair_step(states.get(key, PairState()), observations, rule)
+        events.extend(new)
+        late += n
+    events.extend(pairs_expire(states, watermark_ms, rule))
+    return events, late
+
+
+def pairs_expire(
+    states: dict[tuple[str, str], PairState], watermark_ms: int, rule: ProximityRule
+) -> list[PairEvent]:
+    """`pair_expire` for every pair of a bucket, in place; a state goes once nothing needs it: nothing
+    open and the watermark past its latest meeting by the tolerance (`PairState.keep_until_ms`)."""
+    events: list[PairEvent] = []
+    for key in sorted(states):
+        state, lost = pair_expire(states[key], watermark_ms, rule)
+        events.extend(lost)
+        until = state.keep_until_ms(rule)
+        if until is None or (state.empty and until <= watermark_ms):
+            del states[key]
+        else:
+            states[key] = state
+    return events
+
+
+def pairs_due_ms(states: dict[tuple[str, str], PairState], rule: ProximityRule) -> int | None:
+    """The earliest event time at which `pairs_expire` would change a bucket's states (None: none)."""
+    due = [u for s in states.values() if (u := s.keep_until_ms(rule)) is not None]
+    return min(due) if due else None

@@ -14,11 +14,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from fleetfence.errors import ConfigError
 from processor.core.proximity import ProximityRule
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.spark.hot_sink import HotOptions
-from processor.spark.layout import checkpoint_layout
+from processor.spark.layout import LAYOUT_FILE, checkpoint_layout
 from processor.spark.rebucket import Seed, read_seed, refuse_incomplete, refuse_retired, seed_state
 
 logger = logging.getLogger(__name__)
@@ -205,12 +206,20 @@ def start_proximity_query(
     (`ProcessorSettings.proximity_checkpoint`): the telemetry topic in, PROXIMITY_ENTER/EXIT
     through the same exactly-once sink as the job's alerts, under that checkpoint's own sink id
     (its own transactional id and markers). A query of its own rather than a branch of the job's:
-    its state is keyed by cell and by pair, not by vehicle bucket, and the job's checkpoint, its
-    re-bucketing and its plan stay as they are whether the rule is on or off."""
+    its state is keyed by buckets of cells and of pairs, not of vehicles, and the job's checkpoint,
+    its re-bucketing and its plan stay as they are whether the rule is on or off."""
     from processor.spark.proximity import FIXES_DDL, proximity_alerts, telemetry_fixes
     from processor.spark.source import kafka_stream
 
     checkpoint = s.proximity_checkpoint
+    files = HadoopCheckpointFiles(spark, checkpoint)
+    if files.read(LAYOUT_FILE) is None and files.has_entries("offsets"):
+        raise ConfigError(
+            f"proximity checkpoint {checkpoint} was started before the proximity stages were "
+            "bucketed: its state is keyed by cell and pair, which this version cannot read; "
+            "start from a new checkpoint (FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
+        )
+    keys = checkpoint_layout(files, None, int(spark.conf.get("spark.sql.shuffle.partitions")))
     fixes = kafka_stream(
         spark,
         s.bootstrap_servers,
@@ -219,7 +228,7 @@ def start_proximity_query(
         max_offsets_per_trigger=s.processor_max_events_per_batch,
     ).select("value")
     rows = proximity_alerts(
-        fixes.mapInPandas(telemetry_fixes, FIXES_DDL), rule, round(s.processor_lateness_s * 1000)
+        fixes.mapInPandas(telemetry_fixes, FIXES_DDL), rule, round(s.processor_lateness_s * 1000), keys
     )
     register_sink(spark)
     writer = (

@@ -18,18 +18,23 @@ from fleetfence.geo import haversine_m
 from processor.core.proximity import (
     EDGE_FACTOR,
     MAX_SPEED_KMH,
-    CellPosition,
+    MEETING_FIELDS,
     CellWindow,
+    Fixes,
+    Meetings,
     Observation,
     PairEvent,
     PairEventKind,
     PairState,
     Position,
     ProximityRule,
-    fan_out,
-    fan_out_columns,
+    bucket_fan_out,
+    cell_buckets,
     pair_expire,
+    pair_inputs,
     pair_step,
+    pairs_expire,
+    pairs_step,
     reports,
     resolution_for,
 )
@@ -77,60 +82,75 @@ def fleet(seed: int, vehicles: int, steps: int, spread_m: float) -> list[Positio
     return out
 
 
-def expected_meetings(
-    fixes: list[Position], rule: ProximityRule
-) -> set[tuple[str, str, int, float, int, int]]:
-    """The all-pairs answer: every two fixes of two vehicles within the tolerance of each other and
-    within the exit distance, at the later one's event time, with each vehicle's fix seq."""
-    out = set()
+Meeting = tuple[str, str, int, float, int, int]  # a, b, moment, distance (to the µm), a's seq, b's
+
+
+def expected_meetings(fixes: list[Position], rule: ProximityRule) -> set[Meeting]:
+    """The all-pairs answer: of every two fixes of two vehicles within the tolerance of each other,
+    at the later one's event time (the moment), per pair and moment the one `pair_step` takes
+    (closest in time, then the smallest gap), those within the exit distance."""
+    moments: dict[tuple[str, str, int], list[tuple[int, float, Meeting]]] = defaultdict(list)
     for i, f in enumerate(fixes):
         for g in fixes[i + 1 :]:
             if g.vehicle_id == f.vehicle_id or abs(f.ts_ms - g.ts_ms) > rule.tolerance_ms:
                 continue
             d = float(haversine_m(f.lon, f.lat, g.lon, g.lat))
-            if d <= rule.exit_m:
-                x, y = sorted((f, g), key=lambda p: p.vehicle_id)
-                out.add((x.vehicle_id, y.vehicle_id, max(f.ts_ms, g.ts_ms), round(d, 6), x.seq, y.seq))
-    return out
+            skew = abs(f.ts_ms - g.ts_ms)
+            earlier = min((f, g), key=lambda p: p.ts_ms)
+            gap = max(0.0, d - min(earlier.speed_kmh, MAX_SPEED_KMH) / 3.6 * skew / 1000)
+            x, y = sorted((f, g), key=lambda p: p.vehicle_id)
+            when = max(f.ts_ms, g.ts_ms)
+            m = (x.vehicle_id, y.vehicle_id, when, round(d, 6), x.seq, y.seq)
+            moments[(x.vehicle_id, y.vehicle_id, when)].append((skew, gap, m))
+    return {m for m in (min(c)[2] for c in moments.values()) if m[3] <= rule.exit_m}
+
+
+def taken(found: Iterable[Observation], rule: ProximityRule) -> set[Meeting]:
+    """Of reported meetings, per pair and moment the one `pair_step` takes, within the exit
+    distance (a moment may be reported by two buckets, or in two batches: the best counts)."""
+    best: dict[tuple[str, str, int], tuple[int, float, Meeting]] = {}
+    for o in found:
+        m = (o.a, o.b, o.ts_ms, round(o.distance_m, 6), o.a_seq, o.b_seq)
+        best[(o.a, o.b, o.ts_ms)] = min(
+            best.get((o.a, o.b, o.ts_ms), (o.skew_ms, o.gap_m, m)), (o.skew_ms, o.gap_m, m)
+        )
+    return {m for _, _, m in best.values() if m[3] <= rule.exit_m}
 
 
 def run_cells(
-    batches: Iterable[list[Position]], rule: ProximityRule, lateness_ms: int
+    batches: Iterable[list[Position]], rule: ProximityRule, lateness_ms: int, buckets: int = 1
 ) -> tuple[list[Observation], int]:
-    """The cell stage as a streaming engine runs it: each batch fanned out, each cell stepped with
-    its own window; the watermark is the newest event time so far minus `lateness_ms`. Returns the
-    meetings and how many arrivals were behind the watermark."""
-    windows: dict[str, CellWindow] = defaultdict(CellWindow)
+    """The cell stage as a streaming engine runs it: each batch fanned out to its buckets, each
+    bucket stepped with its own window; the watermark is the newest event time so far minus
+    `lateness_ms`. Returns the meetings and how many arrivals were behind the watermark."""
+    res = rule.resolution
+    windows = [CellWindow(res, b, buckets) for b in range(buckets)]
     out: list[Observation] = []
     behind = 0
     watermark = 0
     for batch in batches:
-        by_cell = defaultdict(list)
-        for f in batch:
-            for cf in fan_out(f, rule.resolution):
-                by_cell[cf.cell].append(cf)
-        for cell in sorted(by_cell):
-            step = windows[cell].step(by_cell[cell], watermark, rule.tolerance_ms)
-            out.extend(step.meetings)
+        fixes = Fixes.from_positions(batch, res)
+        rows, bucket = bucket_fan_out(fixes.home, res, buckets)
+        for b, w in enumerate(windows):
+            step = w.step(fixes.take(rows[bucket == b]), watermark, rule.tolerance_ms)
+            out.extend(step.meetings.observations())
             behind += step.behind_watermark
         watermark = max(watermark, max(f.ts_ms for f in batch) - lateness_ms)
     return out, behind
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(seed: int) -> None:
-    fixes = fleet(seed, vehicles=40, steps=30, spread_m=400)
+@pytest.mark.parametrize(("seed", "buckets"), [(1, 1), (2, 3), (3, 8)])
+def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(
+    seed: int, buckets: int
+) -> None:
+    fixes = fleet(seed, vehicles=40, steps=30, spread_m=1500)
     expected = expected_meetings(fixes, RULE)
-    assert len(expected) > 500  # the fleet is dense: a test with few meetings proves little
-    one, behind = run_cells([fixes], RULE, 0)
+    assert len(expected) > 50  # a test with few meetings proves little
+    one, behind = run_cells([fixes], RULE, 0, buckets)
     assert behind == 0
-    near = {
-        (o.a, o.b, o.ts_ms, round(o.distance_m, 6), o.a_seq, o.b_seq)
-        for o in one
-        if o.distance_m <= RULE.exit_m
-    }
-    assert near == expected
-    dupes = [k for k, n in Counter((o.a, o.b, o.ts_ms, o.distance_m) for o in one).items() if n > 1]
+    assert taken(one, RULE) == expected
+    # Each pair of fixes once (a moment's best in two buckets is two pairs of fixes).
+    dupes = [k for k, n in Counter((o.a, o.b, o.a_seq, o.b_seq) for o in one).items() if n > 1]
     assert dupes == []
     for o in one:
         assert o.a < o.b
@@ -138,41 +158,76 @@ def test_the_cells_find_every_meeting_the_all_pairs_answer_finds_and_each_once(s
     ordered = sorted(fixes, key=lambda f: f.ts_ms)
     batches = [[f for f in ordered if T0 + i * 10_000 <= f.ts_ms < T0 + (i + 1) * 10_000] for i in range(8)]
     assert sum(map(len, batches)) == len(fixes)
-    many, behind = run_cells([b for b in batches if b], RULE, 0)
+    many, behind = run_cells([b for b in batches if b], RULE, 0, buckets)
     assert behind == 0
-    assert Counter(many) == Counter(one)
+    assert taken(many, RULE) == expected
     # Out of order within 8 s (as partitions read at different paces deliver), in batches of 50
-    # arrivals, with a watermark 8 s behind: still the same meetings, each once.
+    # arrivals, with a watermark 8 s behind: still the same meetings.
     rng = random.Random(seed)
     jittered = sorted(fixes, key=lambda f: f.ts_ms + rng.uniform(0, 8_000))
-    shuffled, behind = run_cells([jittered[i : i + 50] for i in range(0, len(jittered), 50)], RULE, 8_000)
+    shuffled, behind = run_cells(
+        [jittered[i : i + 50] for i in range(0, len(jittered), 50)], RULE, 8_000, buckets
+    )
     assert behind == 0
-    assert Counter(shuffled) == Counter(one)
+    assert taken(shuffled, RULE) == expected
+
+
+def test_a_dense_fleet_meets_all_pairs_in_one_bucket_or_many() -> None:
+    """Forty vehicles within 400 m: one cell and its ring hold them all (a depot)."""
+    fixes = sorted(fleet(4, vehicles=40, steps=10, spread_m=400), key=lambda f: f.ts_ms)
+    expected = expected_meetings(fixes, RULE)
+    assert len(expected) > 100
+    for buckets in (1, 4):
+        found, _ = run_cells([fixes[i : i + 97] for i in range(0, len(fixes), 97)], RULE, 0, buckets)
+        assert taken(found, RULE) == expected
+
+
+def test_the_cells_report_no_meeting_beyond_the_watch_distance() -> None:
+    """`watch_m`: the exit distance and what two vehicles parting at 144 km/h each add within the
+    tolerance; farther meetings are not reported, nearer ones are."""
+    assert RULE.watch_m == RULE.exit_m + 2 * 40.0 * RULE.tolerance_ms / 1000
+    w = CellWindow(RULE.resolution, watch_m=RULE.watch_m)
+
+    def north_m(v: str, m: float) -> Position:
+        return Position(v, 1, T0, BERLIN[0] + m / 111_320, BERLIN[1], 0.0)
+
+    fixes = [north_m("a", 0), north_m("b", RULE.watch_m + 1), north_m("c", 2 * RULE.watch_m + 2)]
+    found = w.step(Fixes.from_positions(fixes, RULE.resolution), 0, RULE.tolerance_ms).meetings
+    assert found.observations() == []
+    inside = north_m("d", RULE.watch_m - 1)
+    found = w.step(Fixes.from_positions([inside], RULE.resolution), 0, RULE.tolerance_ms).meetings
+    assert sorted((o.a, o.b) for o in found.observations()) == [("a", "d"), ("b", "d")]
+
+
+def at_home_window() -> CellWindow:
+    """The window of the bucket holding Berlin's home cell."""
+    home = Fixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution).home
+    return CellWindow(RULE.resolution, int(cell_buckets(home, RULE.resolution, 8)[0]), 8)
 
 
 def test_a_fix_delivered_twice_meets_once_and_one_behind_the_watermark_is_counted() -> None:
-    home = fan_out(Position("a", 1, T0, *BERLIN, 0.0), RULE.resolution)[0].home
-    at_home = [c for c in fan_out(Position("a", 1, T0, *BERLIN, 0.0), RULE.resolution) if c.cell == home]
-    b = [c for c in fan_out(Position("b", 1, T0 + 1000, *BERLIN, 0.0), RULE.resolution) if c.cell == home]
-    w = CellWindow()
-    first = w.step(at_home + b, 0, RULE.tolerance_ms)
+    w = at_home_window()
+    a_b = Fixes.from_positions(
+        [Position("a", 1, T0, *BERLIN, 0.0), Position("b", 1, T0 + 1000, *BERLIN, 0.0)], RULE.resolution
+    )
+    first = w.step(a_b, 0, RULE.tolerance_ms)
     assert (len(first.meetings), first.duplicates) == (1, 0)
-    again = w.step(at_home + b, 0, RULE.tolerance_ms)
-    assert (again.meetings, again.duplicates) == ([], 2)
-    old = [c for c in fan_out(Position("c", 1, T0 - 500, *BERLIN, 0.0), RULE.resolution) if c.cell == home]
+    again = w.step(a_b.concat(a_b), 0, RULE.tolerance_ms)
+    assert (len(again.meetings), again.duplicates) == (0, 4)
+    old = Fixes.from_positions([Position("c", 1, T0 - 500, *BERLIN, 0.0)], RULE.resolution)
     late = w.step(old, T0, RULE.tolerance_ms)
     assert (len(late.meetings), late.behind_watermark) == (2, 1)  # met with what is still kept
 
 
-def test_a_cell_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
-    w = CellWindow()
-    f = Position("a", 1, T0, *BERLIN, 0.0)
-    w.step(fan_out(f, RULE.resolution)[:1], 0, RULE.tolerance_ms)
+def test_a_bucket_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
+    w = at_home_window()
+    w.step(Fixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution), 0, RULE.tolerance_ms)
     assert w.expires_ms(RULE.tolerance_ms) == T0 + RULE.tolerance_ms
-    w.step([], T0 + RULE.tolerance_ms, RULE.tolerance_ms)
-    assert w.kept  # at the tolerance exactly, a fix on time can still meet it
-    w.step([], T0 + RULE.tolerance_ms + 1, RULE.tolerance_ms)
-    assert w.kept == {}
+    none = Fixes.empty()
+    w.step(none, T0 + RULE.tolerance_ms, RULE.tolerance_ms)
+    assert len(w.kept) == 1  # at the tolerance exactly, a fix on time can still meet it
+    w.step(none, T0 + RULE.tolerance_ms + 1, RULE.tolerance_ms)
+    assert len(w.kept) == 0
     assert w.expires_ms(RULE.tolerance_ms) is None
 
 
@@ -272,42 +327,20 @@ def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
     assert (gone.empty, lost) == (True, [])
 
 
-def test_the_cells_mask_is_the_reporting_rule() -> None:
-    """`_meetings` selects pairs with a vectorised mask; it must be `reports`, pair by pair."""
-    from processor.core.proximity import _columns, _reported
-
-    centre = h3.latlng_to_cell(*BERLIN, RULE.resolution)
-    ring = sorted(h3.grid_disk(centre, 2))
-    rng = random.Random(5)
-    seen: set[bool] = set()
-    for cell in sorted(h3.grid_disk(centre, 1)):
-        xs = [CellPosition(cell, rng.choice(ring), Position(f"v{i}", i, T0, *BERLIN, 0.0)) for i in range(12)]
-        ys = [CellPosition(cell, rng.choice(ring), Position(f"w{i}", i, T0, *BERLIN, 0.0)) for i in range(9)]
-        codes: dict[str, int] = {}
-        x, y = _columns(xs, codes, cell), _columns(ys, codes, cell)
-        mask = _reported((x[0], x[2], x[6], x[7]), (y[0], y[2], y[6], y[7]), RULE.tolerance_ms)
-        want = [[reports(cell, a.home, b.home) for b in ys] for a in xs]
-        assert mask.tolist() == want
-        seen.update(v for row in want for v in row)
-    assert seen == {True, False}  # both answers were asked for
-
-
-def test_the_columnar_fan_out_is_fan_out_fix_by_fix() -> None:
-    fixes = fleet(4, vehicles=30, steps=5, spread_m=3000)
-    cols = fan_out_columns(
-        np.array([f.vehicle_id for f in fixes], dtype=object),
-        np.array([f.seq for f in fixes], dtype=np.int64),
-        np.array([f.ts_ms for f in fixes], dtype=np.int64),
-        np.array([f.lat for f in fixes]),
-        np.array([f.lon for f in fixes]),
-        np.array([f.speed_kmh for f in fixes]),
-        RULE.resolution,
-    )
-    one_by_one = [cp for f in fixes for cp in fan_out(f, RULE.resolution)]
-    assert len(cols["cell"]) == len(one_by_one) > 6 * len(fixes)
-    names = ("cell", "home", "vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh")
-    got = list(zip(*(cols[k] for k in names), strict=True))
-    assert got == [(c.cell, c.home, *(getattr(c.position, f) for f in names[2:])) for c in one_by_one]
+def test_a_fix_goes_to_the_buckets_of_the_cells_that_may_report_its_meetings_each_once() -> None:
+    """Fix by fix: the buckets of its home cell and of the neighbours below it (`reports`: the
+    smaller home reports), no other and none twice; in a city, fewer than two a fix on average."""
+    fixes = Fixes.from_positions(fleet(4, vehicles=300, steps=2, spread_m=20_000), RULE.resolution)
+    rows, bucket = bucket_fan_out(fixes.home, RULE.resolution, 16)
+    for i, home in enumerate(fixes.home.tolist()):
+        ring = [int(h3.str_to_int(c)) for c in h3.grid_disk(h3.int_to_str(home), 1)]
+        reporting = [c for c in ring if any(reports(c, home, other) for other in ring)]
+        want = set(cell_buckets(np.array(reporting, np.int64), RULE.resolution, 16).tolist())
+        got = bucket[rows == i].tolist()
+        assert sorted(got) == sorted(want)
+        assert len(got) == len(set(got))
+    assert len(rows) < 2 * len(fixes)  # neighbours mostly share their parent's bucket: not 7 rows a fix
+    assert len(set(bucket.tolist())) == 16  # and the buckets spread over a city
 
 
 def test_each_vehicle_of_the_pair_gets_its_alert_at_its_own_fix_naming_the_other() -> None:
@@ -359,30 +392,83 @@ def test_of_each_moment_the_fixes_closest_in_time_count() -> None:
     assert late == 0
 
 
-def run_pairs(batches: list[list[Position]], rule: ProximityRule, lateness_ms: int) -> list[PairEvent]:
-    """Both stages as the streaming engine runs them: the cells, then each pair's meetings of the
-    batch, then the pairs whose deadline the new watermark passed."""
-    windows: dict[str, CellWindow] = defaultdict(CellWindow)
-    pairs: dict[tuple[str, str], PairState] = {}
+def run_pairs(
+    batches: list[list[Position]], rule: ProximityRule, lateness_ms: int, buckets: int = 1
+) -> list[PairEvent]:
+    """Both stages as the streaming engine runs them: the cells' buckets, then each bucket of pairs
+    with the batch's meetings at the batch's watermark (`pairs_step`); at the end, the pairs whose
+    deadline the last watermark passed (the timers)."""
+    res = rule.resolution
+    windows = [CellWindow(res, b, buckets) for b in range(buckets)]
+    pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
     events: list[PairEvent] = []
     watermark = 0
     for batch in batches:
-        by_cell = defaultdict(list)
-        for f in batch:
-            for cf in fan_out(f, rule.resolution):
-                by_cell[cf.cell].append(cf)
-        by_pair: dict[tuple[str, str], list[Observation]] = defaultdict(list)
-        for cell in sorted(by_cell):
-            for o in windows[cell].step(by_cell[cell], watermark, rule.tolerance_ms).meetings:
-                by_pair[(o.a, o.b)].append(o)
-        for key in sorted(by_pair):
-            pairs[key], new, _ = pair_step(pairs.get(key, PairState()), by_pair[key], rule)
-            events.extend(new)
+        fixes = Fixes.from_positions(batch, res)
+        rows, bucket = bucket_fan_out(fixes.home, res, buckets)
+        tol = rule.tolerance_ms
+        steps = [w.step(fixes.take(rows[bucket == b]), watermark, tol) for b, w in enumerate(windows)]
+        meetings = [o for step in steps for o in step.meetings.observations()]
+        for b, states in enumerate(pairs):  # a pair's bucket: any function of the pair will do
+            mine = [o for o in meetings if sum(map(ord, o.a + o.b)) % buckets == b]
+            events.extend(pairs_step(states, meetings_of(mine), watermark, rule)[0])
         watermark = max(watermark, max(f.ts_ms for f in batch) - lateness_ms)
-        for key in sorted(pairs):
-            pairs[key], lost = pair_expire(pairs[key], watermark, rule)
-            events.extend(lost)
+    for states in pairs:
+        events.extend(pairs_expire(states, watermark, rule))
     return events
+
+
+def meetings_of(observations: list[Observation]) -> Meetings:
+    return Meetings(*(np.array([getattr(o, f) for o in observations]) for f in MEETING_FIELDS))
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_the_pair_buckets_alert_as_each_pair_folding_every_meeting_would(seed: int) -> None:
+    """`pairs_step` drops far meetings of pairs with nothing open and keeps one per moment, in
+    columns (`pair_inputs`): the alerts must be those of `pair_step` fed every meeting of every
+    pair, with the deadlines applied after each batch, for one bucket of pairs or several."""
+    rule = ProximityRule(
+        "r", enter_m=40, exit_m=60, min_duration_ms=4_000, tolerance_ms=3_000, lost_after_ms=8_000
+    )
+    fixes = fleet(seed, vehicles=30, steps=40, spread_m=300)
+    rng = random.Random(seed)
+    jittered = sorted(fixes, key=lambda f: f.ts_ms + rng.uniform(0, 4_000))
+    batches = [jittered[i : i + 40] for i in range(0, len(jittered), 40)]
+    windows = [CellWindow(rule.resolution)]
+    states: dict[tuple[str, str], PairState] = {}
+    want: list[PairEvent] = []
+    watermark = 0
+    for batch in batches:
+        step = windows[0].step(Fixes.from_positions(batch, rule.resolution), watermark, rule.tolerance_ms)
+        by_pair: dict[tuple[str, str], list[Observation]] = defaultdict(list)
+        for o in step.meetings.observations():
+            by_pair[(o.a, o.b)].append(o)
+        for key in sorted(by_pair):
+            states[key], new, _ = pair_step(states.get(key, PairState()), by_pair[key], rule)
+            want.extend(new)
+        watermark = max(watermark, max(f.ts_ms for f in batch) - 5_000)
+        for key in sorted(states):
+            states[key], lost = pair_expire(states[key], watermark, rule)
+            want.extend(lost)
+    assert len(want) > 50
+    for buckets in (1, 3):
+        got = run_pairs(batches, rule, 5_000, buckets)
+        assert Counter(r["alert_id"] for e in got for r in e.alerts()) == Counter(
+            r["alert_id"] for e in want for r in e.alerts()
+        )
+
+
+def test_only_pairs_with_a_state_or_a_near_moment_reach_the_fold() -> None:
+    far, near = obs(0, 300), obs(1, 45)
+    moment = [obs(2, 45, skew_ms=2000), obs(2, 300, a="c", b="d"), obs(2, 90, skew_ms=100)]
+    inputs = pair_inputs(meetings_of([far, near, *moment]), {("c", "d")}, RULE)
+    # The pair (a, b): every moment it had, one each (at 2 s the closest in time, 90 m);
+    # (c, d): its state is open, so its far moment counts.
+    assert {k: [(o.ts_ms - T0, o.distance_m) for o in v] for k, v in inputs.items()} == {
+        ("a", "b"): [(0, 300), (1_000, 45), (2_000, 90)],
+        ("c", "d"): [(2_000, 300)],
+    }
+    assert pair_inputs(meetings_of([far, obs(2, 60, a="c", b="d")]), set(), RULE) == {}
 
 
 @pytest.mark.parametrize("speed_mps", [3, 14, 25, 33])
@@ -411,8 +497,8 @@ def test_a_convoy_at_speed_is_near_until_it_parts(speed_mps: float) -> None:
     assert 60_000 < events[1].at.ts_ms - T0 < 70_000
 
 
-@pytest.mark.parametrize("seed", [5, 6])
-def test_each_sides_alerts_alternate_and_go_forward_in_seq(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "buckets"), [(5, 1), (6, 3)])
+def test_each_sides_alerts_alternate_and_go_forward_in_seq(seed: int, buckets: int) -> None:
     """A dense wandering fleet, read in batches out of order within the lateness: for each vehicle
     and each other, its alerts alternate ENTER, EXIT, and their fixes' seqs never go back (the
     receivers close a condition only with an alert at a later or equal seq); ids are unique."""
@@ -422,7 +508,7 @@ def test_each_sides_alerts_alternate_and_go_forward_in_seq(seed: int) -> None:
     fixes = fleet(seed, vehicles=30, steps=40, spread_m=300)
     rng = random.Random(seed)
     jittered = sorted(fixes, key=lambda f: f.ts_ms + rng.uniform(0, 4_000))
-    events = run_pairs([jittered[i : i + 40] for i in range(0, len(jittered), 40)], rule, 5_000)
+    events = run_pairs([jittered[i : i + 40] for i in range(0, len(jittered), 40)], rule, 5_000, buckets)
     records = [r for e in events for r in e.alerts()]
     assert len(records) > 50  # many meetings and partings: a fleet with few proves little
     assert len({r["alert_id"] for r in records}) == len(records)
@@ -460,17 +546,16 @@ def test_vehicles_on_parallel_roads_wider_apart_than_the_rule_never_meet(road_ga
 def test_the_reach_is_the_earlier_fixs_vehicle_at_its_speed_capped() -> None:
     """How far the earlier fix's vehicle may have driven until the later fix: its own speed (not
     the later one's), and a wild reported speed capped, so that a parted pair still parts."""
-    w = CellWindow()
-    home = fan_out(Position("a", 1, T0, *BERLIN, 0.0), RULE.resolution)[0].home
+    w = at_home_window()
 
-    def at_home(p: Position) -> list[CellPosition]:
-        return [c for c in fan_out(p, RULE.resolution) if c.cell == home]
+    def at_home(p: Position) -> Fixes:
+        return Fixes.from_positions([p], RULE.resolution)
 
     first = w.step(at_home(Position("a", 1, T0, *BERLIN, 72.0)), 0, RULE.tolerance_ms)
-    assert first.meetings == []
-    (o,) = w.step(at_home(Position("b", 1, T0 + 2_000, *BERLIN, 1e308)), 0, RULE.tolerance_ms).meetings
+    assert len(first.meetings) == 0
+    (o,) = w.step(at_home(Position("b", 1, T0 + 2_000, *BERLIN, 1e308)), 0, 5_000).meetings.observations()
     assert (o.skew_ms, o.reach_m) == (2_000, 40.0)  # a, at 72 km/h, for 2 s
-    (o,) = w.step(at_home(Position("a", 2, T0 + 3_000, *BERLIN, 0.0)), 0, RULE.tolerance_ms).meetings
+    (o,) = w.step(at_home(Position("a", 2, T0 + 3_000, *BERLIN, 0.0)), 0, 5_000).meetings.observations()
     assert o.skew_ms == 1_000
     assert o.reach_m == pytest.approx(MAX_SPEED_KMH / 3.6)  # b's wild speed, capped
 

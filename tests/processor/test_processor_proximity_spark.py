@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fleetfence.contracts import Telemetry
+from fleetfence.errors import ConfigError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
@@ -190,3 +191,19 @@ def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
         stop_process_group(proc)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_checkpoint_of_the_per_cell_stages_is_refused(
+    spark: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """A proximity checkpoint with offsets and no bucket layout holds state keyed by cell and by
+    pair, which the bucketed stages cannot read: refused with what to do, before Spark starts."""
+    ps = settings_for(settings, tmp_path)
+    offsets = Path(ps.proximity_checkpoint) / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text("v1\n{}\n")
+    rule = ps.proximity_rule()
+    assert rule is not None
+    with pytest.raises(ConfigError, match="before the proximity stages were bucketed"):
+        start_proximity_query(spark, ps, rule)
+    assert not (Path(ps.proximity_checkpoint) / "fleetfence-layout.json").exists()
