@@ -467,6 +467,15 @@ def reports(cell: int, home_a: int, home_b: int) -> bool:
     return cell == min(home_a, home_b)
 
 
+class ProximityCount(StrEnum):
+    """What the stages count besides their meetings and alerts: the keys of the proximity query's
+    commit markers and the outcomes of its metric (processor.ops.markers)."""
+
+    REPEATED = "proximity_repeated"  # an arrival a bucket of cells already had (`CellStep.duplicates`)
+    BEHIND_WATERMARK = "proximity_behind_watermark"  # `CellStep.behind_watermark`
+    LATE_MEETINGS = "proximity_late_meetings"  # meetings `pair_step` ignored as late
+
+
 class PairEventKind(StrEnum):
     ENTER = "PROXIMITY_ENTER"
     EXIT = "PROXIMITY_EXIT"

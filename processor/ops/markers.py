@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_END, KafkaError, TopicPartition
 from prometheus_client import Counter, Gauge
 
 from fleetfence.kafka import group_consumer, watermarks
+from processor.core.proximity import ProximityCount
 from processor.spark.hot_sink import SHADOW_SUFFIX
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,13 @@ HELD = Gauge("fleetfence_processor_held_fixes", "Fixes held in reorder buffers a
 PROXIMITY_BATCHES = Counter(
     "fleetfence_processor_proximity_committed_batches_total",
     "Micro-batches of the proximity query (processor.spark.job.start_proximity_query) committed",
+)
+PROXIMITY_COUNTS = Counter(
+    "fleetfence_processor_proximity_counted_total",
+    "What the proximity stages counted besides meetings and alerts: fixes a bucket of cells already "
+    "had (repeated), fixes behind the watermark (met with what was still kept), meetings the pair "
+    "stage ignored as late",
+    ["outcome"],
 )
 
 # Marker field -> `outcome` label. `received` (valid telemetry rows) = accepted + duplicates + late
@@ -99,6 +107,8 @@ class BatchLedger:
         if self.proximity:
             ALERTS.inc(int(m.get("alerts", 0)))
             PROXIMITY_BATCHES.inc()
+            for count in ProximityCount:
+                PROXIMITY_COUNTS.labels(count.removeprefix("proximity_")).inc(int(m.get(count, 0)))
             self._markers[int(m["batch_id"])] = (
                 time.monotonic() if now is None else now,
                 {**counts, "role": "proximity"},
@@ -142,7 +152,7 @@ class BatchLedger:
                 continue
             del self._markers[b]
             self._progress.pop(b, None)
-            counted = ("alerts",) if self.proximity else JOB_COUNTS
+            counted = ("alerts", *map(str, ProximityCount)) if self.proximity else JOB_COUNTS
             line: dict[str, Any] = {
                 "batch_id": b,
                 **{k: int(m.get(k, 0)) for k in counted},

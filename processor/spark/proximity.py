@@ -16,7 +16,7 @@ Why the clock rows: Spark drops a stateful operator's input rows whose event tim
 watermark, before the operator sees them and without counting them. Data rows carry a null `ts`
 (never dropped) and the true event time in `ts_ms`; one clock row per task carries the newest event
 time the task saw and moves the watermark. A fix behind the watermark is still met with what its
-bucket keeps (`CellWindow.step` counts it; the counts reach no metric yet: issue #40).
+bucket keeps (`CellWindow.step` counts it; the counts reach the commit markers: `ProximityCount`).
 
 Why a meeting's `ts` may be later than its `ts_ms`: an operator chained before another may not emit
 a row older than the watermark, and the next one drops rows at or behind it. A meeting is emitted
@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import orjson
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming.stateful_processor import (
@@ -43,12 +44,14 @@ from pyspark.sql.streaming.stateful_processor import (
 from fleetfence.contracts import INVALID_ERRORS, alert_json
 from processor.core.proximity import (
     MEETING_FIELDS,
+    CellStep,
     CellWindow,
     Fixes,
     Meetings,
     Observation,
     PairEvent,
     PairState,
+    ProximityCount,
     ProximityRule,
     bucket_fan_out,
     pairs_due_ms,
@@ -68,9 +71,13 @@ CELL_ROWS_DDL = (
 )
 # A meeting: `Observation`'s fields (MEETING_FIELDS), with `ts` for Spark's watermark after `ts_ms`.
 _MEETING_COLS = [*MEETING_FIELDS[:3], "ts", *MEETING_FIELDS[3:]]
+# Then a bucket's counts (`CellStep`): zero in a meeting's row; a counts row has empty vehicles
+# (no vehicle id is empty), one per bucket and batch that counted something.
+_COUNT_COLS = ["repeated", "behind_watermark"]
 MEETINGS_DDL = (
     "a string, b string, ts_ms long, ts timestamp, distance_m double, skew_ms long, reach_m double, "
-    "a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double"
+    "a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double, "
+    "repeated long, behind_watermark long"
 )
 # A pair's state: `PairState` without its `last` meeting, then that meeting's fields (`has_last`).
 _PAIR_COLS = ["a", "b", "near_since_ms", "entered", "last_ms", "has_last", *MEETING_FIELDS[3:]]
@@ -182,8 +189,8 @@ class CellProcessor(StatefulProcessor):
         arrivals = Fixes.from_columns(pd.concat(list(rows), ignore_index=True))
         step = window.step(arrivals, wm, self.rule.tolerance_ms)
         self._save(window)
-        if len(step.meetings):
-            yield meetings_frame(step.meetings, wm)
+        if len(step.meetings) or step.duplicates or step.behind_watermark:
+            yield meetings_frame(step, wm)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -214,11 +221,19 @@ class CellProcessor(StatefulProcessor):
         pass
 
 
-def meetings_frame(meetings: Meetings, watermark_ms: int) -> pd.DataFrame:
-    df = pd.DataFrame(meetings.columns())
-    ts = pd.to_datetime(np.maximum(meetings.ts_ms, watermark_ms + 1), unit="ms", utc=True)
-    df.insert(3, "ts", ts)
-    return df[_MEETING_COLS]
+def meetings_frame(step: CellStep, watermark_ms: int) -> pd.DataFrame:
+    """A bucket's meetings as rows, and its counts in a row of their own when it counted any."""
+    df = pd.DataFrame(step.meetings.columns())
+    df.insert(3, "ts", pd.to_datetime(np.maximum(step.meetings.ts_ms, watermark_ms + 1), unit="ms", utc=True))
+    df["repeated"] = 0
+    df["behind_watermark"] = 0
+    if step.duplicates or step.behind_watermark:
+        counts = dict.fromkeys(df.columns, 0) | {"a": "", "b": "", "ts_ms": watermark_ms + 1}
+        counts |= {"ts": pd.Timestamp(watermark_ms + 1, unit="ms", tz="UTC")}
+        counts |= {"repeated": step.duplicates, "behind_watermark": step.behind_watermark}
+        row = pd.DataFrame([counts]).astype(df.dtypes.to_dict())  # a meeting's types, also when none
+        df = pd.concat([df, row], ignore_index=True)
+    return df[[*_MEETING_COLS, *_COUNT_COLS]]
 
 
 class PairProcessor(StatefulProcessor):
@@ -240,11 +255,18 @@ class PairProcessor(StatefulProcessor):
         wm = int(timerValues.getCurrentWatermarkInMs())
         states = self._load()
         df = pd.concat(list(rows), ignore_index=True)
-        meetings = Meetings(*(df[f].to_numpy() for f in MEETING_FIELDS))
-        events, _late = pairs_step(states, meetings, wm, self.rule)
+        counted = (df["a"] == "").to_numpy()
+        met = df[~counted]
+        meetings = Meetings(*(met[f].to_numpy() for f in MEETING_FIELDS))
+        events, late = pairs_step(states, meetings, wm, self.rule)
         self._save(states)
-        if events:
-            yield alert_frame(events)
+        counts = {
+            ProximityCount.REPEATED: int(df["repeated"].sum()),
+            ProximityCount.BEHIND_WATERMARK: int(df["behind_watermark"].sum()),
+            ProximityCount.LATE_MEETINGS: late,
+        }
+        if events or any(counts.values()):
+            yield alert_frame(events, counts)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -286,15 +308,17 @@ class PairProcessor(StatefulProcessor):
         pass
 
 
-def alert_frame(events: list[PairEvent]) -> pd.DataFrame:
-    """The events' alerts as the sink's rows: two per event, one per vehicle."""
-    return output_frame(
-        [
-            OutputRow(OutputKind.ALERT, alert_json(r), vehicle_id=r["vehicle_id"], seq=r["seq"])
-            for e in events
-            for r in e.alerts()
-        ]
-    )
+def alert_frame(events: list[PairEvent], counts: dict[ProximityCount, int] | None = None) -> pd.DataFrame:
+    """The events' alerts as the sink's rows: two per event, one per vehicle; and the stages' counts
+    (summed into the batch's commit marker by the sink) when any is not zero."""
+    rows = [
+        OutputRow(OutputKind.ALERT, alert_json(r), vehicle_id=r["vehicle_id"], seq=r["seq"])
+        for e in events
+        for r in e.alerts()
+    ]
+    if counts and any(counts.values()):
+        rows.append(OutputRow(OutputKind.STATS, orjson.dumps({str(k): v for k, v in counts.items()})))
+    return output_frame(rows)
 
 
 def proximity_alerts(fixes: Any, rule: ProximityRule, lateness_ms: int, keys: list[int]) -> Any:

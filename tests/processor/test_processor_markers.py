@@ -64,25 +64,41 @@ def test_the_ledger_counts_each_marker_once_and_joins_it_with_its_progress() -> 
 
 
 def test_the_proximity_ledger_counts_its_alerts_and_batches_and_none_of_the_jobs_records() -> None:
-    """The proximity query reads the records the job counts: its markers add alerts and batches of
-    their own, never to the job's record outcomes, batches or held gauge."""
+    """The proximity query reads the records the job counts: its markers add alerts, batches and the
+    stages' own counts (`ProximityCount`), never to the job's record outcomes, batches or held gauge."""
     job, near = BatchLedger("job"), BatchLedger("near", proximity=True)
     alerts = counter("fleetfence_processor_alerts_total")
     batches = counter("fleetfence_processor_committed_batches_total")
     near_batches = counter("fleetfence_processor_proximity_committed_batches_total")
     received = counter("fleetfence_processor_records_total", outcome="received")
+    counted = {c: counter("fleetfence_processor_proximity_counted_total", outcome=c) for c in OUTCOMES_NEAR}
     m = {"sink_id": "near", "batch_id": 3, "alerts": 4, "received": 99}  # a stray count: not read
+    m |= {"proximity_repeated": 2, "proximity_behind_watermark": 5, "proximity_late_meetings": 1}
     assert not job.marker(m, now=0.0)
     assert near.marker(m, now=0.0)
     near.progress({"batchId": 3, "durationMs": {"triggerExecution": 80}, "eventTime": {"watermark": "W"}})
     (line,) = near.flush(now=1.0)
-    assert line == {"batch_id": 3, "alerts": 4, "role": "proximity", "duration_ms": 80, "watermark": "W"}
+    assert line == {
+        "batch_id": 3,
+        "alerts": 4,
+        "proximity_repeated": 2,
+        "proximity_behind_watermark": 5,
+        "proximity_late_meetings": 1,
+        "role": "proximity",
+        "duration_ms": 80,
+        "watermark": "W",
+    }
+    for outcome, n in (("repeated", 2), ("behind_watermark", 5), ("late_meetings", 1)):
+        assert (
+            counter("fleetfence_processor_proximity_counted_total", outcome=outcome) == counted[outcome] + n
+        )
     assert counter("fleetfence_processor_alerts_total") == alerts + 4
     assert counter("fleetfence_processor_proximity_committed_batches_total") == near_batches + 1
     assert counter("fleetfence_processor_committed_batches_total") == batches
     assert counter("fleetfence_processor_records_total", outcome="received") == received
 
 
+OUTCOMES_NEAR = ("repeated", "behind_watermark", "late_meetings")
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

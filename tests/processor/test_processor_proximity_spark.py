@@ -9,6 +9,7 @@ vehicle's side, at the fix the pure stages say."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
@@ -21,10 +22,11 @@ from fleetfence.errors import ConfigError
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
-from processor.core.proximity import ProximityRule
+from processor.core.proximity import Fixes, Position, ProximityCount, ProximityRule, bucket_fan_out
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import SINK_ID_FILE
 from processor.spark.job import start_proximity_query
+from processor.spark.layout import LAYOUT_FILE
 from tests.processor.helpers import (
     committed_alerts,
     markers,
@@ -70,9 +72,11 @@ def settings_for(settings: Settings, tmp_path: Path) -> ProcessorSettings:
     return processor_settings(
         settings,
         tmp_path,
-        # Meetings cut across batches within each run. A batch spans about 10 s of event time, and
-        # the partitions' reads within it differ by up to that: the lateness covers it, as it must
-        # in a deployment (a fix arriving further behind may find its partner forgotten, counted).
+        # Meetings cut across batches within each run. A batch spans about 10 s of event time; Spark
+        # shares a batch's records out over the partitions by their backlog, so a partition with few
+        # records left (d's, after d goes silent) is read behind the others: its fixes may reach
+        # the cells behind the watermark, counted (`ProximityCount.BEHIND_WATERMARK`) and met with
+        # what the cells still keep, as in a deployment.
         processor_lateness_s=20,
         processor_max_events_per_batch=25,
         processor_proximity_enter_m=50,
@@ -128,7 +132,12 @@ def test_pairs_meet_and_part_exactly_once_across_a_restart(
         ("PROXIMITY_ENTER", "d", "c", 10_900, 5, ""),
     ]
     assert alerts(settings) == entered
-    produce_telemetry(settings, [f for f in fixes if f.ts_ms >= cut])
+    # Besides the second half: e's fix 2 again (a gateway's retry), and a fix of a sixth vehicle,
+    # far from all, older than the watermark the first run left (24 s less the lateness). Each is
+    # counted, once per bucket of cells it goes to, and neither changes an alert.
+    again = next(f for f in fixes if f.vehicle_id == "e" and f.seq == 2)
+    behind = fix("f", 0, T0 - 40_000, -4_000, -3_000, 0)
+    produce_telemetry(settings, [again, behind, *(f for f in fixes if f.ts_ms >= cut)])
     run(spark, ps)
     # b leaves: apart once 90 m from a (b's fix 23, a's 23 at 46 s); d's last meeting is c's fix 17
     # 3.2 s after d's last (fix 15, within the tolerance) at 34.1 s: lost 60 s later, at 94.1 s.
@@ -145,6 +154,22 @@ def test_pairs_meet_and_part_exactly_once_across_a_restart(
     ms = markers(settings)
     assert len({m["sink_id"] for m in ms}) == 1
     assert sum(m.get("alerts", 0) for m in ms) == 8
+    layout = json.loads((Path(ps.proximity_checkpoint) / LAYOUT_FILE).read_text())
+    rule = ps.proximity_rule()
+    assert rule is not None
+
+    def buckets_of(f: Telemetry) -> int:
+        home = Fixes.from_positions(
+            [Position(f.vehicle_id, f.seq, f.ts_ms, f.lat, f.lon, 0.0)], rule.resolution
+        )
+        return len(bucket_fan_out(home.home, rule.resolution, len(layout["keys"]))[0])
+
+    repeated = sum(m.get(ProximityCount.REPEATED, 0) for m in ms)
+    late = sum(m.get(ProximityCount.BEHIND_WATERMARK, 0) for m in ms)
+    # e's fix again comes first in its partition, in the second run's first batch, while e's
+    # bucket still keeps its first delivery; f's is behind the watermark from the start.
+    assert repeated == buckets_of(again)
+    assert late >= buckets_of(behind)  # and d's, when its partition was read behind the others
 
 
 @pytest.mark.slow
