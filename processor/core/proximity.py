@@ -658,45 +658,113 @@ def _event(
     return PairEvent(kind, rule.rule_id, o, since_ms, reason)
 
 
-def pair_inputs(
-    meetings: Meetings, known: Container[tuple[str, str]], rule: ProximityRule
-) -> dict[tuple[str, str], list[Observation]]:
+@dataclass(frozen=True, slots=True)
+class _Moments:
+    """A batch's usable meetings (`_usable`) sorted by pair, then time: one row a moment, each
+    pair's rows from `starts[i]` for `counts[i]`, with its key in `keys[i]`."""
+
+    frame: pd.DataFrame
+    keys: list[tuple[str, str]]
+    starts: np.ndarray
+    counts: np.ndarray
+
+    def observations(self, i: int, columns: list[list[Any]]) -> list[Observation]:
+        """Pair i's moments as objects, from `columns` (the frame's MEETING_FIELDS as lists)."""
+        start = int(self.starts[i])
+        return [Observation(*(c[j] for c in columns)) for j in range(start, start + int(self.counts[i]))]
+
+
+def _usable(meetings: Meetings, known: Container[tuple[str, str]], rule: ProximityRule) -> _Moments:
     """Of a batch's meetings, per pair, those `pair_step` can act on, chosen by columns: of each
     moment the one it takes (closest in time, then the smallest gap), and only for pairs with a
     state (`known`) or with a moment within the enter distance. For every other pair `pair_step`
     would change nothing: most meetings a cell reports are of vehicles in neighbouring cells, far
     apart, and they cost no Python object."""
-    if not len(meetings):
-        return {}
     df = pd.DataFrame(meetings.columns())
     df["gap"] = np.maximum(0.0, df["distance_m"].to_numpy() - df["reach_m"].to_numpy())
     df = df.sort_values(["a", "b", "ts_ms", "skew_ms", "gap"], kind="stable")
-    df = df.drop_duplicates(["a", "b", "ts_ms"])
-    near = df.groupby(["a", "b"], sort=False)["distance_m"].transform("min").to_numpy() <= rule.enter_m
-    pairs = list(zip(df["a"].tolist(), df["b"].tolist(), strict=True))
-    use = near | np.fromiter((p in known for p in pairs), bool, len(pairs))
-    df = df[use]
-    out: dict[tuple[str, str], list[Observation]] = {}
+    df = df.drop_duplicates(["a", "b", "ts_ms"], ignore_index=True)
+    a, b = df["a"].to_numpy(), df["b"].to_numpy()
+    new_pair = np.ones(len(df), bool)
+    new_pair[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    starts = np.flatnonzero(new_pair)
+    counts = np.diff(np.append(starts, len(df)))
+    keys = list(zip(a[starts].tolist(), b[starts].tolist(), strict=True))
+    nearest = np.minimum.reduceat(df["distance_m"].to_numpy(), starts) if len(df) else np.zeros(0)
+    use = (nearest <= rule.enter_m) | np.fromiter((k in known for k in keys), bool, len(keys))
+    kept = np.flatnonzero(use)
+    rows = np.repeat(use, counts)
+    counts = counts[kept]
+    return _Moments(
+        df[rows].reset_index(drop=True),
+        [keys[i] for i in kept.tolist()],
+        np.cumsum(counts) - counts,
+        counts,
+    )
+
+
+def pair_inputs(
+    meetings: Meetings, known: Container[tuple[str, str]], rule: ProximityRule
+) -> dict[tuple[str, str], list[Observation]]:
+    """Per pair, the meetings of a batch that `pair_step` can act on (`_usable`)."""
+    m = _usable(meetings, known, rule)
     # `tolist`: Python ints and floats, as the alert records' JSON needs them.
-    for row in zip(*(df[f].tolist() for f in MEETING_FIELDS), strict=True):
-        out.setdefault((row[0], row[1]), []).append(Observation(*row))
-    return out
+    columns = [m.frame[f].tolist() for f in MEETING_FIELDS]
+    return {key: m.observations(i, columns) for i, key in enumerate(m.keys)}
 
 
 def pairs_step(
     states: dict[tuple[str, str], PairState], meetings: Meetings, watermark_ms: int, rule: ProximityRule
 ) -> tuple[list[PairEvent], int]:
     """A batch of a bucket of pairs as the engine runs it: each pair's usable meetings folded in
-    (`pair_inputs`, `pair_step`), then the pairs whose deadline the watermark reached lost
-    (`pairs_expire`). `states` is updated in place. Returns the alerts and how many meetings came late."""
+    (`_usable`, `pair_step`), then the pairs whose deadline the watermark reached lost
+    (`pairs_expire`). `states` is updated in place. Returns the alerts and how many meetings came late.
+
+    An entered pair whose moments all hold it (none late, no pause as long as the loss, no gap past
+    the exit distance) only moves its latest meeting on: that is decided in columns, and only its
+    last moment becomes an object. Vehicles that stay together (a convoy, a depot) are most of the
+    near meetings of a dense fleet."""
     events: list[PairEvent] = []
     late = 0
-    for key, observations in pair_inputs(meetings, states, rule).items():
-        states[key], new, n = pair_step(states.get(key, PairState()), observations, rule)
-        events.extend(new)
-        late += n
+    if len(meetings):
+        m = _usable(meetings, states, rule)
+        columns = [m.frame[f].tolist() for f in MEETING_FIELDS]
+        holds = _entered_and_held(m, states, rule)
+        for i, key in enumerate(m.keys):
+            if holds[i]:
+                last = int(m.starts[i] + m.counts[i] - 1)
+                o = Observation(*(c[last] for c in columns))
+                states[key] = dataclasses.replace(states[key], last_ms=o.ts_ms, last=o)
+                continue
+            states[key], new, n = pair_step(states.get(key, PairState()), m.observations(i, columns), rule)
+            events.extend(new)
+            late += n
     events.extend(pairs_expire(states, watermark_ms, rule))
     return events, late
+
+
+def _entered_and_held(
+    m: _Moments, states: dict[tuple[str, str], PairState], rule: ProximityRule
+) -> np.ndarray:
+    """Per pair of `m`: entered, and each of its moments after the state's latest, within the loss of
+    the one before, and with a gap within the exit distance, so that `pair_step` would only move
+    the latest meeting on."""
+    if not m.keys:
+        return np.zeros(0, bool)
+    entered = np.fromiter((k in states and states[k].entered for k in m.keys), bool, len(m.keys))
+    ts = m.frame["ts_ms"].to_numpy(np.int64)
+    before = np.empty_like(ts)
+    before[1:] = ts[:-1]
+    before[m.starts] = [states[k].last_ms if k in states else -1 for k in m.keys]
+    pause = ts - before
+    widest = np.maximum.reduceat(m.frame["gap"].to_numpy(), m.starts)
+    holds: np.ndarray = (
+        entered
+        & (np.minimum.reduceat(pause, m.starts) > 0)
+        & (np.maximum.reduceat(pause, m.starts) < rule.lost_after_ms)
+        & (widest <= rule.exit_m)
+    )
+    return holds
 
 
 def pairs_expire(
