@@ -37,7 +37,7 @@ from fleetfence.geo import haversine_m
 from processor.core.proximity import (
     MEETING_FIELDS,
     CellWindow,
-    Fixes,
+    HomedFixes,
     Meetings,
     PairState,
     Position,
@@ -104,7 +104,7 @@ def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[
     watermark = 0
     t = time.perf_counter()
     for batch in batches:
-        fixes = Fixes.from_positions(batch, res)
+        fixes = HomedFixes.from_positions(batch, res)
         rows, bucket = bucket_fan_out(fixes.home, res, buckets)
         found = [
             w.step(fixes.take(rows[bucket == b]), watermark, RULE.tolerance_ms).meetings

@@ -102,11 +102,12 @@ class ProximityRule:
 
     @property
     def watch_m(self) -> float:
-        """How far apart a meeting may be and still be reported by the cells: the exit distance and
-        what two vehicles driving apart at WATCH_SPEED_MPS each can add within the tolerance.
-        Farther meetings change nothing for a pair that is not near (most of them: vehicles in
-        neighbouring cells); a near pair parting faster than that between two of its moments is
-        not seen apart, and ends as `lost` when its deadline passes."""
+        """How far apart a meeting may be and still be reported by the cells (and be the one of its
+        moment the pair stage takes): the exit distance and what two vehicles driving apart at
+        WATCH_SPEED_MPS each can add within the tolerance. Farther meetings change nothing for a
+        pair that is not near (most of them: vehicles in neighbouring cells); a near pair parting
+        faster than that between two of its moments is not seen apart, and ends as `lost` when
+        its deadline passes."""
         return self.exit_m + 2 * WATCH_SPEED_MPS * self.tolerance_ms / 1000
 
 
@@ -139,7 +140,7 @@ def pair_key(a: str, b: str) -> tuple[str, str]:
 @dataclass(frozen=True, slots=True)
 class Observation:
     """Two vehicles' fixes within the tolerance of each other: how far apart, and when (the later
-    of the two event times: the moment both positions were known). Fixes of a moving pair taken
+    of the two event times: the moment both positions were known). HomedFixes of a moving pair taken
     at different moments are further apart than the vehicles ever were (at 30 m/s, fixes 1.5 s
     apart put a convoy 45 m apart along its road), so the meeting keeps how far apart in time
     (`skew_ms`) and how far the earlier fix's vehicle may have driven since, at its speed
@@ -165,8 +166,8 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
-class Fixes:
-    """Fixes as columns (`Position`'s fields), each with its home cell: the H3 cell of the rule's
+class HomedFixes:
+    """HomedFixes as columns (`Position`'s fields), each with its home cell: the H3 cell of the rule's
     resolution it lies in, as an integer (every H3 index is below 2**63, and at one resolution the
     integers order as the cells' names do)."""
 
@@ -179,27 +180,27 @@ class Fixes:
     home: np.ndarray  # int64
 
     @staticmethod
-    def located(columns: Mapping[str, Any] | pd.DataFrame, resolution: int) -> Fixes:
-        """Fixes from columns named as `Position`'s fields, their home cells in one native call
+    def located(columns: Mapping[str, Any] | pd.DataFrame, resolution: int) -> HomedFixes:
+        """HomedFixes from columns named as `Position`'s fields, their home cells in one native call
         (`h3_cells_int`)."""
         lat = np.asarray(columns["lat"], np.float64)
         lon = np.asarray(columns["lon"], np.float64)
         home = h3_cells_int(lat, lon, resolution).astype(np.int64)
-        return Fixes.from_columns({**{f: columns[f] for f in _POSITION_FIELDS}, "home": home})
+        return HomedFixes.from_columns({**{f: columns[f] for f in _POSITION_FIELDS}, "home": home})
 
     @staticmethod
-    def from_columns(columns: Mapping[str, Any] | pd.DataFrame) -> Fixes:
-        """Fixes from columns named as its fields (a frame, a state's table), in their types."""
-        return Fixes(*(np.asarray(columns[f], dtype=t) for f, t in _FIXES_TYPES.items()))
+    def from_columns(columns: Mapping[str, Any] | pd.DataFrame) -> HomedFixes:
+        """HomedFixes from columns named as its fields (a frame, a state's table), in their types."""
+        return HomedFixes(*(np.asarray(columns[f], dtype=t) for f, t in _FIXES_TYPES.items()))
 
     @staticmethod
-    def from_positions(positions: Iterable[Position], resolution: int) -> Fixes:
+    def from_positions(positions: Iterable[Position], resolution: int) -> HomedFixes:
         ps = list(positions)
-        return Fixes.located({f: [getattr(p, f) for p in ps] for f in _POSITION_FIELDS}, resolution)
+        return HomedFixes.located({f: [getattr(p, f) for p in ps] for f in _POSITION_FIELDS}, resolution)
 
     @staticmethod
-    def empty() -> Fixes:
-        return Fixes.from_columns({f: [] for f in _FIXES_FIELDS})
+    def empty() -> HomedFixes:
+        return HomedFixes.from_columns({f: [] for f in _FIXES_FIELDS})
 
     def __len__(self) -> int:
         return len(self.ts_ms)
@@ -207,11 +208,11 @@ class Fixes:
     def columns(self) -> dict[str, np.ndarray]:
         return {f: getattr(self, f) for f in _FIXES_FIELDS}
 
-    def take(self, index: np.ndarray) -> Fixes:
-        return Fixes(*(getattr(self, f)[index] for f in _FIXES_FIELDS))
+    def take(self, index: np.ndarray) -> HomedFixes:
+        return HomedFixes(*(getattr(self, f)[index] for f in _FIXES_FIELDS))
 
-    def concat(self, other: Fixes) -> Fixes:
-        return Fixes(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in _FIXES_FIELDS))
+    def concat(self, other: HomedFixes) -> HomedFixes:
+        return HomedFixes(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in _FIXES_FIELDS))
 
     def positions(self) -> list[Position]:
         cols = (getattr(self, f).tolist() for f in _POSITION_FIELDS)
@@ -219,10 +220,11 @@ class Fixes:
 
 
 _POSITION_FIELDS = tuple(f.name for f in dataclasses.fields(Position))
-_FIXES_FIELDS = tuple(f.name for f in dataclasses.fields(Fixes))
+_FIXES_FIELDS = tuple(f.name for f in dataclasses.fields(HomedFixes))
 _F8, _I8 = np.float64, np.int64
 _FIXES_TYPES = dict(zip(_FIXES_FIELDS, (object, _I8, _I8, _F8, _F8, _F8, _I8), strict=True))
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing's multiplier
+_MAX_SPAN_MS = 1 << 36  # about two years of event time: the time part of `_expand`'s keys
 
 
 def cell_buckets(cells: np.ndarray, resolution: int, buckets: int) -> np.ndarray:
@@ -294,9 +296,10 @@ MEETING_FIELDS = tuple(f.name for f in dataclasses.fields(Observation))
 
 @dataclass
 class CellStep:
-    """A bucket's batch: the meetings, the arrivals it already had (the same vehicle and event time:
-    a re-delivered fix, met once), and the arrivals behind the watermark (still met with what the
-    bucket keeps; a partner older than the watermark minus the tolerance may be forgotten already)."""
+    """A bucket's batch: the meetings, the fixes it already had (the same vehicle and event time: a
+    re-delivered fix, met once), and the fixes behind the watermark (still met with what the bucket
+    keeps; a partner older than the watermark minus the tolerance may be forgotten already). The
+    counts are of the fixes homed in the bucket's cells, so that each fix is counted once."""
 
     meetings: Meetings
     duplicates: int = 0
@@ -312,9 +315,9 @@ class CellWindow:
     bucket: int = 0
     buckets: int = 1
     watch_m: float = math.inf  # meetings farther apart are not reported (`ProximityRule.watch_m`)
-    kept: Fixes = field(default_factory=Fixes.empty)
+    kept: HomedFixes = field(default_factory=HomedFixes.empty)
 
-    def step(self, arrivals: Fixes, watermark_ms: int, tolerance_ms: int) -> CellStep:
+    def step(self, arrivals: HomedFixes, watermark_ms: int, tolerance_ms: int) -> CellStep:
         """Meet each arrival with every kept fix and every other arrival of another vehicle within
         the tolerance whose home cell is the same or a neighbour, keep it, then forget what the
         watermark has passed by more than the tolerance.
@@ -336,10 +339,12 @@ class CellWindow:
         repeat[by[1:]] = (vs[by[1:]] == vs[by[:-1]]) & (ts[by[1:]] == ts[by[:-1]])
         fresh_mask = ~repeat[len(kept) :]
         fresh = arrivals.take(np.nonzero(fresh_mask)[0])
+        # Counted once per fix, by the bucket of its home cell (a fix goes to that one and others).
+        mine = cell_buckets(arrivals.home, self.resolution, self.buckets) == self.bucket
         out = CellStep(
             _meetings(kept, fresh, tolerance_ms, self.resolution, self.bucket, self.buckets, self.watch_m),
-            duplicates=int(len(arrivals) - len(fresh)),
-            behind_watermark=int((fresh.ts_ms < watermark_ms).sum()),
+            duplicates=int((~fresh_mask & mine).sum()),
+            behind_watermark=int(((arrivals.ts_ms < watermark_ms) & fresh_mask & mine).sum()),
         )
         self.kept = kept.concat(fresh)
         self.evict(watermark_ms - tolerance_ms)
@@ -364,7 +369,7 @@ def _cells_in_bucket(home: int, resolution: int, bucket: int, buckets: int) -> t
 
 
 def _expand(
-    fixes: Fixes, resolution: int, bucket: int, buckets: int, tolerance_ms: int
+    fixes: HomedFixes, resolution: int, bucket: int, buckets: int, tolerance_ms: int
 ) -> tuple[np.ndarray, ...]:
     """Each fix at each of its reporting cells (`_reporting_cells`) that is in `bucket`: (key, fix
     index, whether the cell is the fix's home), sorted by key. The key orders by cell, then by event
@@ -381,17 +386,19 @@ def _expand(
     cell = flat[np.repeat(starts, counts) + place]
     _, rank = np.unique(cell, return_inverse=True)
     ts = fixes.ts_ms[rows]
-    t0 = int(ts.min(initial=0))
-    span = int(ts.max(initial=0)) - t0 + 2 * tolerance_ms + 1
-    key = rank.astype(np.int64) * span + (ts - t0 + tolerance_ms)
+    t0 = int(ts.min()) if len(ts) else 0
+    # A wild event time (years ahead) would stretch every cell's range: the time part is bounded,
+    # and a time beyond it only widens its candidates (`_meetings` checks cell and tolerance).
+    span = min(int(ts.max(initial=t0)) - t0, _MAX_SPAN_MS) + 2 * tolerance_ms + 1
+    key = rank.astype(np.int64) * span + np.minimum(ts - t0, _MAX_SPAN_MS) + tolerance_ms
     order = np.argsort(key, kind="stable")
     rows = rows[order]
-    return key[order], rows, cell[order] == fixes.home[rows]
+    return key[order], rows, cell[order], cell[order] == fixes.home[rows]
 
 
 def _meetings(
-    kept: Fixes,
-    fresh: Fixes,
+    kept: HomedFixes,
+    fresh: HomedFixes,
     tolerance_ms: int,
     resolution: int,
     bucket: int,
@@ -405,13 +412,14 @@ def _meetings(
     `reports`). Each unordered pair once: with a kept fix, or with a later arrival. A depot's cell
     holds the whole fleet: then every pair is a candidate.
 
-    Of the meetings of a pair at one moment (the later fix's time) only the one `pair_step` takes is
-    reported: closest in time, then the smallest gap; the rest could change nothing (they come in
-    the same batch). Then that one only when within `watch_m` (`ProximityRule.watch_m`): most pairs
-    of fixes a bucket joins are of vehicles in neighbouring cells, far apart."""
+    Only meetings within `watch_m` (`ProximityRule.watch_m`): most pairs of fixes a bucket joins are
+    of vehicles in neighbouring cells, far apart. Of those of a pair at one moment (the later fix's
+    time) only the one `pair_step` takes is reported: closest in time, then the smallest gap; the
+    rest could change nothing (they come in the same batch). Filtered before the choice, so that
+    the choice is the same however the moment's meetings fall into buckets."""
     allf = kept.concat(fresh)
     n_kept = len(kept)
-    key, row, at_home = _expand(allf, resolution, bucket, buckets, tolerance_ms)
+    key, row, cell, at_home = _expand(allf, resolution, bucket, buckets, tolerance_ms)
     is_fresh = row >= n_kept
     lo = np.searchsorted(key, key[is_fresh] - tolerance_ms, "left")
     hi = np.searchsorted(key, key[is_fresh] + tolerance_ms, "right")
@@ -424,7 +432,8 @@ def _meetings(
     vcode = vcode.astype(np.int64)
     ts = allf.ts_ms
     keep = (
-        (at_home[x] | at_home[y])
+        (cell[x] == cell[y])
+        & (at_home[x] | at_home[y])
         & ((yi < n_kept) | (yi > xi))
         & (vcode[xi] != vcode[yi])
         & (np.abs(ts[xi] - ts[yi]) <= tolerance_ms)
@@ -439,11 +448,12 @@ def _meetings(
     reach = np.where(ts[a_i] <= ts[b_i], mps[a_i], mps[b_i]) * skew / 1000
     when = np.maximum(ts[a_i], ts[b_i])
     pair = vcode[a_i] * (int(vcode.max(initial=0)) + 1) + vcode[b_i]
-    by = np.lexsort((np.maximum(0.0, d - reach), skew, when, pair))
+    watched = np.flatnonzero(d <= watch_m)
+    w = (np.maximum(0.0, d - reach), skew, when, pair)
+    by = watched[np.lexsort(tuple(c[watched] for c in w))]
     taken = np.ones(len(by), bool)
     taken[1:] = (pair[by[1:]] != pair[by[:-1]]) | (when[by[1:]] != when[by[:-1]])
     m = by[taken]
-    m = m[d[m] <= watch_m]
     a_i, b_i = a_i[m], b_i[m]
     return Meetings(
         allf.vehicle_id[a_i],
@@ -471,9 +481,21 @@ class ProximityCount(StrEnum):
     """What the stages count besides their meetings and alerts: the keys of the proximity query's
     commit markers and the outcomes of its metric (processor.ops.markers)."""
 
-    REPEATED = "proximity_repeated"  # an arrival a bucket of cells already had (`CellStep.duplicates`)
+    REPEATED = "proximity_repeated"  # a fix its home cell's bucket already had (`CellStep.duplicates`)
     BEHIND_WATERMARK = "proximity_behind_watermark"  # `CellStep.behind_watermark`
     LATE_MEETINGS = "proximity_late_meetings"  # meetings `pair_step` ignored as late
+
+    @property
+    def outcome(self) -> str:
+        """The metric's `outcome` label."""
+        return _OUTCOMES[self]
+
+
+_OUTCOMES = {
+    ProximityCount.REPEATED: "repeated",
+    ProximityCount.BEHIND_WATERMARK: "behind_watermark",
+    ProximityCount.LATE_MEETINGS: "late_meetings",
+}
 
 
 class PairEventKind(StrEnum):

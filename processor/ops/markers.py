@@ -108,7 +108,7 @@ class BatchLedger:
             ALERTS.inc(int(m.get("alerts", 0)))
             PROXIMITY_BATCHES.inc()
             for count in ProximityCount:
-                PROXIMITY_COUNTS.labels(count.removeprefix("proximity_")).inc(int(m.get(count, 0)))
+                PROXIMITY_COUNTS.labels(count.outcome).inc(int(m.get(count, 0)))
             self._markers[int(m["batch_id"])] = (
                 time.monotonic() if now is None else now,
                 {**counts, "role": "proximity"},

@@ -6,9 +6,9 @@
       -> watermark on `ts` -> groupBy(bucket) -> CellProcessor (EventTime)    -> meetings
       -> bucket of the pair -> groupBy(bucket) -> PairProcessor (EventTime)   -> alert rows
 
-Why buckets: a state key costs a round trip to the state server and a Python call a batch, so a key
-per H3 cell or per pair (thousands a batch) made the query a hundred times slower than the job. A
-bucket's state is one Arrow IPC blob (its cells' fixes, or its pairs' states) and its work is done
+Why buckets: a state key costs a round trip to the state server and a Python call a batch, and a
+batch touches thousands of cells and pairs (docs/benchmarks.md, "Proximity in the job"). A bucket's
+state is one Arrow IPC blob (its cells' fixes, or its pairs' states) and its work is done
 in columns. The buckets' keys are the job's kind of layout (processor.spark.layout), recorded in the
 proximity checkpoint: the state of a bucket holds its cells' fixes, so the count is fixed for it.
 
@@ -46,7 +46,7 @@ from processor.core.proximity import (
     MEETING_FIELDS,
     CellStep,
     CellWindow,
-    Fixes,
+    HomedFixes,
     Meetings,
     Observation,
     PairEvent,
@@ -113,7 +113,7 @@ def cell_rows(rule: ProximityRule, keys: list[int]) -> Any:
         for df in frames:
             if df.empty:
                 continue
-            fixes = Fixes.located(df, res)
+            fixes = HomedFixes.located(df, res)
             newest = max(newest, int(fixes.ts_ms.max()))
             rows, bucket = bucket_fan_out(fixes.home, res, len(keys))
             out = pd.DataFrame(fixes.take(rows).columns())
@@ -121,10 +121,19 @@ def cell_rows(rule: ProximityRule, keys: list[int]) -> Any:
             out.insert(4, "ts", pd.Series([None] * len(out), dtype="datetime64[us, UTC]"))
             yield out[_CELL_COLS]  # null `ts`: Spark's late filter never drops a data row
         if newest >= 0:
-            clock = pd.Timestamp(newest, unit="ms", tz="UTC")
-            yield pd.DataFrame([(CLOCK_KEY, 0, "", 0, clock, newest, 0.0, 0.0, 0.0)], columns=_CELL_COLS)
+            clock = pd.DataFrame([(CLOCK_KEY, 0, "", 0, None, newest, 0.0, 0.0, 0.0)], columns=_CELL_COLS)
+            clock["ts"] = _timestamps(clock["ts_ms"].to_numpy())
+            yield clock
 
     return run
+
+
+def _timestamps(ms: np.ndarray) -> pd.Series:
+    """Event times (epoch ms) as Spark's timestamps, in microseconds: every event time the contracts
+    accept (up to 2**53 ms) fits, where pandas' default nanoseconds end in 2262."""
+    return pd.Series(
+        np.asarray(ms, np.int64).astype("datetime64[ms]").astype("datetime64[us]")
+    ).dt.tz_localize("UTC")
 
 
 def _blob(columns: dict[str, Any]) -> bytes:
@@ -151,12 +160,12 @@ class _Timer:
 
     def set(self, due_ms: int | None, fired: bool = False) -> None:
         """Move the timer to `due_ms` (None: none); `fired`: the one set has just fired (Spark
-        dropped it)."""
-        old = -1 if fired or not self.state.exists() else int(self.state.get()[0])  # type: ignore[index]
+        dropped it: not deleted again, and its time not kept)."""
+        old = int(self.state.get()[0]) if self.state.exists() else -1  # type: ignore[index]
         new = -1 if due_ms is None else due_ms
-        if new == old:
+        if new == old and not fired:
             return
-        if old >= 0:
+        if old >= 0 and not fired:
             self.handle.deleteTimer(old)
         if new >= 0:
             self.handle.registerTimer(new)
@@ -186,7 +195,7 @@ class CellProcessor(StatefulProcessor):
             return
         wm = max(0, int(timerValues.getCurrentWatermarkInMs()))
         window = self._load(int(key[0]))
-        arrivals = Fixes.from_columns(pd.concat(list(rows), ignore_index=True))
+        arrivals = HomedFixes.from_columns(pd.concat(list(rows), ignore_index=True))
         step = window.step(arrivals, wm, self.rule.tolerance_ms)
         self._save(window)
         if len(step.meetings) or step.duplicates or step.behind_watermark:
@@ -206,7 +215,7 @@ class CellProcessor(StatefulProcessor):
         if self.kept.exists():
             value = self.kept.get()
             assert value is not None
-            window.kept = Fixes.from_columns(_columns(bytes(value[0])))
+            window.kept = HomedFixes.from_columns(_columns(bytes(value[0])))
         return window
 
     def _save(self, window: CellWindow, fired: bool = False) -> None:
@@ -224,14 +233,14 @@ class CellProcessor(StatefulProcessor):
 def meetings_frame(step: CellStep, watermark_ms: int) -> pd.DataFrame:
     """A bucket's meetings as rows, and its counts in a row of their own when it counted any."""
     df = pd.DataFrame(step.meetings.columns())
-    df.insert(3, "ts", pd.to_datetime(np.maximum(step.meetings.ts_ms, watermark_ms + 1), unit="ms", utc=True))
+    df.insert(3, "ts", _timestamps(np.maximum(step.meetings.ts_ms, watermark_ms + 1)))
     df["repeated"] = 0
     df["behind_watermark"] = 0
     if step.duplicates or step.behind_watermark:
         counts = dict.fromkeys(df.columns, 0) | {"a": "", "b": "", "ts_ms": watermark_ms + 1}
-        counts |= {"ts": pd.Timestamp(watermark_ms + 1, unit="ms", tz="UTC")}
         counts |= {"repeated": step.duplicates, "behind_watermark": step.behind_watermark}
-        row = pd.DataFrame([counts]).astype(df.dtypes.to_dict())  # a meeting's types, also when none
+        row = pd.DataFrame([counts]).astype(df.dtypes.drop("ts").to_dict())  # a meeting's types
+        row["ts"] = _timestamps(row["ts_ms"].to_numpy())
         df = pd.concat([df, row], ignore_index=True)
     return df[[*_MEETING_COLS, *_COUNT_COLS]]
 

@@ -20,7 +20,7 @@ from processor.core.proximity import (
     MAX_SPEED_KMH,
     MEETING_FIELDS,
     CellWindow,
-    Fixes,
+    HomedFixes,
     Meetings,
     Observation,
     PairEvent,
@@ -86,15 +86,17 @@ Meeting = tuple[str, str, int, float, int, int]  # a, b, moment, distance (to th
 
 
 def expected_meetings(fixes: list[Position], rule: ProximityRule) -> set[Meeting]:
-    """The all-pairs answer: of every two fixes of two vehicles within the tolerance of each other,
-    at the later one's event time (the moment), per pair and moment the one `pair_step` takes
-    (closest in time, then the smallest gap), those within the exit distance."""
+    """The all-pairs answer: of every two fixes of two vehicles within the tolerance of each other
+    and the watch distance, at the later one's event time (the moment), per pair and moment the one
+    `pair_step` takes (closest in time, then the smallest gap), those within the exit distance."""
     moments: dict[tuple[str, str, int], list[tuple[int, float, Meeting]]] = defaultdict(list)
     for i, f in enumerate(fixes):
         for g in fixes[i + 1 :]:
             if g.vehicle_id == f.vehicle_id or abs(f.ts_ms - g.ts_ms) > rule.tolerance_ms:
                 continue
             d = float(haversine_m(f.lon, f.lat, g.lon, g.lat))
+            if d > rule.watch_m:
+                continue
             skew = abs(f.ts_ms - g.ts_ms)
             earlier = min((f, g), key=lambda p: p.ts_ms)
             gap = max(0.0, d - min(earlier.speed_kmh, MAX_SPEED_KMH) / 3.6 * skew / 1000)
@@ -124,12 +126,12 @@ def run_cells(
     bucket stepped with its own window; the watermark is the newest event time so far minus
     `lateness_ms`. Returns the meetings and how many arrivals were behind the watermark."""
     res = rule.resolution
-    windows = [CellWindow(res, b, buckets) for b in range(buckets)]
+    windows = [CellWindow(res, b, buckets, rule.watch_m) for b in range(buckets)]
     out: list[Observation] = []
     behind = 0
     watermark = 0
     for batch in batches:
-        fixes = Fixes.from_positions(batch, res)
+        fixes = HomedFixes.from_positions(batch, res)
         rows, bucket = bucket_fan_out(fixes.home, res, buckets)
         for b, w in enumerate(windows):
             step = w.step(fixes.take(rows[bucket == b]), watermark, rule.tolerance_ms)
@@ -192,38 +194,40 @@ def test_the_cells_report_no_meeting_beyond_the_watch_distance() -> None:
         return Position(v, 1, T0, BERLIN[0] + m / 111_320, BERLIN[1], 0.0)
 
     fixes = [north_m("a", 0), north_m("b", RULE.watch_m + 1), north_m("c", 2 * RULE.watch_m + 2)]
-    found = w.step(Fixes.from_positions(fixes, RULE.resolution), 0, RULE.tolerance_ms).meetings
+    found = w.step(HomedFixes.from_positions(fixes, RULE.resolution), 0, RULE.tolerance_ms).meetings
     assert found.observations() == []
     inside = north_m("d", RULE.watch_m - 1)
-    found = w.step(Fixes.from_positions([inside], RULE.resolution), 0, RULE.tolerance_ms).meetings
+    found = w.step(HomedFixes.from_positions([inside], RULE.resolution), 0, RULE.tolerance_ms).meetings
     assert sorted((o.a, o.b) for o in found.observations()) == [("a", "d"), ("b", "d")]
 
 
 def at_home_window() -> CellWindow:
     """The window of the bucket holding Berlin's home cell."""
-    home = Fixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution).home
+    home = HomedFixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution).home
     return CellWindow(RULE.resolution, int(cell_buckets(home, RULE.resolution, 8)[0]), 8)
 
 
 def test_a_fix_delivered_twice_meets_once_and_one_behind_the_watermark_is_counted() -> None:
     w = at_home_window()
-    a_b = Fixes.from_positions(
+    a_b = HomedFixes.from_positions(
         [Position("a", 1, T0, *BERLIN, 0.0), Position("b", 1, T0 + 1000, *BERLIN, 0.0)], RULE.resolution
     )
     first = w.step(a_b, 0, RULE.tolerance_ms)
     assert (len(first.meetings), first.duplicates) == (1, 0)
     again = w.step(a_b.concat(a_b), 0, RULE.tolerance_ms)
     assert (len(again.meetings), again.duplicates) == (0, 4)
-    old = Fixes.from_positions([Position("c", 1, T0 - 500, *BERLIN, 0.0)], RULE.resolution)
+    old = HomedFixes.from_positions([Position("c", 1, T0 - 500, *BERLIN, 0.0)], RULE.resolution)
     late = w.step(old, T0, RULE.tolerance_ms)
     assert (len(late.meetings), late.behind_watermark) == (2, 1)  # met with what is still kept
 
 
 def test_a_bucket_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
     w = at_home_window()
-    w.step(Fixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution), 0, RULE.tolerance_ms)
+    w.step(
+        HomedFixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution), 0, RULE.tolerance_ms
+    )
     assert w.expires_ms(RULE.tolerance_ms) == T0 + RULE.tolerance_ms
-    none = Fixes.empty()
+    none = HomedFixes.empty()
     w.step(none, T0 + RULE.tolerance_ms, RULE.tolerance_ms)
     assert len(w.kept) == 1  # at the tolerance exactly, a fix on time can still meet it
     w.step(none, T0 + RULE.tolerance_ms + 1, RULE.tolerance_ms)
@@ -330,7 +334,7 @@ def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
 def test_a_fix_goes_to_the_buckets_of_the_cells_that_may_report_its_meetings_each_once() -> None:
     """Fix by fix: the buckets of its home cell and of the neighbours below it (`reports`: the
     smaller home reports), no other and none twice; in a city, fewer than two a fix on average."""
-    fixes = Fixes.from_positions(fleet(4, vehicles=300, steps=2, spread_m=20_000), RULE.resolution)
+    fixes = HomedFixes.from_positions(fleet(4, vehicles=300, steps=2, spread_m=20_000), RULE.resolution)
     rows, bucket = bucket_fan_out(fixes.home, RULE.resolution, 16)
     for i, home in enumerate(fixes.home.tolist()):
         ring = [int(h3.str_to_int(c)) for c in h3.grid_disk(h3.int_to_str(home), 1)]
@@ -399,12 +403,12 @@ def run_pairs(
     with the batch's meetings at the batch's watermark (`pairs_step`); at the end, the pairs whose
     deadline the last watermark passed (the timers)."""
     res = rule.resolution
-    windows = [CellWindow(res, b, buckets) for b in range(buckets)]
+    windows = [CellWindow(res, b, buckets, rule.watch_m) for b in range(buckets)]
     pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
     events: list[PairEvent] = []
     watermark = 0
     for batch in batches:
-        fixes = Fixes.from_positions(batch, res)
+        fixes = HomedFixes.from_positions(batch, res)
         rows, bucket = bucket_fan_out(fixes.home, res, buckets)
         tol = rule.tolerance_ms
         steps = [w.step(fixes.take(rows[bucket == b]), watermark, tol) for b, w in enumerate(windows)]
@@ -425,8 +429,9 @@ def meetings_of(observations: list[Observation]) -> Meetings:
 @pytest.mark.parametrize("seed", [7, 8])
 def test_the_pair_buckets_alert_as_each_pair_folding_every_meeting_would(seed: int) -> None:
     """`pairs_step` drops far meetings of pairs with nothing open and keeps one per moment, in
-    columns (`pair_inputs`): the alerts must be those of `pair_step` fed every meeting of every
-    pair, with the deadlines applied after each batch, for one bucket of pairs or several."""
+    columns, and moves entered pairs that stay near on in columns: the alerts must be those of
+    `pair_step` fed every meeting the cells report without a watch distance, with the deadlines
+    applied after each batch, for one bucket of pairs or several."""
     rule = ProximityRule(
         "r", enter_m=40, exit_m=60, min_duration_ms=4_000, tolerance_ms=3_000, lost_after_ms=8_000
     )
@@ -439,7 +444,9 @@ def test_the_pair_buckets_alert_as_each_pair_folding_every_meeting_would(seed: i
     want: list[PairEvent] = []
     watermark = 0
     for batch in batches:
-        step = windows[0].step(Fixes.from_positions(batch, rule.resolution), watermark, rule.tolerance_ms)
+        step = windows[0].step(
+            HomedFixes.from_positions(batch, rule.resolution), watermark, rule.tolerance_ms
+        )
         by_pair: dict[tuple[str, str], list[Observation]] = defaultdict(list)
         for o in step.meetings.observations():
             by_pair[(o.a, o.b)].append(o)
@@ -548,8 +555,8 @@ def test_the_reach_is_the_earlier_fixs_vehicle_at_its_speed_capped() -> None:
     the later one's), and a wild reported speed capped, so that a parted pair still parts."""
     w = at_home_window()
 
-    def at_home(p: Position) -> Fixes:
-        return Fixes.from_positions([p], RULE.resolution)
+    def at_home(p: Position) -> HomedFixes:
+        return HomedFixes.from_positions([p], RULE.resolution)
 
     first = w.step(at_home(Position("a", 1, T0, *BERLIN, 72.0)), 0, RULE.tolerance_ms)
     assert len(first.meetings) == 0
@@ -571,3 +578,22 @@ def test_the_proximity_checkpoint_stays_beside_the_jobs_when_the_job_moves() -> 
         ProcessorSettings(processor_proximity_exit_m=80)
     with pytest.raises(ValueError, match="enter_m < exit_m"):
         ProcessorSettings(processor_proximity_enter_m=80, processor_proximity_exit_m=60)
+
+
+def test_the_rows_for_spark_hold_any_event_time_the_contracts_accept() -> None:
+    """Spark's timestamps are microseconds; pandas' default nanoseconds end in 2262, and a fix of
+    the year 287,396 is valid telemetry: the meetings' and counts' `ts` must not overflow."""
+    from fleetfence.contracts import MAX_TS_MS
+    from processor.spark.proximity import meetings_frame
+
+    w = CellWindow(RULE.resolution, watch_m=RULE.watch_m)
+    far_future = [
+        Position("a", 1, MAX_TS_MS - 1_000, *BERLIN, 0.0),
+        Position("b", 1, MAX_TS_MS, *BERLIN, 0.0),
+    ]
+    step = w.step(HomedFixes.from_positions(far_future, RULE.resolution), 0, RULE.tolerance_ms)
+    step.duplicates = 1  # and a counts row
+    frame = meetings_frame(step, MAX_TS_MS - 10)
+    assert str(frame["ts"].dtype) == "datetime64[us, UTC]"
+    assert frame["ts"].astype("int64").tolist() == [MAX_TS_MS * 1000, (MAX_TS_MS - 9) * 1000]
+    assert frame["repeated"].tolist() == [0, 1]
