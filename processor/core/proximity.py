@@ -22,8 +22,9 @@ streaming engine can shard and checkpoint, each a pure function of its state and
    once no meeting was seen for `lost_after_ms` (a vehicle went silent or drove out of every shared
    cell): an event-time deadline (`PairState.deadline_ms`), which a timer keeps even when nothing
    arrives, and which a meeting after the gap also applies (the pair was lost in between, however
-   the batches fell). Only pairs with a state or a meeting within `enter_m` reach `pair_step`
-   (`pair_inputs`): the far meetings of everyone else are dropped in columns.
+   the batches fell). Only pairs with a state or a meeting within `enter_m` are used (`_usable`):
+   the far meetings of everyone else are dropped in columns; an entered pair that stays near is
+   moved on in columns too (`_entered_and_held`), and the rest go through `pair_step`.
 
 The pair is ordered (`pair_key`), so both vehicles' fixes drive one state and one alert id, whichever
 of them reported. A pair with nothing open keeps only its latest meeting's time, until the
@@ -140,7 +141,7 @@ def pair_key(a: str, b: str) -> tuple[str, str]:
 @dataclass(frozen=True, slots=True)
 class Observation:
     """Two vehicles' fixes within the tolerance of each other: how far apart, and when (the later
-    of the two event times: the moment both positions were known). HomedFixes of a moving pair taken
+    of the two event times: the moment both positions were known). Fixes of a moving pair taken
     at different moments are further apart than the vehicles ever were (at 30 m/s, fixes 1.5 s
     apart put a convoy 45 m apart along its road), so the meeting keeps how far apart in time
     (`skew_ms`) and how far the earlier fix's vehicle may have driven since, at its speed
@@ -386,11 +387,13 @@ def _expand(
     cell = flat[np.repeat(starts, counts) + place]
     _, rank = np.unique(cell, return_inverse=True)
     ts = fixes.ts_ms[rows]
-    t0 = int(ts.min()) if len(ts) else 0
-    # A wild event time (years ahead) would stretch every cell's range: the time part is bounded,
-    # and a time beyond it only widens its candidates (`_meetings` checks cell and tolerance).
-    span = min(int(ts.max(initial=t0)) - t0, _MAX_SPAN_MS) + 2 * tolerance_ms + 1
-    key = rank.astype(np.int64) * span + np.minimum(ts - t0, _MAX_SPAN_MS) + tolerance_ms
+    # A wild event time (a clock years off) would stretch every cell's range: the time part is
+    # bounded around the batch's median, and a time clipped to its ends only widens its own
+    # candidates (clipping never brings two times further apart; `_meetings` checks the tolerance).
+    t0 = int(np.median(ts)) - _MAX_SPAN_MS // 2 if len(ts) else 0
+    part = np.clip(ts - t0, 0, _MAX_SPAN_MS)
+    span = int(part.max(initial=0)) + 2 * tolerance_ms + 1
+    key = rank.astype(np.int64) * span + part + tolerance_ms
     order = np.argsort(key, kind="stable")
     rows = rows[order]
     return key[order], rows, cell[order], cell[order] == fixes.home[rows]
@@ -488,14 +491,7 @@ class ProximityCount(StrEnum):
     @property
     def outcome(self) -> str:
         """The metric's `outcome` label."""
-        return _OUTCOMES[self]
-
-
-_OUTCOMES = {
-    ProximityCount.REPEATED: "repeated",
-    ProximityCount.BEHIND_WATERMARK: "behind_watermark",
-    ProximityCount.LATE_MEETINGS: "late_meetings",
-}
+        return self.removeprefix("proximity_")
 
 
 class PairEventKind(StrEnum):

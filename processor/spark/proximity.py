@@ -128,12 +128,16 @@ def cell_rows(rule: ProximityRule, keys: list[int]) -> Any:
     return run
 
 
+# The latest `ts` a row for the next operator may carry: PySpark hands timestamps to pandas in
+# nanoseconds, which end in 2262; the contracts accept event times to 2**53 ms. The stages read
+# `ts_ms`; `ts` only moves Spark's watermark, which a far-future fix then moves to this cap.
+_TS_CAP_MS = int(pd.Timestamp.max.value // 1_000_000) - 1
+
+
 def _timestamps(ms: np.ndarray) -> pd.Series:
-    """Event times (epoch ms) as Spark's timestamps, in microseconds: every event time the contracts
-    accept (up to 2**53 ms) fits, where pandas' default nanoseconds end in 2262."""
-    return pd.Series(
-        np.asarray(ms, np.int64).astype("datetime64[ms]").astype("datetime64[us]")
-    ).dt.tz_localize("UTC")
+    """Event times (epoch ms) as Spark's timestamps (microseconds), capped at _TS_CAP_MS."""
+    capped = np.minimum(np.asarray(ms, np.int64), _TS_CAP_MS)
+    return pd.Series(capped.astype("datetime64[ms]").astype("datetime64[us]")).dt.tz_localize("UTC")
 
 
 def _blob(columns: dict[str, Any]) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 import h3
 import numpy as np
@@ -581,10 +582,14 @@ def test_the_proximity_checkpoint_stays_beside_the_jobs_when_the_job_moves() -> 
 
 
 def test_the_rows_for_spark_hold_any_event_time_the_contracts_accept() -> None:
-    """Spark's timestamps are microseconds; pandas' default nanoseconds end in 2262, and a fix of
-    the year 287,396 is valid telemetry: the meetings' and counts' `ts` must not overflow."""
+    """A fix of the year 287,396 is valid telemetry. The rows for the next operator carry its time
+    in `ts_ms`, and in `ts` (what moves Spark's watermark) capped where PySpark's nanoseconds end:
+    the cast it makes on the way into the next operator must not fail."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from fleetfence.contracts import MAX_TS_MS
-    from processor.spark.proximity import meetings_frame
+    from processor.spark.proximity import _TS_CAP_MS, meetings_frame
 
     w = CellWindow(RULE.resolution, watch_m=RULE.watch_m)
     far_future = [
@@ -594,6 +599,131 @@ def test_the_rows_for_spark_hold_any_event_time_the_contracts_accept() -> None:
     step = w.step(HomedFixes.from_positions(far_future, RULE.resolution), 0, RULE.tolerance_ms)
     step.duplicates = 1  # and a counts row
     frame = meetings_frame(step, MAX_TS_MS - 10)
-    assert str(frame["ts"].dtype) == "datetime64[us, UTC]"
-    assert frame["ts"].astype("int64").tolist() == [MAX_TS_MS * 1000, (MAX_TS_MS - 9) * 1000]
+    assert frame["ts_ms"].tolist() == [MAX_TS_MS, MAX_TS_MS - 9]
     assert frame["repeated"].tolist() == [0, 1]
+    ts = pa.Array.from_pandas(frame["ts"])
+    assert ts.type == pa.timestamp("us", tz="UTC")
+    as_ns = pc.cast(ts, pa.timestamp("ns", tz="UTC"))  # what PySpark does before pandas sees it
+    assert as_ns.cast(pa.int64()).to_pylist() == [_TS_CAP_MS * 1_000_000] * 2
+
+
+def test_each_fix_is_counted_once_however_many_buckets_it_goes_to() -> None:
+    """A batch over many cells and eight buckets delivered again, and fixes behind the watermark:
+    the buckets' counts add up to the fixes, not to their copies in the buckets they go to."""
+    fixes = sorted(fleet(9, vehicles=60, steps=4, spread_m=20_000), key=lambda f: f.ts_ms)
+    res, buckets = RULE.resolution, 8
+    windows = [CellWindow(res, b, buckets, RULE.watch_m) for b in range(buckets)]
+    located = HomedFixes.from_positions(fixes, res)
+    rows, _ = bucket_fan_out(located.home, res, buckets)
+    assert len(rows) > len(fixes)  # some fixes go to two buckets or more
+    counted = {"duplicates": 0, "behind": 0}
+
+    def deliver(batch: HomedFixes, watermark: int) -> None:
+        rows, bucket = bucket_fan_out(batch.home, res, buckets)
+        for b, w in enumerate(windows):
+            step = w.step(batch.take(rows[bucket == b]), watermark, RULE.tolerance_ms)
+            counted["duplicates"] += step.duplicates
+            counted["behind"] += step.behind_watermark
+
+    deliver(located, 0)
+    deliver(located, 0)  # every fix again, each still kept
+    assert counted == {"duplicates": len(fixes), "behind": 0}
+    old = HomedFixes.from_positions(
+        [Position(f"late{i}", 0, f.ts_ms - 1, f.lat, f.lon, 0.0) for i, f in enumerate(fixes[:25])], res
+    )
+    deliver(old, max(f.ts_ms for f in fixes))
+    assert counted == {"duplicates": len(fixes), "behind": 25}
+
+
+def test_entered_pairs_that_stay_near_skip_the_fold_and_end_in_the_same_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The columnar path for entered pairs is taken, and leaves each pair's state (its latest
+    meeting, where a lost exit is raised) as `pair_step` would."""
+    from processor.core import proximity
+
+    rule = ProximityRule(
+        "r", enter_m=40, exit_m=60, min_duration_ms=4_000, tolerance_ms=3_000, lost_after_ms=8_000
+    )
+    fixes = sorted(fleet(7, vehicles=30, steps=40, spread_m=300), key=lambda f: f.ts_ms)
+    batches = [fixes[i : i + 40] for i in range(0, len(fixes), 40)]
+    window = CellWindow(rule.resolution, watch_m=rule.watch_m)
+    meetings = [
+        window.step(HomedFixes.from_positions(b, rule.resolution), 0, rule.tolerance_ms).meetings
+        for b in batches
+    ]
+    folded: dict[tuple[str, str], PairState] = {}
+    for m in meetings:
+        for key, obs in pair_inputs(m, folded, rule).items():
+            folded[key], _, _ = pair_step(folded.get(key, PairState()), obs, rule)
+    held = Counter[str]()
+    real = proximity._entered_and_held
+
+    def counting(m: Any, states: Any, rule: ProximityRule) -> Any:
+        holds = real(m, states, rule)
+        held["pairs"] += int(holds.sum())
+        return holds
+
+    monkeypatch.setattr(proximity, "_entered_and_held", counting)
+    states: dict[tuple[str, str], PairState] = {}
+    for m in meetings:
+        pairs_step(states, m, 0, rule)
+    assert held["pairs"] > 50  # entered pairs moved on without the fold
+    assert states == {k: folded[k] for k in states}
+    assert set(states) == {k for k, s in folded.items() if s.keep_until_ms(rule) is not None}
+    assert any(s.entered for s in states.values())
+
+
+class _FakeValueState:
+    def __init__(self) -> None:
+        self.value: tuple[int] | None = None
+
+    def exists(self) -> bool:
+        return self.value is not None
+
+    def get(self) -> tuple[int] | None:
+        return self.value
+
+    def update(self, value: tuple[int]) -> None:
+        self.value = value
+
+    def clear(self) -> None:
+        self.value = None
+
+
+class _FakeHandle:
+    """Spark's processor handle, for its timers only: a fault-free stand-in that records calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.state = _FakeValueState()
+
+    def getValueState(self, name: str, schema: str) -> _FakeValueState:  # noqa: N802 (Spark's name)
+        return self.state
+
+    def registerTimer(self, ms: int) -> None:  # noqa: N802
+        self.calls.append(("register", ms))
+
+    def deleteTimer(self, ms: int) -> None:  # noqa: N802
+        self.calls.append(("delete", ms))
+
+
+def test_a_buckets_timer_moves_and_one_that_fired_is_not_deleted_again() -> None:
+    from processor.spark.proximity import _Timer
+
+    handle = _FakeHandle()
+    timer = _Timer(handle)  # type: ignore[arg-type]
+    timer.set(100)
+    timer.set(100)  # unchanged: no call
+    timer.set(200)
+    timer.set(None, fired=True)  # 200 fired: Spark dropped it, nothing to delete, nothing kept
+    timer.set(200)  # the same time again is a new timer
+    timer.set(300, fired=True)
+    assert handle.calls == [
+        ("register", 100),
+        ("delete", 100),
+        ("register", 200),
+        ("register", 200),
+        ("register", 300),
+    ]
+    assert handle.state.value == (300,)
