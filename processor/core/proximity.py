@@ -215,10 +215,6 @@ class HomedFixes:
     def concat(self, other: HomedFixes) -> HomedFixes:
         return HomedFixes(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in _FIXES_FIELDS))
 
-    def positions(self) -> list[Position]:
-        cols = (getattr(self, f).tolist() for f in _POSITION_FIELDS)
-        return [Position(*row) for row in zip(*cols, strict=True)]
-
 
 _POSITION_FIELDS = tuple(f.name for f in dataclasses.fields(Position))
 _FIXES_FIELDS = tuple(f.name for f in dataclasses.fields(HomedFixes))
