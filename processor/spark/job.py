@@ -10,6 +10,7 @@ the stateful operator and the sink are plain Spark plan nodes, the checkpoint is
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -194,6 +195,26 @@ def proximity_sink_id(spark: Any, s: ProcessorSettings) -> str:
     return sink_id_for(HadoopCheckpointFiles(spark, s.proximity_checkpoint))
 
 
+PROXIMITY_CELLS_FILE = "fleetfence-proximity-cells.json"
+
+
+def refuse_other_cells(files: HadoopCheckpointFiles, rule: ProximityRule) -> None:
+    """The H3 resolution a proximity checkpoint's state is in, recorded at its first start: the
+    fixes its buckets keep are placed by their home cells at that resolution, which follows from
+    the rule's exit distance. Another exit distance with other cells would meet new fixes with old
+    ones in the wrong cells, so a change of resolution is refused."""
+    wanted = json.dumps({"resolution": rule.resolution})
+    if files.create(PROXIMITY_CELLS_FILE, wanted):
+        return
+    had = json.loads(files.read(PROXIMITY_CELLS_FILE) or wanted)["resolution"]
+    if had != rule.resolution:
+        raise ConfigError(
+            f"proximity checkpoint {files.location} keeps fixes in H3 cells of resolution {had}, but "
+            f"an exit distance of {rule.exit_m:g} m needs resolution {rule.resolution}: keep the "
+            "distances or start from a new checkpoint (FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
+        )
+
+
 def start_proximity_query(
     spark: Any,
     s: ProcessorSettings,
@@ -220,6 +241,7 @@ def start_proximity_query(
             "start from a new checkpoint (FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
         )
     keys = checkpoint_layout(files, None, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    refuse_other_cells(files, rule)
     fixes = kafka_stream(
         spark,
         s.bootstrap_servers,

@@ -9,6 +9,7 @@ vehicle's side, at the fix the pure stages say."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -23,8 +24,8 @@ from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
 from processor.core.proximity import ProximityCount, ProximityRule
 from processor.settings import ProcessorSettings
-from processor.spark.checkpoint_files import SINK_ID_FILE
-from processor.spark.job import start_proximity_query
+from processor.spark.checkpoint_files import SINK_ID_FILE, HadoopCheckpointFiles
+from processor.spark.job import refuse_other_cells, start_proximity_query
 from tests.processor.helpers import (
     committed_alerts,
     markers,
@@ -219,3 +220,20 @@ def test_a_checkpoint_of_the_per_cell_stages_is_refused(
     with pytest.raises(ConfigError, match="before the proximity stages were bucketed"):
         start_proximity_query(spark, ps, rule)
     assert not (Path(ps.proximity_checkpoint) / "fleetfence-layout.json").exists()
+
+
+def test_a_checkpoint_in_cells_of_another_resolution_is_refused(
+    spark: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """The fixes a proximity checkpoint keeps are placed by their cells at the resolution its exit
+    distance gave at its first start: another exit distance with other cells is refused."""
+    ps = settings_for(settings, tmp_path)
+    rule = ps.proximity_rule()
+    assert rule is not None
+    files = HadoopCheckpointFiles(spark, ps.proximity_checkpoint)
+    refuse_other_cells(files, rule)  # the first start records it
+    refuse_other_cells(files, rule)  # the same again: fine
+    wider = dataclasses.replace(rule, exit_m=2_000.0)
+    assert wider.resolution != rule.resolution
+    with pytest.raises(ConfigError, match=f"resolution {rule.resolution}, but an exit distance of 2000 m"):
+        refuse_other_cells(files, wider)
