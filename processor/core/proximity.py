@@ -168,7 +168,7 @@ class Observation:
 
 @dataclass(frozen=True, slots=True)
 class HomedFixes:
-    """HomedFixes as columns (`Position`'s fields), each with its home cell: the H3 cell of the rule's
+    """Fixes as columns (`Position`'s fields), each with its home cell: the H3 cell of the rule's
     resolution it lies in, as an integer (every H3 index is below 2**63, and at one resolution the
     integers order as the cells' names do)."""
 
@@ -182,7 +182,7 @@ class HomedFixes:
 
     @staticmethod
     def located(columns: Mapping[str, Any] | pd.DataFrame, resolution: int) -> HomedFixes:
-        """HomedFixes from columns named as `Position`'s fields, their home cells in one native call
+        """Fixes from columns named as `Position`'s fields, their home cells in one native call
         (`h3_cells_int`)."""
         lat = np.asarray(columns["lat"], np.float64)
         lon = np.asarray(columns["lon"], np.float64)
@@ -191,7 +191,7 @@ class HomedFixes:
 
     @staticmethod
     def from_columns(columns: Mapping[str, Any] | pd.DataFrame) -> HomedFixes:
-        """HomedFixes from columns named as its fields (a frame, a state's table), in their types."""
+        """Fixes from columns named as its fields (a frame, a state's table), in their types."""
         return HomedFixes(*(np.asarray(columns[f], dtype=t) for f, t in _FIXES_TYPES.items()))
 
     @staticmethod
@@ -242,21 +242,30 @@ def _reporting_cells(home: int) -> tuple[int, ...]:
     return tuple(sorted(c for c in h3i.grid_disk(home, 1) if c <= home))
 
 
-def bucket_fan_out(home: np.ndarray, resolution: int, buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """Which buckets each fix goes to, by its home cell: those of every cell that may report its
-    meetings (`_reporting_cells`), each bucket once. Returns (fix index, bucket) pairs, by fix."""
+@functools.lru_cache(maxsize=1 << 16)
+def _home_buckets(home: int, resolution: int, buckets: int) -> tuple[int, ...]:
+    cells = np.array(_reporting_cells(home), np.int64)
+    return tuple(np.unique(cell_buckets(cells, resolution, buckets)).tolist())
+
+
+def _per_home(home: np.ndarray, values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """For each fix, by its home cell, each of `values(home)` (a tuple of ints, cached per home):
+    (fix index, value) pairs, by fix; one call per distinct home, none per fix."""
     homes, inverse = np.unique(np.asarray(home, np.int64), return_inverse=True)
-    per_home = [
-        np.unique(cell_buckets(np.array(_reporting_cells(int(h)), np.int64), resolution, buckets))
-        for h in homes
-    ]
-    sizes = np.array([len(b) for b in per_home], np.int64)
+    per_home = [values(h) for h in homes.tolist()]
+    sizes = np.array([len(v) for v in per_home], np.int64)
     counts = sizes[inverse]
     rows = np.repeat(np.arange(len(inverse)), counts)
     starts = (np.cumsum(sizes) - sizes)[inverse]
     place = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    flat = np.concatenate(per_home) if per_home else np.zeros(0, np.int64)
+    flat = np.fromiter((v for vs in per_home for v in vs), np.int64, int(sizes.sum()))
     return rows, flat[np.repeat(starts, counts) + place]
+
+
+def bucket_fan_out(home: np.ndarray, resolution: int, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which buckets each fix goes to, by its home cell: those of every cell that may report its
+    meetings (`_reporting_cells`), each bucket once. Returns (fix index, bucket) pairs, by fix."""
+    return _per_home(home, lambda h: _home_buckets(h, resolution, buckets))
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +333,9 @@ class CellWindow:
         and the batches they arrive in, as long as neither arrives behind the watermark (then its
         partner may be forgotten: counted, not dropped)."""
         kept = self.kept
+        # Vehicles as codes in the order of their names (np.unique sorts), once for the step.
         _, codes = np.unique(np.concatenate([kept.vehicle_id, arrivals.vehicle_id]), return_inverse=True)
+        codes = codes.astype(np.int64)
         arrived = codes[len(kept) :]
         order = np.lexsort((arrived, arrivals.ts_ms))  # by event time, then vehicle
         arrivals, arrived = arrivals.take(order), arrived[order]
@@ -339,7 +350,16 @@ class CellWindow:
         # Counted once per fix, by the bucket of its home cell (a fix goes to that one and others).
         mine = cell_buckets(arrivals.home, self.resolution, self.buckets) == self.bucket
         out = CellStep(
-            _meetings(kept, fresh, tolerance_ms, self.resolution, self.bucket, self.buckets, self.watch_m),
+            _meetings(
+                kept,
+                fresh,
+                tolerance_ms,
+                self.resolution,
+                self.bucket,
+                self.buckets,
+                self.watch_m,
+                np.concatenate([codes[: len(kept)], arrived[fresh_mask]]),
+            ),
             duplicates=int((~fresh_mask & mine).sum()),
             behind_watermark=int(((arrivals.ts_ms < watermark_ms) & fresh_mask & mine).sum()),
         )
@@ -372,27 +392,21 @@ def _expand(
     index, whether the cell is the fix's home), sorted by key. The key orders by cell, then by event
     time, and keeps each cell's times at least the tolerance from the next cell's: the fixes of a
     cell within the tolerance of a time are then one range of keys."""
-    homes, inverse = np.unique(fixes.home, return_inverse=True)
-    per_home = [_cells_in_bucket(h, resolution, bucket, buckets) for h in homes.tolist()]
-    sizes = np.array([len(c) for c in per_home], np.int64)
-    counts = sizes[inverse]
-    rows = np.repeat(np.arange(len(fixes)), counts)
-    starts = (np.cumsum(sizes) - sizes)[inverse]
-    place = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    flat = np.fromiter((c for cells in per_home for c in cells), np.int64, int(sizes.sum()))
-    cell = flat[np.repeat(starts, counts) + place]
+    rows, cell = _per_home(fixes.home, lambda h: _cells_in_bucket(h, resolution, bucket, buckets))
     _, rank = np.unique(cell, return_inverse=True)
     ts = fixes.ts_ms[rows]
     # A wild event time (a clock years off) would stretch every cell's range: the time part is
     # bounded around the batch's median, and a time clipped to its ends only widens its own
     # candidates (clipping never brings two times further apart; `_meetings` checks the tolerance).
+    # Each cell's keys lie in [rank * span + tolerance, (rank + 1) * span - tolerance - 1]: a search
+    # within the tolerance of one never reaches another cell's.
     t0 = int(np.median(ts)) - _MAX_SPAN_MS // 2 if len(ts) else 0
     part = np.clip(ts - t0, 0, _MAX_SPAN_MS)
     span = int(part.max(initial=0)) + 2 * tolerance_ms + 1
     key = rank.astype(np.int64) * span + part + tolerance_ms
     order = np.argsort(key, kind="stable")
     rows = rows[order]
-    return key[order], rows, cell[order], cell[order] == fixes.home[rows]
+    return key[order], rows, cell[order] == fixes.home[rows]
 
 
 def _meetings(
@@ -403,6 +417,7 @@ def _meetings(
     bucket: int,
     buckets: int,
     watch_m: float,
+    vcode: np.ndarray,
 ) -> Meetings:
     """The meetings a bucket reports among `fresh` and between them and `kept`, as a join on the
     reporting cell and the tolerance (a range of `_expand`'s keys): a fix goes to its home and the
@@ -415,10 +430,11 @@ def _meetings(
     of vehicles in neighbouring cells, far apart. Of those of a pair at one moment (the later fix's
     time) only the one `pair_step` takes is reported: closest in time, then the smallest gap; the
     rest could change nothing (they come in the same batch). Filtered before the choice, so that
-    the choice is the same however the moment's meetings fall into buckets."""
+    the choice is the same however the moment's meetings fall into buckets. `vcode`: the vehicles
+    of `kept` then `fresh` as codes in the order of their names (no string compared per pair)."""
     allf = kept.concat(fresh)
     n_kept = len(kept)
-    key, row, cell, at_home = _expand(allf, resolution, bucket, buckets, tolerance_ms)
+    key, row, at_home = _expand(allf, resolution, bucket, buckets, tolerance_ms)
     is_fresh = row >= n_kept
     lo = np.searchsorted(key, key[is_fresh] - tolerance_ms, "left")
     hi = np.searchsorted(key, key[is_fresh] + tolerance_ms, "right")
@@ -426,13 +442,9 @@ def _meetings(
     x = np.repeat(np.nonzero(is_fresh)[0], counts)  # positions in the expanded rows
     y = np.repeat(lo, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
     xi, yi = row[x], row[y]  # fix indexes in `allf`
-    # Vehicles as codes in the order of their names (np.unique sorts): no string compared per pair.
-    _, vcode = np.unique(allf.vehicle_id, return_inverse=True)
-    vcode = vcode.astype(np.int64)
     ts = allf.ts_ms
     keep = (
-        (cell[x] == cell[y])
-        & (at_home[x] | at_home[y])
+        (at_home[x] | at_home[y])
         & ((yi < n_kept) | (yi > xi))
         & (vcode[xi] != vcode[yi])
         & (np.abs(ts[xi] - ts[yi]) <= tolerance_ms)
