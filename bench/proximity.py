@@ -34,6 +34,7 @@ from rich.table import Table
 
 from bench.common import BENCH_LOG, write_section
 from fleetfence.geo import haversine_m
+from fleetfence.rules import ProximityRule
 from processor.core.proximity import (
     MEETING_FIELDS,
     CellWindow,
@@ -41,9 +42,9 @@ from processor.core.proximity import (
     Meetings,
     PairState,
     Position,
-    ProximityRule,
     bucket_fan_out,
     pairs_step,
+    resolution_for,
 )
 
 console = Console(width=150)
@@ -97,7 +98,7 @@ def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[
     out to their buckets (`bucket_fan_out`), each bucket stepped in columns (`CellWindow.step`), the
     meetings folded per bucket of pairs (`pairs_step`). Seconds, the meetings within exit_m, the
     fixes and the pairs kept at the end."""
-    res = RULE.resolution
+    res = resolution_for(RULE.exit_m)
     windows = [CellWindow(res, b, buckets, watch_m=RULE.watch_m) for b in range(buckets)]
     pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
     near: set[Meeting] = set()

@@ -96,7 +96,7 @@ def run_demo(
     api_port: int | None = None,
 ) -> int:
     """Run the live demo; returns verify's exit code."""
-    from fleetfence.rules import RouteRules
+    from fleetfence.rules import ProximityRule, RouteRules
     from simulator.commands import simulate, start_ms_for, verify
     from simulator.config import Injections, ScenarioConfig
     from simulator.publish import SimulationOptions
@@ -115,7 +115,22 @@ def run_demo(
         shutil.rmtree(state, ignore_errors=True)
         settings = settings.model_copy(update={"state_dir": state})
     truth = run_dir / f"truth-{int(time.time())}.jsonl"
-    spec = PipelineSpec(gateway_replicas=1, api_port=api_port)
+    # Vehicle proximity on, for the fleet (the processor's one rule: `fleet`): the convoys below
+    # meet and drift apart, and vehicles overtaking or stopping near each other meet too.
+    proximity = ProximityRule(
+        "fleet", enter_m=40.0, exit_m=80.0, min_duration_ms=15_000, tolerance_ms=500, lost_after_ms=30_000
+    )
+    proximity_env = {
+        "FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M": str(proximity.enter_m),
+        "FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M": str(proximity.exit_m),
+        "FLEETFENCE_PROCESSOR_PROXIMITY_MIN_DURATION_S": str(proximity.min_duration_ms / 1000),
+        "FLEETFENCE_PROCESSOR_PROXIMITY_TOLERANCE_S": str(proximity.tolerance_ms / 1000),
+        "FLEETFENCE_PROCESSOR_PROXIMITY_LOST_AFTER_S": str(proximity.lost_after_ms / 1000),
+    }
+    if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
+        # The demo's own broker, empty: the proximity query reads this run's telemetry from its start.
+        proximity_env["FLEETFENCE_PROCESSOR_PROXIMITY_STARTING_OFFSETS"] = "earliest"
+    spec = PipelineSpec(gateway_replicas=1, api_port=api_port, env=proximity_env)
     with ExitStack() as stack:
         pipeline = Pipeline(settings, run_dir, spec)
         stack.callback(pipeline.stop)
@@ -152,7 +167,14 @@ def run_demo(
                 arrival_risk_s=120.0,
             )
             inject = Injections(
-                deviation=0.4, overspeed=0.3, dwell=0.3, silent=0.15, late=0.0, wrong_way=0.1, schedule=0.1
+                deviation=0.4,
+                overspeed=0.3,
+                dwell=0.3,
+                silent=0.15,
+                late=0.0,
+                wrong_way=0.1,
+                schedule=0.1,
+                convoy=0.25,
             )
             cfg = ScenarioConfig(
                 vehicles=vehicles,
@@ -161,6 +183,7 @@ def run_demo(
                 route_length_m=3000.0,  # short enough that some vehicles reach the end (ROUTE_COMPLETED)
                 rules=rules,
                 inject=inject,
+                proximity=proximity,
                 start_ms=start_ms_for(None, True, duration_s, 1000),
                 vehicle_prefix=f"demo{int(time.time()) % 100000}-",
             )

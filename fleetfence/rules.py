@@ -1,7 +1,9 @@
 """The geofencing rules: the one definition of their fields and defaults.
 
 `RouteRules` are per route (master data); `ProcessorRules` are processor-wide
-(`FLEETFENCE_PROCESSOR_*`), and the simulator's ground truth must assume the same ones.
+(`FLEETFENCE_PROCESSOR_*`), and the simulator's ground truth must assume the same ones; so is
+`ProximityRule`, vehicle proximity's rule (`FLEETFENCE_PROCESSOR_PROXIMITY_*`, applied by
+processor.core.proximity, assumed by simulator.truth_proximity).
 
 The admin API validates them (`vehicle_master.models.RouteProps` is built from `RouteRules`' fields
 and their `RuleSpec`), the processor applies them (`processor.core.geometry.compile_route` reads master
@@ -238,3 +240,51 @@ class ProcessorRules:
     arrival_hysteresis_s: float = 120.0
     eta_warmup_s: float = 60.0
     eta_min_speed_kmh: float = 5.0
+
+
+# The speed (m/s, 144 km/h) of each of two vehicles driving apart within the rule's tolerance that
+# the cells still report meetings for (`ProximityRule.watch_m`).
+WATCH_SPEED_MPS = 40.0
+MAX_EXIT_M = 5_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProximityRule:
+    """One proximity rule: when two vehicles count as near, and for how long.
+
+    `enter_m` < `exit_m` is the hysteresis band; a meeting compares two fixes at most `tolerance_ms`
+    apart in event time (the vehicles report at their own moments); `min_duration_ms` of continuous
+    nearness before PROXIMITY_ENTER (two trucks passing each other at a junction are not a meeting);
+    `lost_after_ms` without a meeting ends an open one. Deliberately no defaults: the distances are
+    the operator's policy, spelled where the rule is configured."""
+
+    rule_id: str
+    enter_m: float
+    exit_m: float
+    min_duration_ms: int
+    tolerance_ms: int
+    lost_after_ms: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.enter_m < self.exit_m <= MAX_EXIT_M:
+            raise ValueError(
+                f"proximity rule {self.rule_id!r}: needs 0 < enter_m < exit_m <= {MAX_EXIT_M:g} "
+                f"(got {self.enter_m:g} and {self.exit_m:g})"
+            )
+        if self.min_duration_ms < 0 or self.tolerance_ms < 0:
+            raise ValueError(f"proximity rule {self.rule_id!r}: durations are never negative")
+        if self.lost_after_ms <= self.tolerance_ms:
+            raise ValueError(
+                f"proximity rule {self.rule_id!r}: lost_after_ms must exceed tolerance_ms, or a "
+                "meeting could be lost between two fixes that still match"
+            )
+
+    @property
+    def watch_m(self) -> float:
+        """How far apart a meeting may be and still be reported by the cells (and be the one of its
+        moment the pair stage takes): the exit distance and what two vehicles driving apart at
+        WATCH_SPEED_MPS each can add within the tolerance. Farther meetings change nothing for a
+        pair that is not near (most of them: vehicles in neighbouring cells); a near pair parting
+        faster than that between two of its moments is not seen apart, and ends as `lost` when
+        its deadline passes."""
+        return self.exit_m + 2 * WATCH_SPEED_MPS * self.tolerance_ms / 1000

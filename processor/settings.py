@@ -6,9 +6,9 @@ import socket
 
 from pydantic import Field, model_validator
 
+from fleetfence.rules import MAX_EXIT_M, ProximityRule
 from fleetfence.settings import ProcessorRulesSettings
 from processor.core.domain import EngineConfig
-from processor.core.proximity import MAX_EXIT_M, ProximityRule
 
 # The driver's Prometheus endpoint; when this default is busy it serves on an ephemeral port and
 # announces that one (fleetfence.metrics, fleetfence.registry).

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetfence.errors import ConfigError
-from fleetfence.rules import ProcessorRules, RouteRules
+from fleetfence.rules import ProcessorRules, ProximityRule, RouteRules
 from simulator.routes import DEFAULT_BBOX, EDGE_MARGIN_M
 from simulator.rules import simulated_rules
 
@@ -35,6 +35,9 @@ class Injections:
     # other behaviour, so its episode can use its whole timeline.
     wrong_way: float = 0.05
     schedule: float = 0.05
+    # Convoys: the fraction of vehicles that start close behind another vehicle of their route and
+    # drift back from it (simulator.plan.CONVOY_GAP_M, CONVOY_DRIFT_MPS); at 0 no draw is made for it.
+    convoy: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class ScenarioConfig:
     routes_geojson: Any | None = None
     rules: RouteRules = field(default_factory=simulated_rules)
     assume: ProcessorRules = field(default_factory=ProcessorRules)
+    # The processor's proximity rule, if it runs one: the truth then has the pairs' alerts
+    # (simulator.truth_proximity), and the transport faults leave the fixes that meet in order.
+    proximity: ProximityRule | None = None
     inject: Injections = field(default_factory=Injections)
     start_ms: int = 1_795_000_000_000
     vehicle_prefix: str = "sim-"
@@ -116,6 +122,7 @@ class ScenarioConfig:
             "late",
             "wrong_way",
             "schedule",
+            "convoy",
         ):
             p = getattr(self.inject, name)
             if not 0.0 <= p <= 1.0:
@@ -126,6 +133,17 @@ class ScenarioConfig:
             raise ConfigError("fault probabilities add up to more than 1")
         if self.inject.wrong_way + self.inject.schedule > 1.0:
             raise ConfigError("wrong_way and schedule pick disjoint vehicles: they add up to more than 1")
+        if self.proximity is not None:
+            if self.proximity.tolerance_ms >= self.period_ms:
+                raise ConfigError(
+                    "the proximity truth needs the rule's tolerance shorter than the fix period (a "
+                    "meeting of two fixes of one tick): lower the tolerance or the rate"
+                )
+            if self.proximity.lost_after_ms > self.rules.silent_after_s * 1000:
+                raise ConfigError(
+                    "the proximity truth needs lost_after within silent_after_s, so that a pair "
+                    "lost to a silence is lost within the run"
+                )
         stop_s = self.rules.stop_min_s
         if math.isfinite(stop_s) and stop_s < 10:
             raise ConfigError("stop_min_s below 10 s would confirm a stop at every traffic light")

@@ -42,6 +42,10 @@ WW_APPROACH = 6  # noise-free ticks of normal driving before a wrong-way turn (t
 WW_HOLD = 2  # ticks standing at each turn
 WW_TAIL = 3  # noise-free ticks after the stretch
 SCHEDULE_HOLD_S = 60.0  # a scheduled trip stands this long at its start: it departs late
+# A convoy's follower starts this far behind its leader along their route and cruises this much
+# slower: near at first, apart a minute or two later (vehicle proximity's enter and exit).
+CONVOY_GAP_M = 10.0
+CONVOY_DRIFT_MPS = 1.0
 
 # Wrong-way phases: 0 pending, 1 approach, 2 braking, 3 turn, 4 reverse, 5 braking, 6 turn,
 # 7 forward, 8 tail, 9 done, 10 skipped.
@@ -237,6 +241,37 @@ class Fleet:
         self.dwell_phase = np.zeros(n, dtype=np.int8)
         for at in (self.dev_tick, self.ovs_tick, self.dwell_tick):
             at[self.exclusive] = -1
+        self.follows = np.full(n, -1, dtype=np.int64)
+        if cfg.inject.convoy > 0:
+            self._plan_convoys(_count(cfg.inject.convoy, n), refused, skip)
+
+    def _plan_convoys(self, wanted: int, refused: list[FloatArray], skip: float) -> None:
+        """Followers close behind a leader of their route, drifting back (CONVOY_GAP_M,
+        CONVOY_DRIFT_MPS); a follower has no episode of its own, so the pair parts by the drift or
+        by the leader's episodes. Drawn last, so a configuration without convoys keeps its fleet."""
+        taken = self.exclusive | (self.silent_tick >= 0)
+        made = 0
+        for f in self.rng.permutation(np.flatnonzero(~taken)).tolist():
+            if made == wanted:
+                break
+            if taken[f]:
+                continue
+            ri = int(self.route_idx[f])
+            mates = [int(m) for m in self.by_route[ri] if m != f and not taken[m] and not self.exclusive[m]]
+            if not mates:
+                continue
+            lead = mates[int(self.rng.integers(len(mates)))]
+            s_f = float(self.s[lead]) - CONVOY_GAP_M
+            cruise = float(self.cruise[lead]) - CONVOY_DRIFT_MPS
+            if s_f < 0 or placeable_start(refused[ri], s_f, skip) != s_f or cruise <= 2 * CONVOY_DRIFT_MPS:
+                continue  # no room behind the leader where the processor can place a trip start
+            self.s[f], self.cruise[f], self.v[f] = s_f, cruise, cruise
+            for at in (self.dev_tick, self.ovs_tick, self.dwell_tick):
+                at[f] = -1
+            self.follows[f] = lead
+            taken[f] = taken[lead] = True
+            made += 1
+        self.stats.skipped += wanted - made
 
     def _plan_schedule(self, i: int) -> None:
         """Drive scheduled vehicle i's whole trip ahead (its kinematics involve no random event: the

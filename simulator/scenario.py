@@ -47,6 +47,7 @@ from simulator.kinematics import advance
 from simulator.plan import WW_DONE, Fleet
 from simulator.routes import EDGE_MARGIN_M, CityMap, build_city, place_zones
 from simulator.truth import TruthAlert, vehicle_id
+from simulator.truth_proximity import ProximityTruth
 from simulator.truth_rules import Trigger, TruthRules
 
 __all__ = ["WW_DONE", "Scenario", "ScenarioStats", "TickBatch"]
@@ -84,6 +85,13 @@ class Scenario:
         self.rules = TruthRules(self.fleet)
         self.withheld_until = np.full(self.n, -1, dtype=np.int64)
         self._vids: list[str] | None = None
+        self.proximity = (
+            ProximityTruth(
+                cfg.proximity, self.vehicle_ids_cached(), cfg.start_ms, cfg.period_ms, cfg.assume.lateness_ms
+            )
+            if cfg.proximity is not None
+            else None
+        )
 
     # ------------------------------------------------------------------ identity
 
@@ -168,6 +176,10 @@ class Scenario:
         limit = cfg.rules.speed_limit_kmh
         near_silence = (fleet.silent_tick >= 0) & (k >= fleet.silent_tick - 3)
         can_hold = alive & (k >= 3) & ~near_silence & (self.withheld_until < k) & (k < cfg.n_ticks - 1)
+        if self.proximity is not None:
+            # A fix that meets another vehicle's is never held back: its pair's meetings reach the
+            # processor in event-time order (simulator.truth_proximity).
+            can_hold &= ~self.proximity.near(alive, lat, lon)
         calm = (
             ~alerted
             & quiet_before
@@ -200,6 +212,8 @@ class Scenario:
         for i, typ, zone in trig:
             at = (round(float(lat[i]), 7), round(float(lon[i]), 7))
             truth.append(TruthAlert(vids[i], typ, seq, ts, zone, k + int(ooo[i]), None, *at))
+        if self.proximity is not None:
+            truth.extend(self.proximity.tick(k, ts, seq, alive, lat, lon))
 
         send = alive & ~ooo & ~late
         order = np.nonzero(send)[0]

@@ -27,7 +27,10 @@ class TruthAlert:
     """One expected alert. `seq`/`ts_ms` are those the processor must put on the alert: the
     triggering fix's, or for VEHICLE_SILENT the last fix's seq and the due time. `publish_ms` is
     the wall-clock time the fix that made it due was handed to MQTT/Kafka (real-time runs only);
-    `lat`/`lon` where the triggering fix was published (None for a silence: no fix triggers it)."""
+    `lat`/`lon` where the triggering fix was published (None for a silence: no fix triggers it).
+    A pair's alert (vehicle proximity) names the other vehicle (`other_vehicle_id`, which takes the
+    zone's place in `key`) and its id's `subject` (the rule, the other vehicle, when the nearness
+    began: `fleetfence.contracts.alert_record`)."""
 
     vehicle_id: str
     type: str
@@ -38,14 +41,16 @@ class TruthAlert:
     publish_ms: int | None = None
     lat: float | None = None
     lon: float | None = None
+    other_vehicle_id: str | None = None
+    subject: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str, int]:
-        return (self.vehicle_id, self.type, self.zone_id or "", self.seq)
+        return (self.vehicle_id, self.type, self.zone_id or self.other_vehicle_id or "", self.seq)
 
     @property
     def alert_id(self) -> str:
-        return alert_id(self.vehicle_id, self.type, self.seq, self.zone_id or "")
+        return alert_id(self.vehicle_id, self.type, self.seq, self.zone_id or self.subject or "")
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -115,6 +120,8 @@ def read_truth(path: Path) -> tuple[RunHeader, list[TruthAlert]]:
                 d.get("publish_ms"),
                 d.get("lat"),
                 d.get("lon"),
+                d.get("other_vehicle_id"),
+                d.get("subject"),
             )
         )
     if header is None:

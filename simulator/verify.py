@@ -43,10 +43,11 @@ class ObservedAlert:
     record_ts_ms: int | None = None  # the Kafka record timestamp (when the processor produced it)
     lat: float | None = None
     lon: float | None = None
+    other_vehicle_id: str | None = None  # a pair's alert: the other vehicle, in the zone's place
 
     @property
     def key(self) -> Key:
-        return (self.vehicle_id, self.type, self.zone_id or "", self.seq)
+        return (self.vehicle_id, self.type, self.zone_id or self.other_vehicle_id or "", self.seq)
 
     @staticmethod
     def from_record(value: bytes, record_ts_ms: int | None) -> ObservedAlert:
@@ -55,6 +56,8 @@ class ObservedAlert:
     @staticmethod
     def from_dict(d: dict[str, Any], record_ts_ms: int | None) -> ObservedAlert:
         """An alert already decoded (a load test keeps them decoded while it runs)."""
+        details = d.get("details")
+        other = details.get("other_vehicle_id") if isinstance(details, dict) else None
         return ObservedAlert(
             str(d["alert_id"]),
             str(d["vehicle_id"]),
@@ -65,6 +68,7 @@ class ObservedAlert:
             record_ts_ms,
             d.get("lat"),
             d.get("lon"),
+            other if isinstance(other, str) else None,
         )
 
 
@@ -133,14 +137,14 @@ class Mismatch:
 
 
 def mismatches(missing: list[TruthAlert], unexpected: list[ObservedAlert]) -> list[Mismatch]:
-    """The disagreements, a missing and an unexpected alert of the same vehicle, type and zone
-    paired (in seq order) as one alert raised at another fix; ordered by vehicle, type, seq."""
+    """The disagreements, a missing and an unexpected alert of the same vehicle, type and zone (or
+    other vehicle) paired (in seq order) as one alert raised at another fix; ordered by vehicle, type, seq."""
     exp: dict[tuple[str, str, str], list[TruthAlert]] = defaultdict(list)
     got: dict[tuple[str, str, str], list[ObservedAlert]] = defaultdict(list)
     for a in missing:
-        exp[(a.vehicle_id, a.type, a.zone_id or "")].append(a)
+        exp[a.key[:3]].append(a)
     for o in unexpected:
-        got[(o.vehicle_id, o.type, o.zone_id or "")].append(o)
+        got[o.key[:3]].append(o)
     out: list[Mismatch] = []
     for key in sorted(exp.keys() | got.keys()):
         es = sorted(exp.get(key, []), key=lambda a: a.seq)
@@ -243,16 +247,12 @@ def compare(
     if seq_tolerance > 0 and near:
         pool: dict[tuple[str, str, str], list[ObservedAlert]] = defaultdict(list)
         for u in unmatched_obs.values():
-            pool[(u.vehicle_id, u.type, u.zone_id or "")].append(u)
+            pool[u.key[:3]].append(u)
         for a in near:
-            cands = [
-                o
-                for o in pool.get((a.vehicle_id, a.type, a.zone_id or ""), [])
-                if abs(o.seq - a.seq) <= seq_tolerance
-            ]
+            cands = [o for o in pool.get(a.key[:3], []) if abs(o.seq - a.seq) <= seq_tolerance]
             if cands:
                 best = min(cands, key=lambda c: abs(c.seq - a.seq))
-                pool[(best.vehicle_id, best.type, best.zone_id or "")].remove(best)
+                pool[best.key[:3]].remove(best)
                 unmatched_obs.pop(best.key)
                 pairs.append((a, best))
             else:

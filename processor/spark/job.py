@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetfence.errors import ConfigError
-from processor.core.proximity import ProximityRule
+from fleetfence.rules import ProximityRule
+from processor.core.proximity import resolution_for
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.spark.hot_sink import HotOptions
@@ -203,14 +204,15 @@ def refuse_other_cells(files: HadoopCheckpointFiles, rule: ProximityRule) -> Non
     fixes its buckets keep are placed by their home cells at that resolution, which follows from
     the rule's exit distance. Another exit distance with other cells would meet new fixes with old
     ones in the wrong cells, so a change of resolution is refused."""
-    wanted = json.dumps({"resolution": rule.resolution})
+    resolution = resolution_for(rule.exit_m)
+    wanted = json.dumps({"resolution": resolution})
     if files.create(PROXIMITY_CELLS_FILE, wanted):
         return
     had = json.loads(files.read(PROXIMITY_CELLS_FILE) or wanted)["resolution"]
-    if had != rule.resolution:
+    if had != resolution:
         raise ConfigError(
             f"proximity checkpoint {files.location} keeps fixes in H3 cells of resolution {had}, but "
-            f"an exit distance of {rule.exit_m:g} m needs resolution {rule.resolution}: keep the "
+            f"an exit distance of {rule.exit_m:g} m needs resolution {resolution}: keep the "
             "distances or start from a new checkpoint (FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
         )
 

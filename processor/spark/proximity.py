@@ -42,6 +42,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from fleetfence.contracts import INVALID_ERRORS, alert_json
+from fleetfence.rules import ProximityRule
 from processor.core.proximity import (
     MEETING_FIELDS,
     CellStep,
@@ -52,11 +53,11 @@ from processor.core.proximity import (
     PairEvent,
     PairState,
     ProximityCount,
-    ProximityRule,
     bucket_fan_out,
     pairs_due_ms,
     pairs_expire,
     pairs_step,
+    resolution_for,
 )
 from processor.spark.parse import read_fix
 from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_frame
@@ -105,7 +106,7 @@ def cell_rows(rule: ProximityRule, keys: list[int]) -> Any:
     """The mapInPandas function: each fix as a row per bucket of cells it can meet in
     (`bucket_fan_out`, the bucket's state key from `keys`), `ts` null, and one clock row (`bucket`
     CLOCK_KEY) with the newest event time of what the task read."""
-    res = rule.resolution
+    res = resolution_for(rule.exit_m)
     key_of = np.asarray(keys, np.int32)
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -215,7 +216,7 @@ class CellProcessor(StatefulProcessor):
 
     def _load(self, key: int) -> CellWindow:
         rule = self.rule
-        window = CellWindow(rule.resolution, self.keys.index(key), len(self.keys), rule.watch_m)
+        window = CellWindow(resolution_for(rule.exit_m), self.keys.index(key), len(self.keys), rule.watch_m)
         if self.kept.exists():
             value = self.kept.get()
             assert value is not None

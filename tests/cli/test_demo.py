@@ -53,6 +53,11 @@ def test_demo_pipeline_is_exact(tmp_path: Path) -> None:
     assert float(precision) == 1.0
     assert float(recall) == 1.0
     assert int(dups) == 0
+    # The convoys met (vehicle proximity on, every pair's alert held to the truth too).
+    pair_row = re.search(r"PROXIMITY_ENTER[\s│]+(\d+)[\s│]+(\d+)[\s│]+(\d+)", text)
+    assert pair_row is not None, text[-3000:]
+    assert int(pair_row[1]) >= 2
+    assert int(pair_row[1]) == int(pair_row[2]) == int(pair_row[3])
     # Everything the demo started is gone.
     state = tmp_path / "state"
     assert not any((state / "run").glob("*.pid"))

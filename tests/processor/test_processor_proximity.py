@@ -16,6 +16,7 @@ import pytest
 
 from fleetfence.contracts import ProximityExitReason
 from fleetfence.geo import haversine_m
+from fleetfence.rules import ProximityRule
 from processor.core.proximity import (
     EDGE_FACTOR,
     MAX_SPEED_KMH,
@@ -28,7 +29,6 @@ from processor.core.proximity import (
     PairEventKind,
     PairState,
     Position,
-    ProximityRule,
     bucket_fan_out,
     cell_buckets,
     pair_expire,
@@ -126,7 +126,7 @@ def run_cells(
     """The cell stage as a streaming engine runs it: each batch fanned out to its buckets, each
     bucket stepped with its own window; the watermark is the newest event time so far minus
     `lateness_ms`. Returns the meetings and how many arrivals were behind the watermark."""
-    res = rule.resolution
+    res = resolution_for(rule.exit_m)
     windows = [CellWindow(res, b, buckets, rule.watch_m) for b in range(buckets)]
     out: list[Observation] = []
     behind = 0
@@ -189,35 +189,42 @@ def test_the_cells_report_no_meeting_beyond_the_watch_distance() -> None:
     """`watch_m`: the exit distance and what two vehicles parting at 144 km/h each add within the
     tolerance; farther meetings are not reported, nearer ones are."""
     assert RULE.watch_m == RULE.exit_m + 2 * 40.0 * RULE.tolerance_ms / 1000
-    w = CellWindow(RULE.resolution, watch_m=RULE.watch_m)
+    w = CellWindow(resolution_for(RULE.exit_m), watch_m=RULE.watch_m)
 
     def north_m(v: str, m: float) -> Position:
         return Position(v, 1, T0, BERLIN[0] + m / 111_320, BERLIN[1], 0.0)
 
     fixes = [north_m("a", 0), north_m("b", RULE.watch_m + 1), north_m("c", 2 * RULE.watch_m + 2)]
-    found = w.step(HomedFixes.from_positions(fixes, RULE.resolution), 0, RULE.tolerance_ms).meetings
+    found = w.step(
+        HomedFixes.from_positions(fixes, resolution_for(RULE.exit_m)), 0, RULE.tolerance_ms
+    ).meetings
     assert found.observations() == []
     inside = north_m("d", RULE.watch_m - 1)
-    found = w.step(HomedFixes.from_positions([inside], RULE.resolution), 0, RULE.tolerance_ms).meetings
+    found = w.step(
+        HomedFixes.from_positions([inside], resolution_for(RULE.exit_m)), 0, RULE.tolerance_ms
+    ).meetings
     assert sorted((o.a, o.b) for o in found.observations()) == [("a", "d"), ("b", "d")]
 
 
 def at_home_window() -> CellWindow:
     """The window of the bucket holding Berlin's home cell."""
-    home = HomedFixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution).home
-    return CellWindow(RULE.resolution, int(cell_buckets(home, RULE.resolution, 8)[0]), 8)
+    home = HomedFixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], resolution_for(RULE.exit_m)).home
+    return CellWindow(
+        resolution_for(RULE.exit_m), int(cell_buckets(home, resolution_for(RULE.exit_m), 8)[0]), 8
+    )
 
 
 def test_a_fix_delivered_twice_meets_once_and_one_behind_the_watermark_is_counted() -> None:
     w = at_home_window()
     a_b = HomedFixes.from_positions(
-        [Position("a", 1, T0, *BERLIN, 0.0), Position("b", 1, T0 + 1000, *BERLIN, 0.0)], RULE.resolution
+        [Position("a", 1, T0, *BERLIN, 0.0), Position("b", 1, T0 + 1000, *BERLIN, 0.0)],
+        resolution_for(RULE.exit_m),
     )
     first = w.step(a_b, 0, RULE.tolerance_ms)
     assert (len(first.meetings), first.duplicates) == (1, 0)
     again = w.step(a_b.concat(a_b), 0, RULE.tolerance_ms)
     assert (len(again.meetings), again.duplicates) == (0, 4)
-    old = HomedFixes.from_positions([Position("c", 1, T0 - 500, *BERLIN, 0.0)], RULE.resolution)
+    old = HomedFixes.from_positions([Position("c", 1, T0 - 500, *BERLIN, 0.0)], resolution_for(RULE.exit_m))
     late = w.step(old, T0, RULE.tolerance_ms)
     assert (len(late.meetings), late.behind_watermark) == (2, 1)  # met with what is still kept
 
@@ -225,7 +232,9 @@ def test_a_fix_delivered_twice_meets_once_and_one_behind_the_watermark_is_counte
 def test_a_bucket_forgets_what_the_watermark_passed_by_the_tolerance() -> None:
     w = at_home_window()
     w.step(
-        HomedFixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], RULE.resolution), 0, RULE.tolerance_ms
+        HomedFixes.from_positions([Position("a", 1, T0, *BERLIN, 0.0)], resolution_for(RULE.exit_m)),
+        0,
+        RULE.tolerance_ms,
     )
     assert w.expires_ms(RULE.tolerance_ms) == T0 + RULE.tolerance_ms
     none = HomedFixes.empty()
@@ -335,12 +344,14 @@ def test_a_pair_no_longer_seen_is_lost_at_its_deadline() -> None:
 def test_a_fix_goes_to_the_buckets_of_the_cells_that_may_report_its_meetings_each_once() -> None:
     """Fix by fix: the buckets of its home cell and of the neighbours below it (`reports`: the
     smaller home reports), no other and none twice; in a city, fewer than two a fix on average."""
-    fixes = HomedFixes.from_positions(fleet(4, vehicles=300, steps=2, spread_m=20_000), RULE.resolution)
-    rows, bucket = bucket_fan_out(fixes.home, RULE.resolution, 16)
+    fixes = HomedFixes.from_positions(
+        fleet(4, vehicles=300, steps=2, spread_m=20_000), resolution_for(RULE.exit_m)
+    )
+    rows, bucket = bucket_fan_out(fixes.home, resolution_for(RULE.exit_m), 16)
     for i, home in enumerate(fixes.home.tolist()):
         ring = [int(h3.str_to_int(c)) for c in h3.grid_disk(h3.int_to_str(home), 1)]
         reporting = [c for c in ring if any(reports(c, home, other) for other in ring)]
-        want = set(cell_buckets(np.array(reporting, np.int64), RULE.resolution, 16).tolist())
+        want = set(cell_buckets(np.array(reporting, np.int64), resolution_for(RULE.exit_m), 16).tolist())
         got = bucket[rows == i].tolist()
         assert sorted(got) == sorted(want)
         assert len(got) == len(set(got))
@@ -403,7 +414,7 @@ def run_pairs(
     """Both stages as the streaming engine runs them: the cells' buckets, then each bucket of pairs
     with the batch's meetings at the batch's watermark (`pairs_step`); at the end, the pairs whose
     deadline the last watermark passed (the timers)."""
-    res = rule.resolution
+    res = resolution_for(rule.exit_m)
     windows = [CellWindow(res, b, buckets, rule.watch_m) for b in range(buckets)]
     pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
     events: list[PairEvent] = []
@@ -440,13 +451,13 @@ def test_the_pair_buckets_alert_as_each_pair_folding_every_meeting_would(seed: i
     rng = random.Random(seed)
     jittered = sorted(fixes, key=lambda f: f.ts_ms + rng.uniform(0, 4_000))
     batches = [jittered[i : i + 40] for i in range(0, len(jittered), 40)]
-    windows = [CellWindow(rule.resolution)]
+    windows = [CellWindow(resolution_for(rule.exit_m))]
     states: dict[tuple[str, str], PairState] = {}
     want: list[PairEvent] = []
     watermark = 0
     for batch in batches:
         step = windows[0].step(
-            HomedFixes.from_positions(batch, rule.resolution), watermark, rule.tolerance_ms
+            HomedFixes.from_positions(batch, resolution_for(rule.exit_m)), watermark, rule.tolerance_ms
         )
         by_pair: dict[tuple[str, str], list[Observation]] = defaultdict(list)
         for o in step.meetings.observations():
@@ -557,7 +568,7 @@ def test_the_reach_is_the_earlier_fixs_vehicle_at_its_speed_capped() -> None:
     w = at_home_window()
 
     def at_home(p: Position) -> HomedFixes:
-        return HomedFixes.from_positions([p], RULE.resolution)
+        return HomedFixes.from_positions([p], resolution_for(RULE.exit_m))
 
     first = w.step(at_home(Position("a", 1, T0, *BERLIN, 72.0)), 0, RULE.tolerance_ms)
     assert len(first.meetings) == 0
@@ -591,12 +602,12 @@ def test_the_rows_for_spark_hold_any_event_time_the_contracts_accept() -> None:
     from fleetfence.contracts import MAX_TS_MS
     from processor.spark.proximity import _TS_CAP_MS, meetings_frame
 
-    w = CellWindow(RULE.resolution, watch_m=RULE.watch_m)
+    w = CellWindow(resolution_for(RULE.exit_m), watch_m=RULE.watch_m)
     far_future = [
         Position("a", 1, MAX_TS_MS - 1_000, *BERLIN, 0.0),
         Position("b", 1, MAX_TS_MS, *BERLIN, 0.0),
     ]
-    step = w.step(HomedFixes.from_positions(far_future, RULE.resolution), 0, RULE.tolerance_ms)
+    step = w.step(HomedFixes.from_positions(far_future, resolution_for(RULE.exit_m)), 0, RULE.tolerance_ms)
     step.duplicates = 1  # and a counts row
     frame = meetings_frame(step, MAX_TS_MS - 10)
     assert frame["ts_ms"].tolist() == [MAX_TS_MS, MAX_TS_MS - 9]
@@ -611,7 +622,7 @@ def test_each_fix_is_counted_once_however_many_buckets_it_goes_to() -> None:
     """A batch over many cells and eight buckets delivered again, and fixes behind the watermark:
     the buckets' counts add up to the fixes, not to their copies in the buckets they go to."""
     fixes = sorted(fleet(9, vehicles=60, steps=4, spread_m=20_000), key=lambda f: f.ts_ms)
-    res, buckets = RULE.resolution, 8
+    res, buckets = resolution_for(RULE.exit_m), 8
     windows = [CellWindow(res, b, buckets, RULE.watch_m) for b in range(buckets)]
     located = HomedFixes.from_positions(fixes, res)
     rows, _ = bucket_fan_out(located.home, res, buckets)
@@ -647,9 +658,9 @@ def test_entered_pairs_that_stay_near_skip_the_fold_and_end_in_the_same_state(
     )
     fixes = sorted(fleet(7, vehicles=30, steps=40, spread_m=300), key=lambda f: f.ts_ms)
     batches = [fixes[i : i + 40] for i in range(0, len(fixes), 40)]
-    window = CellWindow(rule.resolution, watch_m=rule.watch_m)
+    window = CellWindow(resolution_for(rule.exit_m), watch_m=rule.watch_m)
     meetings = [
-        window.step(HomedFixes.from_positions(b, rule.resolution), 0, rule.tolerance_ms).meetings
+        window.step(HomedFixes.from_positions(b, resolution_for(rule.exit_m)), 0, rule.tolerance_ms).meetings
         for b in batches
     ]
     folded: dict[tuple[str, str], PairState] = {}

@@ -20,9 +20,10 @@ import pytest
 from fleetfence.contracts import Telemetry
 from fleetfence.errors import ConfigError
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.rules import ProximityRule
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
-from processor.core.proximity import ProximityCount, ProximityRule
+from processor.core.proximity import ProximityCount, resolution_for
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import SINK_ID_FILE, HadoopCheckpointFiles
 from processor.spark.job import refuse_other_cells, start_proximity_query
@@ -234,6 +235,8 @@ def test_a_checkpoint_in_cells_of_another_resolution_is_refused(
     refuse_other_cells(files, rule)  # the first start records it
     refuse_other_cells(files, rule)  # the same again: fine
     wider = dataclasses.replace(rule, exit_m=2_000.0)
-    assert wider.resolution != rule.resolution
-    with pytest.raises(ConfigError, match=f"resolution {rule.resolution}, but an exit distance of 2000 m"):
+    assert resolution_for(wider.exit_m) != resolution_for(rule.exit_m)
+    with pytest.raises(
+        ConfigError, match=f"resolution {resolution_for(rule.exit_m)}, but an exit distance of 2000 m"
+    ):
         refuse_other_cells(files, wider)

@@ -19,12 +19,12 @@ from shapely.geometry import Point, Polygon
 
 from fleetfence.contracts import AlertType
 from fleetfence.errors import ConfigError
-from fleetfence.rules import RouteRules
+from fleetfence.rules import ProximityRule, RouteRules
 from simulator.config import Injections, ScenarioConfig
 from simulator.routes import DEFAULT_BBOX
 from simulator.scenario import Scenario
 from simulator.verify import compare
-from tests.simulator.helpers import engine_alerts, positions, run, small
+from tests.simulator.helpers import engine_alerts, positions, proximity_alerts, run, small
 
 
 @pytest.mark.parametrize("ticks_per_batch", [1, 7])
@@ -34,8 +34,8 @@ def test_processor_engine_reproduces_the_ground_truth_exactly(ticks_per_batch: i
     # Every behaviour really happened, and faults were injected.
     # (The simulator's silent vehicles never come back, so it raises no VEHICLE_RESUMED; that one is
     # held by tests/processor/test_processor_domain.py.)
-    # Nor does it plan convoys (issue #40): the proximity types are held by
-    # tests/processor/test_processor_proximity*.py.
+    # Pairs come with a proximity rule, which this scenario runs without: the pair types are held
+    # by test_proximity_stages_reproduce_the_ground_truth_exactly.
     pairs = {t for t in AlertType if t.meta.pair}
     for t in set(AlertType) - {AlertType.VEHICLE_RESUMED} - pairs:
         assert kinds[t.value] > 0, f"no {t} in the scenario"
@@ -320,3 +320,55 @@ def test_no_zone_lies_where_the_completion_rule_moves_fixes() -> None:
         for z in route.zones:
             assert z.polygon_m.distance(end) > clear_m, (z.zone_id, z.polygon_m.distance(end))
     assert loops_back, "no route of this map passes its own end point: the test would not fail"
+
+
+PROXIMITY = ProximityRule(
+    "convoy", enter_m=40, exit_m=80, min_duration_ms=15_000, tolerance_ms=500, lost_after_ms=30_000
+)
+
+
+@pytest.mark.parametrize(("seed", "ticks_per_batch", "buckets"), [(11, 1, 1), (11, 7, 3), (4, 3, 8)])
+def test_proximity_stages_reproduce_the_ground_truth_exactly(
+    seed: int, ticks_per_batch: int, buckets: int
+) -> None:
+    """The processor's proximity stages (cells, then pairs, bucketed as on Spark) over the published
+    messages, with every transport fault and silences, find exactly the pairs' alerts the truth
+    derived tick by tick: convoys that drift apart, vehicles overtaking or stopping near each
+    other, pairs lost to a silence."""
+    sc, batches, truth = run(small(seed=seed, proximity=PROXIMITY, inject=FAULTY_CONVOYS))
+    assert (sc.fleet.follows >= 0).sum() >= 4
+    pairs = [a for a in truth if AlertType(a.type).meta.pair]
+    kinds = Counter(a.type for a in pairs)
+    assert kinds["PROXIMITY_ENTER"] >= 8
+    assert kinds["PROXIMITY_EXIT"] >= 4
+    assert sc.stats.out_of_order > 0
+    assert sc.stats.late > 0
+    assert sc.stats.duplicates > 0
+    # Each convoy met: its leader and follower entered.
+    convoys = {
+        (sc.vehicle_ids()[int(f)], sc.vehicle_ids()[int(lead)])
+        for f, lead in enumerate(sc.fleet.follows)
+        if lead >= 0
+    }
+    entered = {(a.vehicle_id, a.other_vehicle_id) for a in pairs if a.type == "PROXIMITY_ENTER"}
+    assert convoys <= entered
+    observed = proximity_alerts(sc, batches, ticks_per_batch, buckets)
+    res = compare(pairs, observed)
+    assert res.missing == []
+    assert res.unexpected == []
+    assert res.duplicate_ids == 0
+    assert sorted((a.alert_id, a.ts_ms, a.lat, a.lon) for a in pairs) == sorted(
+        (o.alert_id, o.ts_ms, o.lat, o.lon) for o in observed
+    )
+
+
+FAULTY_CONVOYS = Injections(
+    deviation=0.3,
+    overspeed=0.3,
+    dwell=0.5,
+    silent=0.2,
+    duplicate=0.03,
+    out_of_order=0.05,
+    late=0.05,
+    convoy=0.3,
+)

@@ -1,5 +1,6 @@
-"""End to end on Spark: a simulated fleet with every behaviour and fault, straight to Kafka, through
-the real processor; `verify` must find exactly the ground truth, without duplicates."""
+"""End to end on Spark: a simulated fleet with every behaviour and fault, convoys among them, straight
+to Kafka, through the real processor and its proximity query; `verify` must find exactly the ground
+truth, without duplicates."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fleetfence.contracts import AlertType, utc_now_ms
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.settings import Settings
 from processor.settings import ProcessorSettings
-from processor.spark.job import start_query
+from processor.spark.job import start_proximity_query, start_query
 from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, run_simulation
 from simulator.rules import simulated_rules
@@ -29,6 +30,24 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     redis_prefix = f"{settings.topic_prefix}ff:"
     sim = SimulatorSettings.from_base(settings, redis_prefix=redis_prefix)
+    # The job and the proximity query beside it, as a service runs them (processor.ops.service).
+    ps = ProcessorSettings(
+        **{
+            **settings.model_dump(exclude={"topics"}),
+            "processor_checkpoint": str(tmp_path / "cp"),
+            "processor_buckets": 4,
+            "processor_trigger_ms": 100,
+            "redis_prefix": redis_prefix,
+            "processor_proximity_enter_m": 40.0,
+            "processor_proximity_exit_m": 80.0,
+            "processor_proximity_min_duration_s": 15.0,
+            "processor_proximity_tolerance_s": 0.5,
+            "processor_proximity_lost_after_s": 30.0,
+            "processor_proximity_starting_offsets": "earliest",
+        }
+    )
+    rule = ps.proximity_rule()
+    assert rule is not None
     cfg = ScenarioConfig(
         vehicles=12,
         duration_s=240,
@@ -38,30 +57,21 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
         vehicle_prefix=f"e{uuid.uuid4().hex[:5]}-",
         start_ms=utc_now_ms() - 600_000,
         rules=simulated_rules(silent_after_s=60, overspeed_min_s=5, deviation_min_s=2),
-        inject=Injections(0.5, 0.5, 0.3, 0.2, duplicate=0.02, out_of_order=0.02, late=0.02),
+        inject=Injections(0.5, 0.5, 0.3, 0.2, duplicate=0.02, out_of_order=0.02, late=0.02, convoy=0.25),
         assume=sim.processor_rules(),
+        proximity=rule,
     )
     truth_path = tmp_path / "truth.jsonl"
     rep = run_simulation(sim, cfg, SimulationOptions(direct=True, truth_path=truth_path, show_progress=False))
     header, truth = read_truth(truth_path)
-    # Every alert type the simulator plans (its silent vehicles never come back: no VEHICLE_RESUMED;
-    # no convoys yet, issue #40: no proximity, which the processor runs only with its rule set).
-    unplanned = {AlertType.VEHICLE_RESUMED.value} | {t.value for t in AlertType if t.meta.pair}
-    assert {a.type for a in truth} == {t.value for t in AlertType} - unplanned
+    # Every alert type the simulator plans (its silent vehicles never come back: no VEHICLE_RESUMED).
+    assert {a.type for a in truth} == {t.value for t in AlertType} - {AlertType.VEHICLE_RESUMED.value}
     assert rep.scenario.duplicates > 0
     assert rep.scenario.out_of_order > 0
     assert rep.scenario.late > 0
 
-    ps = ProcessorSettings(
-        **{
-            **settings.model_dump(exclude={"topics"}),
-            "processor_checkpoint": str(tmp_path / "cp"),
-            "processor_buckets": 4,
-            "processor_trigger_ms": 100,
-            "redis_prefix": redis_prefix,
-        }
-    )
     q = start_query(spark, ps)
+    pq = start_proximity_query(spark, ps, rule)
     try:
         expected = {a.key for a in truth}
 
@@ -72,6 +82,7 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
         observed = wait_for(complete, 240, "every expected alert", interval_s=1.0)
     finally:
         q.stop()
+        pq.stop()
     res = compare(truth, observed)
     assert res.missing == []
     assert res.unexpected == []
