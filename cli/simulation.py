@@ -85,6 +85,15 @@ def simulate_cmd(
         float,
         typer.Option(min=0, max=1, help="Fraction of vehicles on a schedule that start late and catch up."),
     ] = 0.05,
+    convoys: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=1,
+            help="Fraction of vehicles that start close behind another and drift back (vehicle "
+            "proximity: its truth follows FLEETFENCE_PROCESSOR_PROXIMITY_*).",
+        ),
+    ] = 0.0,
     direct: Annotated[
         bool, typer.Option("--direct", help="Write canonical records straight to Kafka instead of MQTT.")
     ] = False,
@@ -142,7 +151,16 @@ def simulate_cmd(
             arrival_risk_s=arrival_risk,
         ),
         inject=Injections(
-            deviations, overspeeds, dwells, silences, duplicates, out_of_order, late, wrong_ways, schedules
+            deviations,
+            overspeeds,
+            dwells,
+            silences,
+            duplicates,
+            out_of_order,
+            late,
+            wrong_ways,
+            schedules,
+            convoys,
         ),
         start_ms=start_ms_for(start_time, realtime, duration_s, period_ms),
         vehicle_prefix=vehicle_prefix,

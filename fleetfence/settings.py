@@ -21,7 +21,7 @@ from pydantic import Field, SecretStr, computed_field, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetfence.errors import ConfigError
-from fleetfence.rules import ProcessorRules
+from fleetfence.rules import MAX_EXIT_M, ProcessorRules, ProximityRule
 
 
 class TopicNames:
@@ -273,6 +273,35 @@ class ProcessorRulesSettings(Settings):
         description="The slowest average speed an ETA assumes.",
     )
 
+    # Vehicle proximity (processor.core.proximity): one fleet-wide rule, off unless its distances are
+    # set; the simulator's truth assumes it too (simulator.truth_proximity).
+    processor_proximity_enter_m: float | None = Field(
+        default=None,
+        gt=0,
+        description="PROXIMITY_ENTER when two vehicles stay within this many metres for "
+        "processor_proximity_min_duration_s; unset: no proximity query.",
+    )
+    processor_proximity_exit_m: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_EXIT_M,
+        description="PROXIMITY_EXIT beyond this many metres (more than the enter distance: the "
+        "hysteresis band); unset: twice the enter distance.",
+    )
+    processor_proximity_min_duration_s: float = Field(
+        default=30.0, ge=0, description="How long two vehicles stay near before PROXIMITY_ENTER."
+    )
+    processor_proximity_tolerance_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="Two fixes of two vehicles at most this far apart in event time are compared.",
+    )
+    processor_proximity_lost_after_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="PROXIMITY_EXIT (reason lost) after this long without a meeting.",
+    )
+
     def processor_rules(self) -> ProcessorRules:
         return ProcessorRules(
             hysteresis_m=self.processor_hysteresis_m,
@@ -285,6 +314,27 @@ class ProcessorRulesSettings(Settings):
             arrival_hysteresis_s=self.processor_arrival_hysteresis_s,
             eta_warmup_s=self.processor_eta_warmup_s,
             eta_min_speed_kmh=self.processor_eta_min_speed_kmh,
+        )
+
+    @model_validator(mode="after")
+    def _proximity_rule_holds(self) -> ProcessorRulesSettings:
+        if self.processor_proximity_enter_m is None and self.processor_proximity_exit_m is not None:
+            raise ValueError("FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M needs the enter distance too")
+        self.proximity_rule()  # a contradictory rule fails at start-up, with the rule's own words
+        return self
+
+    def proximity_rule(self) -> ProximityRule | None:
+        """The fleet's proximity rule (None: proximity off); a contradictory one raises ValueError."""
+        enter = self.processor_proximity_enter_m
+        if enter is None:
+            return None
+        return ProximityRule(
+            rule_id="fleet",
+            enter_m=enter,
+            exit_m=self.processor_proximity_exit_m or 2 * enter,
+            min_duration_ms=round(self.processor_proximity_min_duration_s * 1000),
+            tolerance_ms=round(self.processor_proximity_tolerance_s * 1000),
+            lost_after_ms=round(self.processor_proximity_lost_after_s * 1000),
         )
 
 

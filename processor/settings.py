@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from fleetfence.rules import MAX_EXIT_M, ProximityRule
 from fleetfence.settings import ProcessorRulesSettings
 from processor.core.domain import EngineConfig
 
@@ -93,33 +92,6 @@ class ProcessorSettings(ProcessorRulesSettings):
         "reports again, but every batch rewrites the whole bucket; only worth it for a small fleet that "
         "goes silent and resumes often. Vehicles parked before it was turned off are still woken.",
     )
-    # Vehicle proximity (processor.core.proximity): one fleet-wide rule, off unless its distances are set.
-    processor_proximity_enter_m: float | None = Field(
-        default=None,
-        gt=0,
-        description="PROXIMITY_ENTER when two vehicles stay within this many metres for "
-        "processor_proximity_min_duration_s; unset: no proximity query.",
-    )
-    processor_proximity_exit_m: float | None = Field(
-        default=None,
-        gt=0,
-        le=MAX_EXIT_M,
-        description="PROXIMITY_EXIT beyond this many metres (more than the enter distance: the "
-        "hysteresis band); unset: twice the enter distance.",
-    )
-    processor_proximity_min_duration_s: float = Field(
-        default=30.0, ge=0, description="How long two vehicles stay near before PROXIMITY_ENTER."
-    )
-    processor_proximity_tolerance_s: float = Field(
-        default=5.0,
-        ge=0,
-        description="Two fixes of two vehicles at most this far apart in event time are compared.",
-    )
-    processor_proximity_lost_after_s: float = Field(
-        default=120.0,
-        gt=0,
-        description="PROXIMITY_EXIT (reason lost) after this long without a meeting.",
-    )
     processor_proximity_checkpoint: str | None = Field(
         default=None,
         description="The proximity query's checkpoint; default `proximity` beside the job's checkpoint "
@@ -151,27 +123,6 @@ class ProcessorSettings(ProcessorRulesSettings):
         if not self.processor_hot:
             return self.checkpoint
         return f"{self.checkpoint.rstrip('/')}-{self.processor_driver_name}"
-
-    @model_validator(mode="after")
-    def _proximity_rule_holds(self) -> ProcessorSettings:
-        if self.processor_proximity_enter_m is None and self.processor_proximity_exit_m is not None:
-            raise ValueError("FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M needs the enter distance too")
-        self.proximity_rule()  # a contradictory rule fails at start-up, with the rule's own words
-        return self
-
-    def proximity_rule(self) -> ProximityRule | None:
-        """The fleet's proximity rule (None: proximity off); a contradictory one raises ValueError."""
-        enter = self.processor_proximity_enter_m
-        if enter is None:
-            return None
-        return ProximityRule(
-            rule_id="fleet",
-            enter_m=enter,
-            exit_m=self.processor_proximity_exit_m or 2 * enter,
-            min_duration_ms=round(self.processor_proximity_min_duration_s * 1000),
-            tolerance_ms=round(self.processor_proximity_tolerance_s * 1000),
-            lost_after_ms=round(self.processor_proximity_lost_after_s * 1000),
-        )
 
     @property
     def proximity_checkpoint(self) -> str:

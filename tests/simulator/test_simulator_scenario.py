@@ -7,6 +7,7 @@ ground truth the simulator derived from its plan (two independent derivations ag
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, defaultdict
 from typing import Any
@@ -372,3 +373,13 @@ FAULTY_CONVOYS = Injections(
     late=0.05,
     convoy=0.3,
 )
+
+
+def test_the_proximity_truth_refuses_rules_it_cannot_keep_exact() -> None:
+    """A tolerance of a whole fix period would meet fixes of two ticks (which one a moment takes
+    then depends on the batches); a loss slower than a silence could fall after the run's end."""
+    with pytest.raises(ConfigError, match="tolerance shorter than the fix period"):
+        small(proximity=dataclasses.replace(PROXIMITY, tolerance_ms=1000)).validate()
+    with pytest.raises(ConfigError, match="lost_after within silent_after_s"):
+        small(proximity=dataclasses.replace(PROXIMITY, lost_after_ms=61_000)).validate()
+    small(proximity=PROXIMITY).validate()
