@@ -294,7 +294,8 @@ class ProcessorRulesSettings(Settings):
     processor_proximity_tolerance_s: float = Field(
         default=5.0,
         ge=0,
-        description="Two fixes of two vehicles at most this far apart in event time are compared.",
+        description="Two fixes of two vehicles at most this far apart in event time are compared "
+        "(the simulator's truth needs it shorter than a fix period: 0.5 at 1 Hz).",
     )
     processor_proximity_lost_after_s: float = Field(
         default=120.0,

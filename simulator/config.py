@@ -139,6 +139,11 @@ class ScenarioConfig:
                     "the proximity truth needs the rule's tolerance shorter than the fix period (a "
                     "meeting of two fixes of one tick): lower the tolerance or the rate"
                 )
+            if self.proximity.watch_m > 2 * self.proximity.exit_m:
+                raise ConfigError(
+                    "the proximity truth needs the watch distance (exit + 80 m per second of "
+                    "tolerance) within twice the exit distance, where the cells surely report a meeting"
+                )
             if self.proximity.lost_after_ms > self.rules.silent_after_s * 1000:
                 raise ConfigError(
                     "the proximity truth needs lost_after within silent_after_s, so that a pair "

@@ -257,7 +257,7 @@ class Fleet:
             if taken[f]:
                 continue
             ri = int(self.route_idx[f])
-            mates = [int(m) for m in self.by_route[ri] if m != f and not taken[m] and not self.exclusive[m]]
+            mates = [int(m) for m in self.by_route[ri] if m != f and not taken[m]]
             if not mates:
                 continue
             lead = mates[int(self.rng.integers(len(mates)))]
@@ -267,6 +267,7 @@ class Fleet:
                 continue  # no room behind the leader where the processor can place a trip start
             self.s[f], self.cruise[f], self.v[f] = s_f, cruise, cruise
             for at in (self.dev_tick, self.ovs_tick, self.dwell_tick):
+                self.stats.skipped += int(at[f] >= 0)  # the follower's own episode, not driven
                 at[f] = -1
             self.follows[f] = lead
             taken[f] = taken[lead] = True

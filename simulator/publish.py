@@ -363,7 +363,12 @@ def run_simulation(
         cfg.period_ms,
         cfg.seed,
         opts.realtime,
-        {**asdict(cfg.rules), **asdict(cfg.assume)},
+        {
+            **asdict(cfg.rules),
+            **asdict(cfg.assume),
+            "proximity": asdict(cfg.proximity) if cfg.proximity is not None else None,
+            "undecided_alert_ids": sc.undecided_alert_ids(),
+        },
     )
     writer.close(header)
     if remaining:

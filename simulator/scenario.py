@@ -111,6 +111,11 @@ class Scenario:
         """Seqs continue across runs: tick k of a run starting at t has seq t / period + k."""
         return self.cfg.start_ms // self.cfg.period_ms
 
+    def undecided_alert_ids(self) -> list[str]:
+        """Alerts the truth cannot decide at the run's end (`ProximityTruth.undecided_alert_ids`):
+        `verify` counts them neither way."""
+        return self.proximity.undecided_alert_ids() if self.proximity is not None else []
+
     @property
     def route_idx(self) -> IntArray:
         """Each vehicle's route, an index into `city.routes`."""
@@ -179,7 +184,7 @@ class Scenario:
         if self.proximity is not None:
             # A fix that meets another vehicle's is never held back: its pair's meetings reach the
             # processor in event-time order (simulator.truth_proximity).
-            can_hold &= ~self.proximity.near(alive, lat, lon)
+            can_hold &= ~self.proximity.observe(alive, lat, lon)
         calm = (
             ~alerted
             & quiet_before
@@ -213,7 +218,7 @@ class Scenario:
             at = (round(float(lat[i]), 7), round(float(lon[i]), 7))
             truth.append(TruthAlert(vids[i], typ, seq, ts, zone, k + int(ooo[i]), None, *at))
         if self.proximity is not None:
-            truth.extend(self.proximity.tick(k, ts, seq, alive, lat, lon))
+            truth.extend(self.proximity.tick(k, ts, seq))
 
         send = alive & ~ooo & ~late
         order = np.nonzero(send)[0]

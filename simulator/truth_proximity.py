@@ -18,7 +18,9 @@ The pair rules (processor.core.proximity's `pair_step` and `pair_expire`, restat
 one tick) are then applied pair by pair, tick by tick. A pair lost to a silence (or to parting
 faster than the watch distance between two ticks) is lost at its deadline, which the processor
 decides once its watermark passes it: that alert is due, like a silence's, at the first tick whose
-time moves the watermark there, or at the pair's next meeting, whichever comes first.
+time moves the watermark past it, or at the pair's next meeting, whichever comes first. One still
+pending when the run ends is undecided (`undecided_alert_ids`: later traffic may move the watermark
+on), and `verify` counts it neither way.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class ProximityTruth:
         self.pairs: dict[tuple[int, int], _Pair] = {}  # the pairs with something open
         # Exits by loss not yet due: the tick at which the watermark passes the deadline.
         self.pending: dict[tuple[int, int], tuple[int, list[TruthAlert]]] = {}
+        self._lat, self._lon = np.zeros(0), np.zeros(0)
+        self._met: dict[tuple[int, int], float] = {}
 
     def close_pairs(
         self, alive: BoolArray, lat: FloatArray, lon: FloatArray, within_m: float
@@ -83,7 +87,8 @@ class ProximityTruth:
             empty = np.zeros(0, np.int64)
             return empty, empty, np.zeros(0)
         y = lat[idx] * _M_PER_DEG
-        x = lon[idx] * _M_PER_DEG * math.cos(math.radians(float(np.mean(lat[idx]))))
+        # Scaled at the live vehicle farthest from the equator: distances never overestimated.
+        x = lon[idx] * _M_PER_DEG * math.cos(math.radians(float(np.abs(lat[idx]).max())))
         r = within_m * 1.1 + 10.0
         order = np.argsort(x, kind="stable")
         xs, ys = x[order], y[order]
@@ -105,36 +110,51 @@ class ProximityTruth:
         keep = d <= within_m
         return i[keep], j[keep], d[keep]
 
-    def near(self, alive: BoolArray, lat: FloatArray, lon: FloatArray) -> BoolArray:
-        """The live vehicles whose fix of this tick meets another's (within the watch distance, and
-        a metre more against rounding): the fixes the transport faults must leave in order."""
-        i, j, _d = self.close_pairs(alive, lat, lon, self.rule.watch_m + 1.0)
+    def observe(self, alive: BoolArray, lat: FloatArray, lon: FloatArray) -> BoolArray:
+        """Take this tick's fixes as published (the wire rounds coordinates to 7 decimals:
+        simulator.fleet_sink) and find its meetings; returns the live vehicles whose fix meets
+        another's (within the watch distance, and a metre more against rounding): the fixes the
+        transport faults must leave in order. `tick` then folds the meetings found here."""
+        self._lat = np.array([round(v, 7) for v in lat.tolist()])
+        self._lon = np.array([round(v, 7) for v in lon.tolist()])
+        i, j, d = self.close_pairs(alive, self._lat, self._lon, self.rule.watch_m + 1.0)
         out = np.zeros(len(alive), dtype=bool)
         out[i] = True
         out[j] = True
+        met = d <= self.rule.watch_m
+        self._met = dict(
+            zip(zip(i[met].tolist(), j[met].tolist(), strict=True), d[met].tolist(), strict=True)
+        )
         return out
 
-    def tick(
-        self, k: int, ts: int, seq: int, alive: BoolArray, lat: FloatArray, lon: FloatArray
-    ) -> list[TruthAlert]:
-        """This tick's expected alerts: the meetings of its fixes folded into their pairs, the exits
-        by loss that come due."""
+    def undecided_alert_ids(self) -> list[str]:
+        """At the run's end, the exits by loss not yet due (pending, or of pairs still entered): the
+        processor raises one only once its watermark passes the deadline, which the run's last fixes
+        did not move it to (later traffic on the topic may): the truth can say neither that they
+        come nor that they do not."""
+        ids = [a.alert_id for _due, alerts in self.pending.values() for a in alerts]
+        for key, p in self.pairs.items():
+            if p.entered and p.last is not None:
+                deadline = p.last.ts_ms + self.rule.lost_after_ms
+                lost = self._alerts(AlertType.PROXIMITY_EXIT, key, p.last, deadline, p.near_since_ms, -1)
+                ids += [a.alert_id for a in lost]
+        return ids
+
+    def tick(self, k: int, ts: int, seq: int) -> list[TruthAlert]:
+        """This tick's expected alerts: the meetings `observe` found folded into their pairs, the
+        exits by loss that come due."""
         rule = self.rule
         out: list[TruthAlert] = []
-        # As published: the wire's coordinates are rounded to 7 decimals (simulator.fleet_sink).
-        lat = np.array([round(v, 7) for v in lat.tolist()])
-        lon = np.array([round(v, 7) for v in lon.tolist()])
-        i_arr, j_arr, d_arr = self.close_pairs(alive, lat, lon, rule.watch_m)
-        met: dict[tuple[int, int], float] = {
-            (i, j): d for i, j, d in zip(i_arr.tolist(), j_arr.tolist(), d_arr.tolist(), strict=True)
-        }
+        lat, lon, met = self._lat, self._lon, self._met
         # Deadlines reached: the pair is lost (an entered one exits at its last meeting).
         for key, p in list(self.pairs.items()):
             if p.last is None or ts < p.last.ts_ms + rule.lost_after_ms:
                 continue
             deadline = p.last.ts_ms + rule.lost_after_ms
             if p.entered:
-                due = math.ceil((deadline + self.lateness_ms - self.start_ms) / self.period_ms)
+                # Due at the first tick whose time moves the watermark past the deadline (Spark fires
+                # an event-time timer once the watermark is beyond it).
+                due = (deadline + self.lateness_ms - self.start_ms) // self.period_ms + 1
                 lost = self._alerts(AlertType.PROXIMITY_EXIT, key, p.last, deadline, p.near_since_ms, due)
                 self.pending[key] = (due, lost)
             del self.pairs[key]

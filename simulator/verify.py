@@ -201,9 +201,15 @@ class VerifyResult:
 
 
 def in_scope(header: RunHeader, alerts: Iterable[ObservedAlert]) -> list[ObservedAlert]:
-    """Only this run's vehicles and event-time span (other runs may share the topic)."""
+    """Only this run's vehicles and event-time span (other runs may share the topic), less the
+    alerts its truth could not decide (`Scenario.undecided_alert_ids`)."""
     ids = header.vehicle_ids()
-    return [a for a in alerts if a.vehicle_id in ids and header.start_ms <= a.ts_ms <= header.end_ms]
+    undecided = set(header.assumptions.get("undecided_alert_ids") or ())
+    return [
+        a
+        for a in alerts
+        if a.vehicle_id in ids and header.start_ms <= a.ts_ms <= header.end_ms and a.alert_id not in undecided
+    ]
 
 
 def compare(

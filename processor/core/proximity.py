@@ -63,6 +63,7 @@ MAX_SPEED_KMH = 300.0
 EDGE_FACTOR = 4.0
 
 
+@functools.cache
 def resolution_for(exit_m: float) -> int:
     """The finest H3 resolution whose average edge is at least EDGE_FACTOR times `exit_m`."""
     for res in range(_FINEST, -1, -1):

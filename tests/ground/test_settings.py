@@ -61,7 +61,11 @@ def test_processor_and_simulator_read_the_same_processor_rules(monkeypatch: pyte
 
     assert ProcessorSettings().engine_config() == EngineConfig()
     assert SimulatorSettings().processor_rules() == ProcessorRules()
-    own = [f for f in ProcessorRulesSettings.model_fields if f not in Settings.model_fields]
+    own = [
+        f
+        for f in ProcessorRulesSettings.model_fields
+        if f not in Settings.model_fields and not f.startswith("processor_proximity_")
+    ]
     for name in own:
         default = ProcessorRulesSettings.model_fields[name].default
         monkeypatch.setenv(f"FLEETFENCE_{name.upper()}", str(default + 1))
@@ -69,6 +73,14 @@ def test_processor_and_simulator_read_the_same_processor_rules(monkeypatch: pyte
     assert [f for f, v in vars(rules).items() if v == getattr(ProcessorRules, f)] == [], "unread rules"
     assert ProcessorSettings().engine_config() == EngineConfig.of(rules)
     assert rules.lateness_ms == ProcessorRules.lateness_ms + 1000
+    # The proximity rule too: off by default on both sides, the same rule once its distance is set.
+    assert SimulatorSettings().proximity_rule() is None
+    monkeypatch.setenv("FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M", "40")
+    monkeypatch.setenv("FLEETFENCE_PROCESSOR_PROXIMITY_TOLERANCE_S", "0.5")
+    rule = SimulatorSettings().proximity_rule()
+    assert rule is not None
+    assert (rule.enter_m, rule.exit_m, rule.tolerance_ms) == (40.0, 80.0, 500)
+    assert ProcessorSettings().proximity_rule() == rule
 
 
 def test_bad_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
