@@ -97,6 +97,7 @@ def run_demo(
 ) -> int:
     """Run the live demo; returns verify's exit code."""
     from fleetfence.rules import ProximityRule, RouteRules
+    from fleetfence.settings import FLEET_PROXIMITY_RULE_ID, ProcessorRulesSettings
     from simulator.commands import simulate, start_ms_for, verify
     from simulator.config import Injections, ScenarioConfig
     from simulator.publish import SimulationOptions
@@ -118,15 +119,14 @@ def run_demo(
     # Vehicle proximity on, for the fleet (the processor's one rule: `fleet`): the convoys below
     # meet and drift apart, and vehicles overtaking or stopping near each other meet too.
     proximity = ProximityRule(
-        "fleet", enter_m=40.0, exit_m=80.0, min_duration_ms=15_000, tolerance_ms=500, lost_after_ms=30_000
+        FLEET_PROXIMITY_RULE_ID,
+        enter_m=40.0,
+        exit_m=80.0,
+        min_duration_ms=15_000,
+        tolerance_ms=500,
+        lost_after_ms=30_000,
     )
-    proximity_env = {
-        "FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M": str(proximity.enter_m),
-        "FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M": str(proximity.exit_m),
-        "FLEETFENCE_PROCESSOR_PROXIMITY_MIN_DURATION_S": str(proximity.min_duration_ms / 1000),
-        "FLEETFENCE_PROCESSOR_PROXIMITY_TOLERANCE_S": str(proximity.tolerance_ms / 1000),
-        "FLEETFENCE_PROCESSOR_PROXIMITY_LOST_AFTER_S": str(proximity.lost_after_ms / 1000),
-    }
+    proximity_env = ProcessorRulesSettings.proximity_env(proximity)
     if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
         # The demo's own broker, empty: the proximity query reads this run's telemetry from its start.
         proximity_env["FLEETFENCE_PROCESSOR_PROXIMITY_STARTING_OFFSETS"] = "earliest"

@@ -59,6 +59,15 @@ def loadtest_cmd(
             "and stop nothing, remove the run's vehicles, routes and zones at the end.",
         ),
     ] = False,
+    proximity_m: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            max=2500,
+            help="Vehicle proximity on: the processor's enter distance (exit twice it), with 5% of "
+            "the fleet in convoys; its pairs are held to the truth too.",
+        ),
+    ] = None,
     bbox: Annotated[
         str | None,
         typer.Option(
@@ -100,6 +109,7 @@ def loadtest_cmd(
         report_dir=report_dir,
         attach=attach,
         bbox=parse_bbox(bbox) if bbox else DEFAULT_BBOX,
+        proximity_m=proximity_m,
     )
     console = Console()
     run, folder = run_loadtest(s, opts, console)

@@ -231,6 +231,10 @@ class Settings(BaseSettings):
         return self.state_dir / "run"
 
 
+# The id of the fleet-wide proximity rule the variables give (in each pair alert's id).
+FLEET_PROXIMITY_RULE_ID = "fleet"
+
+
 class ProcessorRulesSettings(Settings):
     """The processor-wide rules as `FLEETFENCE_PROCESSOR_*` variables, with `ProcessorRules`' defaults.
 
@@ -324,13 +328,25 @@ class ProcessorRulesSettings(Settings):
         self.proximity_rule()  # a contradictory rule fails at start-up, with the rule's own words
         return self
 
+    @staticmethod
+    def proximity_env(rule: ProximityRule) -> dict[str, str]:
+        """The FLEETFENCE_PROCESSOR_PROXIMITY_* variables that give a processor `rule` (its id is the
+        fleet's, `proximity_rule`'s): what a launcher hands the processor it starts."""
+        return {
+            "FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M": str(rule.enter_m),
+            "FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M": str(rule.exit_m),
+            "FLEETFENCE_PROCESSOR_PROXIMITY_MIN_DURATION_S": str(rule.min_duration_ms / 1000),
+            "FLEETFENCE_PROCESSOR_PROXIMITY_TOLERANCE_S": str(rule.tolerance_ms / 1000),
+            "FLEETFENCE_PROCESSOR_PROXIMITY_LOST_AFTER_S": str(rule.lost_after_ms / 1000),
+        }
+
     def proximity_rule(self) -> ProximityRule | None:
         """The fleet's proximity rule (None: proximity off); a contradictory one raises ValueError."""
         enter = self.processor_proximity_enter_m
         if enter is None:
             return None
         return ProximityRule(
-            rule_id="fleet",
+            rule_id=FLEET_PROXIMITY_RULE_ID,
             enter_m=enter,
             exit_m=self.processor_proximity_exit_m or 2 * enter,
             min_duration_ms=round(self.processor_proximity_min_duration_s * 1000),

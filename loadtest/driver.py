@@ -35,8 +35,8 @@ from rich.live import Live
 
 from fleetfence.errors import ServiceUnavailableError
 from fleetfence.metrics import scrape
-from fleetfence.rules import RouteRules
-from fleetfence.settings import Settings
+from fleetfence.rules import ProximityRule, RouteRules
+from fleetfence.settings import FLEET_PROXIMITY_RULE_ID, Settings
 from loadtest.installation import Installation
 from loadtest.model import (
     Accuracy,
@@ -82,6 +82,27 @@ class LoadOptions:
     report_dir: Path | None = None
     attach: bool = False  # measure the running installation the settings point at; start nothing
     bbox: tuple[float, float, float, float] = DEFAULT_BBOX  # the first step's area; later ones east of it
+    proximity_m: float | None = None  # vehicle proximity on (`proximity_rule`), with convoys in the fleet
+
+
+# The share of a proximity run's vehicles that follow another in a convoy.
+CONVOY_SHARE = 0.05
+
+
+def proximity_rule(opts: LoadOptions) -> ProximityRule | None:
+    """The proximity rule a run starts its processor with (`--proximity-m`: the enter distance, the
+    exit twice it), with a tolerance of half a fix period, which the truth needs
+    (simulator.truth_proximity)."""
+    if opts.proximity_m is None:
+        return None
+    return ProximityRule(
+        FLEET_PROXIMITY_RULE_ID,
+        enter_m=opts.proximity_m,
+        exit_m=2 * opts.proximity_m,
+        min_duration_ms=15_000,
+        tolerance_ms=round(500 / opts.rate_hz),
+        lost_after_ms=30_000,
+    )
 
 
 @dataclass
@@ -116,6 +137,9 @@ class LoadTest:
     ) -> None:
         self.s = settings
         self.sim = SimulatorSettings.from_base(settings)
+        # Embedded, the rule the run starts its processor with; attached, the installation's
+        # (FLEETFENCE_PROCESSOR_PROXIMITY_*, read as the processor reads them).
+        self.proximity = proximity_rule(opts) or self.sim.proximity_rule()
         self.installation = installation
         self.opts = opts
         self.console = console
@@ -236,7 +260,15 @@ class LoadTest:
             route_length_m=6000.0,
             rules=rules,
             # The behaviours and transport faults of a fleet, at rates a load test can verify exactly.
-            inject=Injections(deviation=0.1, overspeed=0.1, dwell=0.1, silent=0.05, late=0.0),
+            inject=Injections(
+                deviation=0.1,
+                overspeed=0.1,
+                dwell=0.1,
+                silent=0.05,
+                late=0.0,
+                convoy=CONVOY_SHARE if self.proximity is not None else 0.0,
+            ),
+            proximity=self.proximity,
             start_ms=start_ms_for(None, True, duration, period_ms),
             vehicle_prefix=f"{self.prefix}{step}-",
             bbox=step_bbox(self.opts, step),

@@ -21,8 +21,8 @@ from alerts.config import AlertsSettings
 from alerts.service import group_id
 from embedded.pipeline import Pipeline, PipelineSpec
 from fleetfence.contracts import MasterEntity
-from fleetfence.settings import Settings
-from loadtest.driver import LoadOptions, LoadTest, step_bbox
+from fleetfence.settings import ProcessorRulesSettings, Settings
+from loadtest.driver import LoadOptions, LoadTest, proximity_rule, step_bbox
 from loadtest.errors import LoadtestError
 from loadtest.installation import RunningInstallation, receiver_groups
 from loadtest.model import LoadRun
@@ -54,14 +54,20 @@ def run_loadtest(
 
 
 def _run_embedded(settings: Settings, opts: LoadOptions, console: Console, out: Path) -> LoadRun:
-    if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
+    fresh = not (settings.kafka_external or settings.mqtt_external or settings.redis_external)
+    if fresh:
         # Fresh embedded servers every run (as the demo's): an earlier run's routes, zones and
         # vehicles would raise alerts this run's ground truth does not know. Their data stays
         # until the next run, outside the report folder.
         state = settings.state_dir.resolve() / "loadtest" / "state"
         shutil.rmtree(state, ignore_errors=True)
         settings = settings.model_copy(update={"state_dir": state})
-    spec = PipelineSpec(gateway_replicas=opts.gateway_replicas)
+    rule = proximity_rule(opts)
+    env = {} if rule is None else ProcessorRulesSettings.proximity_env(rule)
+    if rule is not None and fresh:
+        # Fresh servers: the proximity query reads the run's telemetry from its start.
+        env["FLEETFENCE_PROCESSOR_PROXIMITY_STARTING_OFFSETS"] = "earliest"
+    spec = PipelineSpec(gateway_replicas=opts.gateway_replicas, env=env)
     pipeline = Pipeline(settings, out / "logs", spec)
     try:
         with console.status(

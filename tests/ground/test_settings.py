@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,11 @@ def test_processor_and_simulator_read_the_same_processor_rules(monkeypatch: pyte
     assert rule is not None
     assert (rule.enter_m, rule.exit_m, rule.tolerance_ms) == (40.0, 80.0, 500)
     assert ProcessorSettings().proximity_rule() == rule
+    # What a launcher hands a processor gives it the rule back, whatever the rule.
+    other = dataclasses.replace(rule, exit_m=150.0, min_duration_ms=7_500, lost_after_ms=45_000)
+    for name, value in ProcessorRulesSettings.proximity_env(other).items():
+        monkeypatch.setenv(name, value)
+    assert ProcessorSettings().proximity_rule() == other
 
 
 def test_bad_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
