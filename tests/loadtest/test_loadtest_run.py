@@ -41,6 +41,7 @@ def test_a_short_fixed_rate_load_test_reconciles_and_is_exact(tmp_path: Path) ->
     )
     argv = [sys.executable, "-m", "cli", "loadtest", "--vehicles", "40", "--duration-s", "25"]
     argv += ["--gateways", "2", "--report-dir", str(report), "--min-recall", "1.0", "--settle-s", "90"]
+    argv += ["--proximity-m", "40"]  # vehicle proximity on: its convoys' pairs are held to the truth too
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-6000:]
@@ -64,6 +65,7 @@ def test_a_short_fixed_rate_load_test_reconciles_and_is_exact(tmp_path: Path) ->
     assert acc["expected"] == acc["observed"] == acc["matched"]
     assert acc["precision"] == acc["recall"] == 1.0
     assert acc["duplicates"] == 0
+    assert acc["per_type"]["PROXIMITY_ENTER"]["matched"] >= 2  # a convoy, an alert per vehicle
     lat = step["latency_event"]
     assert lat["count"] >= 1
     assert 0 < lat["p50_ms"] <= lat["p99_ms"] < 60_000
