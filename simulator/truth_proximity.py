@@ -9,7 +9,7 @@ keeps it exact is the shape of the stream, not margins:
 - every vehicle reports at the tick's event time, and the rule's tolerance is shorter than a tick
   (`ScenarioConfig.validate`), so a meeting joins two fixes of one tick: no skew, no reach, and the
   gap the processor judges is the distance;
-- a fix within the watch distance of another vehicle (`near`: the only fixes that make a meeting)
+- a fix within the watch distance of another vehicle (`observe`: the only fixes that make a meeting)
   is never delayed by the transport faults (`Scenario` keeps it out of the swapped and late ones),
   so each pair's meetings reach the processor in event-time order, whatever the batches;
 - duplicates are left in: the processor's cells keep one fix per vehicle and event time;
@@ -160,7 +160,9 @@ class ProximityTruth:
             del self.pairs[key]
         for key, d in sorted(met.items()):
             if key in self.pending:  # the processor raises an exit by loss at the pair's next meeting
-                out.extend(self.pending.pop(key)[1])
+                for a in self.pending.pop(key)[1]:
+                    a.publish_tick = k
+                    out.append(a)
             p = self.pairs.get(key) or _Pair()
             if not p.open and d > rule.enter_m:
                 continue  # nothing open, not near: nothing to remember
