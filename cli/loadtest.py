@@ -87,6 +87,11 @@ def loadtest_cmd(
 
     if ramp and soak:
         raise LoadtestError("--ramp and --soak are different runs: choose one")
+    if attach and proximity_m is not None:
+        raise LoadtestError(
+            "--proximity-m sets the rule of the processor a run starts; attached, the truth assumes the "
+            "installation's rule: set FLEETFENCE_PROCESSOR_PROXIMITY_* as the installation does"
+        )
     s = settings_from_env()
     if "FLEETFENCE_LOG_LEVEL" not in os.environ:
         # The terminal is for the live view; the services log to files in the report folder.
