@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import time
-import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -35,17 +34,7 @@ from rich.table import Table
 from bench.common import BENCH_LOG, write_section
 from fleetfence.geo import haversine_m
 from fleetfence.rules import ProximityRule
-from processor.core.proximity import (
-    MEETING_FIELDS,
-    CellWindow,
-    HomedFixes,
-    Meetings,
-    PairState,
-    Position,
-    bucket_fan_out,
-    pairs_step,
-    resolution_for,
-)
+from processor.core.proximity import BucketedStages, HomedFixes, Position
 
 console = Console(width=150)
 RULE = ProximityRule(
@@ -94,24 +83,14 @@ Meeting = tuple[str, str, int, float]  # (a, b, event time, distance_m rounded t
 
 
 def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[Meeting], int, int]:
-    """The stages over every interval, as the Spark query folds them: each interval's fixes fanned
-    out to their buckets (`bucket_fan_out`), each bucket stepped in columns (`CellWindow.step`), the
-    meetings folded per bucket of pairs (`pairs_step`). Seconds, the meetings within exit_m, the
-    fixes and the pairs kept at the end."""
-    res = resolution_for(RULE.exit_m)
-    windows = [CellWindow(res, b, buckets, watch_m=RULE.watch_m) for b in range(buckets)]
-    pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
+    """The stages over every interval, as the Spark query folds them (`BucketedStages`). Seconds,
+    the meetings within exit_m, the fixes and the pairs kept at the end."""
+    stages = BucketedStages(RULE, buckets)
     near: set[Meeting] = set()
     watermark = 0
     t = time.perf_counter()
     for batch in batches:
-        fixes = HomedFixes.from_positions(batch, res)
-        rows, bucket = bucket_fan_out(fixes.home, res, buckets)
-        found = [
-            w.step(fixes.take(rows[bucket == b]), watermark, RULE.tolerance_ms).meetings
-            for b, w in enumerate(windows)
-        ]
-        m = Meetings(*(np.concatenate([getattr(x, f) for x in found]) for f in MEETING_FIELDS))
+        m, _events = stages.step(HomedFixes.from_positions(batch, stages.resolution), watermark)
         # Of a moment reported by two buckets, the one the pair stage takes (closest in time).
         taken = pd.DataFrame(m.columns()).sort_values(["a", "b", "ts_ms", "skew_ms"], kind="stable")
         taken = taken.drop_duplicates(["a", "b", "ts_ms"])
@@ -120,15 +99,9 @@ def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[
             taken["a"], taken["b"], taken["ts_ms"].tolist(), taken["distance_m"].tolist(), strict=True
         ):
             near.add((a, b_, ts, round(d, 3)))
-        # The pairs' buckets: the batch's meetings of a bucket in one call, as Spark hands them.
-        pair_bucket = np.array(
-            [zlib.crc32(f"{a}|{b_}".encode()) % buckets for a, b_ in zip(m.a, m.b, strict=True)], np.int64
-        )
-        for b, states in enumerate(pairs):
-            mine = np.flatnonzero(pair_bucket == b)
-            pairs_step(states, Meetings(*(getattr(m, f)[mine] for f in MEETING_FIELDS)), watermark, RULE)
         watermark = max(p.ts_ms for p in batch)
-    return time.perf_counter() - t, near, sum(len(w.kept) for w in windows), sum(map(len, pairs))
+    kept = sum(len(w.kept) for w in stages.windows)
+    return time.perf_counter() - t, near, kept, sum(map(len, stages.pairs))
 
 
 def run_peer(batches: list[list[Position]], sample: int) -> tuple[float, set[Meeting], int]:

@@ -766,3 +766,45 @@ def pairs_due_ms(states: dict[tuple[str, str], PairState], rule: ProximityRule) 
     """The earliest event time at which `pairs_expire` would change a bucket's states (None: none)."""
     due = [u for s in states.values() if (u := s.keep_until_ms(rule)) is not None]
     return min(due) if due else None
+
+
+def pair_buckets(a: np.ndarray, b: np.ndarray, buckets: int) -> np.ndarray:
+    """Each pair's bucket of pairs, in one vectorised pass (pandas' hash of the two ids): how a
+    process without an engine shares pairs out (Spark hashes them with its own function)."""
+    if not len(a):
+        return np.zeros(0, np.int64)
+    mixed = pd.util.hash_array(np.asarray(a, object)) * np.uint64(0x9E3779B97F4A7C15)
+    mixed ^= pd.util.hash_array(np.asarray(b, object))
+    return (mixed % np.uint64(buckets)).astype(np.int64)
+
+
+class BucketedStages:
+    """Both stages in one process, each on `buckets` keys as an engine shards them: a batch's fixes
+    fanned out to their buckets of cells (`bucket_fan_out`), each bucket stepped in columns
+    (`CellWindow.step`), the meetings folded per bucket of pairs (`pairs_step`). The Spark query
+    folds the same functions in its own operators; this fold is the one the benchmark times and the
+    simulator's ground truth is held to."""
+
+    def __init__(self, rule: ProximityRule, buckets: int) -> None:
+        self.rule, self.buckets = rule, buckets
+        self.resolution = resolution_for(rule.exit_m)
+        self.windows = [CellWindow(self.resolution, b, buckets, rule.watch_m) for b in range(buckets)]
+        self.pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
+
+    def step(self, fixes: HomedFixes, watermark_ms: int) -> tuple[Meetings, list[PairEvent]]:
+        """One batch: every meeting the cells report, and the pairs' alerts."""
+        rows, bucket = bucket_fan_out(fixes.home, self.resolution, self.buckets)
+        found = [
+            w.step(fixes.take(rows[bucket == b]), watermark_ms, self.rule.tolerance_ms).meetings
+            for b, w in enumerate(self.windows)
+        ]
+        m = Meetings(*(np.concatenate([getattr(x, f) for x in found]) for f in MEETING_FIELDS))
+        by_pair = pair_buckets(m.a, m.b, self.buckets)
+        events: list[PairEvent] = []
+        for b, states in enumerate(self.pairs):
+            mine = np.flatnonzero(by_pair == b)
+            found_events, _late = pairs_step(
+                states, Meetings(*(getattr(m, f)[mine] for f in MEETING_FIELDS)), watermark_ms, self.rule
+            )
+            events.extend(found_events)
+        return m, events

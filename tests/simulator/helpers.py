@@ -3,27 +3,15 @@ run over its messages micro-batch by micro-batch."""
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from processor.core.columns import empty_states
 from processor.core.domain import EngineConfig, RawFix
 from processor.core.engine import process_bucket
 from processor.core.master import Catalog, MasterState
-from processor.core.proximity import (
-    MEETING_FIELDS,
-    CellWindow,
-    HomedFixes,
-    Meetings,
-    PairState,
-    Position,
-    bucket_fan_out,
-    pairs_step,
-    resolution_for,
-)
+from processor.core.proximity import BucketedStages, HomedFixes, Position
 from simulator.config import Injections, ScenarioConfig
 from simulator.fleet_sink import tick_rows
 from simulator.register import scenario_entities
@@ -119,15 +107,12 @@ def engine_alerts(
 def proximity_alerts(
     sc: Scenario, batches: list[TickBatch], ticks_per_batch: int, buckets: int = 3
 ) -> list[ObservedAlert]:
-    """The processor's proximity stages over the published messages, as its Spark query folds
-    them: each micro-batch's fixes fanned out to their buckets of cells (`CellWindow.step`), the
-    meetings folded per bucket of pairs (`pairs_step`), the watermark the batch before's latest
-    event time less the lateness, idle batches at the end for it to catch up."""
+    """The processor's proximity stages (`BucketedStages`) over the published messages, micro-batch
+    by micro-batch: the watermark the batch before's latest event time less the lateness, idle
+    batches at the end for it to catch up."""
     rule = sc.cfg.proximity
     assert rule is not None
-    res = resolution_for(rule.exit_m)
-    windows = [CellWindow(res, b, buckets, watch_m=rule.watch_m) for b in range(buckets)]
-    pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
+    stages = BucketedStages(rule, buckets)
     vids = sc.vehicle_ids()
     out: list[ObservedAlert] = []
     max_ts = -1
@@ -136,37 +121,24 @@ def proximity_alerts(
     for group in groups:
         rows = [r for b in group for r in tick_rows(b, vids)]
         wm = max(max_ts - sc.cfg.assume.lateness_ms, 0)
-        fixes = HomedFixes.from_positions((Position(*r[:6]) for r in rows), res)
-        index, bucket = bucket_fan_out(fixes.home, res, buckets)
-        found = [
-            w.step(fixes.take(index[bucket == b]), wm, rule.tolerance_ms).meetings
-            for b, w in enumerate(windows)
-        ]
-        m = Meetings(*(np.concatenate([getattr(x, f) for x in found]) for f in MEETING_FIELDS))
-        pair_bucket = np.array(
-            [zlib.crc32(f"{a}|{b_}".encode()) % buckets for a, b_ in zip(m.a, m.b, strict=True)], np.int64
-        )
-        for b, states in enumerate(pairs):
-            mine = np.flatnonzero(pair_bucket == b)
-            events, _late = pairs_step(
-                states, Meetings(*(getattr(m, f)[mine] for f in MEETING_FIELDS)), wm, rule
-            )
-            for e in events:
-                for a in e.alerts():
-                    out.append(
-                        ObservedAlert(
-                            a["alert_id"],
-                            a["vehicle_id"],
-                            a["type"].value,
-                            None,
-                            a["seq"],
-                            a["ts_ms"],
-                            None,
-                            a["lat"],
-                            a["lon"],
-                            a["details"]["other_vehicle_id"],
-                        )
+        fixes = HomedFixes.from_positions((Position(*r[:6]) for r in rows), stages.resolution)
+        _meetings, events = stages.step(fixes, wm)
+        for e in events:
+            for a in e.alerts():
+                out.append(
+                    ObservedAlert(
+                        a["alert_id"],
+                        a["vehicle_id"],
+                        a["type"].value,
+                        None,
+                        a["seq"],
+                        a["ts_ms"],
+                        None,
+                        a["lat"],
+                        a["lon"],
+                        a["details"]["other_vehicle_id"],
                     )
+                )
         if rows:
             max_ts = max(max_ts, *(r[2] for r in rows))
     return out
