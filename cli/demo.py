@@ -97,7 +97,7 @@ def run_demo(
 ) -> int:
     """Run the live demo; returns verify's exit code."""
     from fleetfence.rules import ProximityRule, RouteRules
-    from fleetfence.settings import FLEET_PROXIMITY_RULE_ID, ProcessorRulesSettings
+    from fleetfence.settings import FLEET_PROXIMITY_RULE_ID
     from simulator.commands import simulate, start_ms_for, verify
     from simulator.config import Injections, ScenarioConfig
     from simulator.publish import SimulationOptions
@@ -106,7 +106,8 @@ def run_demo(
     console = Console()
     run_dir = settings.state_dir.resolve() / "demo"
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
+    fresh = not (settings.kafka_external or settings.mqtt_external or settings.redis_external)
+    if fresh:
         # The demo's own servers start from empty data every run: the previous run's routes, zones
         # and vehicles would otherwise still be in the master data (Redis, the compacted topic),
         # and this run's vehicles crossing an old zone would raise alerts its ground truth does
@@ -126,11 +127,10 @@ def run_demo(
         tolerance_ms=500,
         lost_after_ms=30_000,
     )
-    proximity_env = ProcessorRulesSettings.proximity_env(proximity)
-    if not (settings.kafka_external or settings.mqtt_external or settings.redis_external):
-        # The demo's own broker, empty: the proximity query reads this run's telemetry from its start.
-        proximity_env["FLEETFENCE_PROCESSOR_PROXIMITY_STARTING_OFFSETS"] = "earliest"
-    spec = PipelineSpec(gateway_replicas=1, api_port=api_port, env=proximity_env)
+    # On its own, empty broker the proximity query reads this run's telemetry from its start.
+    spec = PipelineSpec(
+        gateway_replicas=1, api_port=api_port, proximity=proximity, proximity_from_start=fresh
+    )
     with ExitStack() as stack:
         pipeline = Pipeline(settings, run_dir, spec)
         stack.callback(pipeline.stop)

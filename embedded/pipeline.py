@@ -20,17 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
 from pydantic import SecretStr
 
 from embedded import infra
 from embedded.processes import read_pid
 from fleetfence import probes
 from fleetfence.errors import ServiceUnavailableError
-from fleetfence.kafka import plain_consumer
-from fleetfence.metrics import http_get
+from fleetfence.metrics import http_get, scrape
+from fleetfence.rules import ProximityRule
 from fleetfence.service import stop_process_group
-from fleetfence.settings import Settings
+from fleetfence.settings import ProcessorRulesSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +49,10 @@ class PipelineSpec:
     api_port: int | None = None  # None: 8000 if free, else any free port
     # More FLEETFENCE_* variables for every service (e.g. a processor knob of a load test).
     env: dict[str, str] = field(default_factory=dict)
+    # Vehicle proximity's rule for the processor (None: off), and whether its query reads the
+    # telemetry topic from its start (a run on fresh servers) or from its end (servers with data).
+    proximity: ProximityRule | None = None
+    proximity_from_start: bool = False
 
 
 @dataclass
@@ -71,20 +74,19 @@ def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
     return env
 
 
-def committed_batches(settings: Settings) -> int | None:
-    """How many batches the processor has committed so far (records on its marker topic); None
-    while the broker cannot say yet (a topic created a moment ago has no leader for a while)."""
-    c = plain_consumer(settings.bootstrap_servers, "fleetfence-pipeline-probe")
+# The processor's counts of its committed batches (processor.ops.markers): the job's, and the
+# proximity query's.
+JOB_BATCHES = "fleetfence_processor_committed_batches_total"
+PROXIMITY_BATCHES = "fleetfence_processor_proximity_committed_batches_total"
+
+
+def counted(url: str, names: list[str]) -> bool:
+    """Whether the metrics at `url` count something for every one of `names`."""
     try:
-        lo, hi = c.get_watermark_offsets(
-            TopicPartition(settings.topics.processor_commits, 0), timeout=5, cached=False
-        )
-        return int(hi - lo)
-    except KafkaException as exc:
-        logger.info("pipeline marker topic not readable yet error=%s", exc)
-        return None
-    finally:
-        c.close()
+        s = scrape(url)
+    except (OSError, ValueError):
+        return False
+    return all(s.total(n) > 0 for n in names)
 
 
 def http_ok(url: str) -> bool:
@@ -109,6 +111,7 @@ class Pipeline:
             port = 8000 if probes.port_free(settings.host, 8000) else probes.free_port()
         self.api_url = f"http://{settings.host}:{port}"
         self._api_port = port
+        self._processor_metrics_url = ""  # set by start()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -132,10 +135,17 @@ class Pipeline:
         py = [sys.executable, "-m", "cli"]
         self._spawn("api", [*py, "api", "--port", str(self._api_port), "--host", s.host], {}, None)
         port = probes.free_port()
+        proximity: dict[str, str] = {}
+        if spec.proximity is not None:
+            proximity = ProcessorRulesSettings.proximity_env(spec.proximity)
+            if spec.proximity_from_start:
+                proximity["FLEETFENCE_PROCESSOR_PROXIMITY_STARTING_OFFSETS"] = "earliest"
+        self._processor_metrics_url = f"http://{s.host}:{port}/metrics"
         self._spawn(
             "processor",
             [sys.executable, "-m", "processor"],
             {
+                **proximity,
                 "FLEETFENCE_PROCESSOR_SPARK_MASTER": spec.spark_master,
                 "FLEETFENCE_PROCESSOR_TRIGGER_MS": str(spec.processor_trigger_ms),
                 "FLEETFENCE_PROCESSOR_METRICS_PORT": str(port),
@@ -175,18 +185,19 @@ class Pipeline:
         logger.info("pipeline started service=%s pid=%s log=%s", name, proc.pid, log)
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:
-        """Until the API answers, every metrics endpoint answers and the processor has committed
-        a batch (its first takes ~30 s: JVM, SparkSession, Python workers, state store)."""
-        self._wait(lambda: committed_batches(self.settings) is not None, 60, "the processor's marker topic")
-        before = committed_batches(self.settings) or 0
+        """Until the API answers, every metrics endpoint answers and the processor has committed a
+        batch of its job and, with a proximity rule, one of its proximity query (the first takes
+        ~30 s: JVM, SparkSession, Python workers, state store). Both read what is published from
+        then on: a query starting at the topic's end fixes that end in its first batch, so fixes
+        published before it would be missed by it and not by the ground truth."""
         self._wait(lambda: http_ok(f"{self.api_url}/healthz"), 60, "admin API")
         for svc in self.services:
             if svc.metrics_url:
                 url = svc.metrics_url
                 self._wait(lambda url=url: http_ok(url), timeout_s, f"{svc.name} metrics")  # type: ignore[misc]
-        self._wait(
-            lambda: (committed_batches(self.settings) or 0) > before, timeout_s, "processor's first batch"
-        )
+        wanted = [JOB_BATCHES] + ([PROXIMITY_BATCHES] if self.spec.proximity is not None else [])
+        processor_url = self._processor_metrics_url
+        self._wait(lambda: counted(processor_url, wanted), timeout_s, "the processor's first batches")
 
     def _wait(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

@@ -21,7 +21,7 @@ from alerts.config import AlertsSettings
 from alerts.service import group_id
 from embedded.pipeline import Pipeline, PipelineSpec
 from fleetfence.contracts import MasterEntity
-from fleetfence.settings import ProcessorRulesSettings, Settings
+from fleetfence.settings import Settings
 from loadtest.driver import LoadOptions, LoadTest, proximity_rule, step_bbox
 from loadtest.errors import LoadtestError
 from loadtest.installation import RunningInstallation, receiver_groups
@@ -62,12 +62,10 @@ def _run_embedded(settings: Settings, opts: LoadOptions, console: Console, out: 
         state = settings.state_dir.resolve() / "loadtest" / "state"
         shutil.rmtree(state, ignore_errors=True)
         settings = settings.model_copy(update={"state_dir": state})
-    rule = proximity_rule(opts)
-    env = {} if rule is None else ProcessorRulesSettings.proximity_env(rule)
-    if rule is not None and fresh:
-        # Fresh servers: the proximity query reads the run's telemetry from its start.
-        env["FLEETFENCE_PROCESSOR_PROXIMITY_STARTING_OFFSETS"] = "earliest"
-    spec = PipelineSpec(gateway_replicas=opts.gateway_replicas, env=env)
+    # Fresh servers: the proximity query reads the run's telemetry from its start.
+    spec = PipelineSpec(
+        gateway_replicas=opts.gateway_replicas, proximity=proximity_rule(opts), proximity_from_start=fresh
+    )
     pipeline = Pipeline(settings, out / "logs", spec)
     try:
         with console.status(
