@@ -171,7 +171,7 @@ def test_a_stuck_batch_stops_the_driver_with_an_error(settings: Settings, tmp_pa
     gives back. Spark would wait forever; the driver must exit with EXIT_STALLED once a batch has
     run longer than FLEETFENCE_PROCESSOR_STALL_TIMEOUT_S, for its supervisor to restart it."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
-    timeout_s = 10.0
+    timeout_s = 15.0
     ps = processor_settings(settings, tmp_path, processor_stall_timeout_s=timeout_s)
     fixes = scenario()
     half = len(fixes) // 2
