@@ -213,8 +213,8 @@ class ProximityTruth:
                     None,
                     publish_tick,
                     None,
-                    round(at.lat[side], 7),
-                    round(at.lon[side], 7),
+                    at.lat[side],  # the wire's coordinates already (`observe`)
+                    at.lon[side],
                     other_vehicle_id=other,
                     subject=f"{self.rule.rule_id}:{other}:{since_ms}",
                 )
