@@ -24,6 +24,12 @@ from processor.spark.parse import record_parser
 from processor.spark.rows import SCHEMA_DDL
 
 KAFKA_FORMAT = "kafka"
+# A micro-batch reads offset ranges that are already in the log, so it never needs the broker to hold
+# a fetch open for data still to come; but the connector's consumers still make fetches that find
+# nothing new (at a range's end), and the broker holds each of those up to `fetch.max.wait.ms`, 500 ms
+# by default: half a second a read task, every micro-batch, on any topic, with or without
+# transactions. A short hold costs a few more empty fetches at most.
+FETCH_MAX_WAIT_MS = 10
 
 
 def kafka_stream(
@@ -46,6 +52,7 @@ def kafka_stream(
         .option("subscribe", ",".join(topics))
         .option("startingOffsets", starting_offsets)
         .option("kafka.isolation.level", "read_committed")
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
         .option("failOnDataLoss", "false" if compacted else "true")
     )
     if max_offsets_per_trigger > 0:
