@@ -25,10 +25,10 @@ from processor.spark.rows import SCHEMA_DDL
 
 KAFKA_FORMAT = "kafka"
 # A micro-batch reads offset ranges that are already in the log, so it never needs the broker to hold
-# a fetch open for data still to come; but the connector's consumers still make fetches that find
-# nothing new (at a range's end), and the broker holds each of those up to `fetch.max.wait.ms`, 500 ms
-# by default: half a second a read task, every micro-batch, on any topic, with or without
-# transactions. A short hold costs a few more empty fetches at most.
+# a fetch open for data still to come. But a read task's consumer does fetch past its range's end,
+# and the broker holds that fetch until new records arrive or `fetch.max.wait.ms` (500 ms by default)
+# passes. Under steady traffic new records end the hold at once; on a quiet topic (a small fleet,
+# the first batch after a start, the tail of a backlog) every read task pays the whole half second.
 FETCH_MAX_WAIT_MS = 10
 
 
