@@ -59,6 +59,9 @@ export PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 case "$cmd" in
   demo) exec fleetfence demo "$@" ;;
   test) exec python -m pytest "$@" ;;
+  # The tests that SIGKILL or freeze Spark drivers at random moments of a live stream (marker `fault`,
+  # left out of the default run): part of the fault suite, on the embedded infrastructure, no Docker.
+  fault-test) exec python -m pytest -m fault "$@" ;;
   lint) ruff check . && ruff format --check . && mypy ;;
   # The compose deployment built and run for real, with its faults (tests_deploy/): needs root, and
   # installs Docker and debootstrap from apt when missing; builds local stand-ins for the public images.
@@ -74,5 +77,5 @@ case "$cmd" in
       as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
     fi
     exec python -m pytest -p no:cacheprovider -s tests_deploy "$@" ;;
-  *) echo "usage: bash scripts/dev.sh demo|test|lint|deploy-test [args]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh demo|test|lint|fault-test|deploy-test [args]" >&2; exit 2 ;;
 esac

@@ -46,6 +46,7 @@ def live_batches(settings: Settings, n: int) -> Callable[[], bool]:
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_hot_drivers_take_over_without_loss_or_duplicate(settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     base = processor_settings(settings, tmp_path, processor_max_events_per_batch=60, processor_hot=True)

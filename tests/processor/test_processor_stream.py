@@ -206,6 +206,7 @@ def test_a_stuck_batch_stops_the_driver_with_an_error(settings: Settings, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
     """Two SIGKILLs of the active driver at random moments mid-stream: the first taken over by a
     warm standby (`--standby`), the second by the next standby, which is itself killed the moment it
