@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FleetFence's one entry point for a fresh Debian/Ubuntu machine:
 #   bash scripts/dev.sh demo   -> the live demo on the embedded infrastructure
-#   bash scripts/dev.sh test   -> the whole test suite (extra arguments go to pytest)
+#   bash scripts/dev.sh test   -> the default test suite (extra arguments go to pytest)
 # It installs what is missing (mosquitto, redis, a Java 17 runtime, Maven, kcat, chromium and npm;
 # a virtualenv with the project and its dev extra; the JVM jars of the embedded Kafka broker and of
 # Spark's Kafka connector, fetched by Maven once into ~/.cache/fleetfence/jars; the map's npm packages
@@ -61,6 +61,7 @@ case "$cmd" in
   test) exec python -m pytest "$@" ;;
   # The tests that SIGKILL or freeze Spark drivers at random moments of a live stream (marker `fault`,
   # left out of the default run): part of the fault suite, on the embedded infrastructure, no Docker.
+  # Narrow it with -k: an -m of your own replaces `fault`.
   fault-test) exec python -m pytest -m fault "$@" ;;
   lint) ruff check . && ruff format --check . && mypy ;;
   # The compose deployment built and run for real, with its faults (tests_deploy/): needs root, and

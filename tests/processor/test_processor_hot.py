@@ -30,6 +30,8 @@ from tests.processor.helpers import (
     wait_for,
 )
 
+pytestmark = [pytest.mark.spark, pytest.mark.services]
+
 LIVE = "hot driver is live"
 
 
