@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,19 +74,22 @@ def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
     return env
 
 
-# The processor's counts of its committed batches (processor.ops.markers): the job's, and the
-# proximity query's.
+# The processor's counts of its committed batches (processor.ops.markers), and whether it started on
+# a checkpoint that already held offsets (processor.ops.service): the job's, and the proximity query's.
 JOB_BATCHES = "fleetfence_processor_committed_batches_total"
 PROXIMITY_BATCHES = "fleetfence_processor_proximity_committed_batches_total"
+JOB_RESTORED = "fleetfence_processor_checkpoint_restored"
+PROXIMITY_RESTORED = "fleetfence_processor_proximity_checkpoint_restored"
 
 
-def counted(url: str, names: list[str]) -> bool:
-    """Whether the metrics at `url` count something for every one of `names`."""
+def counted(url: str, wanted: Sequence[tuple[str, ...]]) -> bool:
+    """Whether the metrics at `url` count something for every group of `wanted`, in any one of a
+    group's names."""
     try:
         s = scrape(url)
     except (OSError, ValueError):
         return False
-    return all(s.total(n) > 0 for n in names)
+    return all(any(s.total(n) > 0 for n in names) for names in wanted)
 
 
 def http_ok(url: str) -> bool:
@@ -189,15 +192,19 @@ class Pipeline:
         batch of its job and, with a proximity rule, one of its proximity query (the first takes
         ~30 s: JVM, SparkSession, Python workers, state store). Both read what is published from
         then on: a query starting at the topic's end fixes that end in its first batch, so fixes
-        published before it would be missed by it and not by the ground truth."""
+        published before it would be missed by it and not by the ground truth. A query restored
+        from a checkpoint with offsets is ready at once: its start is the checkpoint's, and with
+        nothing new published it may run no batch at all."""
         self._wait(lambda: http_ok(f"{self.api_url}/healthz"), 60, "admin API")
         for svc in self.services:
             if svc.metrics_url:
                 url = svc.metrics_url
                 self._wait(lambda url=url: http_ok(url), timeout_s, f"{svc.name} metrics")  # type: ignore[misc]
-        wanted = [JOB_BATCHES] + ([PROXIMITY_BATCHES] if self.spec.proximity is not None else [])
+        wanted = [(JOB_BATCHES, JOB_RESTORED)]
+        if self.spec.proximity is not None:
+            wanted.append((PROXIMITY_BATCHES, PROXIMITY_RESTORED))
         processor_url = self._processor_metrics_url
-        self._wait(lambda: counted(processor_url, wanted), timeout_s, "the processor's first batches")
+        self._wait(lambda: counted(processor_url, wanted), timeout_s, "the processor's queries")
 
     def _wait(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

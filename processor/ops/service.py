@@ -50,6 +50,22 @@ ROLE = Gauge(
 TAKEOVERS = Counter(
     "fleetfence_processor_takeovers_total", "Times this driver took the checkpoint (lease acquired)"
 )
+# Whether a query started on a checkpoint that already held offsets: where it reads from is then
+# fixed by the checkpoint, so every record published from now on will be read, even before the
+# query's first batch (which, with nothing new to read, may not run for a long time). A new
+# checkpoint fixes its start in its first batch (at the topic's end, with `latest`).
+RESTORED = Gauge(
+    "fleetfence_processor_checkpoint_restored", "1 when the job's query started on a checkpoint with offsets"
+)
+PROXIMITY_RESTORED = Gauge(
+    "fleetfence_processor_proximity_checkpoint_restored",
+    "1 when the proximity query started on a checkpoint with offsets",
+)
+
+
+def has_offsets(spark: Any, checkpoint: str) -> int:
+    """1 when `checkpoint` holds Spark's offset log (a query on it resumes where it left off), else 0."""
+    return int(HadoopCheckpointFiles(spark, checkpoint).has_entries("offsets"))
 
 
 # The exit status of a driver whose query stalled (`StallWatch`), for its supervisor to restart it.
@@ -203,6 +219,7 @@ def _query_loop(
     seed = read_seed(HadoopCheckpointFiles(spark, s.driver_checkpoint))
     first_start = seed.offsets.get(s.topics.telemetry) if seed else None
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
+    RESTORED.set(has_offsets(spark, s.driver_checkpoint))
     q = start_query(spark, s, hot=hot)
     rule = s.proximity_rule()
     pq: Any = None  # the proximity query: beside the job, same lease, never hot (_run_query)
@@ -257,6 +274,7 @@ def _query_loop(
     stalled = False
     try:
         if rule is not None and hot is None:
+            PROXIMITY_RESTORED.set(has_offsets(spark, s.proximity_checkpoint))
             pq = start_proximity_query(spark, s, rule)
             p_ledger = BatchLedger(proximity_sink_id(spark, s), proximity=True)
         run_until_stopped(step, stop)

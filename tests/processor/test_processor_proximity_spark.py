@@ -17,9 +17,12 @@ from typing import Any
 
 import pytest
 
+from embedded.pipeline import JOB_BATCHES, JOB_RESTORED, PROXIMITY_BATCHES, PROXIMITY_RESTORED, counted
+from fleetfence import probes
 from fleetfence.contracts import Telemetry
 from fleetfence.errors import ConfigError
 from fleetfence.kafka import ensure_topics, topic_specs
+from fleetfence.metrics import scrape
 from fleetfence.rules import ProximityRule
 from fleetfence.service import stop_process_group
 from fleetfence.settings import Settings
@@ -167,9 +170,12 @@ def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
 ) -> None:
     """`fleetfence processor` (`python -m processor`) with a proximity rule runs the proximity query
     beside the geofencing job; SIGKILLed while the second half of the fixes is read, restarted on its
-    checkpoints: the same 8 alerts, each once."""
+    checkpoints: the same 8 alerts, each once. Started a third time with nothing new to read, it
+    runs no batch to speak of, and is ready (`embedded.pipeline`'s wait) because both checkpoints
+    already fix where it reads from."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
-    ps = settings_for(settings, tmp_path)
+    ps = settings_for(settings, tmp_path).model_copy(update={"processor_metrics_port": probes.free_port()})
+    url = f"http://{settings.host}:{ps.processor_metrics_port}/metrics"
     fixes = fleet()
     cut = T0 + 24_000
     produce_telemetry(settings, [f for f in fixes if f.ts_ms < cut])
@@ -177,6 +183,11 @@ def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
     proc = spawn_processor(ps, next(logs))
     try:
         wait_for(lambda: len(alerts(settings)) >= 4, 240, "the pairs to enter")
+        # New checkpoints: ready only through their first batches.
+        first = scrape(url)
+        assert first.total(JOB_RESTORED) == first.total(PROXIMITY_RESTORED) == 0
+        assert first.total(JOB_BATCHES) > 0
+        assert first.total(PROXIMITY_BATCHES) > 0
         sink_id = (tmp_path / "cp-proximity" / SINK_ID_FILE).read_text().strip()
         assert {m["sink_id"] for m in markers(settings) if m.get("alerts")} == {sink_id}
 
@@ -201,6 +212,16 @@ def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
             ("PROXIMITY_EXIT", "c"),
             ("PROXIMITY_EXIT", "d"),
         ]
+        stop_process_group(proc)
+        proc = spawn_processor(ps, next(logs))
+        wait_for(
+            lambda: counted(url, [(JOB_BATCHES, JOB_RESTORED), (PROXIMITY_BATCHES, PROXIMITY_RESTORED)]),
+            240,
+            "the restarted processor to be ready without new data",
+        )
+        again = scrape(url)
+        assert again.total(JOB_RESTORED) == again.total(PROXIMITY_RESTORED) == 1
+        assert len(alerts(settings)) == 8
     finally:
         stop_process_group(proc)
         with contextlib.suppress(ProcessLookupError):
