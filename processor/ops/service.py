@@ -52,8 +52,9 @@ TAKEOVERS = Counter(
 )
 # Whether a query started on a checkpoint that already held offsets: where it reads from is then
 # fixed by the checkpoint, so every record published from now on will be read, even before the
-# query's first batch (which, with nothing new to read, may not run for a long time). A new
-# checkpoint fixes its start in its first batch (at the topic's end, with `latest`).
+# query's first batch (which, with nothing new to read, may not run for a long time; when it runs it
+# still pays Spark's warm-up). A new checkpoint fixes its start in its first batch (at the topic's
+# end, with `latest`). The proximity gauge stays 0 without a rule.
 RESTORED = Gauge(
     "fleetfence_processor_checkpoint_restored", "1 when the job's query started on a checkpoint with offsets"
 )
@@ -219,8 +220,9 @@ def _query_loop(
     seed = read_seed(HadoopCheckpointFiles(spark, s.driver_checkpoint))
     first_start = seed.offsets.get(s.topics.telemetry) if seed else None
     reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
-    RESTORED.set(has_offsets(spark, s.driver_checkpoint))
+    restored = has_offsets(spark, s.driver_checkpoint)
     q = start_query(spark, s, hot=hot)
+    RESTORED.set(restored)  # once started: a checkpoint refused at the start is no reader
     rule = s.proximity_rule()
     pq: Any = None  # the proximity query: beside the job, same lease, never hot (_run_query)
     p_ledger: BatchLedger | None = None
@@ -274,8 +276,9 @@ def _query_loop(
     stalled = False
     try:
         if rule is not None and hot is None:
-            PROXIMITY_RESTORED.set(has_offsets(spark, s.proximity_checkpoint))
+            restored_p = has_offsets(spark, s.proximity_checkpoint)
             pq = start_proximity_query(spark, s, rule)
+            PROXIMITY_RESTORED.set(restored_p)
             p_ledger = BatchLedger(proximity_sink_id(spark, s), proximity=True)
         run_until_stopped(step, stop)
         exc = q.exception()
