@@ -193,8 +193,8 @@ class Pipeline:
         ~30 s: JVM, SparkSession, Python workers, state store). Both read what is published from
         then on: a query starting at the topic's end fixes that end in its first batch, so fixes
         published before it would be missed by it and not by the ground truth. A query restored
-        from a checkpoint with offsets is ready at once: its start is the checkpoint's, and with
-        nothing new published it may run no batch at all."""
+        from a checkpoint with offsets is ready once started: its start is the checkpoint's, and
+        with nothing new published it may run no batch at all."""
         self._wait(lambda: http_ok(f"{self.api_url}/healthz"), 60, "admin API")
         for svc in self.services:
             if svc.metrics_url:

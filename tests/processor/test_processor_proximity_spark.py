@@ -171,8 +171,8 @@ def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
     """`fleetfence processor` (`python -m processor`) with a proximity rule runs the proximity query
     beside the geofencing job; SIGKILLed while the second half of the fixes is read, restarted on its
     checkpoints: the same 8 alerts, each once. Started a third time with nothing new to read, it
-    runs no batch to speak of, and is ready (`embedded.pipeline`'s wait) because both checkpoints
-    already fix where it reads from."""
+    needs no batch to be ready (`embedded.pipeline`'s wait): both checkpoints already fix where it
+    reads from."""
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     ps = settings_for(settings, tmp_path).model_copy(update={"processor_metrics_port": probes.free_port()})
     url = f"http://{settings.host}:{ps.processor_metrics_port}/metrics"
