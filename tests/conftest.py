@@ -41,10 +41,10 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _profile))
 
 # The suite's JVMs (the private broker, the shared SparkSession, each Spark driver a test starts
 # and kills) compile with C1 only. Most are drivers that live seconds to a few minutes, dozens of
-# them a run, and on two cores C2's compiler threads take the CPU the run is bound by: the hot
-# drivers' takeover test needed 31% less CPU and 20% less time with it. A compiler tier changes no
-# result; the product's JVMs keep the default tiered compilation. Inherited by every child
-# process; a JAVA_TOOL_OPTIONS already set is kept as it is.
+# them a run, and on two cores C2's compiler threads take the CPU the run is bound by; C2's faster
+# code never pays back in so short a life. A compiler tier changes no result; the product's JVMs
+# keep the default tiered compilation. Inherited by every child process; a JAVA_TOOL_OPTIONS
+# already set is kept as it is.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
