@@ -136,8 +136,8 @@ def contender_spark(
     )
     t_start = time.perf_counter()
     q = starter(state_api)(spark, ps)
-    rule = ps.proximity_rule()
-    queries = [q] if rule is None else [q, start_proximity_query(spark, ps, rule)]
+    rules = ps.proximity_rules()
+    queries = [q, start_proximity_query(spark, ps, rules)] if rules else [q]
     seen = 0  # events read by every query (the slower one's count)
     read = [0] * len(queries)
     ends: list[tuple[float, int]] = []  # (time, events so far) at the end of each batch

@@ -85,7 +85,7 @@ Meeting = tuple[str, str, int, float]  # (a, b, event time, distance_m rounded t
 def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[Meeting], int, int]:
     """The stages over every interval, as the Spark query folds them (`BucketedStages`). Seconds,
     the meetings within exit_m, the fixes and the pairs kept at the end."""
-    stages = BucketedStages(RULE, buckets)
+    stages = BucketedStages((RULE,), buckets)
     near: set[Meeting] = set()
     watermark = 0
     t = time.perf_counter()
@@ -100,8 +100,9 @@ def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[
         ):
             near.add((a, b_, ts, round(d, 3)))
         watermark = max(p.ts_ms for p in batch)
-    kept = sum(len(w.kept) for w in stages.windows)
-    return time.perf_counter() - t, near, kept, sum(map(len, stages.pairs))
+    kept = sum(len(w.kept) for cells in stages.cells for w in cells.windows.values())
+    pairs = sum(len(states) for p in stages.pairs for states in p.states.values())
+    return time.perf_counter() - t, near, kept, pairs
 
 
 def run_peer(batches: list[list[Position]], sample: int) -> tuple[float, set[Meeting], int]:

@@ -96,11 +96,12 @@ def run_demo(
     api_port: int | None = None,
 ) -> int:
     """Run the live demo; returns verify's exit code."""
-    from fleetfence.rules import ProximityRule, RouteRules
+    from fleetfence.rules import ProximityRule, ProximityScope, RouteRules
     from fleetfence.settings import FLEET_PROXIMITY_RULE_ID
     from simulator.commands import simulate, start_ms_for, verify
     from simulator.config import Injections, ScenarioConfig
     from simulator.publish import SimulationOptions
+    from simulator.scenario import SIM_GROUPS
     from simulator.settings import SimulatorSettings
 
     console = Console()
@@ -117,15 +118,27 @@ def run_demo(
         shutil.rmtree(state, ignore_errors=True)
         settings = settings.model_copy(update={"state_dir": state})
     truth = run_dir / f"truth-{int(time.time())}.jsonl"
-    # Vehicle proximity on, for the fleet (the processor's one rule: `fleet`): the convoys below
-    # meet and drift apart, and vehicles overtaking or stopping near each other meet too.
-    proximity = ProximityRule(
-        FLEET_PROXIMITY_RULE_ID,
-        enter_m=40.0,
-        exit_m=80.0,
-        min_duration_ms=15_000,
-        tolerance_ms=500,
-        lost_after_ms=30_000,
+    # Vehicle proximity on: for the fleet (`fleet`), and for one fleet group (the vehicle attribute
+    # `group`: the simulator's vehicles alternate between two) with distances of its own. The
+    # convoys below meet and drift apart, and vehicles overtaking or stopping near each other meet too.
+    proximity = (
+        ProximityRule(
+            FLEET_PROXIMITY_RULE_ID,
+            enter_m=40.0,
+            exit_m=80.0,
+            min_duration_ms=15_000,
+            tolerance_ms=500,
+            lost_after_ms=30_000,
+        ),
+        ProximityRule(
+            "north-close",
+            enter_m=60.0,
+            exit_m=120.0,
+            min_duration_ms=10_000,
+            tolerance_ms=500,
+            lost_after_ms=30_000,
+            scope=ProximityScope(group=SIM_GROUPS[0]),
+        ),
     )
     # On its own, empty broker the proximity query reads this run's telemetry from its start.
     spec = PipelineSpec(

@@ -49,9 +49,9 @@ class PipelineSpec:
     api_port: int | None = None  # None: 8000 if free, else any free port
     # More FLEETFENCE_* variables for every service (e.g. a processor knob of a load test).
     env: dict[str, str] = field(default_factory=dict)
-    # Vehicle proximity's rule for the processor (None: off), and whether its query reads the
+    # Vehicle proximity's rules for the processor (none: off), and whether its query reads the
     # telemetry topic from its start (a run on fresh servers) or from its end (servers with data).
-    proximity: ProximityRule | None = None
+    proximity: tuple[ProximityRule, ...] = ()
     proximity_from_start: bool = False
 
 
@@ -139,7 +139,7 @@ class Pipeline:
         self._spawn("api", [*py, "api", "--port", str(self._api_port), "--host", s.host], {}, None)
         port = probes.free_port()
         proximity: dict[str, str] = {}
-        if spec.proximity is not None:
+        if spec.proximity:
             proximity = ProcessorRulesSettings.proximity_env(spec.proximity)
             if spec.proximity_from_start:
                 proximity["FLEETFENCE_PROCESSOR_PROXIMITY_STARTING_OFFSETS"] = "earliest"
@@ -201,7 +201,7 @@ class Pipeline:
                 url = svc.metrics_url
                 self._wait(lambda url=url: http_ok(url), timeout_s, f"{svc.name} metrics")  # type: ignore[misc]
         wanted = [(JOB_BATCHES, JOB_RESTORED)]
-        if self.spec.proximity is not None:
+        if self.spec.proximity:
             wanted.append((PROXIMITY_BATCHES, PROXIMITY_RESTORED))
         processor_url = self._processor_metrics_url
         self._wait(lambda: counted(processor_url, wanted), timeout_s, "the processor's queries")

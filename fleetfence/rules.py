@@ -2,8 +2,9 @@
 
 `RouteRules` are per route (master data); `ProcessorRules` are processor-wide
 (`FLEETFENCE_PROCESSOR_*`), and the simulator's ground truth must assume the same ones; so is
-`ProximityRule`, vehicle proximity's rule (`FLEETFENCE_PROCESSOR_PROXIMITY_*`, applied by
-processor.core.proximity, assumed by simulator.truth_proximity).
+`ProximityRule`, vehicle proximity's rules (`FLEETFENCE_PROCESSOR_PROXIMITY_*`, applied by
+processor.core.proximity, assumed by simulator.truth_proximity), each for the fleet, a route or a
+fleet group (`ProximityScope`).
 
 The admin API validates them (`vehicle_master.models.RouteProps` is built from `RouteRules`' fields
 and their `RuleSpec`), the processor applies them (`processor.core.geometry.compile_route` reads master
@@ -246,6 +247,35 @@ class ProcessorRules:
 # the cells still report meetings for (`ProximityRule.watch_m`).
 WATCH_SPEED_MPS = 40.0
 MAX_EXIT_M = 5_000.0
+# The vehicle attribute (vehicle master: `attributes`) that names a vehicle's fleet group.
+GROUP_ATTRIBUTE = "group"
+
+
+@dataclass(frozen=True, slots=True)
+class ProximityScope:
+    """Which vehicles a proximity rule compares: the whole fleet (neither set); those assigned to
+    `route_id` (an assignment valid at the fix's event time); or a fleet group, the vehicles whose
+    attribute GROUP_ATTRIBUTE is `group`. Both vehicles of a pair must be in it: a convoy rule for
+    one route does not fire for a vehicle of another route passing the convoy. Read from the vehicle
+    master's data as of the batch (processor.core.proximity_members)."""
+
+    route_id: str | None = None
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.route_id is not None and self.group is not None:
+            raise ValueError("a proximity rule is for a route or for a fleet group, not both")
+        if self.route_id == "" or self.group == "":
+            raise ValueError("a proximity rule's route_id or group is never empty")
+
+    @property
+    def fleet(self) -> bool:
+        return self.route_id is None and self.group is None
+
+    def __str__(self) -> str:
+        if self.route_id is not None:
+            return f"route {self.route_id}"
+        return "the fleet" if self.group is None else f"group {self.group}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +286,8 @@ class ProximityRule:
     apart in event time (the vehicles report at their own moments); `min_duration_ms` of continuous
     nearness before PROXIMITY_ENTER (two trucks passing each other at a junction are not a meeting);
     `lost_after_ms` without a meeting ends an open one. Deliberately no defaults: the distances are
-    the operator's policy, spelled where the rule is configured."""
+    the operator's policy, spelled where the rule is configured. `scope`: which vehicles it
+    compares (the fleet unless a route or a group is named)."""
 
     rule_id: str
     enter_m: float
@@ -264,8 +295,14 @@ class ProximityRule:
     min_duration_ms: int
     tolerance_ms: int
     lost_after_ms: int
+    scope: ProximityScope = ProximityScope()
 
     def __post_init__(self) -> None:
+        if not self.rule_id or ":" in self.rule_id:
+            raise ValueError(
+                f"proximity rule id {self.rule_id!r}: not empty and without ':' (a pair alert's id "
+                "joins the rule, the other vehicle and a time with it)"
+            )
         if not 0 < self.enter_m < self.exit_m <= MAX_EXIT_M:
             raise ValueError(
                 f"proximity rule {self.rule_id!r}: needs 0 < enter_m < exit_m <= {MAX_EXIT_M:g} "
@@ -288,3 +325,12 @@ class ProximityRule:
         faster than that between two of its moments is not seen apart, and ends as `lost` when
         its deadline passes."""
         return self.exit_m + 2 * WATCH_SPEED_MPS * self.tolerance_ms / 1000
+
+
+def proximity_rule_set(rules: tuple[ProximityRule, ...]) -> tuple[ProximityRule, ...]:
+    """`rules` as a processor runs them: each id once (an id is in every alert's id and keys its
+    pairs' state)."""
+    ids = [r.rule_id for r in rules]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"proximity rule ids must differ: {ids}")
+    return rules

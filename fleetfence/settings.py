@@ -13,15 +13,16 @@ service to an external endpoint: `infra up` then starts nothing for it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Self
 from urllib.parse import urlparse
 
-from pydantic import Field, SecretStr, computed_field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, computed_field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetfence.errors import ConfigError
-from fleetfence.rules import MAX_EXIT_M, ProcessorRules, ProximityRule
+from fleetfence.rules import MAX_EXIT_M, ProcessorRules, ProximityRule, ProximityScope, proximity_rule_set
 
 
 class TopicNames:
@@ -235,6 +236,48 @@ class Settings(BaseSettings):
 FLEET_PROXIMITY_RULE_ID = "fleet"
 
 
+class ProximityRuleSpec(BaseModel):
+    """A proximity rule as configured (`FLEETFENCE_PROCESSOR_PROXIMITY_RULES`, a JSON list of
+    these): for the fleet, or for the vehicles of one route (`route_id`) or of one fleet group
+    (`group`, the vehicle attribute `group`). Durations in seconds, as the single rule's variables."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rule_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    enter_m: float = Field(gt=0)
+    exit_m: float = Field(gt=0, le=MAX_EXIT_M)
+    min_duration_s: float = Field(default=30.0, ge=0)
+    tolerance_s: float = Field(default=5.0, ge=0)
+    lost_after_s: float = Field(default=120.0, gt=0)
+    route_id: str | None = Field(default=None, min_length=1)
+    group: str | None = Field(default=None, min_length=1)
+
+    def rule(self) -> ProximityRule:
+        """The rule; a contradictory one raises ValueError in the rule's own words."""
+        return ProximityRule(
+            rule_id=self.rule_id,
+            enter_m=self.enter_m,
+            exit_m=self.exit_m,
+            min_duration_ms=round(self.min_duration_s * 1000),
+            tolerance_ms=round(self.tolerance_s * 1000),
+            lost_after_ms=round(self.lost_after_s * 1000),
+            scope=ProximityScope(route_id=self.route_id, group=self.group),
+        )
+
+    @staticmethod
+    def of(rule: ProximityRule) -> ProximityRuleSpec:
+        return ProximityRuleSpec(
+            rule_id=rule.rule_id,
+            enter_m=rule.enter_m,
+            exit_m=rule.exit_m,
+            min_duration_s=rule.min_duration_ms / 1000,
+            tolerance_s=rule.tolerance_ms / 1000,
+            lost_after_s=rule.lost_after_ms / 1000,
+            route_id=rule.scope.route_id,
+            group=rule.scope.group,
+        )
+
+
 class ProcessorRulesSettings(Settings):
     """The processor-wide rules as `FLEETFENCE_PROCESSOR_*` variables, with `ProcessorRules`' defaults.
 
@@ -277,8 +320,9 @@ class ProcessorRulesSettings(Settings):
         description="The slowest average speed an ETA assumes.",
     )
 
-    # Vehicle proximity (processor.core.proximity): one fleet-wide rule, off unless its distances are
-    # set; the simulator's truth assumes it too (simulator.truth_proximity).
+    # Vehicle proximity (processor.core.proximity): a fleet-wide rule, off unless its distances are
+    # set, and any rules per route or fleet group (`processor_proximity_rules`); the simulator's
+    # truth assumes them too (simulator.truth_proximity).
     processor_proximity_enter_m: float | None = Field(
         default=None,
         gt=0,
@@ -306,6 +350,13 @@ class ProcessorRulesSettings(Settings):
         gt=0,
         description="PROXIMITY_EXIT (reason lost) after this long without a meeting.",
     )
+    processor_proximity_rules: list[ProximityRuleSpec] = Field(
+        default_factory=list,
+        description="More proximity rules, a JSON list: each with its rule_id, enter_m, exit_m, "
+        "optionally min_duration_s, tolerance_s, lost_after_s, and route_id (the vehicles "
+        "assigned to that route) or group (the vehicles whose attribute `group` is that); "
+        "neither: the whole fleet.",
+    )
 
     def processor_rules(self) -> ProcessorRules:
         return ProcessorRules(
@@ -325,20 +376,38 @@ class ProcessorRulesSettings(Settings):
     def _proximity_rule_holds(self) -> ProcessorRulesSettings:
         if self.processor_proximity_enter_m is None and self.processor_proximity_exit_m is not None:
             raise ValueError("FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M needs the enter distance too")
-        self.proximity_rule()  # a contradictory rule fails at start-up, with the rule's own words
+        self.proximity_rules()  # a contradictory rule fails at start-up, with the rule's own words
         return self
 
     @staticmethod
-    def proximity_env(rule: ProximityRule) -> dict[str, str]:
-        """The FLEETFENCE_PROCESSOR_PROXIMITY_* variables that give a processor `rule` (its id is the
-        fleet's, `proximity_rule`'s): what a launcher hands the processor it starts."""
-        return {
-            "FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M": str(rule.enter_m),
-            "FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M": str(rule.exit_m),
-            "FLEETFENCE_PROCESSOR_PROXIMITY_MIN_DURATION_S": str(rule.min_duration_ms / 1000),
-            "FLEETFENCE_PROCESSOR_PROXIMITY_TOLERANCE_S": str(rule.tolerance_ms / 1000),
-            "FLEETFENCE_PROCESSOR_PROXIMITY_LOST_AFTER_S": str(rule.lost_after_ms / 1000),
-        }
+    def proximity_env(rules: tuple[ProximityRule, ...]) -> dict[str, str]:
+        """The variables that give a processor `rules`: what a launcher hands the processor it
+        starts. The fleet's rule (id FLEET_PROXIMITY_RULE_ID, whole fleet) in its own variables, every
+        other in FLEETFENCE_PROCESSOR_PROXIMITY_RULES (set even when empty, so that an inherited list
+        does not add to them)."""
+        env: dict[str, str] = {}
+        others = []
+        for rule in rules:
+            if rule.rule_id == FLEET_PROXIMITY_RULE_ID and rule.scope.fleet:
+                env |= {
+                    "FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M": str(rule.enter_m),
+                    "FLEETFENCE_PROCESSOR_PROXIMITY_EXIT_M": str(rule.exit_m),
+                    "FLEETFENCE_PROCESSOR_PROXIMITY_MIN_DURATION_S": str(rule.min_duration_ms / 1000),
+                    "FLEETFENCE_PROCESSOR_PROXIMITY_TOLERANCE_S": str(rule.tolerance_ms / 1000),
+                    "FLEETFENCE_PROCESSOR_PROXIMITY_LOST_AFTER_S": str(rule.lost_after_ms / 1000),
+                }
+            else:
+                others.append(ProximityRuleSpec.of(rule).model_dump(exclude_none=True))
+        env["FLEETFENCE_PROCESSOR_PROXIMITY_RULES"] = json.dumps(others)
+        return env
+
+    def proximity_rules(self) -> tuple[ProximityRule, ...]:
+        """Every proximity rule the processor runs (empty: proximity off): the fleet's
+        (`proximity_rule`) first, then `processor_proximity_rules`; contradictory ones and repeated
+        ids raise ValueError."""
+        fleet = self.proximity_rule()
+        listed = tuple(spec.rule() for spec in self.processor_proximity_rules)
+        return proximity_rule_set(((fleet,) if fleet else ()) + listed)
 
     def proximity_rule(self) -> ProximityRule | None:
         """The fleet's proximity rule (None: proximity off); a contradictory one raises ValueError."""

@@ -82,20 +82,20 @@ class LoadOptions:
     report_dir: Path | None = None
     attach: bool = False  # measure the running installation the settings point at; start nothing
     bbox: tuple[float, float, float, float] = DEFAULT_BBOX  # the first step's area; later ones east of it
-    proximity_m: float | None = None  # vehicle proximity on (`proximity_rule`), with convoys in the fleet
+    proximity_m: float | None = None  # vehicle proximity on (`proximity_rules`), with convoys in the fleet
 
 
 # The share of a proximity run's vehicles that follow another in a convoy.
 CONVOY_SHARE = 0.05
 
 
-def proximity_rule(opts: LoadOptions) -> ProximityRule | None:
+def proximity_rules(opts: LoadOptions) -> tuple[ProximityRule, ...]:
     """The proximity rule a run starts its processor with (`--proximity-m`: the enter distance, the
     exit twice it), with a tolerance of half a fix period, which the truth needs
-    (simulator.truth_proximity)."""
+    (simulator.truth_proximity); none without it."""
     if opts.proximity_m is None:
-        return None
-    return ProximityRule(
+        return ()
+    rule = ProximityRule(
         FLEET_PROXIMITY_RULE_ID,
         enter_m=opts.proximity_m,
         exit_m=2 * opts.proximity_m,
@@ -103,6 +103,7 @@ def proximity_rule(opts: LoadOptions) -> ProximityRule | None:
         tolerance_ms=round(500 / opts.rate_hz),
         lost_after_ms=30_000,
     )
+    return (rule,)
 
 
 @dataclass
@@ -137,9 +138,9 @@ class LoadTest:
     ) -> None:
         self.s = settings
         self.sim = SimulatorSettings.from_base(settings)
-        # Embedded, the rule the run starts its processor with; attached, the installation's
+        # Embedded, the rules the run starts its processor with; attached, the installation's
         # (FLEETFENCE_PROCESSOR_PROXIMITY_*, read as the processor reads them).
-        self.proximity = proximity_rule(opts) or self.sim.proximity_rule()
+        self.proximity = proximity_rules(opts) or self.sim.proximity_rules()
         self.installation = installation
         self.opts = opts
         self.console = console
@@ -266,7 +267,7 @@ class LoadTest:
                 dwell=0.1,
                 silent=0.05,
                 late=0.0,
-                convoy=CONVOY_SHARE if self.proximity is not None else 0.0,
+                convoy=CONVOY_SHARE if self.proximity else 0.0,
             ),
             proximity=self.proximity,
             start_ms=start_ms_for(None, True, duration, period_ms),

@@ -22,7 +22,7 @@ from alerts.service import group_id
 from embedded.pipeline import Pipeline, PipelineSpec
 from fleetfence.contracts import MasterEntity
 from fleetfence.settings import Settings
-from loadtest.driver import LoadOptions, LoadTest, proximity_rule, step_bbox
+from loadtest.driver import LoadOptions, LoadTest, proximity_rules, step_bbox
 from loadtest.errors import LoadtestError
 from loadtest.installation import RunningInstallation, receiver_groups
 from loadtest.model import LoadRun
@@ -64,7 +64,7 @@ def _run_embedded(settings: Settings, opts: LoadOptions, console: Console, out: 
         settings = settings.model_copy(update={"state_dir": state})
     # Fresh servers: the proximity query reads the run's telemetry from its start.
     spec = PipelineSpec(
-        gateway_replicas=opts.gateway_replicas, proximity=proximity_rule(opts), proximity_from_start=fresh
+        gateway_replicas=opts.gateway_replicas, proximity=proximity_rules(opts), proximity_from_start=fresh
     )
     pipeline = Pipeline(settings, out / "logs", spec)
     try:

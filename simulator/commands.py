@@ -57,11 +57,11 @@ def simulate(
 
     The processor-wide rules the truth assumes and the API endpoint default come from the
     settings (FLEETFENCE_PROCESSOR_*, FLEETFENCE_SIMULATOR_*): the truth must assume what the
-    processor it is compared with applies; so does its proximity rule, unless the scenario names the
-    one its processor was started with (the demo's)."""
+    processor it is compared with applies; so do its proximity rules, unless the scenario names the
+    ones its processor was started with (the demo's)."""
     s = settings or SimulatorSettings()
     configure_logging(s.log_level, s.log_json)
-    cfg = replace(cfg, assume=s.processor_rules(), proximity=cfg.proximity or s.proximity_rule())
+    cfg = replace(cfg, assume=s.processor_rules(), proximity=cfg.proximity or s.proximity_rules())
     opts = replace(
         opts,
         api_url=opts.api_url or s.simulator_api_url,

@@ -58,9 +58,9 @@ class ScenarioConfig:
     routes_geojson: Any | None = None
     rules: RouteRules = field(default_factory=simulated_rules)
     assume: ProcessorRules = field(default_factory=ProcessorRules)
-    # The processor's proximity rule, if it runs one: the truth then has the pairs' alerts
-    # (simulator.truth_proximity), and the transport faults leave the fixes that meet in order.
-    proximity: ProximityRule | None = None
+    # The processor's proximity rules, if it runs any: the truth then has the pairs' alerts under
+    # each (simulator.truth_proximity), and the transport faults leave the fixes that meet in order.
+    proximity: tuple[ProximityRule, ...] = ()
     inject: Injections = field(default_factory=Injections)
     start_ms: int = 1_795_000_000_000
     vehicle_prefix: str = "sim-"
@@ -133,21 +133,22 @@ class ScenarioConfig:
             raise ConfigError("fault probabilities add up to more than 1")
         if self.inject.wrong_way + self.inject.schedule > 1.0:
             raise ConfigError("wrong_way and schedule pick disjoint vehicles: they add up to more than 1")
-        if self.proximity is not None:
-            if self.proximity.tolerance_ms >= self.period_ms:
+        for rule in self.proximity:
+            if rule.tolerance_ms >= self.period_ms:
                 raise ConfigError(
-                    "the proximity truth needs the rule's tolerance shorter than the fix period (a "
-                    "meeting of two fixes of one tick): lower the tolerance or the rate"
+                    f"the proximity truth needs rule {rule.rule_id}'s tolerance shorter than the fix "
+                    "period (a meeting of two fixes of one tick): lower the tolerance or the rate"
                 )
-            if self.proximity.watch_m > 2 * self.proximity.exit_m:
+            if rule.watch_m > 2 * rule.exit_m:
                 raise ConfigError(
-                    "the proximity truth needs the watch distance (exit + 80 m per second of "
-                    "tolerance) within twice the exit distance, where the cells surely report a meeting"
+                    f"the proximity truth needs rule {rule.rule_id}'s watch distance (exit + 80 m per "
+                    "second of tolerance) within twice the exit distance, where the cells surely "
+                    "report a meeting"
                 )
-            if self.proximity.lost_after_ms > self.rules.silent_after_s * 1000:
+            if rule.lost_after_ms > self.rules.silent_after_s * 1000:
                 raise ConfigError(
-                    "the proximity truth needs lost_after within silent_after_s, so that a pair "
-                    "lost to a silence is lost within the run"
+                    f"the proximity truth needs rule {rule.rule_id}'s lost_after within "
+                    "silent_after_s, so that a pair lost to a silence is lost within the run"
                 )
         stop_s = self.rules.stop_min_s
         if math.isfinite(stop_s) and stop_s < 10:

@@ -366,7 +366,7 @@ def run_simulation(
         {
             **asdict(cfg.rules),
             **asdict(cfg.assume),
-            "proximity": asdict(cfg.proximity) if cfg.proximity is not None else None,
+            "proximity": [asdict(r) for r in cfg.proximity],
             "undecided_alert_ids": sc.undecided_alert_ids(),
         },
     )

@@ -23,6 +23,7 @@ import redis
 
 from fleetfence.contracts import MasterEntity
 from fleetfence.errors import InfraError
+from fleetfence.rules import GROUP_ATTRIBUTE
 from fleetfence.settings import Settings
 from simulator.errors import RegistrationError
 from simulator.scenario import Scenario
@@ -72,9 +73,9 @@ def scenario_entities(sc: Scenario) -> list[EntityData]:
                 }
             )
         )
-    ids = sc.vehicle_ids()
-    for vid in ids:
-        out.append(VehicleData(vehicle_id=vid, label=f"simulated {vid}", attributes={"source": "simulator"}))
+    for vid, group in zip(sc.vehicle_ids(), sc.vehicle_groups(), strict=True):
+        attributes = {"source": "simulator", GROUP_ATTRIBUTE: group}
+        out.append(VehicleData(vehicle_id=vid, label=f"simulated {vid}", attributes=attributes))
     out.extend(scenario_assignments(sc))
     return out
 

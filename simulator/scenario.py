@@ -40,15 +40,19 @@ from collections.abc import Iterator
 import numpy as np
 
 from fleetfence.contracts import AlertType
+from fleetfence.rules import ProximityScope
 from simulator.batch import Message, ScenarioStats, TickBatch, make_batch
 from simulator.config import ScenarioConfig
-from simulator.geo import IntArray
+from simulator.geo import BoolArray, IntArray
 from simulator.kinematics import advance
 from simulator.plan import WW_DONE, Fleet
 from simulator.routes import EDGE_MARGIN_M, CityMap, build_city, place_zones
 from simulator.truth import TruthAlert, vehicle_id
 from simulator.truth_proximity import ProximityTruth
 from simulator.truth_rules import Trigger, TruthRules
+
+# The fleet groups simulated vehicles belong to, in turn (`Scenario.vehicle_groups`).
+SIM_GROUPS = ("north", "south")
 
 __all__ = ["WW_DONE", "Scenario", "ScenarioStats", "TickBatch"]
 
@@ -85,13 +89,17 @@ class Scenario:
         self.rules = TruthRules(self.fleet)
         self.withheld_until = np.full(self.n, -1, dtype=np.int64)
         self._vids: list[str] | None = None
-        self.proximity = (
+        self.proximity = [
             ProximityTruth(
-                cfg.proximity, self.vehicle_ids_cached(), cfg.start_ms, cfg.period_ms, cfg.assume.lateness_ms
+                rule,
+                self.vehicle_ids_cached(),
+                cfg.start_ms,
+                cfg.period_ms,
+                cfg.assume.lateness_ms,
+                members=self.in_scope(rule.scope),
             )
-            if cfg.proximity is not None
-            else None
-        )
+            for rule in cfg.proximity
+        ]
 
     # ------------------------------------------------------------------ identity
 
@@ -114,7 +122,24 @@ class Scenario:
     def undecided_alert_ids(self) -> list[str]:
         """Alerts the truth cannot decide at the run's end (`ProximityTruth.undecided_alert_ids`):
         `verify` counts them neither way."""
-        return self.proximity.undecided_alert_ids() if self.proximity is not None else []
+        return [a for truth in self.proximity for a in truth.undecided_alert_ids()]
+
+    def vehicle_groups(self) -> list[str]:
+        """Each vehicle's fleet group (its attribute `group` in the vehicle master: a proximity
+        rule's scope may be one): the vehicles alternate between SIM_GROUPS."""
+        return [SIM_GROUPS[i % len(SIM_GROUPS)] for i in range(self.n)]
+
+    def in_scope(self, scope: ProximityScope) -> BoolArray:
+        """The vehicles a proximity rule of `scope` compares, as the processor reads them from the
+        vehicle master (simulator.register): every vehicle's assignment holds for the whole run."""
+        if scope.route_id is not None:
+            ids = [r.route_id for r in self.city.routes]
+            if scope.route_id not in ids:
+                return np.zeros(self.n, dtype=bool)
+            return np.asarray(self.route_idx == ids.index(scope.route_id), dtype=bool)
+        if scope.group is not None:
+            return np.array([g == scope.group for g in self.vehicle_groups()], dtype=bool)
+        return np.ones(self.n, dtype=bool)
 
     @property
     def route_idx(self) -> IntArray:
@@ -181,10 +206,10 @@ class Scenario:
         limit = cfg.rules.speed_limit_kmh
         near_silence = (fleet.silent_tick >= 0) & (k >= fleet.silent_tick - 3)
         can_hold = alive & (k >= 3) & ~near_silence & (self.withheld_until < k) & (k < cfg.n_ticks - 1)
-        if self.proximity is not None:
+        for prox in self.proximity:
             # A fix that meets another vehicle's is never held back: its pair's meetings reach the
             # processor in event-time order (simulator.truth_proximity).
-            can_hold &= ~self.proximity.observe(alive, lat, lon)
+            can_hold &= ~prox.observe(alive, lat, lon)
         calm = (
             ~alerted
             & quiet_before
@@ -217,8 +242,8 @@ class Scenario:
         for i, typ, zone in trig:
             at = (round(float(lat[i]), 7), round(float(lon[i]), 7))
             truth.append(TruthAlert(vids[i], typ, seq, ts, zone, k + int(ooo[i]), None, *at))
-        if self.proximity is not None:
-            truth.extend(self.proximity.tick(k, ts, seq))
+        for prox in self.proximity:
+            truth.extend(prox.tick(k, ts, seq))
 
         send = alive & ~ooo & ~late
         order = np.nonzero(send)[0]

@@ -46,7 +46,10 @@ class TruthAlert:
 
     @property
     def key(self) -> tuple[str, str, str, int]:
-        return (self.vehicle_id, self.type, self.zone_id or self.other_vehicle_id or "", self.seq)
+        """A pair's alert is keyed by its rule and the other vehicle (its subject without when the
+        nearness began), in the zone's place (simulator.verify.ObservedAlert.key)."""
+        pair = self.subject.rsplit(":", 1)[0] if self.other_vehicle_id and self.subject else ""
+        return (self.vehicle_id, self.type, self.zone_id or pair, self.seq)
 
     @property
     def alert_id(self) -> str:

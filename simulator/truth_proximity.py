@@ -1,5 +1,6 @@
-"""Vehicle proximity's ground truth: which pairs of simulated vehicles come near and part, under the
-proximity rule the processor is run with (`fleetfence.rules.ProximityRule`).
+"""Vehicle proximity's ground truth: which pairs of simulated vehicles come near and part, under each
+proximity rule the processor is run with (`fleetfence.rules.ProximityRule`), among the vehicles in
+the rule's scope (the fleet, a route's or a group's: `Scenario.in_scope`).
 
 The other alert rules are judged on planned facts with margins the GPS noise cannot cross. A pair's
 distance is not planned: vehicles overtake each other, stop in the same zone, meet where a route
@@ -63,13 +64,21 @@ class _Pair:
 
 
 class ProximityTruth:
-    """The expected PROXIMITY_ENTER / PROXIMITY_EXIT alerts of a fleet, tick by tick."""
+    """The expected PROXIMITY_ENTER / PROXIMITY_EXIT alerts of one rule, tick by tick, among the
+    vehicles in its scope (`members`; None: the fleet)."""
 
     def __init__(
-        self, rule: ProximityRule, vehicle_ids: list[str], start_ms: int, period_ms: int, lateness_ms: int
+        self,
+        rule: ProximityRule,
+        vehicle_ids: list[str],
+        start_ms: int,
+        period_ms: int,
+        lateness_ms: int,
+        members: BoolArray | None = None,
     ):
         self.rule = rule
         self.vids = vehicle_ids
+        self.members = np.ones(len(vehicle_ids), bool) if members is None else np.asarray(members, bool)
         self.start_ms, self.period_ms, self.lateness_ms = start_ms, period_ms, lateness_ms
         self.pairs: dict[tuple[int, int], _Pair] = {}  # the pairs with something open
         # Exits by loss not yet due: the tick at which the watermark passes the deadline.
@@ -117,7 +126,7 @@ class ProximityTruth:
         transport faults must leave in order. `tick` then folds the meetings found here."""
         self._lat = np.array([round(v, 7) for v in lat.tolist()])
         self._lon = np.array([round(v, 7) for v in lon.tolist()])
-        i, j, d = self.close_pairs(alive, self._lat, self._lon, self.rule.watch_m + 1.0)
+        i, j, d = self.close_pairs(alive & self.members, self._lat, self._lon, self.rule.watch_m + 1.0)
         out = np.zeros(len(alive), dtype=bool)
         out[i] = True
         out[j] = True

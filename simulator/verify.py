@@ -44,10 +44,13 @@ class ObservedAlert:
     lat: float | None = None
     lon: float | None = None
     other_vehicle_id: str | None = None  # a pair's alert: the other vehicle, in the zone's place
+    rule_id: str | None = None  # a pair's alert: its proximity rule (a pair may meet under several)
 
     @property
     def key(self) -> Key:
-        return (self.vehicle_id, self.type, self.zone_id or self.other_vehicle_id or "", self.seq)
+        """A pair's alert is keyed by its rule and the other vehicle, in the zone's place."""
+        pair = f"{self.rule_id or ''}:{self.other_vehicle_id}" if self.other_vehicle_id else ""
+        return (self.vehicle_id, self.type, self.zone_id or pair, self.seq)
 
     @staticmethod
     def from_record(value: bytes, record_ts_ms: int | None) -> ObservedAlert:
@@ -58,6 +61,7 @@ class ObservedAlert:
         """An alert already decoded (a load test keeps them decoded while it runs)."""
         details = d.get("details")
         other = details.get("other_vehicle_id") if isinstance(details, dict) else None
+        rule = details.get("rule_id") if isinstance(details, dict) else None
         return ObservedAlert(
             str(d["alert_id"]),
             str(d["vehicle_id"]),
@@ -69,6 +73,7 @@ class ObservedAlert:
             d.get("lat"),
             d.get("lon"),
             other if isinstance(other, str) else None,
+            rule if isinstance(rule, str) else None,
         )
 
 

@@ -50,6 +50,7 @@ from h3.api import basic_int as h3i
 from fleetfence.contracts import AlertRecord, AlertType, ProximityExitReason, alert_record
 from fleetfence.geo import haversine_m
 from fleetfence.rules import ProximityRule
+from processor.core.proximity_members import Members
 from processor.core.zones import h3_cells_int
 
 # The finest H3 resolution used: cells of about 29 m average edge (resolution 11).
@@ -248,8 +249,21 @@ class Meetings:
         cols = (getattr(self, f).tolist() for f in MEETING_FIELDS)
         return [Observation(*row) for row in zip(*cols, strict=True)]
 
+    def take(self, index: np.ndarray) -> Meetings:
+        return Meetings(*(getattr(self, f)[index] for f in MEETING_FIELDS))
+
+    @staticmethod
+    def concat(parts: list[Meetings]) -> Meetings:
+        """The meetings of `parts` in one table (an empty one when there are none)."""
+        if not parts:
+            return Meetings(*(np.zeros(0, _MEETING_TYPES[f]) for f in MEETING_FIELDS))
+        return Meetings(*(np.concatenate([getattr(x, f) for x in parts]) for f in MEETING_FIELDS))
+
 
 MEETING_FIELDS = tuple(f.name for f in dataclasses.fields(Observation))
+_MEETING_TYPES = {
+    f.name: {"str": object, "int": _I8, "float": _F8}[str(f.type)] for f in dataclasses.fields(Observation)
+}
 
 
 @dataclass
@@ -778,33 +792,129 @@ def pair_buckets(a: np.ndarray, b: np.ndarray, buckets: int) -> np.ndarray:
     return (mixed % np.uint64(buckets)).astype(np.int64)
 
 
+def rules_resolution(rules: Iterable[ProximityRule]) -> int:
+    """The H3 resolution a query of `rules` keeps its fixes in: the one of the largest exit distance
+    (cells that large hold every smaller rule's meetings too: its neighbours are still enough)."""
+    return resolution_for(max(r.exit_m for r in rules))
+
+
+@dataclass
+class RuleCells:
+    """One bucket of cells under every rule of a query: a `CellWindow` per rule (the fixes of the
+    vehicles in the rule's scope, `Members.admitted`), so that each rule meets its own vehicles with
+    its own tolerance and watch distance, and tags its meetings with its id. All windows share the
+    query's resolution (`rules_resolution`) and the bucket's place in the layout."""
+
+    rules: tuple[ProximityRule, ...]
+    resolution: int
+    bucket: int = 0
+    buckets: int = 1
+    windows: dict[str, CellWindow] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for r in self.rules:
+            if r.rule_id not in self.windows:
+                self.windows[r.rule_id] = CellWindow(self.resolution, self.bucket, self.buckets, r.watch_m)
+
+    def step(self, arrivals: HomedFixes, watermark_ms: int, members: Members) -> list[tuple[str, CellStep]]:
+        """Each rule's window steps on the arrivals in its scope; returns (rule id, its step)."""
+        out: list[tuple[str, CellStep]] = []
+        for r in self.rules:
+            mine = members.admitted(r, arrivals.vehicle_id, arrivals.ts_ms)
+            fixes = arrivals if mine.all() else arrivals.take(np.flatnonzero(mine))
+            out.append((r.rule_id, self.windows[r.rule_id].step(fixes, watermark_ms, r.tolerance_ms)))
+        return out
+
+    def evict(self, watermark_ms: int) -> None:
+        for r in self.rules:
+            self.windows[r.rule_id].evict(watermark_ms - r.tolerance_ms)
+
+    def expires_ms(self) -> int | None:
+        """When the watermark lets some window forget what it keeps (None: they keep nothing)."""
+        due = [d for r in self.rules if (d := self.windows[r.rule_id].expires_ms(r.tolerance_ms)) is not None]
+        return min(due) if due else None
+
+    def kept(self) -> tuple[np.ndarray, HomedFixes]:
+        """Every window's fixes in one table, with each fix's rule id: a bucket's state."""
+        ids = [np.full(len(self.windows[r.rule_id].kept), r.rule_id, object) for r in self.rules]
+        fixes = HomedFixes.empty()
+        for r in self.rules:
+            fixes = fixes.concat(self.windows[r.rule_id].kept)
+        return (np.concatenate(ids) if ids else np.zeros(0, object)), fixes
+
+    def restore(self, rule_ids: np.ndarray, fixes: HomedFixes) -> None:
+        """Refill the windows from `kept`'s table; the fixes of a rule no longer run are dropped."""
+        for r in self.rules:
+            self.windows[r.rule_id].kept = fixes.take(np.flatnonzero(rule_ids == r.rule_id))
+
+
+@dataclass
+class RulePairs:
+    """One bucket of pairs under every rule of a query: each rule's pairs (`pairs_step`), keyed by
+    the rule's id."""
+
+    rules: tuple[ProximityRule, ...]
+    states: dict[str, dict[tuple[str, str], PairState]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for r in self.rules:
+            self.states.setdefault(r.rule_id, {})
+        for gone in set(self.states) - {r.rule_id for r in self.rules}:
+            del self.states[gone]  # a rule no longer run: its pairs end without an alert
+
+    def step(
+        self, meetings: Meetings, rule_ids: np.ndarray, watermark_ms: int
+    ) -> tuple[list[PairEvent], int]:
+        """A batch: each rule's meetings (`rule_ids`, one per meeting) folded into its pairs, then every
+        rule's pairs whose deadline the watermark reached lost. Returns the alerts and the late count."""
+        events: list[PairEvent] = []
+        late = 0
+        for r in self.rules:
+            mine = np.flatnonzero(rule_ids == r.rule_id)
+            found, n = pairs_step(self.states[r.rule_id], meetings.take(mine), watermark_ms, r)
+            events.extend(found)
+            late += n
+        return events, late
+
+    def expire(self, watermark_ms: int) -> list[PairEvent]:
+        return [e for r in self.rules for e in pairs_expire(self.states[r.rule_id], watermark_ms, r)]
+
+    def due_ms(self) -> int | None:
+        due = [d for r in self.rules if (d := pairs_due_ms(self.states[r.rule_id], r)) is not None]
+        return min(due) if due else None
+
+
 class BucketedStages:
     """Both stages in one process, each on `buckets` keys as an engine shards them: a batch's fixes
-    fanned out to their buckets of cells (`bucket_fan_out`), each bucket stepped in columns
-    (`CellWindow.step`), the meetings folded per bucket of pairs (`pairs_step`). The Spark query
+    fanned out to their buckets of cells (`bucket_fan_out`), each bucket stepped in columns per rule
+    (`RuleCells.step`), the meetings folded per bucket of pairs (`RulePairs.step`). The Spark query
     folds the same functions in its own operators; this fold is the one the benchmark times and the
-    simulator's ground truth is held to."""
+    simulator's ground truth is held to. `members`: the vehicle master's data the scopes read."""
 
-    def __init__(self, rule: ProximityRule, buckets: int) -> None:
-        self.rule, self.buckets = rule, buckets
-        self.resolution = resolution_for(rule.exit_m)
-        self.windows = [CellWindow(self.resolution, b, buckets, rule.watch_m) for b in range(buckets)]
-        self.pairs: list[dict[tuple[str, str], PairState]] = [{} for _ in range(buckets)]
+    def __init__(
+        self, rules: tuple[ProximityRule, ...], buckets: int, members: Members | None = None
+    ) -> None:
+        self.rules, self.buckets = rules, buckets
+        self.members = members or Members()
+        self.resolution = rules_resolution(rules)
+        self.cells = [RuleCells(rules, self.resolution, b, buckets) for b in range(buckets)]
+        self.pairs = [RulePairs(rules) for _ in range(buckets)]
 
     def step(self, fixes: HomedFixes, watermark_ms: int) -> tuple[Meetings, list[PairEvent]]:
-        """One batch: every meeting the cells report, and the pairs' alerts."""
+        """One batch: every meeting the cells report (under every rule), and the pairs' alerts."""
         rows, bucket = bucket_fan_out(fixes.home, self.resolution, self.buckets)
-        found = [
-            w.step(fixes.take(rows[bucket == b]), watermark_ms, self.rule.tolerance_ms).meetings
-            for b, w in enumerate(self.windows)
-        ]
-        m = Meetings(*(np.concatenate([getattr(x, f) for x in found]) for f in MEETING_FIELDS))
+        found: list[Meetings] = []
+        rule_ids: list[np.ndarray] = []
+        for b, cells in enumerate(self.cells):
+            for rule_id, step in cells.step(fixes.take(rows[bucket == b]), watermark_ms, self.members):
+                found.append(step.meetings)
+                rule_ids.append(np.full(len(step.meetings), rule_id, object))
+        m = Meetings.concat(found)
+        rules = np.concatenate(rule_ids) if rule_ids else np.zeros(0, object)
         by_pair = pair_buckets(m.a, m.b, self.buckets)
         events: list[PairEvent] = []
-        for b, states in enumerate(self.pairs):
+        for b, pairs in enumerate(self.pairs):
             mine = np.flatnonzero(by_pair == b)
-            found_events, _late = pairs_step(
-                states, Meetings(*(getattr(m, f)[mine] for f in MEETING_FIELDS)), watermark_ms, self.rule
-            )
+            found_events, _late = pairs.step(m.take(mine), rules[mine], watermark_ms)
             events.extend(found_events)
         return m, events

@@ -127,10 +127,11 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
         if s.processor_hot:
             if lease is None:
                 raise ConfigError("hot drivers need the lease: FLEETFENCE_PROCESSOR_LEASE_TTL_MS must be > 0")
-            if s.proximity_rule() is not None:
+            if s.proximity_rules():
                 raise ConfigError(
                     "vehicle proximity runs on a driver that is not hot (its sink has no shadow mode "
-                    "yet): unset FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M or FLEETFENCE_PROCESSOR_HOT"
+                    "yet): unset FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M and "
+                    "FLEETFENCE_PROCESSOR_PROXIMITY_RULES, or FLEETFENCE_PROCESSOR_HOT"
                 )
             _hot_loop(spark, s, stop, lease)
             return
@@ -223,7 +224,7 @@ def _query_loop(
     restored = has_offsets(spark, s.driver_checkpoint)
     q = start_query(spark, s, hot=hot)
     RESTORED.set(restored)  # once started: a checkpoint refused at the start is no reader
-    rule = s.proximity_rule()
+    rules = s.proximity_rules()
     pq: Any = None  # the proximity query: beside the job, same lease, never hot (_run_query)
     p_ledger: BatchLedger | None = None
     p_last_batch = -1
@@ -275,9 +276,9 @@ def _query_loop(
 
     stalled = False
     try:
-        if rule is not None and hot is None:
+        if rules and hot is None:
             restored_p = has_offsets(spark, s.proximity_checkpoint)
-            pq = start_proximity_query(spark, s, rule)
+            pq = start_proximity_query(spark, s, rules)
             PROXIMITY_RESTORED.set(restored_p)
             p_ledger = BatchLedger(proximity_sink_id(spark, s), proximity=True)
         run_until_stopped(step, stop)

@@ -17,7 +17,7 @@ from typing import Any
 
 from fleetfence.errors import ConfigError
 from fleetfence.rules import ProximityRule
-from processor.core.proximity import resolution_for
+from processor.core.proximity import rules_resolution
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import HadoopCheckpointFiles, sink_id_for
 from processor.spark.hot_sink import HotOptions
@@ -199,34 +199,44 @@ def proximity_sink_id(spark: Any, s: ProcessorSettings) -> str:
 PROXIMITY_CELLS_FILE = "fleetfence-proximity-cells.json"
 
 
-def refuse_other_cells(files: HadoopCheckpointFiles, rule: ProximityRule) -> None:
+def refuse_other_cells(files: HadoopCheckpointFiles, rules: tuple[ProximityRule, ...]) -> None:
     """The H3 resolution a proximity checkpoint's state is in, recorded at its first start: the
     fixes its buckets keep are placed by their home cells at that resolution, which follows from
-    the rule's exit distance. Another exit distance with other cells would meet new fixes with old
-    ones in the wrong cells, so a change of resolution is refused."""
-    resolution = resolution_for(rule.exit_m)
-    wanted = json.dumps({"resolution": resolution})
+    the rules' largest exit distance. Another exit distance with other cells would meet new fixes
+    with old ones in the wrong cells, so a change of resolution is refused. So is a checkpoint from
+    before the query read the vehicle master's data (`master`: its plan has one source fewer, and
+    its buckets know no vehicle's route or group)."""
+    resolution = rules_resolution(rules)
+    wanted = json.dumps({"resolution": resolution, "master": True})
     if files.create(PROXIMITY_CELLS_FILE, wanted):
         return
-    had = json.loads(files.read(PROXIMITY_CELLS_FILE) or wanted)["resolution"]
-    if had != resolution:
+    had = json.loads(files.read(PROXIMITY_CELLS_FILE) or wanted)
+    if not had.get("master"):
         raise ConfigError(
-            f"proximity checkpoint {files.location} keeps fixes in H3 cells of resolution {had}, but "
-            f"an exit distance of {rule.exit_m:g} m needs resolution {resolution}: keep the "
-            "distances or start from a new checkpoint (FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
+            f"proximity checkpoint {files.location} was started before the proximity query read the "
+            "vehicle master's data (rules per route or group): start from a new checkpoint "
+            "(FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
+        )
+    if had["resolution"] != resolution:
+        widest = max(r.exit_m for r in rules)
+        raise ConfigError(
+            f"proximity checkpoint {files.location} keeps fixes in H3 cells of resolution "
+            f"{had['resolution']}, but a largest exit distance of {widest:g} m needs resolution "
+            f"{resolution}: keep the distances or start from a new checkpoint "
+            "(FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
         )
 
 
 def start_proximity_query(
     spark: Any,
     s: ProcessorSettings,
-    rule: ProximityRule,
+    rules: tuple[ProximityRule, ...],
     query_name: str = "fleetfence-proximity",
     *,
     available_now: bool = False,
 ) -> Any:
-    """Start the vehicle-proximity query (processor.spark.proximity) on its own checkpoint
-    (`ProcessorSettings.proximity_checkpoint`): the telemetry topic in, PROXIMITY_ENTER/EXIT
+    """Start the vehicle-proximity query (processor.spark.proximity) of `rules` on its own checkpoint
+    (`ProcessorSettings.proximity_checkpoint`): the telemetry and master topics in, PROXIMITY_ENTER/EXIT
     through the same exactly-once sink as the job's alerts, under that checkpoint's own sink id
     (its own transactional id and markers). A query of its own rather than a branch of the job's:
     its state is keyed by buckets of cells and of pairs, not of vehicles, and the job's checkpoint,
@@ -243,7 +253,11 @@ def start_proximity_query(
             "start from a new checkpoint (FLEETFENCE_PROCESSOR_PROXIMITY_CHECKPOINT)"
         )
     keys = checkpoint_layout(files, None, int(spark.conf.get("spark.sql.shuffle.partitions")))
-    refuse_other_cells(files, rule)
+    refuse_other_cells(files, rules)
+    # The vehicle master's data from its start (compacted: each entity's latest version), as the job.
+    master = kafka_stream(
+        spark, s.bootstrap_servers, [s.topics.master], starting_offsets="earliest", compacted=True
+    ).select("value")
     fixes = kafka_stream(
         spark,
         s.bootstrap_servers,
@@ -252,7 +266,11 @@ def start_proximity_query(
         max_offsets_per_trigger=s.processor_max_events_per_batch,
     ).select("value")
     rows = proximity_alerts(
-        fixes.mapInPandas(telemetry_fixes, FIXES_DDL), rule, round(s.processor_lateness_s * 1000), keys
+        fixes.mapInPandas(telemetry_fixes, FIXES_DDL),
+        master,
+        rules,
+        round(s.processor_lateness_s * 1000),
+        keys,
     )
     register_sink(spark)
     writer = (
@@ -265,5 +283,10 @@ def start_proximity_query(
     elif s.processor_trigger_ms > 0:
         writer = writer.trigger(processingTime=f"{s.processor_trigger_ms} milliseconds")
     q = writer.start()
-    logger.info("proximity started query=%s checkpoint=%s rule=%s", q.id, checkpoint, rule)
+    logger.info(
+        "proximity started query=%s checkpoint=%s rules=%s",
+        q.id,
+        checkpoint,
+        ",".join(f"{r.rule_id}({r.scope})" for r in rules),
+    )
     return q

@@ -3,8 +3,14 @@
 
     fixes (vehicle_id, seq, ts_ms, lat, lon, speed_kmh)
       -> mapInPandas(bucket_fan_out: a row per bucket of cells it can meet in, one clock row a task)
-      -> watermark on `ts` -> groupBy(bucket) -> CellProcessor (EventTime)    -> meetings
-      -> bucket of the pair -> groupBy(bucket) -> PairProcessor (EventTime)   -> alert rows
+      + master data (vehicles and assignments: a row per bucket, `master_rows`)
+      -> watermark on `ts` -> groupBy(bucket) -> CellProcessor (EventTime)    -> meetings, by rule
+      -> bucket of the rule and pair -> groupBy(bucket) -> PairProcessor (EventTime) -> alert rows
+
+Every rule of the query (`fleetfence.rules.ProximityRule`, each for the fleet, a route or a fleet
+group) runs in the same two operators: a bucket of cells keeps a window per rule, admitting the fixes
+of the vehicles in the rule's scope (processor.core.proximity_members, from the vehicle master's
+events, which every bucket of cells folds); a bucket of pairs keeps each rule's pairs.
 
 Why buckets: a state key costs a round trip to the state server and a Python call a batch, and a
 batch touches thousands of cells and pairs (docs/benchmarks.md, "Proximity in the job"). A bucket's
@@ -27,6 +33,7 @@ just past the watermark when its event time is not, for Spark's bookkeeping; the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,45 +50,47 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from fleetfence.contracts import INVALID_ERRORS, alert_json
 from fleetfence.rules import ProximityRule
+from processor.core.codec import dump_state, load_state
 from processor.core.proximity import (
     MEETING_FIELDS,
     CellStep,
-    CellWindow,
     HomedFixes,
     Meetings,
     Observation,
     PairEvent,
     PairState,
     ProximityCount,
+    RuleCells,
+    RulePairs,
     bucket_fan_out,
-    pairs_due_ms,
-    pairs_expire,
-    pairs_step,
-    resolution_for,
+    rules_resolution,
 )
+from processor.core.proximity_members import SCOPE_ENTITIES, Members
 from processor.spark.parse import read_fix
 from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_frame
 
 CLOCK_KEY = -1  # the key of the clock rows: its operator instance only moves the watermark
 _FIX_COLS = ["vehicle_id", "seq", "ts_ms", "lat", "lon", "speed_kmh"]  # `Position`'s fields
 FIXES_DDL = "vehicle_id string, seq long, ts_ms long, lat double, lon double, speed_kmh double"
-_CELL_COLS = ["bucket", "home", "vehicle_id", "seq", "ts", "ts_ms", "lat", "lon", "speed_kmh"]
+# A fix at a bucket of cells; or a master event (`master`: the record's value, the rest empty).
+_CELL_COLS = ["bucket", "home", "vehicle_id", "seq", "ts", "ts_ms", "lat", "lon", "speed_kmh", "master"]
 CELL_ROWS_DDL = (
     "bucket int, home long, vehicle_id string, seq long, ts timestamp, ts_ms long, lat double, "
-    "lon double, speed_kmh double"
+    "lon double, speed_kmh double, master binary"
 )
-# A meeting: `Observation`'s fields (MEETING_FIELDS), with `ts` for Spark's watermark after `ts_ms`.
-_MEETING_COLS = [*MEETING_FIELDS[:3], "ts", *MEETING_FIELDS[3:]]
+# A meeting: its rule's id, then `Observation`'s fields (MEETING_FIELDS), with `ts` for Spark's
+# watermark after `ts_ms`.
+_MEETING_COLS = ["rule", *MEETING_FIELDS[:3], "ts", *MEETING_FIELDS[3:]]
 # Then a bucket's counts (`CellStep`): zero in a meeting's row; a counts row has empty vehicles
 # (no vehicle id is empty), one per bucket and batch that counted something.
 _COUNT_COLS = ["repeated", "behind_watermark"]
 MEETINGS_DDL = (
-    "a string, b string, ts_ms long, ts timestamp, distance_m double, skew_ms long, reach_m double, "
-    "a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double, "
+    "rule string, a string, b string, ts_ms long, ts timestamp, distance_m double, skew_ms long, "
+    "reach_m double, a_seq long, a_lat double, a_lon double, b_seq long, b_lat double, b_lon double, "
     "repeated long, behind_watermark long"
 )
 # A pair's state: `PairState` without its `last` meeting, then that meeting's fields (`has_last`).
-_PAIR_COLS = ["a", "b", "near_since_ms", "entered", "last_ms", "has_last", *MEETING_FIELDS[3:]]
+_PAIR_COLS = ["rule", "a", "b", "near_since_ms", "entered", "last_ms", "has_last", *MEETING_FIELDS[3:]]
 # The placeholder of a state without a meeting (never read), in the facts' types.
 _NO_FACTS = [0.0 if f.type == "float" else 0 for f in dataclasses.fields(Observation)[3:]]
 
@@ -102,11 +111,11 @@ def telemetry_fixes(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             yield pd.DataFrame(rows, columns=_FIX_COLS)
 
 
-def cell_rows(rule: ProximityRule, keys: list[int]) -> Any:
+def cell_rows(resolution: int, keys: list[int]) -> Any:
     """The mapInPandas function: each fix as a row per bucket of cells it can meet in
-    (`bucket_fan_out`, the bucket's state key from `keys`), `ts` null, and one clock row (`bucket`
-    CLOCK_KEY) with the newest event time of what the task read."""
-    res = resolution_for(rule.exit_m)
+    (`bucket_fan_out` at the query's `resolution`, the bucket's state key from `keys`), `ts` null,
+    and one clock row (`bucket` CLOCK_KEY) with the newest event time of what the task read."""
+    res = resolution
     key_of = np.asarray(keys, np.int32)
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -120,13 +129,55 @@ def cell_rows(rule: ProximityRule, keys: list[int]) -> Any:
             out = pd.DataFrame(fixes.take(rows).columns())
             out.insert(0, "bucket", key_of[bucket])
             out.insert(4, "ts", pd.Series([None] * len(out), dtype="datetime64[us, UTC]"))
+            out["master"] = None
             yield out[_CELL_COLS]  # null `ts`: Spark's late filter never drops a data row
         if newest >= 0:
-            clock = pd.DataFrame([(CLOCK_KEY, 0, "", 0, None, newest, 0.0, 0.0, 0.0)], columns=_CELL_COLS)
+            clock = pd.DataFrame(
+                [(CLOCK_KEY, 0, "", 0, None, newest, 0.0, 0.0, 0.0, None)], columns=_CELL_COLS
+            )
             clock["ts"] = _timestamps(clock["ts_ms"].to_numpy())
             yield clock
 
     return run
+
+
+def master_rows(keys: list[int]) -> Any:
+    """The mapInPandas function from the master topic's `value` column to CELL_ROWS_DDL: each
+    vehicle or assignment event once per bucket of cells (a vehicle's fixes may reach any of them);
+    routes and zones, which no scope reads, are left out. No clock row: master data has no event
+    time, and its null `ts` is never dropped."""
+
+    def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for df in frames:
+            values = [v for v in df["value"] if v is not None and _scope_event(v)]
+            if not values:
+                continue
+            n = len(values)
+            yield pd.DataFrame(
+                {
+                    "bucket": np.repeat(np.asarray(keys, np.int32), n),
+                    "home": 0,
+                    "vehicle_id": "",
+                    "seq": 0,
+                    "ts": pd.Series([None] * (n * len(keys)), dtype="datetime64[us, UTC]"),
+                    "ts_ms": 0,
+                    "lat": 0.0,
+                    "lon": 0.0,
+                    "speed_kmh": 0.0,
+                    "master": values * len(keys),
+                }
+            )[_CELL_COLS]
+
+    return run
+
+
+def _scope_event(value: bytes) -> bool:
+    """Whether a master record is a vehicle's or an assignment's (read by the scopes); a record that
+    is not a master event at all is left to the job, which logs it."""
+    try:
+        return bool(orjson.loads(value).get("entity") in SCOPE_ENTITIES)
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
 
 
 # The latest `ts` a row for the next operator may carry: PySpark hands timestamps to pandas in
@@ -180,15 +231,21 @@ class _Timer:
 
 
 class CellProcessor(StatefulProcessor):
-    """Stage 1, keyed by bucket of cells: the bucket's `CellWindow` (the fixes sent to it, until the
-    watermark passes them by the tolerance) in one value state, an event-time timer to forget them."""
+    """Stage 1, keyed by bucket of cells: the bucket's `RuleCells` (each rule's fixes, until the
+    watermark passes them by its tolerance) in one value state with an event-time timer to forget
+    them, and the vehicle master's vehicles and assignments (`Members`) in another, read only when
+    a rule has a scope or master data arrives."""
 
-    def __init__(self, rule: ProximityRule, keys: list[int]) -> None:
-        self.rule = rule
+    def __init__(self, rules: tuple[ProximityRule, ...], keys: list[int]) -> None:
+        self.rules = rules
         self.keys = keys
+        self.resolution = rules_resolution(rules)
+        self.scoped = any(not r.scope.fleet for r in rules)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.kept = handle.getValueState("kept", "blob binary")
+        self.members = handle.getValueState("members", "blob binary")
+        self.members_digest = handle.getValueState("members_digest", "digest string")
         self.timer = _Timer(handle)
 
     def handleInputRows(
@@ -199,35 +256,67 @@ class CellProcessor(StatefulProcessor):
                 pass
             return
         wm = max(0, int(timerValues.getCurrentWatermarkInMs()))
-        window = self._load(int(key[0]))
-        arrivals = HomedFixes.from_columns(pd.concat(list(rows), ignore_index=True))
-        step = window.step(arrivals, wm, self.rule.tolerance_ms)
-        self._save(window)
-        if len(step.meetings) or step.duplicates or step.behind_watermark:
-            yield meetings_frame(step, wm)
+        df = pd.concat(list(rows), ignore_index=True)
+        is_master = df["master"].notna().to_numpy()
+        events = [orjson.loads(bytes(v)) for v in df["master"][is_master]] if is_master.any() else []
+        members = self._members(events) if (events or self.scoped) else Members()
+        if is_master.all():
+            return
+        cells = self._load(int(key[0]))
+        arrivals = HomedFixes.from_columns(df[~is_master])
+        steps = cells.step(arrivals, wm, members)
+        self._save(cells)
+        frame = meetings_frame(steps, wm)
+        if len(frame):
+            yield frame
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        window = self._load(int(key[0]))
-        window.evict(int(timerValues.getCurrentWatermarkInMs()) - self.rule.tolerance_ms)
-        self._save(window, fired=True)
+        cells = self._load(int(key[0]))
+        cells.evict(int(timerValues.getCurrentWatermarkInMs()))
+        self._save(cells, fired=True)
         return iter(())
 
-    def _load(self, key: int) -> CellWindow:
-        rule = self.rule
-        window = CellWindow(resolution_for(rule.exit_m), self.keys.index(key), len(self.keys), rule.watch_m)
+    def _members(self, events: list[dict[str, Any]]) -> Members:
+        """The bucket's master data, with `events` folded in (and saved when they changed it); decoded
+        once per worker and version of it (`_MEMBERS`: every bucket holds the same)."""
+        digest = str(self.members_digest.get()[0]) if self.members_digest.exists() else ""  # type: ignore[index]
+        members = _MEMBERS.get(digest) if digest else Members()
+        if members is None:
+            value = self.members.get()
+            assert value is not None, "a digest is saved with its blob"
+            members = Members(load_state(bytes(value[0])))
+            _MEMBERS[digest] = members
+        if not events:
+            return members
+        changed = Members(load_state(dump_state(members.master)))  # the cached one stays as it was
+        if not changed.apply_all(events):
+            return members
+        blob = dump_state(changed.master)
+        digest = hashlib.blake2b(blob, digest_size=16).hexdigest()
+        if len(_MEMBERS) >= _MEMBERS_KEPT:
+            del _MEMBERS[next(iter(_MEMBERS))]
+        _MEMBERS[digest] = changed
+        self.members.update((blob,))
+        self.members_digest.update((digest,))
+        return changed
+
+    def _load(self, key: int) -> RuleCells:
+        cells = RuleCells(self.rules, self.resolution, self.keys.index(key), len(self.keys))
         if self.kept.exists():
             value = self.kept.get()
             assert value is not None
-            window.kept = HomedFixes.from_columns(_columns(bytes(value[0])))
-        return window
+            cols = _columns(bytes(value[0]))
+            cells.restore(np.asarray(cols.pop("rule"), object), HomedFixes.from_columns(cols))
+        return cells
 
-    def _save(self, window: CellWindow, fired: bool = False) -> None:
-        due = window.expires_ms(self.rule.tolerance_ms)
+    def _save(self, cells: RuleCells, fired: bool = False) -> None:
+        due = cells.expires_ms()
         self.timer.set(None if due is None else due + 1, fired)  # past it, every fix kept goes
-        if len(window.kept):
-            self.kept.update((_blob(window.kept.columns()),))
+        rule_ids, kept = cells.kept()
+        if len(kept):
+            self.kept.update((_blob({"rule": rule_ids, **kept.columns()}),))
         else:
             self.kept.clear()
 
@@ -235,15 +324,29 @@ class CellProcessor(StatefulProcessor):
         pass
 
 
-def meetings_frame(step: CellStep, watermark_ms: int) -> pd.DataFrame:
-    """A bucket's meetings as rows, and its counts in a row of their own when it counted any."""
-    df = pd.DataFrame(step.meetings.columns())
-    df.insert(3, "ts", _timestamps(np.maximum(step.meetings.ts_ms, watermark_ms + 1)))
+# A worker's decoded master data, by digest: every bucket of cells folds the same events, so a
+# worker decodes each version once whichever buckets it runs.
+_MEMBERS: dict[str, Members] = {}
+_MEMBERS_KEPT = 64  # versions kept (buckets may fold one batch's events in different orders)
+
+
+def meetings_frame(steps: list[tuple[str, CellStep]], watermark_ms: int) -> pd.DataFrame:
+    """A bucket's meetings as rows, each with its rule's id, and the counts of all its rules' windows
+    in a row of their own when they counted any (each fix counted once per rule it is compared under)."""
+    parts = []
+    for rule_id, step in steps:
+        df = pd.DataFrame(step.meetings.columns())
+        df.insert(0, "rule", rule_id)
+        df.insert(4, "ts", _timestamps(np.maximum(step.meetings.ts_ms, watermark_ms + 1)))
+        parts.append(df)
+    df = pd.concat(parts, ignore_index=True)  # a part per rule, empty ones too: the columns' types
     df["repeated"] = 0
     df["behind_watermark"] = 0
-    if step.duplicates or step.behind_watermark:
-        counts = dict.fromkeys(df.columns, 0) | {"a": "", "b": "", "ts_ms": watermark_ms + 1}
-        counts |= {"repeated": step.duplicates, "behind_watermark": step.behind_watermark}
+    duplicates = sum(st.duplicates for _, st in steps)
+    behind = sum(st.behind_watermark for _, st in steps)
+    if duplicates or behind:
+        counts = dict.fromkeys(df.columns, 0) | {"rule": "", "a": "", "b": "", "ts_ms": watermark_ms + 1}
+        counts |= {"repeated": duplicates, "behind_watermark": behind}
         row = pd.DataFrame([counts]).astype(df.dtypes.drop("ts").to_dict())  # a meeting's types
         row["ts"] = _timestamps(row["ts_ms"].to_numpy())
         df = pd.concat([df, row], ignore_index=True)
@@ -251,13 +354,14 @@ def meetings_frame(step: CellStep, watermark_ms: int) -> pd.DataFrame:
 
 
 class PairProcessor(StatefulProcessor):
-    """Stage 2, keyed by bucket of pairs: its pairs' `PairState`s in one value state, one event-time
-    timer at the earliest `PairState.keep_until_ms` (a lost deadline while a meeting is open);
-    `pairs_step` folds a batch, `pairs_expire` the timer's. Emits the alert rows of the job's sink
-    (processor.spark.rows.OUTPUT_DDL): two per event, one per vehicle (`PairEvent.alerts`)."""
+    """Stage 2, keyed by bucket of pairs: its pairs' `PairState`s under every rule (`RulePairs`) in
+    one value state, one event-time timer at the earliest `PairState.keep_until_ms` (a lost deadline
+    while a meeting is open); `RulePairs.step` folds a batch, `RulePairs.expire` the timer's. Emits
+    the alert rows of the job's sink (processor.spark.rows.OUTPUT_DDL): two per event, one per
+    vehicle (`PairEvent.alerts`)."""
 
-    def __init__(self, rule: ProximityRule) -> None:
-        self.rule = rule
+    def __init__(self, rules: tuple[ProximityRule, ...]) -> None:
+        self.rules = rules
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.pairs = handle.getValueState("pairs", "blob binary")
@@ -267,13 +371,13 @@ class PairProcessor(StatefulProcessor):
         self, key: Any, rows: Iterator[Any], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         wm = int(timerValues.getCurrentWatermarkInMs())
-        states = self._load()
+        pairs = self._load()
         df = pd.concat(list(rows), ignore_index=True)
         counted = (df["a"] == "").to_numpy()
         met = df[~counted]
         meetings = Meetings(*(met[f].to_numpy() for f in MEETING_FIELDS))
-        events, late = pairs_step(states, meetings, wm, self.rule)
-        self._save(states)
+        events, late = pairs.step(meetings, met["rule"].to_numpy(object), wm)
+        self._save(pairs)
         counts = {
             ProximityCount.REPEATED: int(df["repeated"].sum()),
             ProximityCount.BEHIND_WATERMARK: int(df["behind_watermark"].sum()),
@@ -285,37 +389,37 @@ class PairProcessor(StatefulProcessor):
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        states = self._load()
-        events = pairs_expire(states, int(timerValues.getCurrentWatermarkInMs()), self.rule)
-        self._save(states, fired=True)
+        pairs = self._load()
+        events = pairs.expire(int(timerValues.getCurrentWatermarkInMs()))
+        self._save(pairs, fired=True)
         if events:
             yield alert_frame(events)
 
-    def _load(self) -> dict[tuple[str, str], PairState]:
-        if not self.pairs.exists():
-            return {}
-        value = self.pairs.get()
-        assert value is not None
-        cols = _columns(bytes(value[0]))
-        out: dict[tuple[str, str], PairState] = {}
-        # `tolist`: Python ints and floats, as the alert records' JSON needs them.
-        for a, b, since, entered, last_ms, has_last, *facts in zip(
-            *(cols[c].tolist() for c in _PAIR_COLS), strict=True
-        ):
-            last = Observation(a, b, last_ms, *facts) if has_last else None
-            out[(a, b)] = PairState(since, entered, last_ms, last)
-        return out
+    def _load(self) -> RulePairs:
+        states: dict[str, dict[tuple[str, str], PairState]] = {}
+        if self.pairs.exists():
+            value = self.pairs.get()
+            assert value is not None
+            cols = _columns(bytes(value[0]))
+            # `tolist`: Python ints and floats, as the alert records' JSON needs them.
+            for rule, a, b, since, entered, last_ms, has_last, *facts in zip(
+                *(cols[c].tolist() for c in _PAIR_COLS), strict=True
+            ):
+                last = Observation(a, b, last_ms, *facts) if has_last else None
+                states.setdefault(rule, {})[(a, b)] = PairState(since, entered, last_ms, last)
+        return RulePairs(self.rules, states)
 
-    def _save(self, states: dict[tuple[str, str], PairState], fired: bool = False) -> None:
-        self.timer.set(pairs_due_ms(states, self.rule), fired)
-        if not states:
+    def _save(self, pairs: RulePairs, fired: bool = False) -> None:
+        self.timer.set(pairs.due_ms(), fired)
+        rows = []
+        for rule, states in pairs.states.items():
+            for (a, b), s in states.items():
+                o = s.last
+                facts = [getattr(o, f) for f in MEETING_FIELDS[3:]] if o else _NO_FACTS
+                rows.append((rule, a, b, s.near_since_ms, s.entered, s.last_ms, o is not None, *facts))
+        if not rows:
             self.pairs.clear()
             return
-        rows = []
-        for (a, b), s in states.items():
-            o = s.last
-            facts = [getattr(o, f) for f in MEETING_FIELDS[3:]] if o else _NO_FACTS
-            rows.append((a, b, s.near_since_ms, s.entered, s.last_ms, o is not None, *facts))
         self.pairs.update((_blob(dict(zip(_PAIR_COLS, map(list, zip(*rows, strict=True)), strict=True))),))
 
     def close(self) -> None:
@@ -335,27 +439,33 @@ def alert_frame(events: list[PairEvent], counts: dict[ProximityCount, int] | Non
     return output_frame(rows)
 
 
-def proximity_alerts(fixes: Any, rule: ProximityRule, lateness_ms: int, keys: list[int]) -> Any:
-    """The streaming DataFrame of a rule's alert rows (processor.spark.rows.OUTPUT_DDL, for the
-    job's exactly-once sink) from a streaming DataFrame of fixes (FIXES_DDL); `lateness_ms` is the
-    watermark's delay behind the newest event time; `keys` the buckets' state keys (both stages)."""
+def proximity_alerts(
+    fixes: Any, master: Any, rules: tuple[ProximityRule, ...], lateness_ms: int, keys: list[int]
+) -> Any:
+    """The streaming DataFrame of the rules' alert rows (processor.spark.rows.OUTPUT_DDL, for the
+    job's exactly-once sink) from a streaming DataFrame of fixes (FIXES_DDL) and one of the master
+    topic's records (`value`); `lateness_ms` is the watermark's delay behind the newest event time;
+    `keys` the buckets' state keys (both stages)."""
     from pyspark.sql import functions as F
 
-    cells = fixes.mapInPandas(cell_rows(rule, keys), CELL_ROWS_DDL).withWatermark(
-        "ts", f"{lateness_ms} milliseconds"
+    cells = (
+        fixes.mapInPandas(cell_rows(rules_resolution(rules), keys), CELL_ROWS_DDL)
+        .unionByName(master.mapInPandas(master_rows(keys), CELL_ROWS_DDL))
+        .withWatermark("ts", f"{lateness_ms} milliseconds")
     )
     meetings = cells.groupBy("bucket").transformWithStateInPandas(
-        statefulProcessor=CellProcessor(rule, keys),
+        statefulProcessor=CellProcessor(rules, keys),
         outputStructType=MEETINGS_DDL,
         outputMode="Append",
         timeMode="EventTime",
         eventTimeColumnName="ts",
     )
-    # A pair's bucket: Spark's own hash of the pair (stable: its hash partitioning rests on it).
-    index = F.pmod(F.hash("a", "b"), F.lit(len(keys))) + 1
+    # A pair's bucket: Spark's own hash of the rule and the pair (stable: its hash partitioning
+    # rests on it).
+    index = F.pmod(F.hash("rule", "a", "b"), F.lit(len(keys))) + 1
     by_pair = meetings.withColumn("bucket", F.element_at(F.array(*map(F.lit, keys)), index.cast("int")))
     return by_pair.groupBy("bucket").transformWithStateInPandas(
-        statefulProcessor=PairProcessor(rule),
+        statefulProcessor=PairProcessor(rules),
         outputStructType=OUTPUT_DDL,
         outputMode="Append",
         timeMode="EventTime",

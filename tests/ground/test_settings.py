@@ -54,7 +54,7 @@ def test_every_component_field_is_named_for_its_component() -> None:
 def test_processor_and_simulator_read_the_same_processor_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every processor-wide rule has its variable, read once (`ProcessorRulesSettings`): the engine
     applies what the simulator's truth assumes, under `ProcessorRules`' names and defaults."""
-    from fleetfence.rules import ProcessorRules
+    from fleetfence.rules import ProcessorRules, ProximityRule, ProximityScope
     from fleetfence.settings import ProcessorRulesSettings
     from processor.core.domain import EngineConfig
     from processor.settings import ProcessorSettings
@@ -82,11 +82,41 @@ def test_processor_and_simulator_read_the_same_processor_rules(monkeypatch: pyte
     assert rule is not None
     assert (rule.enter_m, rule.exit_m, rule.tolerance_ms) == (40.0, 80.0, 500)
     assert ProcessorSettings().proximity_rule() == rule
-    # What a launcher hands a processor gives it the rule back, whatever the rule.
+    assert ProcessorSettings().proximity_rules() == (rule,)
+    # What a launcher hands a processor gives it the rules back, whatever the rules and scopes.
     other = dataclasses.replace(rule, exit_m=150.0, min_duration_ms=7_500, lost_after_ms=45_000)
-    for name, value in ProcessorRulesSettings.proximity_env(other).items():
+    convoy = ProximityRule("convoy-r1", 20.0, 35.0, 5_000, 500, 20_000, ProximityScope(route_id="r1"))
+    north = ProximityRule("north", 60.0, 90.0, 0, 250, 10_000, ProximityScope(group="north"))
+    for name, value in ProcessorRulesSettings.proximity_env((other, convoy, north)).items():
         monkeypatch.setenv(name, value)
-    assert ProcessorSettings().proximity_rule() == other
+    assert ProcessorSettings().proximity_rules() == (other, convoy, north)
+    assert SimulatorSettings().proximity_rules() == (other, convoy, north)
+
+
+def test_proximity_rules_are_refused_with_their_own_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule list that contradicts itself fails at start-up, naming the rule and what is wrong."""
+    from processor.settings import ProcessorSettings
+
+    cases = {
+        '[{"rule_id": "a", "enter_m": 50, "exit_m": 40}]': "needs 0 < enter_m < exit_m",
+        '[{"rule_id": "a", "enter_m": 5, "exit_m": 9, "route_id": "r", "group": "g"}]': "not both",
+        '[{"rule_id": "a", "enter_m": 5, "exit_m": 9}, {"rule_id": "a", "enter_m": 5, "exit_m": 9}]': (
+            "ids must differ"
+        ),
+        '[{"rule_id": "a:b", "enter_m": 5, "exit_m": 9}]': "rule_id",
+        '[{"rule_id": "a", "enter_m": 5, "exit_m": 9, "radius_m": 3}]': "radius_m",
+    }
+    for value, words in cases.items():
+        monkeypatch.setenv("FLEETFENCE_PROCESSOR_PROXIMITY_RULES", value)
+        with pytest.raises(ValueError, match=words):
+            ProcessorSettings()
+    # The fleet's rule from its variables and a listed one named like it: refused too.
+    monkeypatch.setenv("FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M", "40")
+    monkeypatch.setenv(
+        "FLEETFENCE_PROCESSOR_PROXIMITY_RULES", '[{"rule_id": "fleet", "enter_m": 5, "exit_m": 9}]'
+    )
+    with pytest.raises(ValueError, match="ids must differ"):
+        ProcessorSettings()
 
 
 def test_bad_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -609,7 +609,7 @@ def test_the_rows_for_spark_hold_any_event_time_the_contracts_accept() -> None:
     ]
     step = w.step(HomedFixes.from_positions(far_future, resolution_for(RULE.exit_m)), 0, RULE.tolerance_ms)
     step.duplicates = 1  # and a counts row
-    frame = meetings_frame(step, MAX_TS_MS - 10)
+    frame = meetings_frame([(RULE.rule_id, step)], MAX_TS_MS - 10)
     assert frame["ts_ms"].tolist() == [MAX_TS_MS, MAX_TS_MS - 9]
     assert frame["repeated"].tolist() == [0, 1]
     ts = pa.Array.from_pandas(frame["ts"])

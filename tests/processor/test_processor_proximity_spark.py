@@ -95,7 +95,7 @@ def settings_for(settings: Settings, tmp_path: Path) -> ProcessorSettings:
 def run(spark: Any, ps: ProcessorSettings) -> None:
     rule = ps.proximity_rule()
     assert rule == ProximityRule("fleet", 50, 80, 10_000, 5_000, 60_000)
-    q = start_proximity_query(spark, ps, rule, available_now=True)
+    q = start_proximity_query(spark, ps, (rule,), available_now=True)
     q.awaitTermination(600)
     assert q.exception() is None, q.exception()
 
@@ -240,7 +240,7 @@ def test_a_checkpoint_of_the_per_cell_stages_is_refused(
     rule = ps.proximity_rule()
     assert rule is not None
     with pytest.raises(ConfigError, match="before the proximity stages were bucketed"):
-        start_proximity_query(spark, ps, rule)
+        start_proximity_query(spark, ps, (rule,))
     assert not (Path(ps.proximity_checkpoint) / "fleetfence-layout.json").exists()
 
 
@@ -253,11 +253,14 @@ def test_a_checkpoint_in_cells_of_another_resolution_is_refused(
     rule = ps.proximity_rule()
     assert rule is not None
     files = HadoopCheckpointFiles(spark, ps.proximity_checkpoint)
-    refuse_other_cells(files, rule)  # the first start records it
-    refuse_other_cells(files, rule)  # the same again: fine
+    refuse_other_cells(files, (rule,))  # the first start records it
+    refuse_other_cells(files, (rule,))  # the same again: fine
     wider = dataclasses.replace(rule, exit_m=2_000.0)
     assert resolution_for(wider.exit_m) != resolution_for(rule.exit_m)
     with pytest.raises(
-        ConfigError, match=f"resolution {resolution_for(rule.exit_m)}, but an exit distance of 2000 m"
+        ConfigError, match=f"resolution {resolution_for(rule.exit_m)}, but a largest exit distance of 2000 m"
     ):
-        refuse_other_cells(files, wider)
+        refuse_other_cells(files, (wider,))
+    # A rule beside it whose exit distance is as wide: the same.
+    with pytest.raises(ConfigError, match="largest exit distance of 2000 m"):
+        refuse_other_cells(files, (rule, dataclasses.replace(wider, rule_id="wide")))

@@ -12,6 +12,7 @@ from processor.core.domain import EngineConfig, RawFix
 from processor.core.engine import process_bucket
 from processor.core.master import Catalog, MasterState
 from processor.core.proximity import BucketedStages, HomedFixes, Position
+from processor.core.proximity_members import Members
 from simulator.config import Injections, ScenarioConfig
 from simulator.fleet_sink import tick_rows
 from simulator.register import scenario_entities
@@ -107,12 +108,12 @@ def engine_alerts(
 def proximity_alerts(
     sc: Scenario, batches: list[TickBatch], ticks_per_batch: int, buckets: int = 3
 ) -> list[ObservedAlert]:
-    """The processor's proximity stages (`BucketedStages`) over the published messages, micro-batch
-    by micro-batch: the watermark the batch before's latest event time less the lateness, idle
-    batches at the end for it to catch up."""
-    rule = sc.cfg.proximity
-    assert rule is not None
-    stages = BucketedStages(rule, buckets)
+    """The processor's proximity stages (`BucketedStages`, every rule of the scenario) over the
+    published messages, micro-batch by micro-batch: the watermark the batch before's latest event
+    time less the lateness, idle batches at the end for it to catch up."""
+    assert sc.cfg.proximity, "a scenario with proximity rules"
+    # The vehicle master's data as registered (groups, assignments), which the rules' scopes read.
+    stages = BucketedStages(sc.cfg.proximity, buckets, Members(master_of(sc)))
     vids = sc.vehicle_ids()
     out: list[ObservedAlert] = []
     max_ts = -1
@@ -137,6 +138,7 @@ def proximity_alerts(
                         a["lat"],
                         a["lon"],
                         a["details"]["other_vehicle_id"],
+                        a["details"]["rule_id"],
                     )
                 )
         if rows:

@@ -20,7 +20,7 @@ from shapely.geometry import Point, Polygon
 
 from fleetfence.contracts import AlertType, alert_id
 from fleetfence.errors import ConfigError
-from fleetfence.rules import ProximityRule, RouteRules
+from fleetfence.rules import ProximityRule, ProximityScope, RouteRules
 from simulator.config import Injections, ScenarioConfig
 from simulator.routes import DEFAULT_BBOX
 from simulator.scenario import Scenario
@@ -336,7 +336,7 @@ def test_proximity_stages_reproduce_the_ground_truth_exactly(
     messages, with every transport fault and silences, find exactly the pairs' alerts the truth
     derived tick by tick: convoys that drift apart, vehicles overtaking or stopping near each
     other, pairs lost to a silence."""
-    sc, batches, truth = run(small(seed=seed, proximity=PROXIMITY, inject=FAULTY_CONVOYS))
+    sc, batches, truth = run(small(seed=seed, proximity=(PROXIMITY,), inject=FAULTY_CONVOYS))
     assert (sc.fleet.follows >= 0).sum() >= 4
     pairs = [a for a in truth if AlertType(a.type).meta.pair]
     kinds = Counter(a.type for a in pairs)
@@ -370,6 +370,49 @@ def test_proximity_stages_reproduce_the_ground_truth_exactly(
     )
 
 
+def test_proximity_rules_per_route_and_group_reproduce_the_ground_truth_exactly() -> None:
+    """Three rules at once, each with distances of its own: the fleet's, one route's and one fleet
+    group's. Each rule meets only the vehicles in its scope (the route's by its assignments, the
+    group's by the vehicle attribute, both from the registered master data), and the stages find
+    exactly each rule's alerts the truth derived."""
+    base = small(seed=11, inject=FAULTY_CONVOYS)
+    route0 = Scenario(base).city.routes[0].route_id
+    rules = (
+        PROXIMITY,
+        ProximityRule("r0", 25, 50, 10_000, 500, 20_000, ProximityScope(route_id=route0)),
+        ProximityRule("south", 60, 110, 5_000, 400, 30_000, ProximityScope(group="south")),
+    )
+    sc, batches, truth = run(dataclasses.replace(base, proximity=rules))
+    pairs = [a for a in truth if AlertType(a.type).meta.pair]
+    by_rule = Counter(a.subject.split(":", 1)[0] for a in pairs if a.subject)
+    assert min(by_rule[r.rule_id] for r in rules) >= 4, by_rule
+    ids = sc.vehicle_ids()
+    groups = dict(zip(ids, sc.vehicle_groups(), strict=True))
+    on_route0 = {ids[i] for i in np.flatnonzero(sc.in_scope(rules[1].scope))}
+    for a in pairs:
+        rule = (a.subject or "").split(":", 1)[0]
+        if rule == "south":
+            assert groups[a.vehicle_id] == groups[a.other_vehicle_id or ""] == "south"
+        if rule == "r0":
+            assert {a.vehicle_id, a.other_vehicle_id} <= on_route0
+    # A pair in the group and near under its wider distances, yet never near under the fleet's.
+    fleet_pairs = {
+        (a.vehicle_id, a.other_vehicle_id) for a in pairs if (a.subject or "").startswith("convoy:")
+    }
+    assert {
+        (a.vehicle_id, a.other_vehicle_id) for a in pairs if (a.subject or "").startswith("south:")
+    } - fleet_pairs
+    undecided = set(sc.undecided_alert_ids())
+    observed = [o for o in proximity_alerts(sc, batches, 3, 4) if o.alert_id not in undecided]
+    res = compare(pairs, observed)
+    assert res.missing == []
+    assert res.unexpected == []
+    assert res.duplicate_ids == 0
+    assert sorted((a.alert_id, a.ts_ms, a.lat, a.lon) for a in pairs) == sorted(
+        (o.alert_id, o.ts_ms, o.lat, o.lon) for o in observed
+    )
+
+
 FAULTY_CONVOYS = Injections(
     deviation=0.3,
     overspeed=0.3,
@@ -386,10 +429,10 @@ def test_the_proximity_truth_refuses_rules_it_cannot_keep_exact() -> None:
     """A tolerance of a whole fix period would meet fixes of two ticks (which one a moment takes
     then depends on the batches); a loss slower than a silence could fall after the run's end."""
     with pytest.raises(ConfigError, match="tolerance shorter than the fix period"):
-        small(proximity=dataclasses.replace(PROXIMITY, tolerance_ms=1000)).validate()
+        small(proximity=(dataclasses.replace(PROXIMITY, tolerance_ms=1000),)).validate()
     with pytest.raises(ConfigError, match="lost_after within silent_after_s"):
-        small(proximity=dataclasses.replace(PROXIMITY, lost_after_ms=61_000)).validate()
-    small(proximity=PROXIMITY).validate()
+        small(proximity=(dataclasses.replace(PROXIMITY, lost_after_ms=61_000),)).validate()
+    small(proximity=(PROXIMITY,)).validate()
 
 
 @pytest.mark.parametrize(("ticks", "decided"), [(61, True), (60, False), (40, False)])

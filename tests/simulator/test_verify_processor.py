@@ -4,7 +4,9 @@ truth, without duplicates."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from processor.spark.job import start_proximity_query, start_query
 from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, run_simulation
 from simulator.rules import simulated_rules
+from simulator.scenario import Scenario
 from simulator.settings import SimulatorSettings
 from simulator.truth import read_truth
 from simulator.verify import compare, in_scope, read_alerts
@@ -30,6 +33,25 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     redis_prefix = f"{settings.topic_prefix}ff:"
     sim = SimulatorSettings.from_base(settings, redis_prefix=redis_prefix)
+    cfg = ScenarioConfig(
+        vehicles=12,
+        duration_s=240,
+        seed=21,
+        routes=3,
+        route_length_m=2000,
+        vehicle_prefix=f"e{uuid.uuid4().hex[:5]}-",
+        start_ms=utc_now_ms() - 600_000,
+        rules=simulated_rules(silent_after_s=60, overspeed_min_s=5, deviation_min_s=2),
+        inject=Injections(0.5, 0.5, 0.3, 0.2, duplicate=0.02, out_of_order=0.02, late=0.02, convoy=0.25),
+        assume=sim.processor_rules(),
+    )
+    # Proximity rules for the fleet, one route (a convoy rule, closer) and one fleet group (wider),
+    # their scopes read from the vehicle master's data the run registers.
+    route = Scenario(cfg).city.routes[1].route_id
+    scoped = [
+        {"rule_id": "convoy", "enter_m": 25, "exit_m": 50, "min_duration_s": 10, "route_id": route},
+        {"rule_id": "south", "enter_m": 60, "exit_m": 110, "min_duration_s": 5, "group": "south"},
+    ]
     # The job and the proximity query beside it, as a service runs them (processor.ops.service).
     ps = ProcessorSettings(
         **{
@@ -44,23 +66,12 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
             "processor_proximity_tolerance_s": 0.5,
             "processor_proximity_lost_after_s": 30.0,
             "processor_proximity_starting_offsets": "earliest",
+            "processor_proximity_rules": [{**r, "tolerance_s": 0.4, "lost_after_s": 20} for r in scoped],
         }
     )
-    rule = ps.proximity_rule()
-    assert rule is not None
-    cfg = ScenarioConfig(
-        vehicles=12,
-        duration_s=240,
-        seed=21,
-        routes=3,
-        route_length_m=2000,
-        vehicle_prefix=f"e{uuid.uuid4().hex[:5]}-",
-        start_ms=utc_now_ms() - 600_000,
-        rules=simulated_rules(silent_after_s=60, overspeed_min_s=5, deviation_min_s=2),
-        inject=Injections(0.5, 0.5, 0.3, 0.2, duplicate=0.02, out_of_order=0.02, late=0.02, convoy=0.25),
-        assume=sim.processor_rules(),
-        proximity=rule,
-    )
+    rules = ps.proximity_rules()
+    assert [r.rule_id for r in rules] == ["fleet", "convoy", "south"]
+    cfg = dataclasses.replace(cfg, proximity=rules)
     truth_path = tmp_path / "truth.jsonl"
     rep = run_simulation(sim, cfg, SimulationOptions(direct=True, truth_path=truth_path, show_progress=False))
     header, truth = read_truth(truth_path)
@@ -69,9 +80,12 @@ def test_processor_matches_the_simulated_ground_truth(spark: Any, settings: Sett
     assert rep.scenario.duplicates > 0
     assert rep.scenario.out_of_order > 0
     assert rep.scenario.late > 0
+    # Alerts under each rule, so that a rule's scope not applied would show.
+    by_rule = Counter((a.subject or "").split(":", 1)[0] for a in truth if AlertType(a.type).meta.pair)
+    assert all(by_rule[r.rule_id] >= 4 for r in rules), by_rule
 
     q = start_query(spark, ps)
-    pq = start_proximity_query(spark, ps, rule)
+    pq = start_proximity_query(spark, ps, rules)
     try:
         expected = {a.key for a in truth}
 
