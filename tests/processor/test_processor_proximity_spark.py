@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 from pathlib import Path
@@ -25,16 +26,17 @@ from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.metrics import scrape
 from fleetfence.rules import ProximityRule
 from fleetfence.service import stop_process_group
-from fleetfence.settings import Settings
+from fleetfence.settings import ProximityRuleSpec, Settings
 from processor.core.proximity import ProximityCount, resolution_for
 from processor.settings import ProcessorSettings
 from processor.spark.checkpoint_files import SINK_ID_FILE, HadoopCheckpointFiles
-from processor.spark.job import refuse_other_cells, start_proximity_query
+from processor.spark.job import PROXIMITY_CELLS_FILE, refuse_other_cells, start_proximity_query
 from tests.processor.helpers import (
     committed_alerts,
     markers,
     processor_settings,
     produce,
+    produce_master,
     produce_telemetry,
     spawn_processor,
     wait_for,
@@ -164,6 +166,58 @@ def test_pairs_meet_and_part_exactly_once_across_a_restart(
     assert sum(m.get(ProximityCount.BEHIND_WATERMARK, 0) for m in ms) >= 1
 
 
+def test_a_group_rule_follows_the_vehicle_masters_groups(
+    spark: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """A rule for fleet group north only, its scope read from the vehicle master's events on the
+    master topic. a and b (north) meet and enter; c and d never do (d is in group south). Between
+    the two runs b moves to group south (version 2): its later fixes are no longer compared, and the
+    pair ends as lost 60 s after its last meeting under the rule (a's fix 13 at 26 s met b's fix 11,
+    kept from before the change, 3.5 s earlier), instead of parting at 46.5 s as the fleet's rule has
+    it (`test_pairs_meet_and_part_exactly_once_across_a_restart`)."""
+    ensure_topics(settings.bootstrap_servers, topic_specs(settings))
+    ps = settings_for(settings, tmp_path).model_copy(
+        update={
+            "processor_proximity_enter_m": None,
+            "processor_proximity_exit_m": None,
+            "processor_proximity_rules": [
+                ProximityRuleSpec(
+                    rule_id="north", enter_m=50, exit_m=80, min_duration_s=10, lost_after_s=60, group="north"
+                )
+            ],
+        }
+    )
+    rules = ps.proximity_rules()
+    assert [(r.rule_id, r.scope.group) for r in rules] == [("north", "north")]
+
+    def vehicle(v: str, version: int, group: str) -> dict[str, Any]:
+        data = {"vehicle_id": v, "label": v, "attributes": {"group": group}}
+        return {"entity": "vehicle", "id": v, "version": version, "op": "upsert", "data": data}
+
+    produce_master(settings, [vehicle(v, 1, "south" if v == "d" else "north") for v in "abcde"])
+    fixes = fleet()
+    cut = T0 + 24_000
+    produce_telemetry(settings, [f for f in fixes if f.ts_ms < cut])
+
+    def run_rules() -> None:
+        q = start_proximity_query(spark, ps, rules, available_now=True)
+        q.awaitTermination(600)
+        assert q.exception() is None, q.exception()
+
+    run_rules()
+    entered = [("PROXIMITY_ENTER", "a", "b", 10_500, 5, ""), ("PROXIMITY_ENTER", "b", "a", 10_500, 5, "")]
+    assert alerts(settings) == entered
+    produce_master(settings, [vehicle("b", 2, "south")])
+    produce_telemetry(settings, [f for f in fixes if f.ts_ms >= cut])
+    run_rules()
+    lost = [
+        ("PROXIMITY_EXIT", "a", "b", 86_000, 13, "lost"),
+        ("PROXIMITY_EXIT", "b", "a", 86_000, 11, "lost"),
+    ]
+    assert alerts(settings) == sorted(entered + lost)
+    assert {a["details"]["rule_id"] for a in committed_alerts(settings)} == {"north"}
+
+
 @pytest.mark.slow
 def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
     settings: Settings, tmp_path: Path
@@ -264,3 +318,8 @@ def test_a_checkpoint_in_cells_of_another_resolution_is_refused(
     # A rule beside it whose exit distance is as wide: the same.
     with pytest.raises(ConfigError, match="largest exit distance of 2000 m"):
         refuse_other_cells(files, (rule, dataclasses.replace(wider, rule_id="wide")))
+    # A checkpoint from before the query read the vehicle master's data: refused, what to do said.
+    older = HadoopCheckpointFiles(spark, str(tmp_path / "cp-older"))
+    older.create(PROXIMITY_CELLS_FILE, json.dumps({"resolution": resolution_for(rule.exit_m)}))
+    with pytest.raises(ConfigError, match="before the proximity query read the vehicle master's data"):
+        refuse_other_cells(older, (rule,))
