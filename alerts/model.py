@@ -192,11 +192,15 @@ _TRIP_OPENS = tuple(t for t in AlertType if t.meta.trip and t.meta.opens)
 
 
 def _condition(opener: AlertType, alert: Alert) -> str:
-    """The name of the condition `opener` opens: a zone's is per zone, a pair's per other vehicle."""
+    """The name of the condition `opener` opens: a zone's is per zone, a pair's per proximity rule
+    and other vehicle (two vehicles may be near under two rules, each entered and exited on its own;
+    an alert without its rule, from before rules had ids in alerts, keys by the vehicle alone)."""
     if opener.meta.zone:
         return f"ZONE:{alert.zone_id}"
     if opener.meta.pair:
-        return f"PROXIMITY:{alert.details['other_vehicle_id']}"
+        rule = alert.details.get("rule_id")
+        other = alert.details["other_vehicle_id"]
+        return f"PROXIMITY:{rule}:{other}" if isinstance(rule, str) and rule else f"PROXIMITY:{other}"
     return opener.value
 
 

@@ -98,7 +98,7 @@ class AlertMeta:
       the type, or `ZONE:{zone_id}` for a zone type; `closes`: the type whose condition it closes.
     - zone: its subject is a zone (it must carry a `zone_id`).
     - pair: its subject is another vehicle (`details.other_vehicle_id`): vehicle proximity; its
-      condition is `PROXIMITY:{other_vehicle_id}`.
+      condition is `PROXIMITY:{rule_id}:{other_vehicle_id}` (`details.rule_id`: its proximity rule).
     - trip: part of the trip along the assigned route: ROUTE_COMPLETED (`ends_trip`) closes it.
     - closed_by_any: no alert of its own ends it, so any later alert of the vehicle does (a vehicle
       that was silent and raised something has spoken again).

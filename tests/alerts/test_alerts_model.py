@@ -113,8 +113,8 @@ CONDITIONS: dict[AlertType, tuple[str | None, tuple[str, ...]]] = {
     AlertType.ARRIVAL_BACK_ON_TIME: (None, ("ARRIVAL_AT_RISK", "VEHICLE_SILENT")),
     AlertType.ROUTE_COMPLETED: (None, (*TRIP_OPENS, "VEHICLE_SILENT")),
     # Proximity: per other vehicle (an exit by loss closes its own only: test_processor_proximity).
-    AlertType.PROXIMITY_ENTER: ("PROXIMITY:truck-007", ("VEHICLE_SILENT",)),
-    AlertType.PROXIMITY_EXIT: (None, ("PROXIMITY:truck-007", "VEHICLE_SILENT")),
+    AlertType.PROXIMITY_ENTER: ("PROXIMITY:convoy:truck-007", ("VEHICLE_SILENT",)),
+    AlertType.PROXIMITY_EXIT: (None, ("PROXIMITY:convoy:truck-007", "VEHICLE_SILENT")),
 }
 
 
@@ -125,7 +125,7 @@ def test_every_alert_type_has_its_open_condition_rule(kind: AlertType) -> None:
     assert kind in CONDITIONS, f"{kind.value}: no expected open-condition rule in this test"
     # Zone alerts carry their zone at the top level or in details; both are read. Pair alerts name
     # the other vehicle in details.
-    other = {"other_vehicle_id": "truck-007"}
+    other = {"other_vehicle_id": "truck-007", "rule_id": "convoy"}
     for where in (
         {"zone_id": "depot-1", "details": other},
         {"details": {"zone_id": "depot-1", "dwell_s": 30, **other}},
@@ -137,6 +137,9 @@ def test_every_alert_type_has_its_open_condition_rule(kind: AlertType) -> None:
 def test_a_pair_alert_without_the_other_vehicle_is_refused() -> None:
     with pytest.raises(ContractError, match="other_vehicle_id"):
         parse_alert(orjson.dumps(alert_dict(kind="PROXIMITY_ENTER", details={"distance_m": 20})))
+    # Without its rule (an alert from before pair alerts named one): keyed by the other vehicle alone.
+    bare = alert_dict(kind="PROXIMITY_ENTER", details={"other_vehicle_id": "truck-007"})
+    assert condition_change(parse_alert(orjson.dumps(bare))).opens == "PROXIMITY:truck-007"
 
 
 def test_an_unmapped_alert_type_is_an_error_not_a_zone_exit() -> None:
