@@ -27,7 +27,7 @@ def assignment(vid: str, route: str, start: int, end: int | None = None) -> dict
 
 def admitted(m: Members, rule: ProximityRule, fixes: list[tuple[str, int]]) -> list[bool]:
     vids = np.array([v for v, _ in fixes], object)
-    return m.admitted(rule, vids, np.array([t for _, t in fixes], np.int64)).tolist()
+    return [bool(x) for x in m.admitted(rule, vids, np.array([t for _, t in fixes], np.int64))]
 
 
 def test_a_route_admits_its_assigned_vehicles_while_the_assignment_holds() -> None:
