@@ -194,7 +194,7 @@ _TRIP_OPENS = tuple(t for t in AlertType if t.meta.trip and t.meta.opens)
 def _condition(opener: AlertType, alert: Alert) -> str:
     """The name of the condition `opener` opens: a zone's is per zone, a pair's per proximity rule
     and other vehicle (two vehicles may be near under two rules, each entered and exited on its own;
-    an alert without its rule, from before rules had ids in alerts, keys by the vehicle alone)."""
+    a pair alert that names no rule, which FleetFence never sends, keys by the vehicle alone)."""
     if opener.meta.zone:
         return f"ZONE:{alert.zone_id}"
     if opener.meta.pair:
@@ -227,6 +227,11 @@ def condition_change(alert: Alert) -> ConditionChange:
     closes: list[str] = []
     if m.closes is not None:
         closes.append(_condition(AlertType[m.closes], alert))
+        legacy = f"PROXIMITY:{alert.details.get('other_vehicle_id')}"
+        if m.pair and legacy not in closes:
+            # Conditions opened before they were keyed by rule (`PROXIMITY:{other}`): closed too,
+            # so that an upgrade leaves none open for ever.
+            closes.append(legacy)
     if m.ends_trip:
         closes.extend(o.value for o in _TRIP_OPENS)
     # Any alert raised at a new fix proves the vehicle spoke; a pair lost at its deadline is no

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.proximity [--vehicles 10000] [--ticks 10] [--depot 500] [--record]
 
-`--record` replaces its section of docs/bench-log/proximity.md.
+`--record` replaces its sections of docs/bench-log/proximity.md.
 
 Two fleets, each reporting every 2 s (each vehicle at its own offset in the interval) for `--ticks`
 intervals: `city`, the vehicles spread over 20 x 20 km (the common case: few neighbours per cell),
@@ -17,6 +17,11 @@ so each fix meets every other vehicle). Timed on one core, in one run, side by s
 Both must find the same meetings within the exit distance, or the run fails. The stages without
 Spark against a vectorised peer: the ratio shows where the sharding wins (city) and what the worst case
 costs (depot), not Spark's overhead, which bench/processor.py measures for the job.
+
+Then rules per fleet group, on the city fleet (its vehicles in two groups, north and south, in
+turn, as the vehicle master's data): the fleet's rule alone, against the fleet's rule with a rule
+per group beside it (the same distances), and the group rules alone, each timed twice, alternating.
+Each group rule must find exactly the fleet rule's meetings of two of its vehicles, or the run fails.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from rich.table import Table
 
 from bench.common import BENCH_LOG, write_section
 from fleetfence.geo import haversine_m
-from fleetfence.rules import ProximityRule
+from fleetfence.rules import ProximityRule, ProximityScope
 from processor.core.proximity import BucketedStages, HomedFixes, Position
+from processor.core.proximity_members import Members
 
 console = Console(width=150)
 RULE = ProximityRule(
@@ -90,7 +96,7 @@ def run_stages(batches: list[list[Position]], buckets: int) -> tuple[float, set[
     watermark = 0
     t = time.perf_counter()
     for batch in batches:
-        m, _events = stages.step(HomedFixes.from_positions(batch, stages.resolution), watermark)
+        m, _rules, _events = stages.step(HomedFixes.from_positions(batch, stages.resolution), watermark)
         # Of a moment reported by two buckets, the one the pair stage takes (closest in time).
         taken = pd.DataFrame(m.columns()).sort_values(["a", "b", "ts_ms", "skew_ms"], kind="stable")
         taken = taken.drop_duplicates(["a", "b", "ts_ms"])
@@ -177,6 +183,88 @@ def measure(fleet: str, vehicles: int, ticks: int, spread_m: float, peer_sample:
     )
 
 
+GROUPS = ("north", "south")
+
+
+def group_members(batches: list[list[Position]]) -> Members:
+    """Each vehicle's group (GROUPS in turn, by its number), as the vehicle master's events give it."""
+    members = Members()
+    ids = sorted({p.vehicle_id for p in batches[0]})
+    for i, vid in enumerate(ids):
+        data = {"vehicle_id": vid, "label": vid, "attributes": {"group": GROUPS[i % len(GROUPS)]}}
+        members.apply({"entity": "vehicle", "id": vid, "version": 1, "op": "upsert", "data": data})
+    return members
+
+
+def run_rules(
+    batches: list[list[Position]], rules: tuple[ProximityRule, ...], members: Members
+) -> tuple[float, dict[str, set[tuple[str, str, int]]]]:
+    """The stages with `rules` over every interval: seconds, and each rule's meetings (a, b, moment)."""
+    stages = BucketedStages(rules, BUCKETS, members)
+    found: dict[str, set[tuple[str, str, int]]] = {r.rule_id: set() for r in rules}
+    watermark = 0
+    t = time.perf_counter()
+    for batch in batches:
+        m, rule_ids, _events = stages.step(HomedFixes.from_positions(batch, stages.resolution), watermark)
+        for rule, a, b, ts in zip(
+            rule_ids.tolist(), m.a.tolist(), m.b.tolist(), m.ts_ms.tolist(), strict=True
+        ):
+            found[rule].add((a, b, ts))
+        watermark = max(p.ts_ms for p in batch)
+    return time.perf_counter() - t, found
+
+
+def measure_rules(vehicles: int, ticks: int) -> list[tuple[str, ...]]:
+    """The fleet's rule alone, with a rule per group, and the group rules alone (table rows)."""
+    batches = intervals(vehicles, ticks, 20_000, seed=7)
+    fixes = sum(map(len, batches))
+    members = group_members(batches)
+    groups = tuple(
+        ProximityRule(
+            g,
+            RULE.enter_m,
+            RULE.exit_m,
+            RULE.min_duration_ms,
+            RULE.tolerance_ms,
+            RULE.lost_after_ms,
+            ProximityScope(group=g),
+        )
+        for g in GROUPS
+    )
+    variants = {
+        "the fleet's": (RULE,),
+        "the fleet's + one per group": (RULE, *groups),
+        "one per group": groups,
+    }
+    best: dict[str, float] = {}
+    meetings: dict[str, dict[str, set[tuple[str, str, int]]]] = {}
+    for _ in range(2):
+        for name, rules in variants.items():
+            s, meetings[name] = run_rules(batches, rules, members)
+            best[name] = min(best.get(name, s), s)
+    fleet = meetings["the fleet's"][RULE.rule_id]
+    group_of = {
+        vid: GROUPS[i % len(GROUPS)] for i, vid in enumerate(sorted({p.vehicle_id for p in batches[0]}))
+    }
+    for name, found in meetings.items():
+        for g in GROUPS:
+            if g in found and found[g] != {m for m in fleet if group_of[m[0]] == group_of[m[1]] == g}:
+                raise SystemExit(f"{name}: group {g}'s meetings are not the fleet rule's of its vehicles")
+        if RULE.rule_id in found and found[RULE.rule_id] != fleet:
+            raise SystemExit(f"{name}: the fleet rule's meetings changed beside other rules")
+    base = best["the fleet's"]
+    return [
+        (
+            name,
+            str(len(variants[name])),
+            f"{best[name] / fixes * 1e6:,.1f}",
+            f"{best[name] / base:,.2f}×",
+            ", ".join(f"{r}: {len(v):,}" for r, v in meetings[name].items()),
+        )
+        for name in variants
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vehicles", type=int, default=10_000)
@@ -218,6 +306,15 @@ def main() -> None:
         rows.append(row)
         table.add_row(*row)
     console.print(table)
+    rule_rows = measure_rules(args.vehicles, args.ticks)
+    rules_table = Table(
+        title=f"proximity rules per fleet group: {args.vehicles:,} vehicles in {len(GROUPS)} groups"
+    )
+    for col in ("rules", "count", "stages µs/fix", "against the fleet's alone", "meetings per rule"):
+        rules_table.add_column(col, justify="right")
+    for rule_row in rule_rows:
+        rules_table.add_row(*rule_row)
+    console.print(rules_table)
     if args.record:
         now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         cmd = (
@@ -237,6 +334,19 @@ def main() -> None:
             "Both find the same meetings within the exit distance on the peer's timed intervals.",
         ]
         write_section("## Proximity stages", lines, BENCH_LOG / "proximity.md")
+        lines = [
+            "## Proximity rules per fleet group (bench/proximity.py)",
+            "",
+            f"Recorded {now}. `{cmd}` (one core; the city fleet, each variant timed twice, the best kept)",
+            "",
+            "| " + " | ".join(c.header for c in rules_table.columns) + " |",  # type: ignore[misc]
+            "|" + "---|" * len(rules_table.columns),
+            *("| " + " | ".join(r) + " |" for r in rule_rows),
+            "",
+            "Each group rule finds exactly the fleet rule's meetings of two of its vehicles; the fleet "
+            "rule finds the same meetings beside them.",
+        ]
+        write_section("## Proximity rules per fleet group", lines, BENCH_LOG / "proximity.md")
 
 
 if __name__ == "__main__":

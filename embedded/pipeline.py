@@ -154,6 +154,8 @@ class Pipeline:
                 "FLEETFENCE_PROCESSOR_METRICS_PORT": str(port),
             },
             port,
+            # The spec's rules are the processor's (the truth assumes them): none inherited.
+            unset=ProcessorRulesSettings.PROXIMITY_RULE_VARIABLES,
         )
         for i in range(1, spec.gateway_replicas + 1):
             port = probes.free_port()
@@ -178,9 +180,19 @@ class Pipeline:
             port,
         )
 
-    def _spawn(self, name: str, argv: list[str], extra: dict[str, str], metrics_port: int | None) -> None:
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        extra: dict[str, str],
+        metrics_port: int | None,
+        unset: tuple[str, ...] = (),
+    ) -> None:
+        """Start service `name`; `unset`: variables of this process's environment it must not see
+        (unless `extra` or the spec's `env` gives them)."""
         log = self.run_dir / f"{name}.log"
-        env = settings_env(self.settings, **{**self.spec.env, **extra})
+        given = {**self.spec.env, **extra}
+        env = {k: v for k, v in settings_env(self.settings, **given).items() if k not in unset or k in given}
         with log.open("ab") as f:
             proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://{self.settings.host}:{metrics_port}/metrics" if metrics_port else None

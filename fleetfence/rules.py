@@ -17,6 +17,7 @@ them at once; a default spelled in two places would let the truth and the proces
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
@@ -249,6 +250,8 @@ WATCH_SPEED_MPS = 40.0
 MAX_EXIT_M = 5_000.0
 # The vehicle attribute (vehicle master: `attributes`) that names a vehicle's fleet group.
 GROUP_ATTRIBUTE = "group"
+# What a proximity rule's id may be (it is in every pair alert's id and open condition).
+PROXIMITY_RULE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,10 +301,10 @@ class ProximityRule:
     scope: ProximityScope = ProximityScope()
 
     def __post_init__(self) -> None:
-        if not self.rule_id or ":" in self.rule_id:
+        if not PROXIMITY_RULE_ID_RE.match(self.rule_id):
             raise ValueError(
-                f"proximity rule id {self.rule_id!r}: not empty and without ':' (a pair alert's id "
-                "joins the rule, the other vehicle and a time with it)"
+                f"proximity rule id {self.rule_id!r}: letters, digits, '_', '.', '-', at most 64 "
+                "(no ':': a pair alert's id joins the rule, the other vehicle and a time with it)"
             )
         if not 0 < self.enter_m < self.exit_m <= MAX_EXIT_M:
             raise ValueError(

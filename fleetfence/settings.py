@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, computed_field, field_validator, model_validator
@@ -243,7 +243,7 @@ class ProximityRuleSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rule_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    rule_id: str  # checked by the rule (`PROXIMITY_RULE_ID_RE`)
     enter_m: float = Field(gt=0)
     exit_m: float = Field(gt=0, le=MAX_EXIT_M)
     min_duration_s: float = Field(default=30.0, ge=0)
@@ -400,6 +400,13 @@ class ProcessorRulesSettings(Settings):
                 others.append(ProximityRuleSpec.of(rule).model_dump(exclude_none=True))
         env["FLEETFENCE_PROCESSOR_PROXIMITY_RULES"] = json.dumps(others)
         return env
+
+    # Every variable that gives a proximity rule: a launcher that hands a processor its own rules
+    # (`proximity_env`) unsets the rest, so that none is inherited from its own environment.
+    PROXIMITY_RULE_VARIABLES: ClassVar[tuple[str, ...]] = tuple(
+        f"FLEETFENCE_PROCESSOR_PROXIMITY_{v}"
+        for v in ("ENTER_M", "EXIT_M", "MIN_DURATION_S", "TOLERANCE_S", "LOST_AFTER_S", "RULES")
+    )
 
     def proximity_rules(self) -> tuple[ProximityRule, ...]:
         """Every proximity rule the processor runs (empty: proximity off): the fleet's

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetfence.errors import ConfigError
-from fleetfence.rules import ProcessorRules, ProximityRule, RouteRules
+from fleetfence.rules import ProcessorRules, ProximityRule, RouteRules, proximity_rule_set
 from simulator.routes import DEFAULT_BBOX, EDGE_MARGIN_M
 from simulator.rules import simulated_rules
 
@@ -133,6 +133,10 @@ class ScenarioConfig:
             raise ConfigError("fault probabilities add up to more than 1")
         if self.inject.wrong_way + self.inject.schedule > 1.0:
             raise ConfigError("wrong_way and schedule pick disjoint vehicles: they add up to more than 1")
+        try:
+            proximity_rule_set(self.proximity)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         for rule in self.proximity:
             if rule.tolerance_ms >= self.period_ms:
                 raise ConfigError(

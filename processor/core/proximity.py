@@ -2,7 +2,8 @@
 
 Every other check is keyed by one vehicle; a pair has two, and comparing every vehicle with every
 other costs n² per fix. H3 cells make it local. With cells whose average edge is at least four times
-the rule's exit distance (`resolution_for`), two vehicles within that distance have their home cells
+the largest exit distance of the rules (`resolution_for`, `rules_resolution`), two vehicles within a
+rule's exit distance have their home cells
 equal or neighbouring: hexagons that are not neighbours are at least one edge apart, and H3's edges
 stay within about a factor of two of their average. So the work splits into two keyed stages that a
 streaming engine can shard and checkpoint, each a pure function of its state and its input here:
@@ -30,6 +31,12 @@ The pair is ordered (`pair_key`), so both vehicles' fixes drive one state and on
 of them reported. A pair with nothing open keeps only its latest meeting's time, until the
 watermark passes it by the tolerance (`PairState.keep_until_ms`): the state is bounded by the pairs
 near now, not by every pair that ever met.
+
+Several rules run at once (each for the fleet, a route or a fleet group: `ProximityRule.scope`): a
+bucket of cells keeps a window per rule (`RuleCells`), which admits the fixes of the vehicles in the
+rule's scope (processor.core.proximity_members) and meets them with the rule's tolerance and watch
+distance; a bucket of pairs keeps each rule's pairs (`RulePairs`). Both stages above are then the
+same functions, rule by rule.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from h3.api import basic_int as h3i
 
 from fleetfence.contracts import AlertRecord, AlertType, ProximityExitReason, alert_record
 from fleetfence.geo import haversine_m
-from fleetfence.rules import ProximityRule
+from fleetfence.rules import ProximityRule, proximity_rule_set
 from processor.core.proximity_members import Members
 from processor.core.zones import h3_cells_int
 
@@ -121,9 +128,9 @@ class Observation:
 
 @dataclass(frozen=True, slots=True)
 class HomedFixes:
-    """Fixes as columns (`Position`'s fields), each with its home cell: the H3 cell of the rule's
-    resolution it lies in, as an integer (every H3 index is below 2**63, and at one resolution the
-    integers order as the cells' names do)."""
+    """Fixes as columns (`Position`'s fields), each with its home cell: the H3 cell of the rules'
+    resolution (`rules_resolution`) it lies in, as an integer (every H3 index is below 2**63, and
+    at one resolution the integers order as the cells' names do)."""
 
     vehicle_id: np.ndarray  # object (str)
     seq: np.ndarray  # int64
@@ -812,6 +819,7 @@ class RuleCells:
     windows: dict[str, CellWindow] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        proximity_rule_set(self.rules)
         for r in self.rules:
             if r.rule_id not in self.windows:
                 self.windows[r.rule_id] = CellWindow(self.resolution, self.bucket, self.buckets, r.watch_m)
@@ -857,6 +865,7 @@ class RulePairs:
     states: dict[str, dict[tuple[str, str], PairState]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        proximity_rule_set(self.rules)
         for r in self.rules:
             self.states.setdefault(r.rule_id, {})
         for gone in set(self.states) - {r.rule_id for r in self.rules}:
@@ -900,8 +909,9 @@ class BucketedStages:
         self.cells = [RuleCells(rules, self.resolution, b, buckets) for b in range(buckets)]
         self.pairs = [RulePairs(rules) for _ in range(buckets)]
 
-    def step(self, fixes: HomedFixes, watermark_ms: int) -> tuple[Meetings, list[PairEvent]]:
-        """One batch: every meeting the cells report (under every rule), and the pairs' alerts."""
+    def step(self, fixes: HomedFixes, watermark_ms: int) -> tuple[Meetings, np.ndarray, list[PairEvent]]:
+        """One batch: every meeting the cells report (under every rule), each meeting's rule id, and
+        the pairs' alerts."""
         rows, bucket = bucket_fan_out(fixes.home, self.resolution, self.buckets)
         found: list[Meetings] = []
         rule_ids: list[np.ndarray] = []
@@ -917,4 +927,4 @@ class BucketedStages:
             mine = np.flatnonzero(by_pair == b)
             found_events, _late = pairs.step(m.take(mine), rules[mine], watermark_ms)
             events.extend(found_events)
-        return m, events
+        return m, rules, events

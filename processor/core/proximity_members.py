@@ -24,21 +24,43 @@ from processor.core.master import MasterState
 
 # The master data's entities a scope reads; routes and zones (most of the topic's bytes) are not kept.
 SCOPE_ENTITIES = frozenset({"vehicle", "assignment"})
+# Of an assignment, what a route's scope reads.
+_ASSIGNMENT_FIELDS = ("route_id", "valid_from_ms", "valid_to_ms")
+
+
+def scope_event(event: Any) -> bool:
+    """Whether `event` is a vehicle's or an assignment's change event that `Members` can fold (an
+    entity id and an integer version): anything else on the master topic is the job's to log."""
+    return (
+        isinstance(event, dict)
+        and event.get("entity") in SCOPE_ENTITIES
+        and isinstance(event.get("id"), str)
+        and isinstance(event.get("version"), int)
+        and isinstance(event.get("data"), dict | None)
+    )
 
 
 @dataclass
 class Members:
     """The vehicles and assignments a bucket of cells knows, with their versions (`MasterState`'s
-    tables, the others left empty)."""
+    tables, the others left empty), and of each only what a scope reads (a vehicle's group, an
+    assignment's route and validity): every bucket of cells holds a copy."""
 
     master: MasterState = field(default_factory=MasterState)
 
     def apply(self, event: dict[str, Any]) -> bool:
         """Fold one `fleet.master` change event; False when it changes nothing here (another
-        entity, or stale)."""
-        if event.get("entity") not in SCOPE_ENTITIES:
+        entity, malformed, or stale)."""
+        if not scope_event(event):
             return False
-        return self.master.apply(event)
+        data = event.get("data")
+        if data is not None and event.get("op") != "delete":
+            if event["entity"] == "vehicle":
+                group = (data.get("attributes") or {}).get(GROUP_ATTRIBUTE)
+                data = {"attributes": {GROUP_ATTRIBUTE: group}} if group is not None else {}
+            else:
+                data = {f: data.get(f) for f in _ASSIGNMENT_FIELDS}
+        return self.master.apply({**event, "data": data})
 
     def apply_all(self, events: Iterable[dict[str, Any]]) -> bool:
         changed = False

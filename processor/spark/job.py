@@ -208,9 +208,12 @@ def refuse_other_cells(files: HadoopCheckpointFiles, rules: tuple[ProximityRule,
     its buckets know no vehicle's route or group)."""
     resolution = rules_resolution(rules)
     wanted = json.dumps({"resolution": resolution, "master": True})
-    if files.create(PROXIMITY_CELLS_FILE, wanted):
+    if files.read(PROXIMITY_CELLS_FILE) is None and files.has_entries("offsets"):
+        had: dict[str, Any] = {}  # a checkpoint older than the file: it read no master data either
+    elif files.create(PROXIMITY_CELLS_FILE, wanted):
         return
-    had = json.loads(files.read(PROXIMITY_CELLS_FILE) or wanted)
+    else:
+        had = json.loads(files.read(PROXIMITY_CELLS_FILE) or wanted)
     if not had.get("master"):
         raise ConfigError(
             f"proximity checkpoint {files.location} was started before the proximity query read the "
@@ -240,7 +243,7 @@ def start_proximity_query(
     through the same exactly-once sink as the job's alerts, under that checkpoint's own sink id
     (its own transactional id and markers). A query of its own rather than a branch of the job's:
     its state is keyed by buckets of cells and of pairs, not of vehicles, and the job's checkpoint,
-    its re-bucketing and its plan stay as they are whether the rule is on or off."""
+    its re-bucketing and its plan stay as they are whether proximity is on or off."""
     from processor.spark.proximity import FIXES_DDL, proximity_alerts, telemetry_fixes
     from processor.spark.source import kafka_stream
 

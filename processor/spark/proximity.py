@@ -65,7 +65,7 @@ from processor.core.proximity import (
     bucket_fan_out,
     rules_resolution,
 )
-from processor.core.proximity_members import SCOPE_ENTITIES, Members
+from processor.core.proximity_members import Members, scope_event
 from processor.spark.parse import read_fix
 from processor.spark.rows import OUTPUT_DDL, OutputKind, OutputRow, output_frame
 
@@ -172,11 +172,11 @@ def master_rows(keys: list[int]) -> Any:
 
 
 def _scope_event(value: bytes) -> bool:
-    """Whether a master record is a vehicle's or an assignment's (read by the scopes); a record that
-    is not a master event at all is left to the job, which logs it."""
+    """Whether a master record is a vehicle's or an assignment's change event (`scope_event`); a
+    record that is not is left to the job, which logs it."""
     try:
-        return bool(orjson.loads(value).get("entity") in SCOPE_ENTITIES)
-    except (orjson.JSONDecodeError, AttributeError):
+        return scope_event(orjson.loads(value))
+    except orjson.JSONDecodeError:
         return False
 
 

@@ -114,7 +114,7 @@ CONDITIONS: dict[AlertType, tuple[str | None, tuple[str, ...]]] = {
     AlertType.ROUTE_COMPLETED: (None, (*TRIP_OPENS, "VEHICLE_SILENT")),
     # Proximity: per other vehicle (an exit by loss closes its own only: test_processor_proximity).
     AlertType.PROXIMITY_ENTER: ("PROXIMITY:convoy:truck-007", ("VEHICLE_SILENT",)),
-    AlertType.PROXIMITY_EXIT: (None, ("PROXIMITY:convoy:truck-007", "VEHICLE_SILENT")),
+    AlertType.PROXIMITY_EXIT: (None, ("PROXIMITY:convoy:truck-007", "PROXIMITY:truck-007", "VEHICLE_SILENT")),
 }
 
 

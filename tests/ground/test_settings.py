@@ -103,7 +103,7 @@ def test_proximity_rules_are_refused_with_their_own_words(monkeypatch: pytest.Mo
         '[{"rule_id": "a", "enter_m": 5, "exit_m": 9}, {"rule_id": "a", "enter_m": 5, "exit_m": 9}]': (
             "ids must differ"
         ),
-        '[{"rule_id": "a:b", "enter_m": 5, "exit_m": 9}]': "rule_id",
+        '[{"rule_id": "a:b", "enter_m": 5, "exit_m": 9}]': "proximity rule id 'a:b'",
         '[{"rule_id": "a", "enter_m": 5, "exit_m": 9, "radius_m": 3}]': "radius_m",
     }
     for value, words in cases.items():

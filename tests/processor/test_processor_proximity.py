@@ -391,12 +391,13 @@ def test_each_vehicle_of_the_pair_gets_its_alert_at_its_own_fix_naming_the_other
     opened = condition_change(parse_alert(alert_json(enter[0])))
     closed = condition_change(parse_alert(alert_json(exit_[0])))
     key = f"PROXIMITY:{RULE.rule_id}:b"
-    assert (opened.opens, closed.closes) == (key, (key, "VEHICLE_SILENT"))
+    assert (opened.opens, closed.closes) == (key, (key, "PROXIMITY:b", "VEHICLE_SILENT"))
     # A pair lost at its deadline closes its own condition only: no proof that the vehicle spoke.
     s, _, _ = pair_step(PairState(), track[:2], RULE)
     _, lost = pair_expire(s, T0 + 12_000 + RULE.lost_after_ms, RULE)
     assert condition_change(parse_alert(alert_json(lost[0].alerts()[1]))).closes == (
         f"PROXIMITY:{RULE.rule_id}:a",
+        "PROXIMITY:a",  # the key before rules were in it: an upgrade leaves nothing open
     )
 
 

@@ -323,3 +323,10 @@ def test_a_checkpoint_in_cells_of_another_resolution_is_refused(
     older.create(PROXIMITY_CELLS_FILE, json.dumps({"resolution": resolution_for(rule.exit_m)}))
     with pytest.raises(ConfigError, match="before the proximity query read the vehicle master's data"):
         refuse_other_cells(older, (rule,))
+    # Older still: offsets and no record of its cells at all.
+    oldest = tmp_path / "cp-oldest"
+    (oldest / "offsets").mkdir(parents=True)
+    (oldest / "offsets" / "0").write_text("v1\n{}\n")
+    with pytest.raises(ConfigError, match="before the proximity query read the vehicle master's data"):
+        refuse_other_cells(HadoopCheckpointFiles(spark, str(oldest)), (rule,))
+    assert not (oldest / PROXIMITY_CELLS_FILE).exists()

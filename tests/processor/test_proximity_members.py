@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 from fleetfence.rules import ProximityRule, ProximityScope
 from processor.core.proximity import HomedFixes, Position, RuleCells, RulePairs, rules_resolution
@@ -60,6 +61,15 @@ def test_a_group_admits_the_vehicles_whose_attribute_names_it() -> None:
         ]
     )
     assert m.master.routes == {}
+    # Of each vehicle only what a scope reads (every bucket of cells holds a copy).
+    assert m.master.vehicles["a"] == (1, {"attributes": {"group": "north"}})
+    assert m.master.vehicles["c"] == (1, {})
+    # What is no vehicle's or assignment's change event is not folded (the job logs it).
+    assert not m.apply({"entity": "vehicle", "id": "x", "data": {"attributes": {"group": "north"}}})
+    assert not m.apply({"entity": "vehicle", "id": 7, "version": 1, "data": {}})
+    assert not m.apply({"entity": "assignment", "id": "x", "version": 1, "data": "r1"})
+    assert "x" not in m.master.vehicles
+    assert "x" not in m.master.assignments
     assert admitted(m, GROUP, [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("a", 9)]) == [
         True,
         False,
@@ -114,3 +124,8 @@ def test_each_rule_meets_only_its_vehicles_with_its_own_distances() -> None:
     fewer.restore(rule_ids, kept)
     assert set(fewer.windows) == {"fleet"}
     assert set(RulePairs((FLEET,), {"north": {}, "fleet": {}}).states) == {"fleet"}
+    # Two rules of one id would share a window: refused.
+    with pytest.raises(ValueError, match="ids must differ"):
+        RuleCells((FLEET, GROUP, FLEET), res)
+    with pytest.raises(ValueError, match="ids must differ"):
+        RulePairs((GROUP, GROUP))

@@ -123,7 +123,7 @@ def proximity_alerts(
         rows = [r for b in group for r in tick_rows(b, vids)]
         wm = max(max_ts - sc.cfg.assume.lateness_ms, 0)
         fixes = HomedFixes.from_positions((Position(*r[:6]) for r in rows), stages.resolution)
-        _meetings, events = stages.step(fixes, wm)
+        _meetings, _rules, events = stages.step(fixes, wm)
         for e in events:
             for a in e.alerts():
                 out.append(
