@@ -129,9 +129,10 @@ def _run_query(s: ProcessorSettings, stop: threading.Event) -> None:
                 raise ConfigError("hot drivers need the lease: FLEETFENCE_PROCESSOR_LEASE_TTL_MS must be > 0")
             if s.proximity_rules():
                 raise ConfigError(
-                    "vehicle proximity runs on a driver that is not hot (its sink has no shadow mode "
-                    "yet): unset FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M and "
-                    "FLEETFENCE_PROCESSOR_PROXIMITY_RULES, or FLEETFENCE_PROCESSOR_HOT"
+                    "vehicle proximity runs on a driver that is not hot (two hot drivers' batches "
+                    "differ, and a pair's alerts may depend on them: docs/architecture.md): unset "
+                    "FLEETFENCE_PROCESSOR_PROXIMITY_ENTER_M and FLEETFENCE_PROCESSOR_PROXIMITY_RULES, "
+                    "or FLEETFENCE_PROCESSOR_HOT"
                 )
             _hot_loop(spark, s, stop, lease)
             return
