@@ -251,7 +251,7 @@ MAX_EXIT_M = 5_000.0
 # The vehicle attribute (vehicle master: `attributes`) that names a vehicle's fleet group.
 GROUP_ATTRIBUTE = "group"
 # What a proximity rule's id may be (it is in every pair alert's id and open condition).
-PROXIMITY_RULE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PROXIMITY_RULE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # whole id: `fullmatch`
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +301,7 @@ class ProximityRule:
     scope: ProximityScope = ProximityScope()
 
     def __post_init__(self) -> None:
-        if not PROXIMITY_RULE_ID_RE.match(self.rule_id):
+        if not PROXIMITY_RULE_ID_RE.fullmatch(self.rule_id):
             raise ValueError(
                 f"proximity rule id {self.rule_id!r}: letters, digits, '_', '.', '-', at most 64 "
                 "(no ':': a pair alert's id joins the rule, the other vehicle and a time with it)"

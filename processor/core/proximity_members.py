@@ -30,14 +30,17 @@ _ASSIGNMENT_FIELDS = ("route_id", "valid_from_ms", "valid_to_ms")
 
 def scope_event(event: Any) -> bool:
     """Whether `event` is a vehicle's or an assignment's change event that `Members` can fold (an
-    entity id and an integer version): anything else on the master topic is the job's to log."""
-    return (
-        isinstance(event, dict)
-        and event.get("entity") in SCOPE_ENTITIES
-        and isinstance(event.get("id"), str)
-        and isinstance(event.get("version"), int)
-        and isinstance(event.get("data"), dict | None)
-    )
+    entity id and an integer version, as the job's `MasterState` reads them; an upsert's data an
+    object): anything else on the master topic is the job's to log, and a record that cannot be
+    folded must not fail the query at every restart (the topic is read from its start)."""
+    if not (isinstance(event, dict) and event.get("entity") in SCOPE_ENTITIES):
+        return False
+    try:
+        int(event["version"])
+        str(event["id"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return event.get("op") == "delete" or isinstance(event.get("data"), dict | None)
 
 
 @dataclass
@@ -54,10 +57,13 @@ class Members:
         if not scope_event(event):
             return False
         data = event.get("data")
-        if data is not None and event.get("op") != "delete":
+        if event.get("op") == "delete":
+            data = None
+        elif data is not None:
             if event["entity"] == "vehicle":
-                group = (data.get("attributes") or {}).get(GROUP_ATTRIBUTE)
-                data = {"attributes": {GROUP_ATTRIBUTE: group}} if group is not None else {}
+                attributes = data.get("attributes")
+                group = attributes.get(GROUP_ATTRIBUTE) if isinstance(attributes, dict) else None
+                data = {"attributes": {GROUP_ATTRIBUTE: group}} if isinstance(group, str) else {}
             else:
                 data = {f: data.get(f) for f in _ASSIGNMENT_FIELDS}
         return self.master.apply({**event, "data": data})
@@ -88,9 +94,12 @@ class Members:
             data = self._assignment(v)
             if data is None or data.get("route_id") != scope.route_id:
                 continue
-            start[k] = int(data.get("valid_from_ms") or 0)
-            if data.get("valid_to_ms") is not None:
-                end[k] = int(data["valid_to_ms"])
+            try:
+                start[k] = int(data.get("valid_from_ms") or 0)
+                if data.get("valid_to_ms") is not None:
+                    end[k] = int(data["valid_to_ms"])
+            except (TypeError, ValueError):
+                start[k] = np.iinfo(np.int64).max  # a validity that is no time: never on the route
         ts = np.asarray(ts_ms, np.int64)
         admitted: np.ndarray = (ts >= start[codes]) & (ts < end[codes])
         return admitted

@@ -104,6 +104,7 @@ def test_proximity_rules_are_refused_with_their_own_words(monkeypatch: pytest.Mo
             "ids must differ"
         ),
         '[{"rule_id": "a:b", "enter_m": 5, "exit_m": 9}]': "proximity rule id 'a:b'",
+        '[{"rule_id": "a\\n", "enter_m": 5, "exit_m": 9}]': "proximity rule id 'a\\\\n'",
         '[{"rule_id": "a", "enter_m": 5, "exit_m": 9, "radius_m": 3}]': "radius_m",
     }
     for value, words in cases.items():

@@ -33,7 +33,11 @@ def admitted(m: Members, rule: ProximityRule, fixes: list[tuple[str, int]]) -> l
 
 def test_a_route_admits_its_assigned_vehicles_while_the_assignment_holds() -> None:
     m = Members()
-    assert m.apply(event("assignment", "a", 1, assignment("a", "r1", 1_000, 5_000)))
+    assert m.apply(
+        event("assignment", "a", 1, {**assignment("a", "r1", 1_000, 5_000), "planned_arrival_ms": 9})
+    )
+    # Of an assignment only what a route's scope reads.
+    assert m.master.assignments["a"] == (1, {"route_id": "r1", "valid_from_ms": 1_000, "valid_to_ms": 5_000})
     assert m.apply(event("assignment", "b", 1, assignment("b", "r2", 0)))
     fixes = [("a", 999), ("a", 1_000), ("a", 4_999), ("a", 5_000), ("b", 2_000), ("c", 2_000)]
     # From inclusive, to exclusive, as the job reads an assignment; another route or none: out.
@@ -66,10 +70,16 @@ def test_a_group_admits_the_vehicles_whose_attribute_names_it() -> None:
     assert m.master.vehicles["c"] == (1, {})
     # What is no vehicle's or assignment's change event is not folded (the job logs it).
     assert not m.apply({"entity": "vehicle", "id": "x", "data": {"attributes": {"group": "north"}}})
-    assert not m.apply({"entity": "vehicle", "id": 7, "version": 1, "data": {}})
+    assert not m.apply({"entity": "vehicle", "id": "x", "version": "one", "data": {}})
     assert not m.apply({"entity": "assignment", "id": "x", "version": 1, "data": "r1"})
     assert "x" not in m.master.vehicles
     assert "x" not in m.master.assignments
+    # Attributes that are no object: no group, and nothing raised (the topic is read from its start).
+    assert m.apply({"entity": "vehicle", "id": "y", "version": 1, "data": {"attributes": "north"}})
+    assert m.master.vehicles["y"] == (1, {})
+    # A delete is a delete whatever data it carries.
+    assert m.apply({"entity": "vehicle", "id": "y", "version": 2, "op": "delete", "data": "gone"})
+    assert m.master.vehicles["y"] == (2, None)
     assert admitted(m, GROUP, [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("a", 9)]) == [
         True,
         False,

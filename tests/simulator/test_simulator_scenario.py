@@ -432,6 +432,8 @@ def test_the_proximity_truth_refuses_rules_it_cannot_keep_exact() -> None:
         small(proximity=(dataclasses.replace(PROXIMITY, tolerance_ms=1000),)).validate()
     with pytest.raises(ConfigError, match="lost_after within silent_after_s"):
         small(proximity=(dataclasses.replace(PROXIMITY, lost_after_ms=61_000),)).validate()
+    with pytest.raises(ConfigError, match="ids must differ"):
+        small(proximity=(PROXIMITY, dataclasses.replace(PROXIMITY, enter_m=20))).validate()
     small(proximity=(PROXIMITY,)).validate()
 
 
