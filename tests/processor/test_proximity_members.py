@@ -79,7 +79,8 @@ def test_a_group_admits_the_vehicles_whose_attribute_names_it() -> None:
     assert m.master.vehicles["y"] == (1, {})
     # A delete is a delete whatever data it carries.
     assert m.apply({"entity": "vehicle", "id": "y", "version": 2, "op": "delete", "data": "gone"})
-    assert m.master.vehicles["y"] == (2, None)
+    version, data = m.master.vehicles["y"]
+    assert (version, data) == (2, None)
     assert admitted(m, GROUP, [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("a", 9)]) == [
         True,
         False,
