@@ -79,8 +79,7 @@ def test_a_group_admits_the_vehicles_whose_attribute_names_it() -> None:
     assert m.master.vehicles["y"] == (1, {})
     # A delete is a delete whatever data it carries.
     assert m.apply({"entity": "vehicle", "id": "y", "version": 2, "op": "delete", "data": "gone"})
-    version, data = m.master.vehicles["y"]
-    assert (version, data) == (2, None)
+    assert stored(m, "y") == (2, None)
     assert admitted(m, GROUP, [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("a", 9)]) == [
         True,
         False,
@@ -90,6 +89,10 @@ def test_a_group_admits_the_vehicles_whose_attribute_names_it() -> None:
     ]
     m.apply(event("vehicle", "b", 2, {"vehicle_id": "b", "label": "b", "attributes": {"group": "north"}}))
     assert admitted(m, GROUP, [("b", 0)]) == [True]
+
+
+def stored(m: Members, vehicle_id: str) -> tuple[int, dict[str, Any] | None]:
+    return m.master.vehicles[vehicle_id]
 
 
 def fix(vid: str, ts: int, north_m: float = 0.0) -> Position:
