@@ -248,21 +248,39 @@ def _ids_with_prefix(vm: VehicleMaster, ent: MasterEntity, prefix: str) -> list[
     return [rec.id for rec in takewhile(lambda rec: rec.id.startswith(prefix), vm.scan(ent, after=prefix))]
 
 
+# A DELETE that failed on the server's side (5xx) or on the way is sent again after these pauses
+# (seconds): deleting is idempotent here (a 404 on the resend: it was deleted), and one Redis
+# connection the API finds broken must not leave a load test's data in a running installation.
+DELETE_RETRY_PAUSES_S = (0.5, 2.0, 5.0)
+
+
 def _delete_api(ids: dict[MasterEntity, list[str]], api_url: str, api_key: str) -> int:
     deleted = 0
     for ent in UNREGISTER_ORDER:
         for eid in ids[ent]:
-            url = f"{api_url.rstrip('/')}/api/v1/{ent.value}s/{eid}"
-            req = urllib.request.Request(url, method="DELETE", headers={"X-API-Key": api_key})
-            try:
-                with urllib.request.urlopen(req, timeout=30):
-                    deleted += 1
-            except urllib.error.HTTPError as exc:
-                if exc.code != 404:  # gone meanwhile: nothing to do
-                    raise RegistrationError(f"admin API refused DELETE {url} ({exc.code})") from exc
-            except urllib.error.URLError as exc:
-                raise RegistrationError(f"admin API at {api_url} unreachable: {exc.reason}") from exc
+            deleted += _delete_one(f"{api_url.rstrip('/')}/api/v1/{ent.value}s/{eid}", api_key)
     return deleted
+
+
+def _delete_one(url: str, api_key: str) -> int:
+    """DELETE `url`: 1 when this call deleted it, 0 when it was gone (404)."""
+    for pause in (*DELETE_RETRY_PAUSES_S, None):
+        req = urllib.request.Request(url, method="DELETE", headers={"X-API-Key": api_key})
+        try:
+            with urllib.request.urlopen(req, timeout=30):
+                return 1
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:  # gone meanwhile (or by an earlier attempt): nothing to do
+                return 0
+            if exc.code < 500 or pause is None:
+                raise RegistrationError(f"admin API refused DELETE {url} ({exc.code})") from exc
+            logger.warning("admin API answered DELETE %s with %s; sending it again", url, exc.code)
+        except urllib.error.URLError as exc:
+            if pause is None:
+                raise RegistrationError(f"admin API unreachable for DELETE {url}: {exc.reason}") from exc
+            logger.warning("admin API unreachable for DELETE %s (%s); sending it again", url, exc.reason)
+        time.sleep(pause)  # a back-off before resending, not a wait for a condition
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _revoke_direct(settings: Settings, vehicle_ids: list[str]) -> None:

@@ -112,10 +112,12 @@ def under_load(dep: Deployment, name: str, fault: Callable[[], None], tmp_path: 
         rc = proc.wait(timeout=1500)
     finally:
         if proc.poll() is None:
-            # Killed before its own clean-up ran: remove what it registered, or the next run's
-            # check finds these zones in its area and refuses to start.
             proc.kill()
             proc.wait(30)
+        if proc.returncode != 0:
+            # Killed before its own clean-up ran, or that clean-up failed: remove what it
+            # registered, or the next test's check finds these zones in its area and refuses to
+            # start (one failure would fail every test after it).
             dep.driver("python", "-c", UNREGISTER_LOADTESTS, timeout_s=300, check=False)
     assert rc == 0, f"{name}: the load test failed:\n{log.read_text()[-8000:]}"
     return record(name, dep.report(name))
