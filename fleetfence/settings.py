@@ -234,6 +234,8 @@ class Settings(BaseSettings):
 
 # The id of the fleet-wide proximity rule the variables give (in each pair alert's id).
 FLEET_PROXIMITY_RULE_ID = "fleet"
+# A proximity rule's durations (seconds) unless it sets them: the fleet's variables' defaults too.
+PROXIMITY_MIN_DURATION_S, PROXIMITY_TOLERANCE_S, PROXIMITY_LOST_AFTER_S = 30.0, 5.0, 120.0
 
 
 class ProximityRuleSpec(BaseModel):
@@ -246,9 +248,9 @@ class ProximityRuleSpec(BaseModel):
     rule_id: str  # checked by the rule (`PROXIMITY_RULE_ID_RE`)
     enter_m: float = Field(gt=0)
     exit_m: float = Field(gt=0, le=MAX_EXIT_M)
-    min_duration_s: float = Field(default=30.0, ge=0)
-    tolerance_s: float = Field(default=5.0, ge=0)
-    lost_after_s: float = Field(default=120.0, gt=0)
+    min_duration_s: float = Field(default=PROXIMITY_MIN_DURATION_S, ge=0)
+    tolerance_s: float = Field(default=PROXIMITY_TOLERANCE_S, ge=0)
+    lost_after_s: float = Field(default=PROXIMITY_LOST_AFTER_S, gt=0)
     route_id: str | None = Field(default=None, min_length=1)
     group: str | None = Field(default=None, min_length=1)
 
@@ -337,16 +339,18 @@ class ProcessorRulesSettings(Settings):
         "hysteresis band); unset: twice the enter distance.",
     )
     processor_proximity_min_duration_s: float = Field(
-        default=30.0, ge=0, description="How long two vehicles stay near before PROXIMITY_ENTER."
+        default=PROXIMITY_MIN_DURATION_S,
+        ge=0,
+        description="How long two vehicles stay near before PROXIMITY_ENTER.",
     )
     processor_proximity_tolerance_s: float = Field(
-        default=5.0,
+        default=PROXIMITY_TOLERANCE_S,
         ge=0,
         description="Two fixes of two vehicles at most this far apart in event time are compared "
         "(the simulator's truth needs it shorter than a fix period: 0.5 at 1 Hz).",
     )
     processor_proximity_lost_after_s: float = Field(
-        default=120.0,
+        default=PROXIMITY_LOST_AFTER_S,
         gt=0,
         description="PROXIMITY_EXIT (reason lost) after this long without a meeting.",
     )
@@ -421,14 +425,14 @@ class ProcessorRulesSettings(Settings):
         enter = self.processor_proximity_enter_m
         if enter is None:
             return None
-        return ProximityRule(
+        return ProximityRuleSpec(
             rule_id=FLEET_PROXIMITY_RULE_ID,
             enter_m=enter,
             exit_m=self.processor_proximity_exit_m or 2 * enter,
-            min_duration_ms=round(self.processor_proximity_min_duration_s * 1000),
-            tolerance_ms=round(self.processor_proximity_tolerance_s * 1000),
-            lost_after_ms=round(self.processor_proximity_lost_after_s * 1000),
-        )
+            min_duration_s=self.processor_proximity_min_duration_s,
+            tolerance_s=self.processor_proximity_tolerance_s,
+            lost_after_s=self.processor_proximity_lost_after_s,
+        ).rule()
 
 
 def get_settings() -> Settings:
