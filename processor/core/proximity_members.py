@@ -13,11 +13,13 @@ validity as the job does (from inclusive, to exclusive).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from fleetfence.rules import GROUP_ATTRIBUTE, ProximityRule
 from processor.core.master import MasterState
@@ -50,6 +52,7 @@ class Members:
     assignment's route and validity): every bucket of cells holds a copy."""
 
     master: MasterState = field(default_factory=MasterState)
+    _table: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
     def apply(self, event: dict[str, Any]) -> bool:
         """Fold one `fleet.master` change event; False when it changes nothing here (another
@@ -66,7 +69,10 @@ class Members:
                 data = {"attributes": {GROUP_ATTRIBUTE: group}} if isinstance(group, str) else {}
             else:
                 data = {f: data.get(f) for f in _ASSIGNMENT_FIELDS}
-        return self.master.apply({**event, "data": data})
+        if not self.master.apply({**event, "data": data}):
+            return False
+        self._table = None  # `_lookup` is of the data before
+        return True
 
     def apply_all(self, events: Iterable[dict[str, Any]]) -> bool:
         changed = False
@@ -77,41 +83,68 @@ class Members:
     def admitted(self, rule: ProximityRule, vehicle_id: np.ndarray, ts_ms: np.ndarray) -> np.ndarray:
         """For each fix (its vehicle and event time), whether `rule` compares it: always for the
         fleet; else when the vehicle is in the rule's route or group at that time. A vehicle the
-        master data does not know (yet) is in no route and no group."""
+        master data does not know (yet) is in no route and no group. In columns: the fixes' rows in
+        `_lookup`, one hashed pass."""
         n = len(vehicle_id)
         scope = rule.scope
         if scope.fleet:
             return np.ones(n, bool)
         if not n:
             return np.zeros(0, bool)
-        ids, codes = np.unique(np.asarray(vehicle_id, object), return_inverse=True)
+        t = self._lookup()
+        if t.empty:
+            return np.zeros(n, bool)
+        rows = t.index.get_indexer(pd.Index(np.asarray(vehicle_id, object)))
+        known = rows >= 0
+        rows = np.where(known, rows, 0)  # unknown vehicles: any row, masked out by `known`
         if scope.group is not None:
-            groups = [self._attributes(v).get(GROUP_ATTRIBUTE) for v in ids.tolist()]
-            return np.array([g == scope.group for g in groups], bool)[codes]
-        start = np.full(len(ids), np.iinfo(np.int64).max, np.int64)  # not on the route: never valid
-        end = np.full(len(ids), np.iinfo(np.int64).max, np.int64)
-        for k, v in enumerate(ids.tolist()):
-            data = self._assignment(v)
-            if data is None or data.get("route_id") != scope.route_id:
-                continue
-            try:
-                start[k] = int(data.get("valid_from_ms") or 0)
-                if data.get("valid_to_ms") is not None:
-                    end[k] = int(data["valid_to_ms"])
-            except (TypeError, ValueError):
-                start[k] = np.iinfo(np.int64).max  # a validity that is no time: never on the route
+            in_group: np.ndarray = known & (t["group"].to_numpy()[rows] == scope.group)
+            return in_group
         ts = np.asarray(ts_ms, np.int64)
-        admitted: np.ndarray = (ts >= start[codes]) & (ts < end[codes])
+        admitted: np.ndarray = (
+            known
+            & (t["route_id"].to_numpy()[rows] == scope.route_id)
+            & (ts >= t["valid_from_ms"].to_numpy()[rows])
+            & (ts < t["valid_to_ms"].to_numpy()[rows])
+        )
         return admitted
 
-    def _attributes(self, vehicle_id: str) -> dict[str, str]:
-        entry = self.master.vehicles.get(vehicle_id)
-        data = entry[1] if entry is not None else None
-        return dict(data.get("attributes") or {}) if data else {}
-
-    def _assignment(self, vehicle_id: str) -> dict[str, Any] | None:
-        entry = self.master.assignments.get(vehicle_id)
-        return entry[1] if entry is not None else None
+    def _lookup(self) -> pd.DataFrame:
+        """Each known vehicle's group, route and validity (a validity that is no time: never on
+        the route), built once per version of the data (`apply` drops it): `admitted` runs on every
+        batch of every bucket of cells, the data changes rarely."""
+        if self._table is not None:
+            return self._table
+        never = np.iinfo(np.int64).max
+        ids = sorted(set(self.master.vehicles) | set(self.master.assignments))
+        group: list[object] = []
+        route: list[object] = []
+        start: list[int] = []
+        end: list[int] = []
+        for v in ids:
+            entry = self.master.vehicles.get(v)
+            attributes = (entry[1] or {}).get("attributes") if entry else None
+            group.append(attributes.get(GROUP_ATTRIBUTE) if isinstance(attributes, dict) else None)
+            entry = self.master.assignments.get(v)
+            data = entry[1] if entry else None
+            valid = (never, never)  # no assignment, or a validity that is no time: never on a route
+            if data:
+                with contextlib.suppress(TypeError, ValueError):
+                    to = data.get("valid_to_ms")
+                    valid = (int(data.get("valid_from_ms") or 0), never if to is None else int(to))
+            route.append(data.get("route_id") if data else None)
+            start.append(valid[0])
+            end.append(valid[1])
+        self._table = pd.DataFrame(
+            {
+                "group": np.asarray(group, object),
+                "route_id": np.asarray(route, object),
+                "valid_from_ms": np.asarray(start, np.int64),
+                "valid_to_ms": np.asarray(end, np.int64),
+            },
+            index=pd.Index(ids, dtype=object),
+        )
+        return self._table
 
 
 def needs_members(rules: Iterable[ProximityRule]) -> bool:
