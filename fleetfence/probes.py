@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import redis
@@ -69,12 +70,34 @@ def mqtt_ping(host: str, port: int, timeout_s: float = 2.0, account: Account | N
 
 
 def redis_ping(dsn: str, timeout_s: float = 2.0) -> str:
+    """The version and the memory used against its limit: Redis holds FleetFence's read models, and
+    one without `maxmemory` grows until the host runs out (the alert history is bounded only by its
+    retention), so an operator's first look (`infra status`, `fleetfence status`) shows both."""
     r = redis.Redis.from_url(dsn, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         r.ping()
-        return f"redis {r.info('server')['redis_version']}"
+        version = r.info("server")["redis_version"]
+        return f"redis {version}, {redis_memory_text(r.info('memory'))}"
     finally:
         r.close()
+
+
+REDIS_MEMORY_WARN_FRACTION = 0.9
+
+
+def redis_memory_text(info: dict[str, Any]) -> str:
+    """`INFO memory` as one line: used of the limit, and a warning near the limit or without one."""
+    used = int(info.get("used_memory", 0))
+    limit = int(info.get("maxmemory", 0))
+    if limit <= 0:
+        return f"memory {_mib(used)} used, no maxmemory: it grows until the host's memory is full"
+    policy = info.get("maxmemory_policy")
+    text = f"memory {_mib(used)} of {_mib(limit)} ({used / limit:.0%}, maxmemory-policy {policy})"
+    return text + (" NEAR ITS LIMIT" if used >= REDIS_MEMORY_WARN_FRACTION * limit else "")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def wait_until(

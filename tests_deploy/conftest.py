@@ -2,8 +2,10 @@
 
 Not under `tests/` (the default run's testpaths): it needs Docker and root, and takes minutes. One
 deployment serves the whole session: images built (layers cached), `up`, every service healthy;
-at the end `down -v`, nothing of the project left, and the Docker daemon stopped if the suite
-started it. A service that cannot start fails the suite; nothing is skipped.
+at the end every service's whole log checked for error lines (tests_deploy/logcheck.py: an error
+not on its reasoned allow-list fails the suite), `down -v`, nothing of the project left, and the
+Docker daemon stopped if the suite started it. A service that cannot start fails the suite; nothing
+is skipped.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from tests_deploy import measure
+from tests_deploy import logcheck, measure
 from tests_deploy.harness import Daemon, Deployment, build_local_images
 
-# Where a failed test's deployment logs are kept: `down -v` at the session's end removes the
-# containers and their logs, and a fault that fails once in several runs needs them to be diagnosed.
+# Where a failed test's deployment logs are kept, and at the end every service's whole log: `down -v`
+# removes the containers and their logs, and a fault that fails once in several runs needs them.
 LOG_DIR = Path(os.environ.get("FLEETFENCE_DEPLOY_LOG_DIR", "/var/tmp/fleetfence-deploy-logs"))
+# Each test's start, for the log check to say during which test an error line was logged.
+WINDOWS: list[logcheck.Window] = []
+
+
+@pytest.fixture(autouse=True)
+def _window(request: pytest.FixtureRequest) -> None:
+    WINDOWS.append(logcheck.Window(request.node.originalname, datetime.now(UTC)))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -67,9 +76,42 @@ def deployment() -> Iterator[Deployment]:
                 yield dep
                 if measure.ROWS:
                     print(f"\n{measure.table()}")
+                check_logs(dep)
             finally:
                 dep.down()
                 left = dep.leftovers()
                 assert not left, f"left behind after down -v: {left}"
     finally:
         daemon.stop()
+
+
+def check_logs(dep: Deployment) -> None:
+    """Every service's whole log, kept under LOG_DIR (`down -v` removes it) and checked: an error
+    line the allow-list does not explain fails the suite (at the session's teardown; with
+    FLEETFENCE_DEPLOY_LOGCHECK=lenient only one that says the deployment is broken,
+    `logcheck.BROKEN`). The saved file can be checked again: `python -m tests_deploy.logcheck <file>`."""
+    logs = dep.stamped_logs()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = LOG_DIR / f"{stamp}-session.log"
+    try:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        logcheck.save(path, logs, WINDOWS)
+        where = f"every service's log: {path}"
+    except OSError as exc:
+        where = f"the logs were not saved to {path}: {exc}"
+    verdict = logcheck.check(logs, WINDOWS)
+    print(f"\n{verdict.summary()}\n{where}")
+    lenient = os.environ.get("FLEETFENCE_DEPLOY_LOGCHECK", "") == "lenient"
+    failing = [line for line in verdict.unexpected if not lenient or logcheck.broken(line)]
+    timing = [line for line in verdict.unexpected if line not in failing]
+    if timing:
+        print(
+            f"{len(timing)} unexplained error lines not failed (FLEETFENCE_DEPLOY_LOGCHECK=lenient: "
+            "they may depend on the machine's load):\n" + "\n".join(str(line)[:400] for line in timing[:60])
+        )
+    shown = "\n".join(str(line)[:400] for line in failing[:60])
+    more = len(failing) - 60
+    assert not failing, (
+        f"{len(failing)} error lines no entry of tests_deploy/logcheck.py's ALLOWED explains "
+        f"({where}):\n{shown}" + (f"\n... and {more} more" if more > 0 else "")
+    )

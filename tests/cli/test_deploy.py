@@ -171,6 +171,10 @@ def exposed_metric_names() -> set[str]:
         *REGISTRY.collect(),
         *alerts_registry.collect(),
         *GatewayCollector(GatewayStats(), lambda: 0, lambda: True).collect(),
+        # A device edge's (gateway.edge) collector adds its own families.
+        *GatewayCollector(
+            GatewayStats(), lambda: 0, lambda: True, shard=None, devices_connected=lambda: 0
+        ).collect(),
     ]
     names: set[str] = set()
     for m in metrics:
@@ -541,6 +545,7 @@ def test_the_bootstrap_writes_what_the_broker_reads_before_it_starts() -> None:
     from typer.main import get_command
 
     from cli.app import app
+    from fleetfence.mqtt import PERSISTENCE_FILE
     from fleetfence.pki import CA_CERT, SERVER_CERT, SERVER_KEY
 
     svcs = services()
@@ -568,6 +573,11 @@ def test_the_bootstrap_writes_what_the_broker_reads_before_it_starts() -> None:
         line.split(maxsplit=1)[1] for line in lines if line.startswith("persistence_location ")
     )
     assert volume_holding(mosq, persistence)[0] == vol
+    # The bootstrap hands the plugin file's folder to the broker and checks it can create files
+    # there (fleetfence.mqtt.bootstrap_dynsec): the persistence file must be written in that folder.
+    assert persistence.rstrip("/") == dynsec.rsplit("/", 1)[0], "persistence outside the handed-over folder"
+    names = [line.split(maxsplit=1)[1] for line in lines if line.startswith("persistence_file ")]
+    assert names in ([], [PERSISTENCE_FILE]), names
 
     # The TLS files: the names the command writes, in the folder it writes them to.
     certs_dir = option(cmd, "--certs-dir")
@@ -633,8 +643,26 @@ def test_every_required_variable_is_in_the_env_example() -> None:
         if line.strip() and not line.startswith("#"):
             key, _, value = line.partition("=")
             example[key] = value
+    # Compose's own settings (the profiles to run) are not the compose file's variables.
+    profiles = example.pop("COMPOSE_PROFILES", None)
+    assert profiles == "grafana", "the example runs the dashboard unless the operator empties the line"
     assert set(example) == required, "deploy/compose.env.example and docker-compose.yml disagree"
     assert all(v == "" for v in example.values()), "the example must not carry values"
+
+
+def test_grafana_is_optional_through_its_profile() -> None:
+    """Issue #64, case 4: where no Grafana image can be had, `docker-compose start` failed on it and
+    nothing said how to run without it. It is in the `grafana` profile: plain `up -d` runs the rest,
+    COMPOSE_PROFILES=grafana (the env example) adds it. Nothing may need it to start, and it is the
+    only service in a profile (a profile on any other would leave the deployment incomplete)."""
+    svcs = services()
+    in_profiles = {name: svc.get("profiles") for name, svc in svcs.items() if svc.get("profiles")}
+    assert in_profiles == {"grafana": ["grafana"]}
+    needs_grafana = [name for name, svc in svcs.items() if "grafana" in (svc.get("depends_on") or {})]
+    assert not needs_grafana
+    deploy_doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert "COMPOSE_PROFILES=grafana" in deploy_doc
+    assert "--profile grafana" in deploy_doc
 
 
 def test_the_bootstrap_image_can_make_certificates() -> None:
