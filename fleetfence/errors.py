@@ -6,6 +6,9 @@ loop can tell "our own, explained failure" (print the message, exit non-zero) fr
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 
 class FleetFenceError(Exception):
     """Base of every error FleetFence raises on purpose."""
@@ -33,6 +36,35 @@ class StandaloneError(InfraError):
 
 class ServiceUnavailableError(InfraError):
     """A service did not answer a protocol round trip before its deadline."""
+
+
+class ServiceExitedError(ServiceUnavailableError):
+    """A service process that its caller started and counts on (one of `embedded.pipeline`'s: the
+    admin API, the processor, a gateway, the receivers) has exited. Why it did is in its own log,
+    which the person reading the error often does not have at hand (a CI job's artefacts, a run
+    folder on another machine), so the message names the service, says how it ended (exit code or
+    signal) and carries the log's last lines and path. `service`, `returncode` and `log` are there
+    for code that reacts to it."""
+
+    def __init__(self, message: str, *, service: str, returncode: int, log: Path) -> None:
+        super().__init__(message)
+        self.service = service
+        self.returncode = returncode
+        self.log = log
+
+
+class KafkaUnavailableError(InfraError):
+    """A Kafka read (offsets, watermarks, metadata) got no answer before its deadline, or its
+    caller stopped waiting: the brokers it needs were unreachable the whole time (a host name that
+    does not resolve, refused connections, every broker down, requests timing out) or a
+    partition's leader kept moving (`fleetfence.kafka.through_outage`). `error` is librdkafka's
+    last answer (a KafkaError); `stopped` is True when the caller's service was stopping rather
+    than a deadline passing."""
+
+    def __init__(self, message: str, error: Any = None, *, stopped: bool = False) -> None:
+        super().__init__(message)
+        self.error: Any = error  # confluent_kafka.KafkaError: the ground's errors import no client
+        self.stopped = stopped
 
 
 class MqttControlError(FleetFenceError):

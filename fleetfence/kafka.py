@@ -13,19 +13,26 @@ usually disable. Consumer groups (`group_consumer`) rebalance cooperatively (`co
 classic protocol): a joining member takes over only the partitions that move, and static members
 (`group.instance.id`) restarted after a crash take their partitions back at once (docs/alerts.md
 says why not KIP-848).
+
+Offset, watermark and metadata reads go through one retry policy, `through_outage`: an unreachable
+broker (a name that does not resolve, a refused connection, every broker down, a timeout) or a
+moving leader is waited out with a back-off and a log line, up to the caller's deadline or, for a
+caller that has nothing better to do, until the cluster answers.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from fleetfence.errors import InfraError, KafkaDeliveryError
+from fleetfence.errors import InfraError, KafkaDeliveryError, KafkaUnavailableError
 
 if TYPE_CHECKING:
     # Annotations only: a Spark executor that builds a reader here (processor.spark.kafka_sink) loads no
@@ -256,37 +263,221 @@ def produce_waiting(
 
 # What a broker answers about a partition whose leader is moving or not known to it yet (a topic
 # just created, a broker restarted, a preferred leader elected back): UNKNOWN_TOPIC_OR_PART,
-# LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION, and the leader epochs (FENCED_LEADER_EPOCH,
-# UNKNOWN_LEADER_EPOCH). librdkafka raises them from an offset query without marking them retriable.
+# LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION, the leader epochs (FENCED_LEADER_EPOCH,
+# UNKNOWN_LEADER_EPOCH), a leader just elected whose high watermark has not caught up yet
+# (OFFSET_NOT_AVAILABLE); and what the client says itself when the metadata it was given lacks the
+# partition or topic (_UNKNOWN_PARTITION, _UNKNOWN_TOPIC). Reads met OFFSET_NOT_AVAILABLE and
+# _UNKNOWN_PARTITION as SIGKILLed nodes came back (tests_deploy/test_embedded_cluster.py).
+# librdkafka raises them from an offset query without marking them retriable.
 _LEADER_MOVING = frozenset(
     {
         KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 
+# What a client says when it cannot reach the brokers a request needs: a broker's host name that
+# does not resolve (compose's DNS drops a stopped container's name: _RESOLVE), a connection refused
+# or cut (_TRANSPORT), every broker it knows down (_ALL_BROKERS_DOWN), a request or a queued record
+# not answered in time (_TIMED_OUT, REQUEST_TIMED_OUT, _MSG_TIMED_OUT), and a request dropped with
+# the client's handle of a broker, torn down as nodes come and go (_DESTROY_BROKER: what reads
+# waiting on SIGKILLed nodes got as those returned, tests_deploy/test_embedded_cluster.py) or as a
+# broker's address changes (_NODE_UPDATE). librdkafka marks none of them retriable, yet each ends
+# by itself when the brokers are back: an outage is a state of the cluster, which a reader waits
+# out, not a failure of the reader.
+_UNREACHABLE = frozenset(
+    {
+        KafkaError._RESOLVE,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._DESTROY_BROKER,
+        KafkaError._NODE_UPDATE,
+    }
+)
 
-def watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[int, int]:
-    """A partition's (low, high) watermark from its leader, asked again while the leader moves.
+# The back-off between two asks during an outage: from BACKOFF_FIRST_S, doubled each time up to
+# BACKOFF_MAX_S (a leader move is over in a moment; a lost node takes tens of seconds to return).
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 5.0
+# The longest one ask waits for its answer: a reader without a deadline still notices a stop and
+# logs how long it has waited at least this often.
+ASK_MAX_S = 10.0
 
-    A replicated cluster moves leaders on its own (a restarted broker gets its partitions back by the
-    preferred-leader election minutes later), and the answer in between is an error that a retry a
-    moment later does not get; only an error that is not one of those, or `timeout_s`, raises."""
-    deadline = time.monotonic() + timeout_s
+T = TypeVar("T")
+
+
+def outage(error: Any) -> KafkaError | None:
+    """The KafkaError of `error` (a KafkaException, or a KafkaError as a callback gets it) when it
+    says the cluster is unreachable or a leader is moving, an outage that a later ask gets past;
+    None for anything else (a refusal, a bad argument, a fatal error): asking again gets the same
+    answer, so it is raised at once."""
+    err = error.args[0] if isinstance(error, KafkaException) and error.args else error
+    if not isinstance(err, KafkaError) or err.fatal():
+        return None
+    if err.retriable() or err.code() in _UNREACHABLE or err.code() in _LEADER_MOVING:
+        return err
+    return None
+
+
+def through_outage(
+    ask: Callable[[float], T],
+    what: str,
+    *,
+    timeout_s: float | None,
+    stop: threading.Event | None = None,
+) -> T:
+    """`ask(wait_s)`'s answer, asked again while its KafkaException is an outage (`outage`): the
+    one retry policy of every offset, watermark and metadata read (`watermarks`, `partitions_of`,
+    `list_offsets`). Between asks a back-off (BACKOFF_FIRST_S doubling to BACKOFF_MAX_S) and one
+    structured log line, `kafka read waiting what=... error=... attempt=... waited_s=...`, so an
+    outage shows in the log as a state with its cause rather than as a traceback. Any other error is
+    raised at once.
+
+    `timeout_s` bounds the whole wait for a caller that must answer in time (a sink's commit runs
+    inside a micro-batch): when it passes, KafkaUnavailableError with the last error. None waits as
+    long as the outage lasts, for a caller with nothing better to do (a service starting: crashing
+    only gets it restarted into the same outage). `stop`, when set, ends the wait between asks
+    (KafkaUnavailableError with `stopped`). `ask` is given how long it may wait for its answer
+    (ASK_MAX_S, or less when the deadline is nearer)."""
+    started = time.monotonic()
+    deadline = None if timeout_s is None else started + timeout_s
+    backoff = BACKOFF_FIRST_S
+    attempt = 0
     while True:
+        attempt += 1
+        left = ASK_MAX_S if deadline is None else deadline - time.monotonic()
         try:
-            left_s = max(0.1, min(10.0, deadline - time.monotonic()))
-            lo, hi = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=left_s, cached=False
-            )
-            return int(lo), int(hi)
+            return ask(max(0.1, min(ASK_MAX_S, left)))
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            moving = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_MOVING)
-            if not moving or time.monotonic() >= deadline:
+            err = outage(exc)
+            if err is None:
                 raise
-            logger.info("watermarks asked again topic=%s partition=%s error=%s", topic, partition, err)
-            time.sleep(0.2)
+            last = exc
+        now = time.monotonic()
+        waited = now - started
+        cause = f"{err.name()}: {err.str()}"
+        if stop is not None and stop.is_set():
+            raise _stopped(what, started, err) from last
+        if deadline is not None and deadline - now < BACKOFF_FIRST_S:  # no time for another ask
+            raise KafkaUnavailableError(
+                f"Kafka gave no answer to {what} within {timeout_s:.1f} s ({attempt} asks; {cause})", err
+            ) from last
+        pause = backoff if deadline is None else min(backoff, deadline - now)
+        moving = err.code() in _LEADER_MOVING
+        logger.log(
+            logging.INFO if moving else logging.WARNING,
+            "kafka read waiting %s error=%s attempt=%d waited_s=%.1f retry_in_s=%.1f cause=%s detail=%r",
+            what,
+            err.name(),
+            attempt,
+            waited,
+            pause,
+            "leader_moving" if moving else "unreachable" if err.code() in _UNREACHABLE else "retriable",
+            err.str(),
+        )
+        if stop is None:
+            time.sleep(pause)
+        elif stop.wait(pause):
+            raise _stopped(what, started, err) from last
+        backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+
+def _stopped(what: str, started: float, err: KafkaError) -> KafkaUnavailableError:
+    return KafkaUnavailableError(
+        f"stopped waiting for Kafka's answer to {what} after {time.monotonic() - started:.1f} s "
+        f"({err.name()}: {err.str()})",
+        err,
+        stopped=True,
+    )
+
+
+def watermarks(
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    timeout_s: float | None = 30.0,
+    stop: threading.Event | None = None,
+) -> tuple[int, int]:
+    """A partition's (low, high) watermark from its leader, asked again through an outage
+    (`through_outage`: `timeout_s` None waits until the cluster answers or `stop` is set).
+
+    A replicated cluster moves leaders on its own (a restarted broker gets its partitions back by
+    the preferred-leader election minutes later) and loses nodes: the answer in between is an
+    error that a later ask does not get. A driver that took its lease during a two-of-three outage
+    once crashed here on `_RESOLVE` (its leader's container name gone from compose's DNS)."""
+
+    def ask(wait_s: float) -> tuple[int, int]:
+        lo, hi = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=wait_s, cached=False
+        )
+        return int(lo), int(hi)
+
+    return through_outage(
+        ask, f"what=watermarks topic={topic} partition={partition}", timeout_s=timeout_s, stop=stop
+    )
+
+
+def partitions_of(
+    client: Consumer | AdminClient,
+    topic: str,
+    *,
+    timeout_s: float | None = 30.0,
+    stop: threading.Event | None = None,
+) -> list[int]:
+    """`topic`'s partition ids from the cluster's metadata, asked again through an outage
+    (`through_outage`). A topic the metadata does not list (it does not exist) has none."""
+    md = through_outage(
+        lambda wait_s: client.list_topics(topic, timeout=wait_s),
+        f"what=metadata topic={topic}",
+        timeout_s=timeout_s,
+        stop=stop,
+    )
+    found = md.topics.get(topic)
+    return sorted(found.partitions) if found is not None else []
+
+
+def list_offsets(
+    admin: AdminClient,
+    partitions: list[TopicPartition],
+    spec: OffsetSpec,
+    *,
+    timeout_s: float | None = 30.0,
+    stop: threading.Event | None = None,
+) -> dict[tuple[str, int], int]:
+    """Every partition's offset by `spec` (OffsetSpec.latest(), earliest(), for_timestamp(ms)) in
+    one admin request, by (topic, partition); -1 where no record matches a timestamp. Asked again
+    whole through an outage (`through_outage`): one partition's leader being unreachable fails the
+    answer.
+
+    librdkafka's admin client answers a partition whose leader (dead, but still the leader in the
+    metadata: two of three nodes down, no quorum to elect another) did not answer in time with
+    OFFSET_INVALID (-1001) and no error at all; taken as an offset it would start a reader at the
+    reset position and end a read "to the end" at once. It is the request timing out, and is
+    waited out as one (_TIMED_OUT)."""
+
+    def ask(wait_s: float) -> dict[tuple[str, int], int]:
+        futures = admin.list_offsets(dict.fromkeys(partitions, spec), request_timeout=wait_s)
+        found = {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+        unanswered = sorted(f"{t}:{p}" for (t, p), o in found.items() if o == OFFSET_INVALID)
+        if unanswered:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._TIMED_OUT,
+                    f"no offset from the leader of {', '.join(unanswered)} within {wait_s:.1f} s",
+                )
+            )
+        return found
+
+    topics = ",".join(sorted({tp.topic for tp in partitions}))
+    return through_outage(
+        ask, f"what=list_offsets topics={topics} partitions={len(partitions)}", timeout_s=timeout_s, stop=stop
+    )

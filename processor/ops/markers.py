@@ -17,6 +17,7 @@ exactly, batch by batch.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import orjson
 from confluent_kafka import OFFSET_END, KafkaError, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from fleetfence.kafka import group_consumer, watermarks
+from fleetfence.kafka import group_consumer, partitions_of, watermarks
 from processor.core.proximity import ProximityCount
 from processor.spark.hot_sink import SHADOW_SUFFIX
 
@@ -172,14 +173,28 @@ class BatchLedger:
 
 class MarkerReader:
     """This sink's markers as they are committed, from where the topic ended when it was opened
-    (open it before the query starts, so no batch of this run is missed)."""
+    (open it before the query starts, so no batch of this run is missed).
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    Where the topic ends is read through an outage (`fleetfence.kafka.through_outage`): for up to
+    `timeout_s`, or with None for as long as Kafka is unreachable, until `stop` is set; either way
+    KafkaUnavailableError when the wait ends without an answer."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        timeout_s: float | None = 30.0,
+        stop: threading.Event | None = None,
+    ) -> None:
         # A private group id: the reader assigns its partitions itself and never commits.
         self._c = group_consumer(bootstrap, f"fleetfence-markers-{uuid.uuid4().hex}")
-        md = self._c.list_topics(topic, timeout=10)
-        parts = sorted(md.topics[topic].partitions)
-        ends = [watermarks(self._c, topic, p)[1] for p in parts]
+        try:
+            parts = partitions_of(self._c, topic, timeout_s=timeout_s, stop=stop)
+            ends = [watermarks(self._c, topic, p, timeout_s, stop)[1] for p in parts]
+        except BaseException:
+            self._c.close()
+            raise
         self._c.assign(
             [TopicPartition(topic, p, e if e >= 0 else OFFSET_END) for p, e in zip(parts, ends, strict=True)]
         )

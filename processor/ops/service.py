@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from fleetfence.errors import ConfigError
+from fleetfence.errors import ConfigError, KafkaUnavailableError
 from fleetfence.registry import Presence, presence
 from fleetfence.service import run_until_stopped, stop_on_signals
 from processor.errors import LeaseLostError, ProcessorError, StalledError
@@ -206,6 +206,24 @@ def _hot_loop(spark: Any, s: ProcessorSettings, stop: threading.Event, lease: Ch
         thread.join(5)
 
 
+def open_marker_reader(s: ProcessorSettings, stop: threading.Event) -> MarkerReader | None:
+    """The tail of this run's commit markers, opened however long Kafka stays unreachable; None
+    when the service is asked to stop meanwhile.
+
+    It is the driver's first Kafka read after it took the lease, and during an outage (two of three
+    brokers down, their names gone from compose's DNS) it once crashed the driver on `_RESOLVE`.
+    Crashing gains nothing: the restarted driver meets the same outage, and the query it would
+    start next reads the same cluster. So the driver waits, holding its lease, with a log line per
+    ask (`fleetfence.kafka.through_outage`), and starts the query once the cluster answers."""
+    try:
+        return MarkerReader(s.bootstrap_servers, s.topics.processor_commits, timeout_s=None, stop=stop)
+    except KafkaUnavailableError as exc:
+        if not exc.stopped:
+            raise
+        logger.info("processor stopped while waiting for Kafka: %s", exc)
+        return None
+
+
 def _query_loop(
     spark: Any,
     s: ProcessorSettings,
@@ -221,7 +239,13 @@ def _query_loop(
     ledger = BatchLedger(checkpoint_sink_id(spark, s))
     seed = read_seed(HadoopCheckpointFiles(spark, s.driver_checkpoint))
     first_start = seed.offsets.get(s.topics.telemetry) if seed else None
-    reader = MarkerReader(s.bootstrap_servers, s.topics.processor_commits)
+    reader = open_marker_reader(s, stop)
+    if reader is None:
+        return
+    if lease is not None and live is None and lease.lost.is_set():
+        # Lost while Kafka was unreachable: another driver may be on the checkpoint by now.
+        reader.close()
+        raise LeaseLostError(f"the checkpoint's lease {lease.key} was lost while waiting for Kafka: stopping")
     restored = has_offsets(spark, s.driver_checkpoint)
     q = start_query(spark, s, hot=hot)
     RESTORED.set(restored)  # once started: a checkpoint refused at the start is no reader

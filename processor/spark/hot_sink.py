@@ -191,36 +191,45 @@ READ_TO_END_S = 90.0
 
 class Tail:
     """A read_committed reader of topics from a moment on (None: from their beginning), drained a
-    little at every commit so that the takeover only reads what was committed since the last one."""
+    little at every commit so that the takeover only reads what was committed since the last one.
 
-    def __init__(self, bootstrap: str, topics: list[str], since_ms: int | None) -> None:
+    Its partitions and offsets are read through an outage (`fleetfence.kafka.through_outage`) for
+    up to `timeout_s` each: it runs inside a sink's commit, which must end (KafkaUnavailableError
+    fails the commit) rather than hang the micro-batch."""
+
+    def __init__(
+        self, bootstrap: str, topics: list[str], since_ms: int | None, timeout_s: float = READ_TO_END_S
+    ) -> None:
         from confluent_kafka import TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
-        from fleetfence.kafka import admin_client, committed_reader
+        from fleetfence.kafka import admin_client, committed_reader, partitions_of
 
         self.c = committed_reader(
             bootstrap, f"fleetfence-hot-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": True}
         )
         self.admin = admin_client(bootstrap)
-        parts = [
-            TopicPartition(t, p)
-            for t in topics
-            for p in sorted(self.c.list_topics(t, timeout=10).topics[t].partitions)
-        ]
-        # The ends first: a partition with nothing at or after the moment starts there, and a
-        # record written after this look has a later time, so the second look finds it.
-        ends = self._offsets(parts, OffsetSpec.latest())
-        at = OffsetSpec.earliest() if since_ms is None else OffsetSpec.for_timestamp(since_ms)
-        starts = self._offsets(parts, at)
+        try:
+            parts = [
+                TopicPartition(t, p) for t in topics for p in partitions_of(self.c, t, timeout_s=timeout_s)
+            ]
+            # The ends first: a partition with nothing at or after the moment starts there, and a
+            # record written after this look has a later time, so the second look finds it.
+            ends = self._offsets(parts, OffsetSpec.latest(), timeout_s)
+            at = OffsetSpec.earliest() if since_ms is None else OffsetSpec.for_timestamp(since_ms)
+            starts = self._offsets(parts, at, timeout_s)
+        except BaseException:
+            self.c.close()
+            raise
         self.next = {k: (starts[k] if starts[k] >= 0 else ends[k]) for k in ends}
         self.c.assign([TopicPartition(t, p, o) for (t, p), o in self.next.items()])
 
-    def _offsets(self, parts: list[Any], spec: Any) -> dict[tuple[str, int], int]:
-        """One request for every partition's offset by `spec` (asked partition by partition through
-        the consumer, an empty partition costs ~0.5 s)."""
-        futures = self.admin.list_offsets(dict.fromkeys(parts, spec), request_timeout=10)
-        return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+    def _offsets(self, parts: list[Any], spec: Any, timeout_s: float) -> dict[tuple[str, int], int]:
+        """One admin request for every partition's offset by `spec` (asked partition by partition
+        through the consumer, an empty partition costs ~0.5 s)."""
+        from fleetfence.kafka import list_offsets
+
+        return list_offsets(self.admin, parts, spec, timeout_s=timeout_s)
 
     def drain(self, to_end: bool, timeout_s: float = READ_TO_END_S) -> Iterator[Any]:
         """The records committed since the last drain: what is there now (`to_end=False`, a glance
@@ -231,8 +240,8 @@ class Tail:
         from confluent_kafka.admin import OffsetSpec
 
         parts = [TopicPartition(t, p) for t, p in self.next]
-        ends = self._offsets(parts, OffsetSpec.latest()) if to_end else {}
         deadline = time.monotonic() + timeout_s
+        ends = self._offsets(parts, OffsetSpec.latest(), timeout_s) if to_end else {}
         while True:
             got = self.c.consume(1000, 0.05 if to_end else 0)
             for m in got:

@@ -37,7 +37,9 @@ def read_last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float 
 
 def last_marker(bootstrap: str, topic: str, sink_id: str, timeout_s: float = 30.0) -> dict[str, Any] | None:
     """The marker of the highest batch committed by `sink_id` (None if none), read_committed, to
-    the end: an open transaction on the topic is waited for, up to `timeout_s`."""
+    the end: an open transaction on the topic is waited for, up to `timeout_s`. Where the end is
+    is asked through an outage (`fleetfence.kafka.watermarks`) within the same `timeout_s`: the
+    sink's commit that reads it must end, with KafkaUnavailableError past it."""
     from confluent_kafka import KafkaError, TopicPartition
 
     from fleetfence.kafka import committed_reader, watermarks

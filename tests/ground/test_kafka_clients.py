@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from fleetfence import kafka
+from fleetfence.errors import KafkaUnavailableError
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
@@ -130,7 +131,8 @@ class _Answers:
         return a
 
 
-def test_watermarks_are_asked_again_while_the_leader_moves() -> None:
+def test_watermarks_are_asked_again_while_the_leader_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka, "BACKOFF_FIRST_S", 0.01)  # the back-off's length is not the point here
     c = _Answers(
         KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION),
         KafkaError(KafkaError.LEADER_NOT_AVAILABLE),
@@ -148,6 +150,8 @@ def test_watermarks_raise_what_is_not_a_moving_leader_and_give_up_at_the_deadlin
         kafka.watermarks(c, "t", 0, timeout_s=10)
     assert c.asked == 1
     moving = _Answers(*[KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)] * 100)
-    with pytest.raises(KafkaException):
+    with pytest.raises(KafkaUnavailableError) as gave_up:
         kafka.watermarks(moving, "t", 0, timeout_s=0.0)
     assert moving.asked == 1
+    assert gave_up.value.error.code() == KafkaError.NOT_LEADER_FOR_PARTITION
+    assert not gave_up.value.stopped
