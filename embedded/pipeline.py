@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from pydantic import SecretStr
 from embedded import infra
 from embedded.processes import read_pid
 from fleetfence import probes
-from fleetfence.errors import ServiceUnavailableError
+from fleetfence.errors import ServiceExitedError, ServiceUnavailableError
 from fleetfence.metrics import http_get, scrape
 from fleetfence.rules import ProximityRule
 from fleetfence.service import stop_process_group
@@ -53,6 +54,54 @@ class PipelineSpec:
     # telemetry topic from its start (a run on fresh servers) or from its end (servers with data).
     proximity: tuple[ProximityRule, ...] = ()
     proximity_from_start: bool = False
+    # The gateways are the device edge (gateway.edge): vehicles connect to them, each replica on a
+    # port of its own (`Pipeline.device_urls`), and a PUBACK means Kafka has the fix. False: they
+    # read the vehicles' messages from Mosquitto, each its shard.
+    device_edge: bool = True
+
+
+# How much of a service's log an error about it carries: enough for the end of a traceback or a
+# server's last complaint (`[Errno 98] ... address already in use`), little enough for a terminal.
+LOG_TAIL_LINES = 20
+# Read from the log's end: a soak run's processor log grows to hundreds of MiB.
+_LOG_TAIL_BYTES = 64 * 1024
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last `lines` lines of a log file ([] when it is missing or empty)."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _LOG_TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return []
+    out = data.decode("utf-8", errors="replace").splitlines()
+    if size > _LOG_TAIL_BYTES:
+        out = out[1:]  # cut by the read's start
+    return out[-lines:]
+
+
+def log_excerpt(log: Path) -> str:
+    """A log's path and last lines, indented, for an error message: the reason a service gives for
+    failing is in its own log, and the run folder is often not at hand where the error is read."""
+    tail = log_tail(log)
+    if not tail:
+        return f"its log {log} is empty"
+    body = "\n".join(f"  {line}" for line in tail)
+    return f"the last {len(tail)} lines of its log {log}:\n{body}"
+
+
+def how_it_ended(returncode: int) -> str:
+    """How a process ended, in words: "exited with code 3", or "was killed by SIGKILL" for
+    Popen's negative return code (a signal's number is not what a reader knows it by)."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name} (return code {returncode})"
 
 
 @dataclass
@@ -61,6 +110,18 @@ class Service:
     proc: subprocess.Popen[bytes]
     metrics_url: str | None
     log: Path
+
+
+def exited_error(svc: Service, also: Sequence[Service] = ()) -> ServiceExitedError:
+    """The one message for a pipeline service that has exited, wherever that is noticed (while the
+    pipeline starts, while waiting for it to be ready, during a run): which service, how it ended,
+    its log's last lines and path; `also`: services found exited with it, named after it."""
+    code = svc.proc.returncode
+    message = f"{svc.name} {how_it_ended(code)}; {log_excerpt(svc.log)}"
+    if also:
+        others = ", ".join(f"{o.name} {how_it_ended(o.proc.returncode)} (log: {o.log})" for o in also)
+        message += f"\nalso: {others}"
+    return ServiceExitedError(message, service=svc.name, returncode=code, log=svc.log)
 
 
 def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
@@ -115,6 +176,9 @@ class Pipeline:
         self.api_url = f"http://{settings.host}:{port}"
         self._api_port = port
         self._processor_metrics_url = ""  # set by start()
+        # Where vehicles connect (mqtt://host:port, one per gateway replica): the device edges, or
+        # Mosquitto when the gateways read from it. Set by start().
+        self.device_urls: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -157,8 +221,14 @@ class Pipeline:
             # The spec's rules are the processor's (the truth assumes them): none inherited.
             unset=ProcessorRulesSettings.PROXIMITY_RULE_VARIABLES,
         )
+        self.device_urls = []
         for i in range(1, spec.gateway_replicas + 1):
             port = probes.free_port()
+            edge: dict[str, str] = {}
+            if spec.device_edge:
+                edge_port = probes.free_port()
+                edge = {"FLEETFENCE_GATEWAY_EDGE_PORT": str(edge_port)}
+                self.device_urls.append(f"mqtt://{s.host}:{edge_port}")
             self._spawn(
                 f"gateway-{i}",
                 [*py, "gateway"],
@@ -167,9 +237,12 @@ class Pipeline:
                     "FLEETFENCE_GATEWAY_SHARD_INDEX": str(i - 1),
                     "FLEETFENCE_GATEWAY_SHARD_COUNT": str(spec.gateway_replicas),
                     "FLEETFENCE_GATEWAY_METRICS_PORT": str(port),
+                    **edge,
                 },
                 port,
             )
+        if not spec.device_edge:
+            self.device_urls = ["mqtt://{}:{}".format(*s.mqtt_host_port)]
         config = self.run_dir / "receivers.toml"
         config.write_text(spec.receivers_toml)
         port = probes.free_port()
@@ -207,33 +280,41 @@ class Pipeline:
         published before it would be missed by it and not by the ground truth. A query restored
         from a checkpoint with offsets is ready once started: its start is the checkpoint's, and
         with nothing new published it may run no batch at all."""
-        self._wait(lambda: http_ok(f"{self.api_url}/healthz"), 60, "admin API")
+        self._wait(lambda: http_ok(f"{self.api_url}/healthz"), 60, "admin API", "api")
         for svc in self.services:
             if svc.metrics_url:
                 url = svc.metrics_url
-                self._wait(lambda url=url: http_ok(url), timeout_s, f"{svc.name} metrics")  # type: ignore[misc]
+                self._wait(lambda url=url: http_ok(url), timeout_s, f"{svc.name} metrics", svc.name)  # type: ignore[misc]
         wanted = [(JOB_BATCHES, JOB_RESTORED)]
         if self.spec.proximity:
             wanted.append((PROXIMITY_BATCHES, PROXIMITY_RESTORED))
         processor_url = self._processor_metrics_url
-        self._wait(lambda: counted(processor_url, wanted), timeout_s, "the processor's queries")
+        self._wait(lambda: counted(processor_url, wanted), timeout_s, "the processor's queries", "processor")
 
-    def _wait(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    def _wait(self, cond: Callable[[], bool], timeout_s: float, what: str, service: str) -> None:
+        """Until `cond` holds. A service that exits meanwhile ends the wait at once with its own
+        error (`check_alive`), also in the last round: a death is not reported as a timeout. At
+        the deadline the error carries the log of `service`, the one waited for."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             self.check_alive()
             if cond():
                 return
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.3)
-        raise ServiceUnavailableError(f"{what} not ready within {timeout_s:.0f}s (logs in {self.run_dir})")
+        log = next(svc.log for svc in self.services if svc.name == service)
+        raise ServiceUnavailableError(
+            f"{what} not ready within {timeout_s:.0f}s (every service's log in {self.run_dir}); "
+            f"{service} is running, {log_excerpt(log)}"
+        )
 
     def check_alive(self) -> None:
-        """Raise if a service exited: a run must not go on measuring a pipeline with a hole."""
-        for svc in self.services:
-            if svc.proc.poll() is not None:
-                raise ServiceUnavailableError(
-                    f"{svc.name} exited with code {svc.proc.returncode} (log: {svc.log})"
-                )
+        """Raise ServiceExitedError if a service exited: a run must not go on measuring (nor a demo
+        showing) a pipeline with a hole, and the error must say which service and why."""
+        gone = [svc for svc in self.services if svc.proc.poll() is not None]
+        if gone:
+            raise exited_error(gone[0], gone[1:])
 
     def stop(self) -> None:
         for svc in reversed(self.services):
@@ -263,6 +344,7 @@ class Pipeline:
             "services": [svc.name for svc in self.services],
             "spark_master": self.spec.spark_master,
             "gateway_replicas": self.spec.gateway_replicas,
+            "device_edge": self.spec.device_edge,
         }
 
     def metrics_urls(self, prefix: str = "") -> dict[str, str]:

@@ -47,6 +47,8 @@ class DlqReason(StrEnum):
     BAD_TOPIC = "bad_topic"
     BAD_VEHICLE_ID = "bad_vehicle_id"
     VEHICLE_MISMATCH = "vehicle_mismatch"
+    # A device published on a topic its login does not own (another vehicle's, or not telemetry).
+    FORBIDDEN_TOPIC = "forbidden_topic"
     # Not a property of the input: the validator itself failed (a bug); the message is kept anyway.
     INTERNAL_ERROR = "internal_error"
     # The processor's own verdict on a record of fleet.telemetry that is not canonical telemetry

@@ -43,7 +43,7 @@ from pydantic import SecretStr
 
 from fleetfence.contracts import telemetry_topic
 from fleetfence.errors import ConfigError, MqttControlError, ServiceUnavailableError
-from fleetfence.files import Owner, Report, chown, make_dirs, writable_by
+from fleetfence.files import Owner, Report, chown, describe, hand_over_dir, make_dirs, require_creatable
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,9 @@ HEALTH_TOPICS = "fleetfence/health/#"  # fleetfence.probes.mqtt_ping's private r
 VEHICLE_ROLE_PREFIX = "vehicle-"
 ACCOUNTS_FILE = "accounts.json"
 DYNSEC_FILE = "dynamic-security.json"
+# Mosquitto's own name for its persistence file (`persistence_file`'s default), written in
+# `persistence_location`: deploy/mosquitto.conf puts it beside the plugin's file.
+PERSISTENCE_FILE = "mosquitto.db"
 PBKDF2_ITERATIONS = 101  # what Mosquitto itself writes; the secrets are 32 random bytes
 MIN_ADMIN_SECRET_LEN = 16  # a production admin secret is chosen by an operator, not generated
 
@@ -429,27 +432,54 @@ def check_admin(path: Path, admin: Account) -> None:
 
 def bootstrap_dynsec(path: Path, admin: Account, owner: Owner | None, report: Report) -> None:
     """The production broker's dynamic-security file: written with the admin account when missing,
-    checked when present (never rewritten: it holds every vehicle's client), and handed to the
-    broker's user, who must also be able to write in its folder."""
+    checked when present (never rewritten: it holds every vehicle's client); then its folder, the
+    broker's data folder, handed to the broker's user and tried as that user.
+
+    The folder, not only the file: Mosquitto writes its persistence file there (`mosquitto.db`,
+    every client's session and queued messages: deploy/mosquitto.conf's `persistence_location` is
+    this folder) by creating `mosquitto.db.new` and renaming it, and since 2.0.18 (the official
+    image runs 2.0.22) the plugin saves its own file the same way. In the compose deployment the
+    folder is the `mosquitto-data` volume's mount point, which Docker creates root:root 0755 when
+    this bootstrap first mounts it. Handing over only the file left the broker unable to persist
+    anything ("Error: Permission denied." at every autosave, nothing kept across a restart) on an
+    image whose entrypoint does not `chown` it (the local stand-in; eclipse-mosquitto's does, when
+    started as root). Handed over here, every image path is the same; and the final check makes a
+    folder the broker still cannot write in (an ACL, a read-only or root-squashed mount, a folder
+    above it closed) fail this step, so the broker never starts to fail quietly."""
+    folder = path.parent
+    make_dirs(folder, 0o700, owner)  # a new folder is the broker's from the start
     if path.exists():
         check_admin(path, admin)
         if owner is not None:
             chown(path, owner)
         report.step("kept", f"{path} (exists; its {admin.username!r} account has the configured secret)")
     else:
-        make_dirs(path.parent, 0o700, owner)  # the broker writes its file there
         try:
             write_bootstrap(path, admin)
         except OSError as exc:
             raise ConfigError(f"cannot write {path}: {exc}") from exc
         chown(path, owner)
         report.step("wrote", f"{path} (the admin account {admin.username!r} and its role; mode 0600)")
-    if owner is not None and not writable_by(path.parent, owner):
-        report.note(
-            f"the broker (uid {owner[0]}) must be able to write in {path.parent}: Mosquitto rewrites "
-            "the file there on every change (the eclipse-mosquitto image's entrypoint hands /mosquitto "
-            "to its user at start)"
-        )
+    if owner is not None:
+        before = hand_over_dir(folder, owner)
+        if before is not None:
+            report.step("gave", f"{folder} to uid {owner[0]} gid {owner[1]} (was {before}): the broker's")
+        # What else the broker writes there, should an earlier start have left it another's: its
+        # persistence file and the ".new" file each save is first written to.
+        for name in (PERSISTENCE_FILE, f"{PERSISTENCE_FILE}.new", f"{path.name}.new"):
+            if (folder / name).exists():
+                chown(folder / name, owner)
+    require_creatable(
+        folder,
+        owner,
+        "the broker",
+        f"Mosquitto writes its persistence file ({PERSISTENCE_FILE}: sessions and queued messages) and "
+        'saves the plugin\'s file there; it would log "Error: Permission denied." at every autosave '
+        f"and keep nothing across a restart. Give the folder to the broker's user (chown "
+        f"{'UID:GID' if owner is None else f'{owner[0]}:{owner[1]}'} {folder}), or run this as root "
+        "with --owner.",
+    )
+    report.step("checked", f"{folder}: the broker can create its files there ({describe(folder)})")
 
 
 def account_fields(settings: Settings) -> dict[str, Any]:

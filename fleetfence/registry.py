@@ -67,6 +67,8 @@ class ServiceRecord:
     health_url: str | None
     version: str
     ttl_s: float
+    # A device edge's (gateway.edge): where vehicles connect to it, mqtt://host:port.
+    device_url: str | None = None
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -84,6 +86,7 @@ class ServiceRecord:
             health_url=d.get("health_url"),
             version=str(d.get("version", "")),
             ttl_s=float(d.get("ttl_s", 0.0)),
+            device_url=d.get("device_url"),
         )
 
     @property
@@ -98,6 +101,7 @@ def new_record(
     metrics_url: str | None,
     health_url: str | None = None,
     ttl_s: float = 15.0,
+    device_url: str | None = None,
 ) -> ServiceRecord:
     """This process's record, started now."""
     return ServiceRecord(
@@ -110,6 +114,7 @@ def new_record(
         health_url=health_url,
         version=__version__,
         ttl_s=ttl_s,
+        device_url=device_url,
     )
 
 

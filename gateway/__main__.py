@@ -1,4 +1,5 @@
-"""`python -m gateway` / `fleetfence gateway`: run one replica until SIGTERM or SIGINT, then drain."""
+"""`python -m gateway` / `fleetfence gateway`: run one replica (the device edge, or the reader of
+Mosquitto) until SIGTERM or SIGINT, then drain."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 from fleetfence.errors import FleetFenceError
 from fleetfence.logs import configure_logging
 from fleetfence.service import run_until_stopped, stop_on_signals
+from gateway.edge import EdgeGateway
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 
@@ -18,7 +20,10 @@ logger = logging.getLogger(__name__)
 def run(settings: GatewaySettings) -> bool:
     """Run until a signal, then drain; True when every in-flight message was confirmed and
     acknowledged."""
-    gw = Gateway(settings)
+    # With an edge port the replica is the vehicles' MQTT endpoint (gateway.edge); without one it
+    # reads their messages from Mosquitto (gateway.service).
+    edge = settings.gateway_edge_port is not None or settings.gateway_edge_tls_port is not None
+    gw: Gateway | EdgeGateway = EdgeGateway(settings) if edge else Gateway(settings)
 
     def exited() -> bool:
         gw.wait(0.5)

@@ -27,6 +27,10 @@ class Pending:
     attempt: int = 0
     produced_mono_s: float = 0.0
     confirmed: bool = False
+    # The device edge's (gateway.edge): the connection the message came on and the bytes that
+    # acknowledge it there (PUBACK or PUBREC, with its reason code).
+    owner: object | None = None
+    reply: bytes = b""
 
 
 class InFlight:

@@ -62,6 +62,11 @@ class GatewayStats:
     kafka_errors: Counter[str] = field(default_factory=Counter)
     producer_restarts: int = 0
     mqtt_connects: int = 0
+    # The device edge's (gateway.edge): device sessions refused by reason, protocol breaches by MQTT 5
+    # reason code, connections closed because a newer one of the same device took over.
+    logins_refused: Counter[str] = field(default_factory=Counter)
+    protocol_errors: Counter[str] = field(default_factory=Counter)
+    sessions_taken_over: int = 0
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     latency_sum_s: float = 0.0
 
@@ -98,9 +103,11 @@ class GatewayCollector(Collector):
         stats: GatewayStats,
         in_flight: Callable[[], int],
         connected: Callable[[], bool],
-        shard: tuple[int, int] = (0, 1),
+        shard: tuple[int, int] | None = (0, 1),
+        devices_connected: Callable[[], int] | None = None,
     ) -> None:
         self.stats = stats
+        self.devices_connected = devices_connected
         self.shard = shard
         self.in_flight = in_flight
         self.connected = connected
@@ -139,11 +146,31 @@ class GatewayCollector(Collector):
         yield GaugeMetricFamily(p + "in_flight", "received, not yet acknowledged", value=self.in_flight())
         yield GaugeMetricFamily(p + "mqtt_connected", "1 when subscribed", value=int(self.connected()))
         # Which shard this replica serves: a dashboard can check that each index of the count is up once.
-        info = GaugeMetricFamily(
-            p + "shard", "this replica's shard (index of count)", labels=["index", "count"]
-        )
-        info.add_metric([str(self.shard[0]), str(self.shard[1])], 1)
-        yield info
+        if self.shard is not None:  # a device edge has none: its vehicles choose the replica
+            info = GaugeMetricFamily(
+                p + "shard", "this replica's shard (index of count)", labels=["index", "count"]
+            )
+            info.add_metric([str(self.shard[0]), str(self.shard[1])], 1)
+            yield info
+        if self.devices_connected is not None:  # the device edge (gateway.edge)
+            yield GaugeMetricFamily(
+                p + "devices_connected", "device connections logged in", value=self.devices_connected()
+            )
+            lr = CounterMetricFamily(p + "logins_refused", "device logins refused", labels=["reason"])
+            for reason, n in sorted(s.logins_refused.items()):
+                lr.add_metric([reason], n)
+            yield lr
+            pe = CounterMetricFamily(
+                p + "protocol_errors", "device connections closed for a protocol breach", labels=["code"]
+            )
+            for code, n in sorted(s.protocol_errors.items()):
+                pe.add_metric([code], n)
+            yield pe
+            yield CounterMetricFamily(
+                p + "sessions_taken_over",
+                "device connections closed by a newer one of the same device",
+                value=s.sessions_taken_over,
+            )
         buckets: list[tuple[str, float]] = []
         acc = 0
         for bound, n in zip(LATENCY_BUCKETS_S, s.latency_counts, strict=False):

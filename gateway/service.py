@@ -31,16 +31,14 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fleetfence.errors import ServiceUnavailableError
-from fleetfence.metrics import MetricsServer, serve_metrics
 from fleetfence.mqtt import login, service_account
-from fleetfence.readmodels import ReadKeys
-from fleetfence.registry import Announcer, new_record
 from gateway.acks import AckOrder, DrainBarrier
 from gateway.core import route
-from gateway.metrics import GatewayCollector, GatewayStats, log_stats, make_registry
+from gateway.metrics import GatewayCollector, GatewayStats, log_stats
 from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient, topic_bytes
 from gateway.producer import Forwarder
-from gateway.settings import GATEWAY_METRICS_PORT, GatewaySettings
+from gateway.replica import Replica
+from gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +46,13 @@ STATS_LOG_INTERVAL_S = 10.0
 RECONNECT_BACKOFF_S = 1.0
 
 
-class Gateway:
+class Gateway(Replica):
     """One gateway replica; `start()`/`stop()` in-process, or `python -m gateway` as a service."""
 
     def __init__(self, settings: GatewaySettings) -> None:
-        self.settings = settings
+        super().__init__(settings)
         # The gateways' account: the shared telemetry subscription and nothing else (fleetfence.mqtt).
         self._account = service_account(settings, "gateway")
-        self.client_id = settings.gateway_client_id_effective
         self.stats = GatewayStats()
         self._topics = settings.topics
         self._shard = settings.gateway_shard
@@ -64,13 +61,8 @@ class Gateway:
         self.acks = AckOrder(settings.gateway_ack_in_order, self.stats)
         self._subscribed = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._drained = False
         self._draining = False
         self._barrier = DrainBarrier()
-        self._metrics_server: MetricsServer | None = None
-        self._announcer: Announcer | None = None
-        self.metrics_port: int | None = None
         self._out = Forwarder(settings, self.client_id, self.stats, self.acks.stored, self.acks.unconfirmed)
         self._client = self._new_client()
 
@@ -118,36 +110,14 @@ class Gateway:
             raise ServiceUnavailableError(
                 f"no SUBACK for {self.settings.gateway_subscription} from {host}:{port}"
             )
-        try:
-            self._metrics_server = serve_metrics(
-                "gateway",
-                self.settings.host,
-                self.settings.gateway_metrics_port,
-                default_port=GATEWAY_METRICS_PORT,
-                registry=make_registry(
-                    GatewayCollector(
-                        self.stats,
-                        lambda: self.in_flight,
-                        lambda: self.connected,
-                        (self._shard.index, self._shard.count),
-                    )
-                ),
+        self._expose(
+            GatewayCollector(
+                self.stats,
+                lambda: self.in_flight,
+                lambda: self.connected,
+                (self._shard.index, self._shard.count),
             )
-        except BaseException:
-            self.stop(drain_timeout_s=1.0)
-            raise
-        self.metrics_port = self._metrics_server.port if self._metrics_server else None
-        # The service registry (fleetfence.registry): `fleetfence status` finds this replica by it.
-        self._announcer = Announcer(
-            self.settings.redis_dsn,
-            ReadKeys(self.settings.redis_prefix),
-            new_record(
-                "gateway",
-                self.client_id,
-                metrics_url=self._metrics_server.url if self._metrics_server else None,
-                ttl_s=self.settings.registry_ttl_s,
-            ),
-        ).start()
+        )
         logger.info(
             "gateway started client_id=%s subscription=%s shard=%s/%s receive_maximum=%s "
             "in_order_acks=%s metrics_port=%s",
@@ -160,39 +130,9 @@ class Gateway:
             self.metrics_port,
         )
 
-    @property
-    def running(self) -> bool:
-        """The I/O thread is alive (started and not yet exited)."""
-        return self._thread is not None and self._thread.is_alive()
-
     def request_stop(self) -> None:
         """Ask the I/O thread to drain and exit (safe from a signal handler)."""
         self._stop.set()
-
-    def wait(self, timeout_s: float | None = None) -> bool:
-        """Block until the I/O thread has exited; True when it drained everything."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                return False
-        if self._announcer is not None:
-            self._announcer.stop()
-            self._announcer = None
-        if self._metrics_server is not None:
-            self._metrics_server.close()
-            self._metrics_server = None
-        return self._drained
-
-    def stop(self, drain_timeout_s: float | None = None) -> bool:
-        """Stop reading, wait for Kafka to confirm what is in flight, ack it, disconnect.
-
-        Returns True when nothing was left unacknowledged (anything left is redelivered by
-        Mosquitto to the next session: a duplicate, never a loss).
-        """
-        if drain_timeout_s is not None:
-            self.settings = self.settings.model_copy(update={"gateway_drain_timeout_s": drain_timeout_s})
-        self.request_stop()
-        return self.wait(self.settings.gateway_drain_timeout_s + 10)
 
     # ------------------------------------------------------------------ construction
 

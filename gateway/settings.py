@@ -62,6 +62,49 @@ class GatewaySettings(Settings):
     )
     gateway_retry_backoff_ms: int = Field(default=500, ge=10)
 
+    # The device edge (gateway.edge): set a port and this replica is where vehicles connect.
+    gateway_edge_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the vehicles' MQTT listener (0: any free port). Set, the gateway is the "
+        "device edge: vehicles connect to it and a PUBACK means Kafka has the fix; unset, it reads "
+        "the vehicles' messages from Mosquitto.",
+    )
+    gateway_edge_tls_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Its TLS listener (FLEETFENCE_MQTT_TLS_DIR's server pair)."
+    )
+    gateway_edge_host: str = Field(
+        default="", description="Address the listeners bind to; empty: FLEETFENCE_HOST."
+    )
+    gateway_edge_receive_maximum: int = Field(
+        default=100,
+        ge=1,
+        le=65535,
+        description="Unacknowledged messages one device may send (MQTT 5 Receive Maximum; a 3.1.1 "
+        "device past it is read no further until Kafka catches up).",
+    )
+    gateway_edge_max_in_flight: int = Field(
+        default=50_000,
+        ge=1,
+        le=400_000,
+        description="Unacknowledged messages of all devices together; past it no device is read.",
+    )
+    gateway_edge_max_packet_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="Largest MQTT packet a device may send (announced to MQTT 5 devices); a larger "
+        "one closes its connection. Payloads up to it but over the contract's 16 KiB are "
+        "dead-lettered as too_large.",
+    )
+    gateway_edge_connect_timeout_s: float = Field(default=10.0, gt=0)
+    gateway_edge_recheck_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often connected devices' credentials are read again: a disabled, revoked or "
+        "rotated device is disconnected within this.",
+    )
+
     @model_validator(mode="after")
     def _shard_in_range(self) -> GatewaySettings:
         if self.gateway_shard_index >= self.gateway_shard_count:

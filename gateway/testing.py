@@ -195,6 +195,11 @@ def gateway_env(
             "FLEETFENCE_GATEWAY_KAFKA_LINGER_MS": str(settings.gateway_kafka_linger_ms),
             # The broker's service accounts, whether it is the embedded one or reached as an endpoint.
             **account_env(settings),
+            **(
+                {"FLEETFENCE_GATEWAY_EDGE_PORT": str(settings.gateway_edge_port)}
+                if settings.gateway_edge_port is not None
+                else {}
+            ),
         }
     )
     return env

@@ -19,7 +19,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +172,7 @@ class FleetMqttSink(PubackCounter):
 
     def __init__(
         self,
-        host: str,
-        port: int,
+        endpoints: Sequence[tuple[str, int]],
         credentials: Mapping[str, str],
         *,
         inflight: int,
@@ -183,7 +182,12 @@ class FleetMqttSink(PubackCounter):
     ) -> None:
         _raise_fd_limit(len(credentials) + 256)
         super().__init__(inflight)
-        self.host, self.port = host, port
+        # Vehicle i starts on endpoint i modulo their number and moves to the next one when it cannot
+        # connect, as a tracker with a primary and a backup server does (the device edge's replicas).
+        if not endpoints:
+            raise InfraError("no MQTT endpoint for the vehicles")
+        self.endpoints = list(endpoints)
+        self._at: dict[mqtt.Client, int] = {}
         self.tls_ca = tls_ca  # TLS (the broker's vehicles' listener), verified with this CA
         self.accuracy_m = accuracy_m
         self.refused = 0
@@ -200,8 +204,8 @@ class FleetMqttSink(PubackCounter):
         self._refused_login: dict[str, str] = {}
         self._stop = threading.Event()
         self.clients: dict[str, mqtt.Client] = {}
-        for vid, secret in credentials.items():
-            self.clients[vid] = self._connect(vid, secret)
+        for i, (vid, secret) in enumerate(credentials.items()):
+            self.clients[vid] = self._connect(vid, secret, i % len(self.endpoints))
         self._thread = threading.Thread(target=self._run, name="fleet-mqtt-io", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + connect_timeout_s
@@ -215,14 +219,15 @@ class FleetMqttSink(PubackCounter):
             self.close()
             first = next(iter(refused.items()), None)
             detail = f"; {len(refused)} refused, e.g. {first[0]}: {first[1]}" if first else ""
+            where = ", ".join(f"{h}:{p}" for h, p in self.endpoints)
             raise InfraError(
-                f"MQTT broker {host}:{port}: {len(self._connected)} of {len(credentials)} vehicles "
+                f"MQTT {where}: {len(self._connected)} of {len(credentials)} vehicles "
                 f"logged in within {connect_timeout_s}s{detail}"
             )
 
     # ------------------------------------------------------------------ connections
 
-    def _connect(self, vid: str, secret: str) -> mqtt.Client:
+    def _connect(self, vid: str, secret: str, at: int) -> mqtt.Client:
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=vid, protocol=mqtt.MQTTv5, userdata=vid)
         c.username_pw_set(vid, secret)
         if self.tls_ca is not None:
@@ -234,10 +239,12 @@ class FleetMqttSink(PubackCounter):
         # Every write happens on the I/O thread: publish() only queues (paho writes at once
         # from the calling thread unless an external loop registers for writes).
         c.on_socket_register_write = _nothing
+        self._at[c] = at
+        host, port = self.endpoints[at]
         try:
-            c.connect(self.host, self.port, keepalive=60)
+            c.connect(host, port, keepalive=60)
         except OSError as exc:
-            raise InfraError(f"MQTT broker {self.host}:{self.port} unreachable: {exc}") from exc
+            raise InfraError(f"MQTT {host}:{port} unreachable: {exc}") from exc
         c.loop_write()
         self._watch(c)
         return c
@@ -245,6 +252,20 @@ class FleetMqttSink(PubackCounter):
     def _watch(self, c: mqtt.Client) -> None:
         sock = c.socket()
         if isinstance(sock, socket.socket):
+            try:
+                stale = self._sel.get_key(sock)
+            except KeyError:
+                stale = None
+            if stale is not None:
+                # Another vehicle's socket that paho closed on its own (a keep-alive expired in
+                # loop_misc) is still registered under the number the new one got: a deployment
+                # run's fleet thread died of this KeyError. Forget it; that vehicle reconnects.
+                self._sel.unregister(sock)
+                other = stale.data
+                if isinstance(other, mqtt.Client) and other is not c:
+                    self._socks.pop(other, None)
+                    if other.socket() is None:
+                        self._down.setdefault(other, time.monotonic() + RECONNECT_EVERY_S)
             self._sel.register(sock, selectors.EVENT_READ, c)
             self._socks[c] = sock
 
@@ -278,8 +299,9 @@ class FleetMqttSink(PubackCounter):
 
     def _reconnect(self, c: mqtt.Client) -> None:
         try:
-            c.reconnect()
+            c.connect(*self.endpoints[self._at[c]], keepalive=60)  # keeps what is unacknowledged
         except OSError:
+            self._at[c] = (self._at[c] + 1) % len(self.endpoints)  # the next endpoint, next time
             self._down[c] = time.monotonic() + RECONNECT_EVERY_S
             return
         c.loop_write()

@@ -283,18 +283,17 @@ def run_simulation(
                 secrets = issue_credentials_api(vids, opts.api_url, opts.api_key, progress=issued)
             else:
                 secrets = issue_credentials_direct(settings, vids, progress=issued)
-            host, port, tls_ca = settings.vehicle_broker()
+            brokers = settings.vehicle_brokers()
             sink = FleetMqttSink(
-                host,
-                port,
+                [(host, port) for host, port, _ca in brokers],
                 secrets,
-                tls_ca=tls_ca,
+                tls_ca=brokers[0][2],
                 inflight=settings.simulator_mqtt_inflight,
                 accuracy_m=accuracy,
             )
         else:
             sink = MqttSink(
-                *settings.mqtt_host_port,
+                *settings.vehicle_brokers()[0][:2],
                 inflight=settings.simulator_mqtt_inflight,
                 accuracy_m=accuracy,
             )

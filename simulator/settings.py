@@ -26,24 +26,26 @@ class SimulatorSettings(ProcessorRulesSettings):
     )
     simulator_mqtt_url: str | None = Field(
         default=None,
-        description="The broker the simulated vehicles connect to, as a real fleet does: "
-        "mqtts://host:8883 (TLS, verified with FLEETFENCE_SIMULATOR_MQTT_CA) or mqtt://host:port; "
-        "unset: FLEETFENCE_MQTT_URL (or the embedded broker).",
+        description="Where the simulated vehicles connect, as a real fleet does: "
+        "mqtts://host:8883 (TLS, verified with FLEETFENCE_SIMULATOR_MQTT_CA) or mqtt://host:port, "
+        "or several of them separated by commas (the device edge's replicas: each vehicle starts on "
+        "one and moves to the next when it cannot connect); unset: FLEETFENCE_MQTT_URL (or the "
+        "embedded broker).",
     )
     simulator_mqtt_ca: Path | None = Field(
         default=None, description="CA certificate that signed the broker's TLS certificate (mqtts://)."
     )
 
-    def vehicle_broker(self) -> tuple[str, int, Path | None]:
-        """(host, port, CA file for TLS or None) the simulated vehicles connect to."""
+    def vehicle_brokers(self) -> list[tuple[str, int, Path | None]]:
+        """(host, port, CA file for TLS or None) of each endpoint the simulated vehicles connect to."""
         if self.simulator_mqtt_url is None:
-            return (*self.mqtt_host_port, None)
-        u = urlparse(self.simulator_mqtt_url)
+            return [(*self.mqtt_host_port, None)]
+        return [self._endpoint(url.strip()) for url in self.simulator_mqtt_url.split(",") if url.strip()]
+
+    def _endpoint(self, url: str) -> tuple[str, int, Path | None]:
+        u = urlparse(url)
         if u.scheme not in ("mqtt", "mqtts") or not u.hostname:
-            raise ConfigError(
-                "FLEETFENCE_SIMULATOR_MQTT_URL must look like mqtts://host:port, "
-                f"got {self.simulator_mqtt_url!r}"
-            )
+            raise ConfigError(f"FLEETFENCE_SIMULATOR_MQTT_URL must look like mqtts://host:port, got {url!r}")
         if u.scheme == "mqtt":
             return u.hostname, u.port or 1883, None
         if self.simulator_mqtt_ca is None:

@@ -1,13 +1,13 @@
-"""Each vehicle's MQTT credentials: issued, rotated, disabled, enabled and revoked through here, and
-enforced by Mosquitto itself (fleetfence.mqtt: the dynamic-security plugin checks every login and
-every publish, so no FleetFence process sits in the vehicles' data path).
+"""Each vehicle's device credentials: issued, rotated, disabled, enabled and revoked through here.
 
-The secret is generated here, handed to the caller once and never stored by FleetFence: the plugin
-keeps its PBKDF2 hash. What FleetFence keeps, in Redis beside the vehicle master, is the status a
-person asks about: issued when, rotated when, disabled or revoked when. The broker is changed
-first and the status written after, so a failure in between leaves the status behind the broker
-(a revoked vehicle still shown active until the call is repeated), never a vehicle that can log
-in while shown revoked.
+Two places check them. FleetFence's own device edge (`gateway.edge`, the listener vehicles send
+their fixes to) checks every login against the status and the secret's salted hash kept here, in
+Redis beside the vehicle master (`fleetfence.devices`). Mosquitto's dynamic-security plugin keeps
+its own hash of the same secret for what vehicles still do on the broker (reading their alerts).
+The secret is generated here, handed to the caller once and never stored in clear. The broker is
+changed first and the status written after, so a failure in between leaves the status behind the
+broker (a revoked vehicle still shown active until the call is repeated): the edge reads the
+status, so the call is repeated until both agree, and the edge never admits a vehicle shown revoked.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from fleetfence.contracts import ms_to_iso, utc_now_ms
+from fleetfence.devices import SECRET_HASH_FIELD, credentials_key, secret_hash
 from fleetfence.mqtt import DynSec, new_secret
 from vehicle_master.errors import CredentialsExistError, NoCredentialsError
 
@@ -52,10 +53,6 @@ class CredentialRecord:
             d[f"{k}_at"] = ms_to_iso(ms) if ms is not None else None
         d["status"] = self.status.value
         return d
-
-
-def credentials_key(prefix: str, vehicle_id: str) -> str:
-    return f"{prefix}mqtt:credentials:{vehicle_id}"
 
 
 def decode_credentials(vehicle_id: str, raw: Mapping[Any, Any]) -> CredentialRecord | None:
@@ -94,11 +91,15 @@ class VehicleCredentials:
     def get(self, vehicle_id: str) -> CredentialRecord | None:
         return decode_credentials(vehicle_id, self.r.hgetall(credentials_key(self.prefix, vehicle_id)))
 
-    def _save(self, rec: CredentialRecord) -> CredentialRecord:
+    def _save(self, rec: CredentialRecord, secret: str | None = None) -> CredentialRecord:
+        """Write the status; with `secret`, also its hash, which FleetFence's device edge checks
+        logins against (fleetfence.devices)."""
         fields: dict[Any, Any] = {
             k: ("" if v is None else str(v)) for k, v in asdict(rec).items() if k != "vehicle_id"
         }
         fields["status"] = rec.status.value
+        if secret is not None:
+            fields[SECRET_HASH_FIELD] = secret_hash(secret)
         self.r.hset(credentials_key(self.prefix, rec.vehicle_id), mapping=fields)
         return rec
 
@@ -113,7 +114,9 @@ class VehicleCredentials:
             )
         secret = new_secret()
         self.control.create_vehicle(vehicle_id, secret)
-        rec = self._save(CredentialRecord(vehicle_id, vehicle_id, CredentialStatus.ACTIVE, utc_now_ms()))
+        rec = self._save(
+            CredentialRecord(vehicle_id, vehicle_id, CredentialStatus.ACTIVE, utc_now_ms()), secret
+        )
         logger.info("vehicle credentials issued vehicle_id=%s", vehicle_id)
         return rec, secret
 
@@ -129,7 +132,7 @@ class VehicleCredentials:
         rec = self._current(vehicle_id)
         secret = new_secret()
         self.control.set_password(vehicle_id, secret)
-        rec = self._save(replace(rec, rotated_ms=utc_now_ms()))
+        rec = self._save(replace(rec, rotated_ms=utc_now_ms()), secret)
         logger.info("vehicle credentials rotated vehicle_id=%s", vehicle_id)
         return rec, secret
 

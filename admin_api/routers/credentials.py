@@ -22,13 +22,13 @@ from admin_api.problems import READ_ERRORS, WRITE_ERRORS, problem_doc
 from admin_api.schemas import CredentialsOut, IssuedCredentials
 from admin_api.settings import ApiSettings
 from fleetfence.contracts import MasterEntity, telemetry_topic
+from fleetfence.devices import credentials_key
 from fleetfence.errors import ConfigError, MqttControlError, ServiceUnavailableError
 from fleetfence.mqtt import DynSec
 from vehicle_master.credentials import (
     CredentialRecord,
     CredentialStatus,
     VehicleCredentials,
-    credentials_key,
     decode_credentials,
 )
 from vehicle_master.store import VehicleMaster

@@ -142,6 +142,63 @@ def test_bootstrap_without_any_admin_secret(env: dict[str, str], tmp_path: Path)
     assert said(result, "set FLEETFENCE_MQTT_ADMIN_PASSWORD")
 
 
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="hands files to another uid: root only")
+BROKER_UID = "1883:1883"  # eclipse-mosquitto's user; no entry in this machine's /etc/passwd needed
+
+
+def owner_of(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_uid, st.st_gid
+
+
+@root_only
+def test_bootstrap_hands_the_data_folder_to_the_broker(env: dict[str, str], broker_dir: Path) -> None:
+    """The compose volume's case: the folder exists root:root 0755 before the first bootstrap
+    (Docker made the mount point), and the broker writes its persistence file in it."""
+    data = broker_dir / "data"
+    data.mkdir()
+    data.chmod(0o755)
+    path = data / "dynamic-security.json"
+    first = run(env, "bootstrap", path, "--owner", BROKER_UID)
+    assert first.exit_code == 0, first.output
+    assert said(first, f"gave {data} to uid 1883 gid 1883 (was owner 0:0, mode 0755)")
+    assert said(first, f"checked {data}: the broker can create its files there (owner 1883:1883, mode 0755)")
+    assert owner_of(data) == owner_of(path) == (1883, 1883)
+    assert sorted(p.name for p in data.iterdir()) == [path.name], "the check left a file behind"
+
+    # A deployment bootstrapped before the folder was handed over: its file is the broker's, the
+    # folder and a persistence file (from a broker that once ran as root) are not.
+    os.chown(data, 0, 0)
+    (data / "mosquitto.db").write_bytes(b"")
+    again = run(env, "bootstrap", path, "--owner", BROKER_UID)
+    assert again.exit_code == 0, again.output
+    assert said(again, f"kept {path}")
+    assert said(again, f"gave {data}")
+    assert owner_of(data) == owner_of(data / "mosquitto.db") == (1883, 1883)
+
+    third = run(env, "bootstrap", path, "--owner", BROKER_UID)
+    assert third.exit_code == 0, third.output
+    assert not said(third, "gave"), "nothing was left to hand over"
+
+
+@root_only
+def test_bootstrap_fails_when_the_broker_cannot_create_files_in_its_folder(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """tmp_path is private to root: a broker running as uid 1883 could not reach a folder in it,
+    however the folder itself is owned; the bootstrap says so and fails, before the broker starts."""
+    data = tmp_path / "data"
+    result = run(env, "bootstrap", data / "dynamic-security.json", "--owner", BROKER_UID)
+    assert result.exit_code == 2, result.output
+    assert said(result, f"wrote {data / 'dynamic-security.json'}"), "the steps before are reported"
+    assert said(
+        result, f"the broker (uid 1883, gid 1883) cannot create a file in {data} (owner 1883:1883, mode 0700)"
+    )
+    assert said(result, "Permission denied")
+    assert said(result, "It cannot pass through")
+    assert not said(result, "Traceback")
+
+
 # --------------------------------------------------------------------------- certificates
 
 
@@ -348,6 +405,9 @@ def test_deploy_config_serves_vehicles_over_tls_with_bootstrapped_files(
     # As root, Mosquitto drops to its user: the files go to that user, as in the compose file.
     owner = ["--owner", "mosquitto"] if os.geteuid() == 0 and _has_user("mosquitto") else []
     data, certs = broker_dir / "data", broker_dir / "certs"
+    # The data folder exists before the bootstrap, as the compose volume's mount point does (root's,
+    # when root runs this): the bootstrap must hand it to the broker, or it persists nothing.
+    data.mkdir(mode=0o755)
     result = run(
         env, "bootstrap", data / "dynamic-security.json", "--certs-dir", certs,
         "--ca-key", broker_dir / "ca" / "ca.key", "--hostname", "localhost,127.0.0.1", *owner,
@@ -432,6 +492,16 @@ def test_deploy_config_serves_vehicles_over_tls_with_bootstrapped_files(
                     check=False,
                 )
                 assert (check.returncode == 0) == ok, check
+
+        # The broker persists: its file in the data folder after an autosave, no error saying why not.
+        conf_lines = conf.read_text().splitlines()
+        autosave = int(next(line.split()[1] for line in conf_lines if line.startswith("autosave_interval ")))
+        persisted = data / "mosquitto.db"
+        wait_for(persisted.exists, 3 * autosave + 5, f"{persisted} written by the broker", interval_s=0.5)
+        if owner:
+            user = pwd.getpwnam("mosquitto")
+            assert owner_of(persisted) == owner_of(data) == (user.pw_uid, user.pw_gid)
+        assert not re.search(r"^\d+: Error: ", log.read_text(), re.MULTILINE), log.read_text()
     finally:
         for s in sessions:
             s.stop()

@@ -7,14 +7,16 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from fleetfence.kafka import ensure_topics, topic_specs
-from fleetfence.mqtt import service_account
+from fleetfence.mqtt import DynSec, service_account
 from fleetfence.settings import Settings
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import Publisher, fleet_publisher, forget_session
 from tests.gateway.helpers import gw_settings
+from vehicle_master.credentials import VehicleCredentials
 
 
 @pytest.fixture
@@ -23,6 +25,17 @@ def gs(settings: Settings) -> Iterator[GatewaySettings]:
     s = gw_settings(settings)
     yield s
     forget_session(*s.mqtt_host_port, s.gateway_client_id, service_account(s, "gateway"))
+
+
+@pytest.fixture
+def creds(gs: GatewaySettings) -> Iterator[VehicleCredentials]:
+    """Vehicle credentials issued as the admin API issues them (status and secret hash in Redis, the
+    vehicle's account in Mosquitto), on whatever `gs` the test module runs with."""
+    r = redis.Redis.from_url(gs.redis_dsn)
+    control = DynSec.from_settings(gs)
+    yield VehicleCredentials(r, gs.redis_prefix, control)
+    control.close()
+    r.close()
 
 
 @pytest.fixture

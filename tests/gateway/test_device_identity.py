@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import paho.mqtt.client as mqtt
 import pytest
-import redis
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fleetfence.contracts import telemetry_topic
-from fleetfence.mqtt import DynSec
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.service import Gateway
@@ -76,17 +73,6 @@ class Tracker:
     def close(self) -> None:
         self.c.loop_stop()
         self.c.disconnect()
-
-
-@pytest.fixture
-def creds(gs: GatewaySettings) -> Iterator[VehicleCredentials]:
-    """The credential service, as the admin API uses it (the `gs` and `gateway` fixtures are the
-    gateway tests' own: tests/gateway/conftest.py)."""
-    r = redis.Redis.from_url(gs.redis_dsn)
-    control = DynSec.from_settings(gs)
-    yield VehicleCredentials(r, gs.redis_prefix, control)
-    control.close()
-    r.close()
 
 
 def read_telemetry(gs: GatewaySettings, until_key: str, until_seq: int) -> list[tuple[bytes, dict[str, Any]]]:

@@ -1,0 +1,85 @@
+"""A device's login, checked where the device connects: the one form of a stored device secret.
+
+FleetFence's own device edge (`gateway.edge`) acknowledges a fix only once Kafka has it, so it
+must also be the one that decides who may send fixes: it cannot hand the login to a broker it no
+longer sits behind. The vehicle master keeps, beside each vehicle's credential status
+(`vehicle_master.credentials`), a salted hash of the secret in the same form Mosquitto's
+dynamic-security plugin stores it (PBKDF2-HMAC-SHA512, `fleetfence.mqtt.hash_password`): the secret
+itself is shown to the operator once and stored nowhere. Secrets are 32 random bytes, so the hash
+needs no stretching to resist guessing, and a fleet reconnecting at once after a restart costs
+milliseconds, not minutes, of CPU.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from fleetfence.mqtt import hash_password
+
+SECRET_HASH_FIELD = "secret_hash"
+STATUS_FIELD = "status"
+ACTIVE = "active"  # vehicle_master.credentials.CredentialStatus.ACTIVE's value
+
+
+class LoginVerdict(StrEnum):
+    """Why a device may or may not send: the label its refusals are counted under."""
+
+    ACCEPTED = "accepted"
+    UNKNOWN_DEVICE = "unknown_device"  # never issued, or revoked and removed
+    NOT_ACTIVE = "not_active"  # disabled or revoked
+    NO_SECRET_HASH = "no_secret_hash"  # issued before the edge existed: rotate to enrol
+    BAD_SECRET = "bad_secret"
+    NO_CREDENTIALS_GIVEN = "no_credentials_given"
+
+
+def credentials_key(prefix: str, vehicle_id: str) -> str:
+    """The Redis hash of a vehicle's credential status and secret hash."""
+    return f"{prefix}mqtt:credentials:{vehicle_id}"
+
+
+def secret_hash(secret: str) -> str:
+    """What is stored for `secret`: the dynamic-security form as one JSON string."""
+    return json.dumps(hash_password(secret), separators=(",", ":"))
+
+
+def secret_matches(secret: bytes, stored: str) -> bool:
+    """Whether `secret` is the one `stored` was made from (constant time; False for a damaged
+    record, which refuses the login instead of failing the connection)."""
+    try:
+        d = json.loads(stored)
+        salt = base64.b64decode(d["salt"], validate=True)
+        expected = base64.b64decode(d["password"], validate=True)
+        iterations = int(d["iterations"])
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return False
+    if not 1 <= iterations <= 1_000_000:
+        return False
+    got = hashlib.pbkdf2_hmac("sha512", secret, salt, iterations, len(expected))
+    return hmac.compare_digest(got, expected)
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def check_login(record: Mapping[Any, Any], secret: bytes | None) -> LoginVerdict:
+    """The verdict on a login with `secret` against a vehicle's credential record as Redis returns
+    it (HGETALL; empty when the vehicle has none)."""
+    if secret is None:
+        return LoginVerdict.NO_CREDENTIALS_GIVEN
+    if not record:
+        return LoginVerdict.UNKNOWN_DEVICE
+    d = {_text(k): _text(v) for k, v in record.items()}
+    if d.get(STATUS_FIELD) != ACTIVE:
+        return LoginVerdict.NOT_ACTIVE
+    stored = d.get(SECRET_HASH_FIELD)
+    if not stored:
+        return LoginVerdict.NO_SECRET_HASH
+    return LoginVerdict.ACCEPTED if secret_matches(secret, stored) else LoginVerdict.BAD_SECRET
