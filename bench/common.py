@@ -7,7 +7,9 @@ so a figure on it is always one a person has checked against its log.
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 BENCH_LOG = Path(__file__).resolve().parent.parent / "docs" / "bench-log"
@@ -41,3 +43,15 @@ def write_section(header: str, lines: list[str], doc: Path) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     doc.write_text(text)
+
+
+def settle_load(below: float, timeout_s: float = 600.0) -> float:
+    """Wait until the 1-min load average is under `below` (0: don't wait) and return it: a run
+    that decides something starts on a quiet machine, and its record says how quiet. Past the
+    timeout it returns the load as it is (the record shows the run started loaded)."""
+    deadline = time.monotonic() + timeout_s
+    load = os.getloadavg()[0]
+    while below > 0 and load >= below and time.monotonic() < deadline:
+        time.sleep(5)  # the kernel's 1-min average moves every 5 s
+        load = os.getloadavg()[0]
+    return round(load, 2)

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import BENCH_LOG, find_heading, log_text
+from bench.common import BENCH_LOG, find_heading, log_text, settle_load
 from bench.processor import LiveConfig, live_latency
 from bench.state_api import STATE_APIS
 from embedded import infra
@@ -191,6 +191,7 @@ def run_variant(
     env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
+    load0 = settle_load(args.quiet_load)
     with console.status(f"{v.name} at {rate:,.0f} ev/s ({tag})…"):
         out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900, env=env, cwd=tree)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -198,6 +199,8 @@ def run_variant(
         console.print(out.stdout[-3000:], out.stderr[-3000:])
         return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1][:200]}
     res: dict[str, Any] = json.loads(line[7:])
+    # Before the child started (its JVM's start is load of its own), and at the live load's end.
+    res["load"] = [load0, res.get("load", [None, None])[-1]]
     return res
 
 
@@ -285,7 +288,8 @@ def record(args: argparse.Namespace, tables: list[tuple[float, list[str], list[l
         f"`.venv/bin/python bench/latency.py {cmd}`: local[{args.cores}], {args.seconds:.0f} s of live load "
         f"per run, alerts of the first {args.warmup_s:.0f} s not counted, {args.repeats} repeats alternating "
         f"the order; load average {os.getloadavg()[0]:.1f} at the end (the table's `load`: 1-min load "
-        "average at the start and end of each run). Phases: Spark's `durationMs`, median over the batches "
+        "average before each run's child started and at the end of its live load). Phases: Spark's "
+        "`durationMs`, median over the batches "
         "that read telemetry, then over the repeats.",
         "",
     ]
@@ -325,6 +329,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--max-events", type=int, default=400_000, help="batch cap unless a variant says otherwise"
+    )
+    ap.add_argument(
+        "--quiet-load",
+        type=float,
+        default=0.0,
+        help="before each run wait until the 1-min load average is below this (0: don't wait)",
     )
     ap.add_argument("--record", action="store_true", help="add the run to docs/bench-log/latency.md")
     ap.add_argument("--child", help=argparse.SUPPRESS)

@@ -54,7 +54,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench import workload as wl
-from bench.common import BENCH_LOG, find_heading, log_text
+from bench.common import BENCH_LOG, find_heading, log_text, settle_load
 from bench.cpu import broker_pid, pid_cpu_s, tree_cpu_s
 from bench.state_api import FLOOR, FLOOR_ALERT_TYPE, FLOOR_QUIET, starter
 from embedded import infra
@@ -303,6 +303,7 @@ def run_contender(
     env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
+    load0 = settle_load(getattr(args, "quiet_load", 0.0))
     with console.status(f"running {name}{f' from {tree}' if tree else ''}…"):
         out = subprocess.run(
             cmd,
@@ -315,9 +316,13 @@ def run_contender(
         )
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
+        # The whole output kept: Spark's plan dump alone is longer than a terminal's tail.
+        saved = Path(tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")[1])
+        saved.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}")
         console.print(out.stdout[-3000:], out.stderr[-3000:])
-        raise SystemExit(f"{name} failed")
+        raise SystemExit(f"{name} failed (its whole output: {saved})")
     res: dict[str, Any] = json.loads(line[7:])
+    res["load"] = [load0, round(os.getloadavg()[0], 2)]
     if spark:
         # Delta: several Spark runs (bench/scaleout.py, --repeats) share the alert topic, each with
         # a fresh checkpoint.
@@ -629,6 +634,12 @@ def main() -> None:
     ap.add_argument(
         "--latency-rate", type=float, help="events/s of the latency phase (default: half the Spark rate)"
     )
+    ap.add_argument(
+        "--quiet-load",
+        type=float,
+        default=0.0,
+        help="before each run wait until the 1-min load average is below this (0: don't wait)",
+    )
     ap.add_argument("--record", action="store_true", help="add the run to docs/bench-log/processor.md")
     ap.add_argument("--spark-master", help="spark:// URL instead of local[cores] (bench/scaleout.py)")
     ap.add_argument("--shuffle-partitions", type=int, help="default: the machine's cores")
@@ -699,11 +710,16 @@ def main() -> None:
                 configs += [(floor, "-", first, None) for floor in FLOOR_CONTENDERS]
             if args.proximity_m > 0:
                 configs.append((PROXIMITY, modes[0], first, None))
+                if args.baseline_tree and args.baseline_python:
+                    # The same job with its proximity query, on the baseline's interpreter (another
+                    # pyspark): both queries compared across the two Spark lines, not just the job.
+                    configs.append((PROXIMITY, label, base, args.baseline_tree.resolve()))
             for r in range(args.repeats):
                 for child, label, ms, tree in configs if r % 2 == 0 else configs[::-1]:
                     res = run_contender(args, ms, child, tree)
                     console.print(
-                        f"  {child}, rules {label}: {rate_of(res):,.0f} events/s, {cpu_per_event(res)}"
+                        f"  {child}, rules {label}: {rate_of(res):,.0f} events/s, {cpu_per_event(res)}, "
+                        f"load {res['load'][0]} before / {res['load'][1]} after"
                     )
                     runs.append((child, label, res))
         console.print(results_table(runs, len(w), args))
@@ -897,11 +913,13 @@ def record(
         f"{os.getloadavg()[0]:.1f} at the end",
         "",
         "| contender | route rules | events/s | vs naive | vs quix | vs spark, rules off "
-        "| CPU µs/event own / broker | deviation alerts | route-awareness alerts |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| CPU µs/event own / broker | deviation alerts | route-awareness alerts | load before / after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in table_rows(runs):
+    for row, (_c, _m, r) in zip(table_rows(runs), runs, strict=True):
         del row[2]  # the guarantee: the section's text says it
+        load = r.get("load")
+        row.append(f"{load[0]} / {load[1]}" if load else "-")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.extend(f"- {x.replace('[bold red]', '**').replace('[/]', '**')}." for x in summary)
