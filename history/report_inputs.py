@@ -26,6 +26,7 @@ from fleetfence.contracts import VEHICLE_ID_RE
 from fleetfence.geo import EARTH_RADIUS_M, LocalProjection, circle_polygon_m
 from history.errors import ReportError
 from history.schema import MASTER, MASTER_SCHEMA, TELEMETRY, bucket_of
+from processor.core.master import takes_effect_ms
 
 DAY_MS = 86_400_000
 MAX_RANGE_DAYS = 366
@@ -143,21 +144,28 @@ def read_master_events(root: str | Path) -> pa.Table:
 
 
 def _intervals(events: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], int, int]]:
-    """(version, data, from, to) of each live version of one entity: it holds until the next event."""
+    """(version, data, from, to) of each live version of one entity: it holds from the moment it
+    takes effect (`processor.core.master.takes_effect_ms`: its event time, or a backdated
+    assignment's valid_from) until a newer version takes effect."""
     events = sorted(events, key=lambda e: e["version"])
+    decoded = [{**e, "data": None if e["data"] is None else orjson.loads(e["data"])} for e in events]
+    starts = [takes_effect_ms(e) for e in decoded]
     out = []
-    for i, e in enumerate(events):
-        end = events[i + 1]["event_ts_ms"] if i + 1 < len(events) else NEVER_MS
-        if e["op"] != "delete" and e["data"] is not None and end > e["event_ts_ms"]:
-            out.append((int(e["version"]), orjson.loads(e["data"]), int(e["event_ts_ms"]), int(end)))
-    return out
+    end = NEVER_MS
+    for i in range(len(decoded) - 1, -1, -1):  # newest first: each ends where any newer one starts
+        e = decoded[i]
+        if e["op"] != "delete" and e["data"] is not None and end > starts[i]:
+            out.append((int(e["version"]), e["data"], starts[i], int(end)))
+        end = min(end, starts[i])
+    return out[::-1]
 
 
 def master_tables(events: pa.Table) -> MasterTables:
     """Decode master change events (deduplicated by entity, id, version) into validity intervals.
 
     An assignment applies over its own [valid_from_ms, valid_to_ms) window intersected with the
-    time its version was current (a newer assignment replaces it, as in the live processor).
+    time its version was in force (a newer assignment replaces it, as in the live processor; a
+    backdated one from its valid_from).
     """
     by_entity: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for e in events.to_pylist():

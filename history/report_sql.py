@@ -140,10 +140,14 @@ HEATMAP_SQL = "SELECT lat, lon FROM enriched WHERE NOT inside"
 # number of gap-free stretches up to it: a gap starts a new one) and `grp` (gaps and islands over
 # still vs moving: constant along a run of either; with seg, a run never spans a gap). `in_stop`:
 # the fix is in a run of still fixes that lasts at least min_stop_s, from its first fix to the
-# first fix after it (its last one when the data ends or a gap follows).
+# first fix after it (its last one when the data ends or a gap follows). `step_m`: the metres to the
+# next fix by the speeds reported at both, the trapezoid (v1 + v2) / 2 over the interval (km/h x ms /
+# 7200 = m; history.reports.speed_step_m, which says why a trip's distance is not measured between
+# the fixes' positions).
 _MOTION_RUNS = """
 WITH s AS (
-    SELECT vehicle_id, rn, ts_ms, lon, lat, speed_kmh, next_lon, next_lat,
+    SELECT vehicle_id, rn, ts_ms, lon, lat, speed_kmh,
+           (speed_kmh + lead(speed_kmh) OVER w) * (next_ts - ts_ms) / 7200.0 AS step_m,
            speed_kmh <= {stop_kmh} AS still,
            CASE WHEN next_ts - ts_ms <= {gap_ms} THEN next_ts END AS cont_ts,
            CASE WHEN ts_ms - lag(ts_ms) OVER w <= {gap_ms} THEN 0 ELSE 1 END AS new_seg
@@ -183,7 +187,7 @@ ORDER BY vehicle_id, start_ts_ms
 # that next fix is in the same trip (it is not the trip's last).
 _TRIP_FIXES = """,
 t AS (
-    SELECT vehicle_id, seg, rn, ts_ms, lon, lat, speed_kmh, next_lon, next_lat,
+    SELECT vehicle_id, seg, rn, ts_ms, lon, lat, speed_kmh, step_m,
            rn - row_number() OVER (PARTITION BY vehicle_id ORDER BY rn) AS tgrp
     FROM m
     WHERE NOT in_stop
@@ -199,7 +203,7 @@ TRIPS_SQL = (
     + _TRIP_FIXES
     + """
 SELECT vehicle_id, trip_start AS start_ts_ms, max(ts_ms) AS end_ts_ms, count(*) AS fixes,
-       sum(CASE WHEN rn < last_rn THEN {haversine} ELSE 0.0 END) AS distance_m,
+       sum(CASE WHEN rn < last_rn THEN step_m ELSE 0.0 END) AS distance_m,
        max(speed_kmh) AS max_kmh,
        first_value(lon ORDER BY rn) AS start_lon, first_value(lat ORDER BY rn) AS start_lat,
        first_value(lon ORDER BY rn DESC) AS end_lon, first_value(lat ORDER BY rn DESC) AS end_lat

@@ -37,6 +37,7 @@ from history.reports import (
     finish_trips,
     finish_visits,
     h3_counts,
+    speed_step_m,
 )
 from processor.core.geometry import CompiledRoute, compile_route, corridor_tests
 
@@ -314,7 +315,7 @@ class BaselineReports:
         step = np.zeros(n)
         if n > 1:
             step[:-1] = np.where(
-                linked[:-1], haversine_m(self.lon[:-1], self.lat[:-1], self.lon[1:], self.lat[1:]), 0.0
+                linked[:-1], speed_step_m(self.speed[:-1], self.speed[1:], self.ts[1:] - self.ts[:-1]), 0.0
             )
         # Metres along each trip: the steps of its fixes but the last, step[s:e] (e > s).
         distance = np.add.reduceat(step, np.column_stack([s, e]).ravel())[::2] if len(s) else np.zeros(0)

@@ -43,7 +43,7 @@ from history.schema import (
 from processor.core.columns import Fixes, empty_states
 from processor.core.domain import EngineConfig, RawFix
 from processor.core.engine import process_bucket
-from processor.core.master import Catalog, MasterState
+from processor.core.master import Catalog, MasterState, takes_effect_ms
 
 logger = logging.getLogger(__name__)
 
@@ -93,31 +93,33 @@ class RestateResult:
 
 
 def load_master_events(root: str) -> list[dict[str, Any]]:
-    """Every archived master event once per (entity, id, version), in the order the live processor
-    applies them: event time, then position on the single-partition fleet.master topic."""
+    """Every archived master event once per (entity, id, version), in the order it takes effect
+    (`effective_ms`: `processor.core.master.takes_effect_ms`, the event time or a backdated
+    assignment's valid_from), then position on the single-partition fleet.master topic. Applied in
+    that order, an older version that takes effect after a newer one is ignored (`MasterState`)."""
     fs, base = filesystem(root)
     info = fs.get_file_info(f"{base}/{MASTER}")
     if info.type == pafs.FileType.NotFound:  # NotFound
         return []
     t = ds.dataset(f"{base}/{MASTER}", filesystem=fs, format="parquet", schema=SCHEMAS[MASTER]).to_table()
     seen: set[tuple[str, str, int]] = set()
-    out = []
-    for r in sorted(t.to_pylist(), key=lambda r: (r["event_ts_ms"], r["kafka_offset"])):
+    out: list[tuple[tuple[int, int], dict[str, Any]]] = []
+    for r in sorted(t.to_pylist(), key=lambda r: r["kafka_offset"]):
         k = (r["entity"], r["id"], r["version"])
         if k in seen:
             continue
         seen.add(k)
-        out.append(
-            {
-                "entity": r["entity"],
-                "id": r["id"],
-                "version": r["version"],
-                "op": r["op"],
-                "data": None if r["data"] is None else orjson.loads(r["data"]),
-                "event_ts_ms": r["event_ts_ms"],
-            }
-        )
-    return out
+        event = {
+            "entity": r["entity"],
+            "id": r["id"],
+            "version": r["version"],
+            "op": r["op"],
+            "data": None if r["data"] is None else orjson.loads(r["data"]),
+            "event_ts_ms": r["event_ts_ms"],
+        }
+        out.append(((takes_effect_ms(event), r["kafka_offset"]), event))
+    out.sort(key=lambda pair: pair[0])
+    return [{**event, "effective_ms": at} for (at, _offset), event in out]
 
 
 def route_overrides(
@@ -179,7 +181,7 @@ def restate_bucket(
     """All fixes of one vehicle bucket, slice by slice through the live engine (pure)."""
     master = MasterState()
     pending = deque(events)
-    while pending and pending[0]["event_ts_ms"] <= start_ms:
+    while pending and pending[0]["effective_ms"] <= start_ms:
         _apply(master, pending.popleft(), overrides)
     catalog = Catalog(cfg)
     states = empty_states()
@@ -190,7 +192,7 @@ def restate_bucket(
     bounds = np.flatnonzero(np.diff(slices)) + 1
     for part in np.split(np.arange(len(df)), bounds) if len(df) else []:
         sl = int(slices[part[0]])
-        while pending and pending[0]["event_ts_ms"] <= sl:
+        while pending and pending[0]["effective_ms"] <= sl:
             _apply(master, pending.popleft(), overrides)
         fx = Fixes.from_frame(df.iloc[part])
         res = process_bucket(states, held, master, fx, watermarks.get(sl, 0), cfg, catalog)
@@ -267,7 +269,7 @@ def run_restatement(spark: Any, root: str, req: RestateRequest, cfg: EngineConfi
     tick = F.floor((F.col("ts_ms") - F.lit(start_ms)) / F.lit(req.batch_ms)) * F.lit(req.batch_ms) + F.lit(
         start_ms
     )
-    changes = sorted({e["event_ts_ms"] for e in events if start_ms < e["event_ts_ms"] < req.to_ms})
+    changes = sorted({e["effective_ms"] for e in events if start_ms < e["effective_ms"] < req.to_ms})
     slice_col = (
         F.greatest(tick.cast("long"), *[F.when(F.col("ts_ms") >= b, F.lit(b)) for b in changes])
         if changes

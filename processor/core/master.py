@@ -17,6 +17,24 @@ from processor.core.geometry import CompiledRoute, RouteSetIndex, compile_route
 from processor.core.zones import CompiledZone, ZoneIndex, compile_zone
 
 
+def takes_effect_ms(event: dict[str, Any]) -> int:
+    """The event time from which a `fleet.master` change applies to fixes: its own event time, or an
+    assignment's `valid_from_ms` when that is earlier (a backfill, or a day of store-and-forward
+    uploads assigned afterwards: the operator means the assignment's valid time). The live processor
+    applies the newest assignment to every fix it reads after the change whose event time is in the
+    assignment's window, earlier ones included; the reports and the restatement apply each version
+    from this moment (docs/reports.md, "Master data as of each fix"), so all three agree on the
+    fixes the live processor reads after the change. A version ends where the next one takes
+    effect."""
+    at = int(event["event_ts_ms"])
+    data = event.get("data")
+    if event.get("entity") == "assignment" and event.get("op") != "delete" and isinstance(data, dict):
+        valid_from = data.get("valid_from_ms")
+        if isinstance(valid_from, int) and not isinstance(valid_from, bool):
+            return min(at, valid_from)
+    return at
+
+
 @dataclass
 class MasterState:
     """Routes, zones and assignments as of the current batch, with their versions.

@@ -13,7 +13,8 @@ The archive (day 1, 2026-11-20), every case at a boundary:
   ended by a 700 s gap (it ends at its own last fix, 300 s: a stop), then a trip.
 - `c`: one stationary fix whose next fix comes exactly 600 s later (a one-fix stop of 600 s); one
   whose run lasts 299.999 s (not a stop: the trip runs through it).
-- `d`: three stationary fixes over 20 s and nothing else: in no stop, so a trip of 0 m.
+- `d`: three stationary fixes over 20 s (0, 1 and 0 km/h) and nothing else: in no stop, so a
+  trip, of the 2.8 m its 1 km/h fix makes (distances are the reported speeds integrated over time).
 - `e`: a single fix: neither.
 """
 
@@ -31,12 +32,13 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
+from fleetfence.geo import LocalProjection, haversine_m
 from history.errors import ReportError
 from history.report_params import DEFAULT_MOTION, MotionParams
 from history.reports import TRACK_COLUMNS, SedonaReports
 from history.reports_baseline import BaselineReports
 from history.synthetic import telemetry_table, write_master, write_telemetry_partitioned
-from tests.history.helpers import BUCKETS, D1, FULL, R_M, read_geoparquet, read_gpx, read_kml
+from tests.history.helpers import BUCKETS, D1, FULL, read_geoparquet, read_gpx, read_kml
 
 LAT = 52.5
 
@@ -98,13 +100,6 @@ def fx(vid: str, i: int) -> dict[str, Any]:
     return [f for f in FIXES if f["vehicle_id"] == vid][i]
 
 
-def haversine(a: dict[str, Any], b: dict[str, Any]) -> float:
-    p1, p2 = math.radians(a["lat"]), math.radians(b["lat"])
-    dl = math.radians(b["lon"] - a["lon"])
-    h = math.sin((p2 - p1) / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dl / 2) ** 2
-    return 2 * R_M * math.asin(math.sqrt(h))
-
-
 STOP_COLUMNS = ["vehicle_id", "start_ts_ms", "end_ts_ms", "duration_s", "fixes", "lon", "lat"]
 TRIP_COLUMNS = [
     "vehicle_id",
@@ -137,9 +132,14 @@ def stop(vid: str, first: int, last: int, end: int) -> tuple[Any, ...]:
 
 
 def trip(vid: str, first: int, last: int) -> tuple[Any, ...]:
+    """The trip of fixes first..last of `vid`: its distance is the mean of the speeds reported at
+    the two ends of each interval times the interval, in metres."""
     fixes = [fx(vid, i) for i in range(first, last + 1)]
     s, e = fixes[0], fixes[-1]
-    dist = sum(haversine(p, q) for p, q in itertools.pairwise(fixes))
+    dist = sum(
+        (p["speed_kmh"] + q["speed_kmh"]) / 2 / 3.6 * (q["ts_ms"] - p["ts_ms"]) / 1000
+        for p, q in itertools.pairwise(fixes)
+    )
     dur = (e["ts_ms"] - s["ts_ms"]) / 1000
     avg = dist / dur * 3.6
     top = max(f["speed_kmh"] for f in fixes)
@@ -177,7 +177,7 @@ def expected_trips() -> pd.DataFrame:
         trip("b", 9, 10),  # after the stop the gap ended
         trip("c", 0, 1),
         trip("c", 3, 7),  # through c's 299.999 s stationary fix
-        trip("d", 0, 2),  # parked, too briefly for a stop: 0 m at 0 km/h
+        trip("d", 0, 2),  # parked, too briefly for a stop: its 1 km/h fix makes 2.8 m
     ]
     return pd.DataFrame(rows, columns=TRIP_COLUMNS)
 
@@ -243,7 +243,8 @@ def test_stops(engines: dict[str, Any], engine: str) -> None:
 def test_trips(engines: dict[str, Any], engine: str) -> None:
     got = engines[engine].trips()
     assert_same(got, expected_trips())
-    assert got["distance_m"].iloc[-1] == 0.0  # d: parked
+    # d: parked, but one fix says 1 km/h: 10 s at the mean of 0 and 1 km/h, twice.
+    assert got["distance_m"].iloc[-1] == pytest.approx(2 * 10 * 0.5 / 3.6, rel=1e-12)
 
 
 @pytest.mark.parametrize("engine", ["sedona", "baseline"])
@@ -364,6 +365,109 @@ def test_baseline_agrees_on_random_stop_and_go(tmp_path: Path) -> None:
             assert (np.where(kinds[:-1] == "stop", ends <= starts, ends < starts)).all(), vid
 
 
+# --------------------------------------------------------------------------- noisy tracks of known length
+
+NOISE_SIGMA_M = 8.0  # GPS noise of issue #64 case 6, east and north alike, independent per fix
+HELSINKI = LocalProjection(24.9384, 60.1699)
+Legs = list[tuple[float, float]]  # (length m, turn degrees) of a road, (s, m/s2) of a drive
+
+
+def path_xy(s_m: np.ndarray, legs: Legs) -> tuple[np.ndarray, np.ndarray]:
+    """Points at arc lengths `s_m` along a road of `legs` (length in m, turn in degrees over it:
+    0 a straight, else a circular arc), starting east from the origin; drawn as a polyline every
+    0.25 m, whose chords differ from the arcs by under a millimetre."""
+    turn = np.concatenate([np.full(round(length / 0.25), math.radians(deg) / length) for length, deg in legs])
+    d = np.arange(len(turn) + 1) * 0.25
+    heading = np.r_[0.0, np.cumsum(turn * 0.25)]  # after each 0.25 m
+    x = np.r_[0.0, np.cumsum(np.cos(heading[:-1]) * 0.25)]
+    y = np.r_[0.0, np.cumsum(np.sin(heading[:-1]) * 0.25)]
+    return np.interp(s_m, d, x), np.interp(s_m, d, y)
+
+
+def drive(phases: Legs, period_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time s, position along the road m, speed m/s) at fixes every `period_s`, driving `phases`
+    of (duration s, acceleration m/s2) from standstill: exact kinematics, so the truth."""
+    starts = np.r_[0.0, np.cumsum([d for d, _ in phases])]
+    v0 = np.r_[0.0, np.cumsum([d * a for d, a in phases])]
+    s0 = np.r_[0.0, np.cumsum([v * d + a * d * d / 2 for v, (d, a) in zip(v0, phases, strict=False)])]
+    accel = np.array([a for _, a in phases] + [0.0])
+    t = np.arange(0.0, starts[-1] + 1e-9, period_s)
+    k = np.searchsorted(starts, t, side="right") - 1
+    tau = t - starts[k]
+    return t, s0[k] + v0[k] * tau + accel[k] * tau * tau / 2, v0[k] + accel[k] * tau
+
+
+# The issue's case (2,000 m at 36 km/h, 1 fix/s, on a straight), and a city trip at 1 and 2 fixes/s:
+# away from standstill at 1.5 m/s2 to 36 km/h, a left-hand bend, braking at 2 m/s2 to a red light
+# (30 s at 0 km/h: part of the trip, too short for a stop), off again, a right-angle turn, braking
+# to a halt where the data ends.
+CITY: Legs = [(20 / 3, 1.5), (40.0, 0.0), (5.0, -2.0), (30.0, 0.0), (20 / 3, 1.5), (60.0, 0.0), (5.0, -2.0)]
+CITY_ROAD: Legs = [(300.0, 0.0), (150.0, 60.0), (250.0, 0.0), (60.0, -90.0), (600.0, 0.0)]
+NOISY_TRACKS: dict[str, tuple[Legs, Legs, float, float]] = {  # (phases, road, period s, start m/s)
+    "straight-1s": ([(200.0, 0.0)], [(2100.0, 0.0)], 1.0, 10.0),
+    "city-1s": (CITY, CITY_ROAD, 1.0, 0.0),
+    "city-2s": (CITY, CITY_ROAD, 2.0, 0.0),
+}
+
+
+def noisy_fixes(seed: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The NOISY_TRACKS as fixes with Gaussian position noise (sigma 8 m) and the speeds a tracker
+    reports (Doppler: within +-0.5 km/h, sigma 0.3, never negative, to 0.1 km/h), and the metres
+    each vehicle truly drove between its first fix and its last."""
+    rng = np.random.default_rng(seed)
+    fixes: list[dict[str, Any]] = []
+    truth: dict[str, float] = {}
+    for vid, (phases, road, period_s, v_start) in NOISY_TRACKS.items():
+        t, s_m, v = drive(phases, period_s)
+        s_m, v = s_m + v_start * t, v + v_start
+        truth[vid] = float(s_m[-1] - s_m[0])
+        x, y = path_xy(s_m, road)
+        x = x + rng.normal(0, NOISE_SIGMA_M, len(t))
+        y = y + rng.normal(0, NOISE_SIGMA_M, len(t))
+        lon, lat = HELSINKI.inverse(x, y)
+        speed = np.round(np.maximum(v * 3.6 + np.clip(rng.normal(0, 0.3, len(t)), -0.5, 0.5), 0.0), 1)
+        if vid.startswith("straight"):
+            speed = np.full(len(t), 36.0)  # the issue's tracker: exactly the speed driven
+        fixes += [
+            {
+                "vehicle_id": vid,
+                "seq": i,
+                "ts_ms": D1 + round(t[i] * 1000),
+                "lon": float(lon[i]),
+                "lat": float(lat[i]),
+                "speed_kmh": float(speed[i]),
+            }
+            for i in range(len(t))
+        ]
+    return fixes, truth
+
+
+def test_a_noisy_track_has_its_true_length_and_an_average_below_its_maximum(tmp_path: Path) -> None:
+    """Issue #64 case 6: with the fix-to-fix segments of a track under 8 m of GPS noise summed, a
+    trip at a steady 36 km/h was reported averaging 41.9 km/h. Here the same noise lengthens the
+    segments of every track by more than a fifth, and each trip's distance stays within 1% of the
+    metres driven (its average within 1% of the true average speed), its average at most its
+    maximum and equal to distance / duration, in both engines."""
+    fixes, truth = noisy_fixes(seed=64)
+    root = write_archive(tmp_path, fixes)
+    s, b = SedonaReports(root, FULL, BUCKETS), BaselineReports(root, FULL, BUCKETS)
+    trips = s.trips()
+    assert_same(b.trips(), trips)
+    assert trips["vehicle_id"].tolist() == sorted(NOISY_TRACKS)  # one trip each, the light within it
+    for row in trips.to_dict("records"):
+        vid = row["vehicle_id"]
+        track = [f for f in fixes if f["vehicle_id"] == vid]
+        assert row["fixes"] == len(track)
+        lon, lat = np.array([f["lon"] for f in track]), np.array([f["lat"] for f in track])
+        segments = float(haversine_m(lon[:-1], lat[:-1], lon[1:], lat[1:]).sum())
+        assert segments > 1.2 * truth[vid], vid  # the noise is there: summed segments are long
+        assert row["distance_m"] == pytest.approx(truth[vid], rel=0.01), vid
+        true_avg = truth[vid] / row["duration_s"] * 3.6
+        assert row["avg_kmh"] == pytest.approx(true_avg, rel=0.01), vid
+        assert row["avg_kmh"] <= row["max_kmh"], vid
+        assert row["avg_kmh"] == pytest.approx(row["distance_m"] / row["duration_s"] * 3.6, rel=1e-12), vid
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -472,7 +576,7 @@ def test_api_stops_and_trips_json(api: tuple[TestClient, dict[str, str]]) -> Non
     assert res.json()["max_gap_s"] == 599.999
 
     items = c.get("/api/v1/reports/trips", params=Q, headers=key).json()["items"]
-    assert items[-1]["avg_kmh"] == 0.0  # d: parked
+    assert items[-1]["avg_kmh"] == pytest.approx(0.5)  # d: parked, 1 km/h for one of its 3 fixes
     assert_same(pd.DataFrame(items)[TRIP_COLUMNS], expected_trips())
 
 
