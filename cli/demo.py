@@ -210,20 +210,33 @@ def run_demo(
                 api_url=api_url,
                 api_key=demo_key,
             )
-            simulate(cfg, opts, settings=SimulatorSettings(), console=console)
-            console.print(
-                "[dim]simulation done; waiting for the last alerts (silence needs the watermark)…[/]"
+            # The vehicles connect where the pipeline's gateways take them: the device edge.
+            sim = SimulatorSettings().model_copy(
+                update={"simulator_mqtt_url": ",".join(pipeline.device_urls)}
             )
-            code = verify(
-                settings=SimulatorSettings(),
-                truth_path=truth,
-                timeout_s=90.0,
-                seq_tolerance=0,
-                min_precision=1.0,
-                min_recall=1.0,
-                max_duplicates=0,
-                as_json=False,
-            )
+            # A service that died during the drive is the reason the simulator failed or verify
+            # found alerts missing: then its error (which service, how it ended, its log's last
+            # lines) is the demo's, not the symptom.
+            try:
+                simulate(cfg, opts, settings=sim, console=console)
+                console.print(
+                    "[dim]simulation done; waiting for the last alerts (silence needs the watermark)…[/]"
+                )
+                code = verify(
+                    settings=SimulatorSettings(),
+                    truth_path=truth,
+                    timeout_s=90.0,
+                    seq_tolerance=0,
+                    min_precision=1.0,
+                    min_recall=1.0,
+                    max_duplicates=0,
+                    as_json=False,
+                )
+            except Exception:
+                pipeline.check_alive()
+                raise
+            if code:
+                pipeline.check_alive()
         console.print(f"{view.count} alerts shown live; ground truth in {truth}")
         console.print("[dim]stopping everything…[/]")
     return code

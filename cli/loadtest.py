@@ -75,6 +75,15 @@ def loadtest_cmd(
             "each later step lies 0.25 deg east. It must hold none of the installation's zones."
         ),
     ] = None,
+    cleanup: Annotated[
+        str | None,
+        typer.Option(
+            "--cleanup",
+            metavar="RUN",
+            help="With --attach: run nothing, remove what the earlier run RUN (its prefix, e.g. "
+            "lt3f9a0cs, named where a load test refuses its area) left registered.",
+        ),
+    ] = None,
 ) -> None:
     """Load-test the whole pipeline: simulated vehicles over MQTT -> gateway replicas -> Kafka ->
     processor -> alert receivers, on the embedded infrastructure (started and stopped here) or,
@@ -93,6 +102,16 @@ def loadtest_cmd(
             "installation's rule: set FLEETFENCE_PROCESSOR_PROXIMITY_* as the installation does"
         )
     s = settings_from_env()
+    if cleanup is not None:
+        from loadtest.run import cleanup_run
+
+        if not attach:
+            raise LoadtestError(
+                "--cleanup removes an earlier run's data from a running installation: add --attach"
+            )
+        removed = cleanup_run(s, cleanup)
+        Console().print(f"removed {removed} entities of load test {cleanup} from the vehicle master")
+        raise typer.Exit(0)
     if "FLEETFENCE_LOG_LEVEL" not in os.environ:
         # The terminal is for the live view; the services log to files in the report folder.
         os.environ["FLEETFENCE_LOG_LEVEL"] = "WARNING"

@@ -44,6 +44,10 @@ RESCAN_S = 15.0  # how often a running installation's registry is scanned for ne
 class Installation(Protocol):
     """What the driver needs of the installation under test."""
 
+    # Where its vehicles connect (mqtt://host:port each: the device edges); empty: the broker.
+    # FLEETFENCE_SIMULATOR_MQTT_URL, when set, wins.
+    device_urls: list[str]
+
     def check_alive(self) -> None:
         """Raise ServiceUnavailableError when a service the run counts on is gone."""
 
@@ -99,6 +103,10 @@ class RunningInstallation:
                 + " (fleetfence status shows the installation)"
             )
         self.known: dict[str, Registered] = {e.key: e for e in entries}
+        # The device edges' own word on where vehicles connect (gateways that read Mosquitto have none).
+        self.device_urls = sorted(
+            e.record.device_url for e in entries if e.record.kind == "gateway" and e.record.device_url
+        )
         self._missing_since: dict[str, float] = {}
         self._scanned = time.monotonic()
         self._redis = redis.Redis.from_url(

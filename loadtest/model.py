@@ -83,6 +83,7 @@ class Reconciliation:
     processor_late: int
     reconciled: bool
     detail: str = ""
+    gateway_redelivered: int = 0  # received with the DUP flag (a restarted broker's resends)
 
 
 @dataclass

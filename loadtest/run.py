@@ -10,6 +10,7 @@ end, and only the processes on this machine are measured.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -26,7 +27,9 @@ from loadtest.driver import LoadOptions, LoadTest, proximity_rules, step_bbox
 from loadtest.errors import LoadtestError
 from loadtest.installation import RunningInstallation, receiver_groups
 from loadtest.model import LoadRun
+from simulator.errors import RegistrationError
 from simulator.register import unregister_prefix
+from simulator.settings import SimulatorSettings
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +89,49 @@ def _run_embedded(settings: Settings, opts: LoadOptions, console: Console, out: 
             pipeline.stop()
 
 
+# The prefix of every id one load test registers (`LoadTest.prefix`: "lt", the run id, "s").
+RUN_PREFIX_RE = re.compile(r"lt[0-9a-f]{6}s")
+
+
+def cleanup_run(settings: Settings, prefix: str) -> int:
+    """Remove what a load test left in the vehicle master (its vehicles, assignments, zones and
+    routes, all named after its run prefix), for a run whose own clean-up could not finish (the
+    installation restarted under it, the process was killed). Through the admin API when the
+    simulator's API settings name it (as the registration was), else in the vehicle master directly.
+    Returns how many entities it deleted; only a load test's prefix is accepted."""
+    if not RUN_PREFIX_RE.fullmatch(prefix):
+        raise LoadtestError(
+            f"{prefix!r} is not a load test's run prefix (lt + 6 hex digits + s, e.g. lt3f9a0cs): "
+            "it is printed where the load test refuses an area, and in its report"
+        )
+    sim = SimulatorSettings.from_base(settings)
+    removed = unregister_prefix(
+        settings, prefix, api_url=sim.simulator_api_url, api_key=sim.simulator_api_key
+    )
+    logger.info(
+        "loadtest cleanup removed entities=%s found=%s prefix=%s", removed.changed, removed.entities, prefix
+    )
+    return removed.changed
+
+
+def refusal(clash: list[str]) -> str:
+    """Why an attached run will not start in its area, and what to do: an earlier run's leftover
+    zones are named by their run's prefix, with the command that removes them."""
+    text = (
+        f"the installation's zones {', '.join(clash[:5])}{' …' if len(clash) > 5 else ''} lie in "
+        "the load test's area: its vehicles would raise alerts their ground truth does not know; "
+        "choose an empty area with --bbox"
+    )
+    runs = sorted({m.group(0) for z in clash if (m := RUN_PREFIX_RE.match(z))})
+    if runs:
+        text += (
+            "; the zones named lt…s are an earlier load test's, left when its clean-up could not run: "
+            + "; ".join(f"`fleetfence loadtest --attach --cleanup {r}`" for r in runs)
+            + " removes them"
+        )
+    return text
+
+
 def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: Path) -> LoadRun:
     with console.status(f"attaching to the installation (registry in {settings.redis_dsn})…"):
         installation = RunningInstallation(settings)
@@ -93,11 +139,7 @@ def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: 
         steps = opts.max_steps if opts.mode == "ramp" else 1
         clash = zones_in_areas(settings, [step_bbox(opts, k) for k in range(steps)])
         if clash:
-            raise LoadtestError(
-                f"the installation's zones {', '.join(clash[:5])}{' …' if len(clash) > 5 else ''} lie in "
-                "the load test's area: its vehicles would raise alerts their ground truth does not "
-                "know; choose an empty area with --bbox"
-            )
+            raise LoadtestError(refusal(clash))
         groups = receiver_groups(settings)
         if not groups:
             logger.warning("loadtest found no alert receivers' consumer groups: receivers' lag not measured")
@@ -107,10 +149,22 @@ def _run_attached(settings: Settings, opts: LoadOptions, console: Console, out: 
         finally:
             lt.close()
             with console.status("removing the run's vehicles, routes and zones from the vehicle master…"):
-                removed = unregister_prefix(
-                    settings, lt.prefix, api_url=lt.sim.simulator_api_url, api_key=lt.sim.simulator_api_key
-                )
-            logger.info("loadtest removed entities=%s prefix=%s", removed.changed, lt.prefix)
+                try:
+                    removed = unregister_prefix(
+                        settings,
+                        lt.prefix,
+                        api_url=lt.sim.simulator_api_url,
+                        api_key=lt.sim.simulator_api_key,
+                    )
+                except RegistrationError as exc:
+                    # Not raised over the run's own outcome: said, with the command that finishes it.
+                    logger.error("loadtest clean-up failed prefix=%s error=%s", lt.prefix, exc)
+                    console.print(
+                        f"[red]the run's vehicles, routes and zones are still registered[/] ({exc}); "
+                        f"once the admin API answers: fleetfence loadtest --attach --cleanup {lt.prefix}"
+                    )
+                else:
+                    logger.info("loadtest removed entities=%s prefix=%s", removed.changed, lt.prefix)
     finally:
         installation.close()
 

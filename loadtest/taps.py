@@ -7,7 +7,7 @@ second, so a long soak never re-reads a topic from its start.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -82,6 +82,11 @@ class MarkerTotals:
     late: int = 0
     held: int = 0  # of the newest marker: fixes waiting for a missing seq
     alerts: int = 0
+    # Per sink (the job's, the proximity query's): the newest commit and the intervals between
+    # the last few, the batches' pace.
+    last_committed_ms: dict[str, int] = field(default_factory=dict)
+    recent_gaps_ms: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    seen: set[tuple[str, Any]] = field(default_factory=set, repr=False)
 
     @property
     def read(self) -> int:
@@ -89,10 +94,30 @@ class MarkerTotals:
         return self.received + self.invalid
 
     def add(self, m: dict[str, Any]) -> None:
+        # One marker per sink and batch: a marker the reader is handed again (a fetch repeated
+        # after the markers topic's leader moved, in a two-of-three outage) counts once.
+        key = (str(m.get("sink_id", "")), m.get("batch_id"))
+        if key[1] is not None:
+            if key in self.seen:
+                return
+            self.seen.add(key)
         self.batches += 1
         for k in ("received", "invalid", "accepted", "duplicates", "late", "alerts"):
             setattr(self, k, getattr(self, k) + int(m.get(k, 0)))
         self.held = int(m.get("held", 0))
+        sink, at = str(m.get("sink_id", "")), int(m.get("committed_ms") or 0)
+        if at and sink in self.last_committed_ms:
+            gaps = self.recent_gaps_ms.get(sink, ())
+            self.recent_gaps_ms[sink] = (*gaps[-2:], max(0, at - self.last_committed_ms[sink]))
+        if at:
+            self.last_committed_ms[sink] = at
+
+    @property
+    def batch_pace_s(self) -> float:
+        """The longest of the last three intervals between committed batches: how long the
+        processor takes now to come back with what follows a batch (a timer's alert comes one
+        batch after the fix that armed it; after a failover a batch can take a minute)."""
+        return max((g for gaps in self.recent_gaps_ms.values() for g in gaps), default=0) / 1000
 
 
 class MarkerTap:

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
+import redis
 
 from cli.status import Report, collect
 from fleetfence import probes
@@ -306,3 +307,27 @@ def test_processor_and_archive_announce_their_metrics(ss: Settings) -> None:
         assert archive["metrics_url"] == arch.metrics.url
         assert {"batches", "rows"} <= archive["counters"].keys()
     assert collect(ss).services == []
+
+
+def test_status_shows_redis_memory_against_its_limit(ss: Settings) -> None:
+    """Redis holds the read models: status shows what it uses against `maxmemory`, says when there
+    is no limit, and warns near the limit (issue #64)."""
+    r = redis.Redis.from_url(ss.redis_dsn)
+    before = str(r.config_get("maxmemory")["maxmemory"])
+    try:
+
+        def redis_row() -> str:
+            return next(s.detail for s in collect(ss).infrastructure if s.name == "redis")
+
+        r.config_set("maxmemory", 0)
+        assert "no maxmemory" in redis_row()
+        used = int(r.info("memory")["used_memory"])
+        r.config_set("maxmemory", used * 20)
+        roomy = redis_row()
+        assert f"of {used * 20 / 2**20:.1f} MiB" in roomy, roomy
+        assert "NEAR ITS LIMIT" not in roomy
+        r.config_set("maxmemory", int(used * 1.05))  # no write of this test follows until restored
+        assert "NEAR ITS LIMIT" in redis_row()
+    finally:
+        r.config_set("maxmemory", before)
+        r.close()

@@ -12,6 +12,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import orjson
 import pytest
@@ -21,10 +22,11 @@ from admin_api.security import Role, create_api_key
 from embedded.pipeline import Pipeline, PipelineSpec, settings_env
 from fleetfence.contracts import MasterEntity
 from fleetfence.metrics import scrape
-from fleetfence.mqtt import DynSec, account_fields
+from fleetfence.mqtt import Account, DynSec, account_fields
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
-from gateway.testing import fix, fleet_publisher
+from gateway.testing import Publisher, fix
+from vehicle_master.credentials import VehicleCredentials
 from vehicle_master.models import VehicleData, ZoneData
 from vehicle_master.store import VehicleMaster
 
@@ -34,6 +36,7 @@ FLEETFENCE = [sys.executable, "-m", "cli"]
 # A zone of the installation's own, in the load test's default area (central Berlin).
 BERLIN_ZONE = [[13.40, 52.50], [13.41, 52.50], [13.41, 52.51], [13.40, 52.51], [13.40, 52.50]]
 ELSEWHERE = "9.90,53.52,10.10,53.60"  # Hamburg: empty for this installation
+LEFTOVER = "lt0badc0s"  # an earlier run's prefix (loadtest.run.RUN_PREFIX_RE)
 
 
 @pytest.fixture
@@ -63,6 +66,11 @@ def loadtest(
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
+def cleanup(s: Settings, run: str) -> subprocess.CompletedProcess[str]:
+    argv = [*FLEETFENCE, "loadtest", "--attach", "--cleanup", run]
+    return subprocess.run(argv, env=settings_env(s), capture_output=True, text=True, timeout=120, check=False)
+
+
 def ids(vm: VehicleMaster, entity: MasterEntity) -> list[str]:
     return [r.id for r in vm.list(entity, limit=10_000)]
 
@@ -85,8 +93,32 @@ def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_r
             )
         )
         vm.upsert(VehicleData(vehicle_id="truck-1", label="Truck 1"))
-        # The installation has already carried traffic: its gateway's counters are not zero.
-        pub = fleet_publisher(s)
+        # What a killed earlier load test left behind (issue #64, case 1): its zone in the area and a
+        # vehicle, named after its run prefix.
+        vm.upsert(
+            ZoneData.model_validate(
+                {
+                    "zone_id": f"{LEFTOVER}0-z1",
+                    "name": "left by a killed run",
+                    "kind": "depot",
+                    "geometry": {"type": "Polygon", "coordinates": [BERLIN_ZONE]},
+                }
+            )
+        )
+        vm.upsert(VehicleData(vehicle_id=f"{LEFTOVER}0-v1", label="left by a killed run"))
+        # The installation has already carried traffic: its gateway's counters are not zero. A
+        # vehicle with credentials of its own, on the installation's device edge.
+        r = redis.Redis.from_url(s.redis_dsn)
+        control = DynSec.from_settings(s)
+        try:
+            _rec, secret = VehicleCredentials(r, s.redis_prefix, control).issue("truck-1")
+        finally:
+            control.close()
+            r.close()
+        edge = urlparse(pipeline.device_urls[0])
+        assert edge.hostname is not None
+        assert edge.port is not None
+        pub = Publisher(edge.hostname, edge.port, account=Account("truck-1", secret))
         try:
             for seq in range(20):
                 pub.publish("fleet/truck-1/telemetry", orjson.dumps(fix("truck-1", seq)))
@@ -112,6 +144,16 @@ def test_attached_load_test_counts_its_own_traffic_and_leaves_the_installation_r
         assert refused.returncode != 0
         said = refused.stdout + refused.stderr
         assert "depot-berlin" in said, said[-6000:]
+        # The earlier run's zone is named with the command that removes its leftovers.
+        assert f"--cleanup {LEFTOVER}" in " ".join(said.split()), said[-6000:]
+        assert ids(vm, MasterEntity.VEHICLE) == [f"{LEFTOVER}0-v1", "truck-1"]
+        cleaned = cleanup(s, LEFTOVER)
+        assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+        assert "removed 2 entities" in cleaned.stdout, cleaned.stdout
+        assert ids(vm, MasterEntity.VEHICLE) == ["truck-1"]
+        assert ids(vm, MasterEntity.ZONE) == ["depot-berlin"]
+        not_a_run = cleanup(s, "truck")  # not a load test's prefix: refused, nothing deleted
+        assert not_a_run.returncode != 0
         assert ids(vm, MasterEntity.VEHICLE) == ["truck-1"]
 
         # Registered through the installation's admin API with an admin key, as an operator would.
