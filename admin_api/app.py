@@ -10,14 +10,16 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from redis.maint_notifications import MaintNotificationsConfig
 
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from admin_api.readmodels import LiveReader
-from admin_api.responses import master_error_handler, request_validation_handler
+from admin_api.responses import master_error_handler, redis_unavailable_handler, request_validation_handler
 from admin_api.routers import credentials, live, master, reports, system, web
 from admin_api.security import KeyVerifier
 from admin_api.settings import ApiSettings
@@ -40,12 +42,35 @@ read, admin keys also write. Every entity response carries its version as `ETag`
 """
 
 
+def open_redis(settings: ApiSettings) -> aioredis.Redis:
+    """The API's one Redis client, with the pool checking each idle connection before using it.
+
+    redis-py 8.1's asyncio pool checks a connection it hands out for "closed by the server" only
+    when maintenance notifications are off, and its default (`enabled="auto"` with RESP3, which a
+    plain Redis rejects) counts as on. So every connection that sat idle in the pool while Redis
+    restarted was handed out as it was and failed the first command sent on it, at whatever time
+    the pool next reached it (issue #64: a DELETE answered 500 minutes after the restart, Redis
+    up). Maintenance notifications come from managed Redis (Redis Cloud / Software), never from
+    FleetFence's single Redis; off, the pool finds the closed connection and reconnects it before
+    the command goes out. Upstream changes the check in redis-py #4260; 8.1.0, pinned here, has not.
+
+    No command is retried (the pool's default, kept): a write script that ran before its reply
+    was lost must not run twice (a create would answer 409, a delete 404, for the client's own
+    write). A failure answers 503 with Retry-After instead (`redis_unavailable_handler`).
+    """
+    return aioredis.Redis.from_url(
+        settings.redis_dsn,
+        max_connections=256,
+        maint_notifications_config=MaintNotificationsConfig(enabled=False),
+    )
+
+
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     settings = settings or ApiSettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        r = aioredis.Redis.from_url(settings.redis_dsn, max_connections=256)
+        r = open_redis(settings)
         app.state.redis = r
         app.state.master = AsyncVehicleMaster(r, settings.redis_prefix)
         app.state.keys = KeyVerifier(r, settings.redis_prefix, settings.api_key_cache_s)
@@ -71,6 +96,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.state.read_keys = ReadKeys(settings.redis_prefix)
     app.add_exception_handler(MasterError, master_error_handler)
     app.add_exception_handler(RequestValidationError, request_validation_handler)
+    # Redis unreachable, restarting, still loading its data, or not answering in time.
+    app.add_exception_handler(redis.ConnectionError, redis_unavailable_handler)
+    app.add_exception_handler(redis.TimeoutError, redis_unavailable_handler)
     app.include_router(master.router)
     app.include_router(credentials.router)
     app.include_router(live.router)

@@ -55,6 +55,10 @@ def problem_doc(description: str, detail: str) -> dict[str, Any]:
 
 
 UNAUTHORIZED = problem_doc("No or unknown API key", "missing API key: send it in the X-API-Key header")
+REDIS_DOWN = problem_doc(
+    "Redis is down or restarting: send the request again after Retry-After seconds",
+    "Redis, which holds the API's data, is not answering (ConnectionError); send the request again in 1 s",
+)
 INVALID: dict[str, Any] = {
     "model": ValidationProblem,
     "description": "Invalid parameters or body; every problem is listed",
@@ -64,6 +68,7 @@ READ_ERRORS: dict[int | str, dict[str, Any]] = {
     401: UNAUTHORIZED,
     404: problem_doc("No such entity", "route 'r-berlin-1' does not exist"),
     422: INVALID,
+    503: REDIS_DOWN,
 }
 WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     401: UNAUTHORIZED,
@@ -80,4 +85,5 @@ WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     ),
     413: problem_doc("Body too large", "request body larger than 5242880 bytes"),
     422: INVALID,
+    503: REDIS_DOWN,
 }

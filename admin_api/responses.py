@@ -1,7 +1,9 @@
-"""orjson responses and the mapping of vehicle-master errors to HTTP statuses."""
+"""orjson responses and the mapping of vehicle-master errors (and an unreachable Redis) to HTTP
+statuses."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -19,6 +21,8 @@ from vehicle_master.errors import (
     NotFoundError,
     VersionConflictError,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class OrjsonResponse(JSONResponse):
@@ -82,3 +86,28 @@ async def master_error_handler(_request: Request, exc: Exception) -> Response:
         return problem(409, str(exc))
     assert isinstance(exc, MasterError)
     return problem(400, str(exc))
+
+
+async def redis_unavailable_handler(request: Request, exc: Exception) -> Response:
+    """503 with Retry-After when Redis cannot be reached, is restarting or still loading its data,
+    or does not answer within the socket timeout. A 500 tells a client the API is broken and the
+    request pointless to repeat; here the same request succeeds once Redis is back, which is
+    what 503 and Retry-After say.
+
+    A write whose connection broke after Redis ran it is answered 503 too, as the API cannot
+    tell: sent again, an unconditional PUT changes nothing, a DELETE answers 404 and a POST 409.
+    """
+    retry_after: int = request.app.state.settings.api_redis_retry_after_s
+    logger.warning(
+        "redis unavailable method=%s path=%s error=%s: %s",
+        request.method,
+        request.url.path,
+        type(exc).__name__,
+        exc,
+    )
+    return problem(
+        503,
+        f"Redis, which holds the API's data, is not answering ({type(exc).__name__}); "
+        f"send the request again in {retry_after} s",
+        {"Retry-After": str(retry_after)},
+    )

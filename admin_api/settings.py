@@ -24,6 +24,12 @@ class ApiSettings(MasterSettings):
     api_key_cache_s: float = Field(
         default=5.0, ge=0, description="How long a verified API key is trusted without asking Redis."
     )
+    api_redis_retry_after_s: int = Field(
+        default=1,
+        ge=1,
+        le=3600,
+        description="Retry-After of the 503 a request gets while Redis is down or restarting.",
+    )
     api_sse_heartbeat_s: float = Field(default=15.0, gt=0, description="SSE keep-alive comment interval.")
     api_stream_token_ttl_s: int = Field(
         default=60,

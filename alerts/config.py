@@ -90,12 +90,17 @@ class _ReceiverBase(BaseModel):
         return v
 
 
+DEFAULT_HISTORY_RETENTION_DAYS = 30.0
+
+
 class HistoryConfig(_ReceiverBase):
     kind: Literal["history"]
     # Alerts older than this (by event time) leave the history read model, a batch at a time as new
-    # ones come; an open condition's alert stays while it is open. Unset: kept for ever, and Redis
-    # grows by about 1 KiB an alert. The long-term record is the archive (docs/history.md).
-    retention_days: float | None = Field(default=None, gt=0)
+    # ones come; an open condition's alert stays while it is open. Bounded by default: each alert
+    # costs Redis about 1 KiB, and a default that kept every alert filled a default installation's
+    # Redis (issue #64). 30 days is the deployment's setting (deploy/receivers.toml) and fits the
+    # sizing table (docs/deploy.md); the long-term record is the archive (docs/history.md).
+    retention_days: float = Field(default=DEFAULT_HISTORY_RETENTION_DAYS, gt=0)
 
 
 class MqttConfig(_ReceiverBase):

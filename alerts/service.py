@@ -90,8 +90,9 @@ class AlertService:
         dedup = RedisDedup(self._redis_client(), s.redis_prefix, cfg.name, s.alerts_dedup_ttl_s)
         sink: Sink
         if isinstance(cfg, HistoryConfig):
-            retention_ms = None if cfg.retention_days is None else round(cfg.retention_days * 86_400_000)
-            sink = HistorySink(self._redis_client(), s.redis_prefix, retention_ms=retention_ms)
+            sink = HistorySink(
+                self._redis_client(), s.redis_prefix, retention_ms=round(cfg.retention_days * 86_400_000)
+            )
         elif isinstance(cfg, MqttConfig):
             host, port = s.mqtt_host_port
             sink = MqttFanoutSink(cfg, host, port, account=service_account(s, "alerts"))

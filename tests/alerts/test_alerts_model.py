@@ -10,7 +10,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from alerts.config import EmailConfig, WebhookConfig, load_config, parse_config
+from alerts.config import EmailConfig, HistoryConfig, WebhookConfig, load_config, parse_config
 from alerts.errors import UnmappedAlertTypeError
 from alerts.model import AlertFilter, condition_change, parse_alert, summary
 from alerts.tail import render
@@ -248,3 +248,16 @@ def test_each_registry_sees_its_own_receiver_metrics_even_at_a_reused_address() 
         )
         del registry
     assert len(addresses) < 50, "the loop must reuse an address to test anything"
+
+
+def test_the_alert_history_is_bounded_unless_told_otherwise() -> None:
+    """A history receiver configured without `retention_days` keeps 30 days, not every alert for
+    ever (issue #64: a default installation's Redis grew by ~1 KiB an alert without bound)."""
+    default = parse_config('[[receivers]]\nname = "history"\nkind = "history"\n').enabled[0]
+    assert isinstance(default, HistoryConfig)
+    assert default.retention_days == 30.0
+    week = parse_config('[[receivers]]\nname = "h"\nkind = "history"\nretention_days = 7\n').enabled[0]
+    assert isinstance(week, HistoryConfig)
+    assert week.retention_days == 7.0
+    with pytest.raises(ConfigError):
+        parse_config('[[receivers]]\nname = "h"\nkind = "history"\nretention_days = 0\n')
