@@ -227,6 +227,8 @@ class Deployment:
         public = os.environ.get("FLEETFENCE_DEPLOY_PUBLIC_IMAGES") == "1"
         self.without = [] if public or "FLEETFENCE_GRAFANA_IMAGE" in self.images else ["grafana"]
         self.services = [s for s in all_services if s not in self.without] + [TOXIPROXY]
+        # Grafana is in its compose profile (docs/deploy.md, "With or without Grafana").
+        self.env["COMPOSE_PROFILES"] = "" if self.without else "grafana"
         self.gateways = [s for s in all_services if s.startswith("gateway-")]
         self.kafka_nodes = [s for s in all_services if s.startswith("kafka-")]
         # The processor and its standby: every driver of the job.
@@ -357,6 +359,31 @@ class Deployment:
         argv = ["docker", "logs", "--since", str(st["started_at"]), str(st["id"])]
         out = run(argv, timeout_s=120, check=False)
         return out.stdout + out.stderr
+
+    def stamped_logs(self) -> dict[str, str]:
+        """Every container's whole log, each line with its time (`docker logs -t`: the lives of a
+        restarted container, and the one-shots that exited), by service."""
+        ids = self.compose("ps", "-q", timeout_s=120).stdout.split()
+        if not ids:
+            return {}
+        out: dict[str, str] = {}
+        for c in json.loads(run(["docker", "inspect", *ids], timeout_s=60).stdout):
+            svc = c["Config"]["Labels"].get("com.docker.compose.service", c["Name"].lstrip("/"))
+            key = svc if svc not in out else f"{svc}@{c['Id'][:12]}"
+            logs = run(["docker", "logs", "-t", c["Id"]], timeout_s=300, check=False)
+            out[key] = logs.stdout + logs.stderr
+        return out
+
+    def volume_path(self, service: str, target: str) -> Path:
+        """Where the named volume a service mounts at `target` lives on this host (the suite runs
+        beside its Docker daemon, as root)."""
+        mounts = json.loads(run(["docker", "inspect", self.container(service)], timeout_s=60).stdout)[0]
+        for m in mounts["Mounts"]:
+            if m["Destination"] == target:
+                if m["Type"] != "volume":
+                    raise DeployError(f"{service}:{target} is a {m['Type']} mount, not a volume")
+                return Path(m["Source"])
+        raise DeployError(f"{service} mounts nothing at {target}")
 
     def logs(self, *services: str, tail: int = 60) -> str:
         return self.compose(

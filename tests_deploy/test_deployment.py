@@ -1,16 +1,21 @@
 """The compose deployment end to end: a fleet registered through the admin API and driven over
 MQTT TLS with per-vehicle credentials; the alerts equal the ground truth, every count reconciles,
-and `fleetfence status` sees every service."""
+`fleetfence status` sees every service, and Mosquitto persists its state in its volume."""
 
 from __future__ import annotations
 
 import json
+import re
 import ssl
+import time
 import urllib.request
+from datetime import UTC, datetime
 
 import pytest
 
-from tests_deploy.harness import TOPIC_PROBE, Deployment
+from fleetfence.testing import wait_for
+from tests_deploy.harness import ROOT, TOPIC_PROBE, Deployment
+from tests_deploy.logcheck import docker_time
 from tests_deploy.measure import record
 
 pytestmark = pytest.mark.deploy
@@ -28,6 +33,9 @@ def test_published_ports_answer(deployment: Deployment) -> None:
         ctx.wrap_socket(raw, server_hostname="localhost") as tls,
     ):
         assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        # A TLS close (close_notify), not just the socket's: Mosquitto logs a connection that ends
+        # without one as an error ("OpenSSL Error[0]: ... unexpected eof while reading").
+        tls.unwrap()
 
 
 def test_topics_are_replicated(deployment: Deployment) -> None:
@@ -64,3 +72,41 @@ def test_fleetfence_status_sees_every_service(deployment: Deployment) -> None:
     assert {"api", "processor", "alerts"} <= set(kinds), kinds
     # The active driver and the warm standby, each announced under its host name.
     assert kinds.count("processor") == len(deployment.processors) == 2, kinds
+
+
+def mosquitto_option(name: str) -> str:
+    """An option of deploy/mosquitto.conf, the config the broker runs."""
+    for line in (ROOT / "deploy" / "mosquitto.conf").read_text().splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key == name:
+            return value.strip()
+    raise AssertionError(f"deploy/mosquitto.conf has no {name}")
+
+
+def test_mosquitto_persists_its_state_in_its_volume(deployment: Deployment) -> None:
+    """Once the broker has run longer than its autosave interval, its persistence file is in the
+    `mosquitto-data` volume, the broker's (uid 1883, as `mqtt-bootstrap --owner` hands it over), and
+    rewritten at each autosave. It never was before issue #58: the volume's folder stayed root's
+    and the broker logged "Error: Permission denied." at every autosave."""
+    dep = deployment
+    autosave = int(mosquitto_option("autosave_interval"))
+    location = mosquitto_option("persistence_location").rstrip("/")
+    folder = dep.volume_path("mosquitto", location)
+    assert folder.parent.name.endswith("_mosquitto-data"), folder  # <project>_mosquitto-data/_data
+    started = docker_time(str(dep.states()["mosquitto"]["started_at"]))
+    ran = (datetime.now(UTC) - started).total_seconds()
+    time.sleep(max(0.0, 2 * autosave - ran))  # usually long past: the broker started before `init`
+    db = folder / "mosquitto.db"
+    assert db.exists(), (
+        f"no {db.name} in the volume after {max(ran, 2 * autosave):.0f} s of the broker: "
+        f"{sorted(p.name for p in folder.iterdir())}\n{dep.logs('mosquitto', tail=20)}"
+    )
+    st = folder.stat()
+    assert (st.st_uid, st.st_gid) == (1883, 1883), f"{folder}: owner {st.st_uid}:{st.st_gid}"
+    assert (db.stat().st_uid, db.stat().st_gid) == (1883, 1883)
+    first = db.stat().st_mtime_ns
+    wait_for(lambda: db.stat().st_mtime_ns > first, 3 * autosave + 5, f"{db.name} rewritten by an autosave")
+    # Mosquitto's own line for a failed save ("Error: <the system's reason>."), none since it started.
+    assert not re.search(r"^\d+: Error: ", dep.logs_since_start("mosquitto"), re.MULTILINE), dep.logs(
+        "mosquitto", tail=20
+    )
