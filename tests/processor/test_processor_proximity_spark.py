@@ -218,7 +218,9 @@ def test_a_group_rule_follows_the_vehicle_masters_groups(
     assert {a["details"]["rule_id"] for a in committed_alerts(settings)} == {"north"}
 
 
+# A driver SIGKILLed: in the fault suite, with the other crash tests (the default suite's budget).
 @pytest.mark.slow
+@pytest.mark.fault
 def test_the_processor_runs_proximity_beside_the_job_through_a_sigkill(
     settings: Settings, tmp_path: Path
 ) -> None:

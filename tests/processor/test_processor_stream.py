@@ -164,7 +164,9 @@ def spark_python_workers(root: int) -> list[int]:
     return [p for p, c in cmd.items() if b"pyspark.daemon" in c and descends(p)]
 
 
+# A driver frozen in a batch: in the fault suite, with the other crash tests (the default suite's budget).
 @pytest.mark.slow
+@pytest.mark.fault
 def test_a_stuck_batch_stops_the_driver_with_an_error(settings: Settings, tmp_path: Path) -> None:
     """A batch whose tasks never finish, made for real: the driver's Python workers frozen with
     SIGSTOP, so the next batch's tasks wait on them as they would on executors a cluster never
