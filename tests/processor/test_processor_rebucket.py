@@ -183,6 +183,16 @@ def test_a_running_processor_keeps_its_checkpoint_from_being_rebucketed(
         holder.release()
 
 
+def committed_through(checkpoint: str) -> int | None:
+    """The last batch planned, once Spark's commit log has it too (None while it is in flight)."""
+    files = LocalCheckpointFiles(checkpoint)
+    commits = [int(n) for n in files.entries("commits") if n.isdigit()]
+    planned = [int(n) for n in files.entries("offsets") if n.isdigit()]
+    if commits and planned and max(commits) == max(planned):
+        return max(commits)
+    return None
+
+
 @pytest.mark.spark
 @pytest.mark.services
 def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
@@ -258,6 +268,11 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
             180,
             "every expected alert, the silences included",
         )
+        # The sink commits a batch's alerts before Spark logs the batch committed: wait for the commit
+        # log to reach the last batch planned, which is at or past the one that read the fixes back.
+        (done,) = wait_for(
+            lambda: (b := committed_through(new.checkpoint)) is not None and (b,), 180, "the last commit"
+        )
     finally:
         q.stop()
     ids = [a["alert_id"] for a in got]
@@ -265,8 +280,7 @@ def test_rebucketing_a_live_stream_loses_and_duplicates_nothing(
     assert {a["alert_id"]: a for a in got} == expected
     assert records_read() == len(fixes) + 1 + len(BACK)
 
-    # The last batch that reported progress is committed (the stop may cut a later, no-data one).
-    state = read_bucket_states(spark, new.checkpoint, int(q.lastProgress["batchId"]))
+    state = read_bucket_states(spark, new.checkpoint, done)
     # The keys the command chose for the new checkpoint, balanced for the partitions it was run with
     # (the processor's default for this machine's cores, whatever this test's session has).
     layout = orjson.loads(LocalCheckpointFiles(new.checkpoint).read(LAYOUT_FILE) or b"{}")
