@@ -59,8 +59,9 @@ export PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 case "$cmd" in
   demo) exec fleetfence demo "$@" ;;
   test) exec python -m pytest "$@" ;;
-  # The tests that SIGKILL or freeze Spark drivers at random moments of a live stream (marker `fault`,
-  # left out of the default run): part of the fault suite, on the embedded infrastructure, no Docker.
+  # The tests that SIGKILL or freeze Spark drivers at random moments of a live stream, and kill or stop
+  # the brokers under load (marker `fault`, left out of the default run): the fault suite, on the
+  # embedded infrastructure, no Docker.
   # Narrow it with -k: an -m of your own replaces `fault`.
   fault-test) exec python -m pytest -m fault "$@" ;;
   lint) ruff check . && ruff format --check . && mypy ;;

@@ -158,6 +158,8 @@ def assert_all_there(bootstrap: str, topic: str, partitions: int, sent: set[tupl
 # --------------------------------------------------------------------------- durability
 
 
+# A broker SIGKILLed: in the fault suite, with the other kills (the default suite's budget).
+@pytest.mark.fault
 @pytest.mark.slow
 def test_acknowledged_records_survive_sigkill_and_sigterm_of_the_broker(own_kafka: Settings) -> None:
     s = own_kafka

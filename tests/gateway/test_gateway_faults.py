@@ -271,6 +271,8 @@ def test_a_frozen_replica_delays_its_shard_and_reorders_nothing(
             forget_session(*s.mqtt_host_port, s.gateway_client_id, service_account(s, "gateway"))
 
 
+# Mosquitto SIGKILLed: in the fault suite, with the other kills (the default suite's budget).
+@pytest.mark.fault
 def test_sigkill_mosquitto_loses_no_acknowledged_fix(settings: Settings, tmp_path: Path) -> None:
     """Mosquitto SIGKILLed under load with two sharded gateways connected, then restarted on its
     data: every fix it acknowledged reaches Kafka.
@@ -363,6 +365,8 @@ def test_sigkill_mosquitto_loses_no_acknowledged_fix(settings: Settings, tmp_pat
         infra.down(own)
 
 
+# Kafka stopped under load: in the fault suite, with the other outages (the default suite's budget).
+@pytest.mark.fault
 def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, tmp_path: Path) -> None:
     host, port = settings.mqtt_host_port
     own = Settings(
