@@ -100,7 +100,7 @@ FENCES = (  # the faults after which the running driver no longer holds the chec
 )
 
 # Every error line a run of the suite logs and why it is expected, set from the logs of full runs
-# (docs/deploy.md, "Faults, measured": runs 19 to 21). An entry is as narrow as the error it
+# (docs/bench-log/deploy.md: runs 19 to 23). An entry is as narrow as the error it
 # explains: the services that log it, the tests whose fault causes it, the words of the line.
 ALLOWED: tuple[Allowed, ...] = (
     Allowed(

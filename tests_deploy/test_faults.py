@@ -604,7 +604,7 @@ def test_partition_one_gateway_from_kafka(deployment: Deployment, tmp_path: Path
     order, in its in-flight window and its session in Mosquitto; nothing is acknowledged that Kafka
     does not have. gateway-2 carries its own shard meanwhile and none of gateway-1's vehicles, so
     when the network heals gateway-1's fixes reach Kafka late but in each vehicle's order, and the
-    alerts are exact (with one shared subscription they were not: docs/deploy.md, run 5)."""
+    alerts are exact (with one shared subscription they were not: docs/bench-log/deploy.md, run 5)."""
     dep = deployment
     victim = dep.gateways[0]
 
