@@ -27,7 +27,16 @@ from embedded import infra
 from fleetfence.errors import ConfigError
 from fleetfence.files import Owner
 from fleetfence.mqtt import SERVICE_KINDS, DynSec, admin_account, bootstrap_dynsec, service_account
-from fleetfence.pki import CA_CERT, CA_KEY, IP, SERVER_CERT, SERVER_KEY, CertPlan, bootstrap_certs
+from fleetfence.pki import (
+    CA_CERT,
+    CA_KEY,
+    IP,
+    SERVER_CERT,
+    SERVER_KEY,
+    CertPlan,
+    bootstrap_certs,
+    copy_server_pair,
+)
 
 mqtt_app = typer.Typer(
     help="MQTT identities and TLS of a production broker (Mosquitto's dynamic-security plugin).",
@@ -131,13 +140,26 @@ def mqtt_bootstrap(
             "dynamic-security file and the server's key and certificates (needs root)."
         ),
     ] = None,
+    edge_certs_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"Also copy {SERVER_CERT} and {SERVER_KEY} here, for the device edge (the gateways "
+            "vehicles connect to), replacing a copy that differs."
+        ),
+    ] = None,
+    edge_owner: Annotated[
+        str | None,
+        typer.Option(help="UID[:GID] the gateways run as (10001:10001 in FleetFence's images)."),
+    ] = None,
 ) -> None:
     """The first dynamic-security file of a production broker, with the admin account of the
     settings, and (--certs-dir, --hostname) a CA and a server certificate for TLS. Existing files
     are kept and checked, never overwritten: run it before every start of the broker."""
     s = settings_from_env()
-    if certs_dir is None and (hostname or ca_key):
-        raise ConfigError("--hostname and --ca-key need --certs-dir")
+    if certs_dir is None and (hostname or ca_key or edge_certs_dir):
+        raise ConfigError("--hostname, --ca-key and --edge-certs-dir need --certs-dir")
+    if edge_owner and edge_certs_dir is None:
+        raise ConfigError("--edge-owner needs --edge-certs-dir")
     if dynsec_file is None and certs_dir is None:
         raise ConfigError("nothing to do: give the dynamic-security file, --certs-dir, or both")
     names, ips = parse_hostnames(hostname or [])
@@ -147,6 +169,9 @@ def mqtt_bootstrap(
     if certs_dir is not None:
         plan = CertPlan(certs_dir, ca_key or certs_dir / CA_KEY, names, ips, days, ca_days, who)
         bootstrap_certs(plan, Printed())
+        if edge_certs_dir is not None:
+            edge_who = parse_owner(edge_owner) if edge_owner else None
+            copy_server_pair(certs_dir, edge_certs_dir, edge_who, Printed())
 
 
 @mqtt_app.command("accounts")

@@ -304,3 +304,27 @@ def bootstrap_certs(plan: CertPlan, report: Report) -> None:
     until = f"{cert.not_valid_after_utc:%Y-%m-%d}"
     report.step("wrote", f"{server_key} (mode 0600), {server_crt} (for {names}, until {until})")
     report.step("CA", f"{ca_cert.subject.rfc4514_string()}, SHA-256 {_fingerprint(ca_cert)}")
+
+
+def copy_server_pair(certs_dir: Path, to_dir: Path, owner: Owner | None, report: Report) -> None:
+    """The broker's server certificate and key, copied for another server that presents the same
+    names: FleetFence's device edge (`gateway.edge`) runs as its own user and cannot read the
+    broker's key (0600, the broker's). The copy follows the pair: a copy that differs (the pair
+    renewed or replaced) is replaced, atomically, and one that is equal is kept."""
+    for name in (SERVER_CERT, SERVER_KEY):
+        if not (certs_dir / name).is_file():
+            raise ConfigError(f"{certs_dir / name} is missing: nothing to copy to {to_dir}")
+    make_dirs(to_dir, 0o755, owner)
+    for name, mode in ((SERVER_CERT, 0o644), (SERVER_KEY, 0o600)):
+        src, dst = certs_dir / name, to_dir / name
+        data = src.read_bytes()
+        if dst.is_file() and dst.read_bytes() == data:
+            chown(dst, owner)
+            dst.chmod(mode)
+            report.step("kept", f"{dst} (the same as {src})")
+            continue
+        tmp = to_dir / f".{name}.new"
+        tmp.unlink(missing_ok=True)
+        write_new(tmp, data, mode, owner)
+        tmp.replace(dst)
+        report.step("copied", f"{src} to {dst} (mode {mode:04o})")

@@ -212,11 +212,15 @@ class Deployment:
             # The host's side of the published ports: free ones (a shared machine may use 8000).
             "API_HOST_PORT": str(free_port("0.0.0.0")),
             "MQTT_TLS_HOST_PORT": str(free_port("0.0.0.0")),
+            "EDGE_TLS_HOST_PORT_1": str(free_port("0.0.0.0")),
+            "EDGE_TLS_HOST_PORT_2": str(free_port("0.0.0.0")),
             "PROMETHEUS_HOST_PORT": str(free_port()),
             "GRAFANA_HOST_PORT": str(free_port("0.0.0.0")),
         }
         self.api_port = int(self.env["API_HOST_PORT"])
         self.mqtt_tls_port = int(self.env["MQTT_TLS_HOST_PORT"])
+        # The device edge's published ports, one per gateway replica: where the fleet connects.
+        self.edge_tls_ports = [int(self.env[f"EDGE_TLS_HOST_PORT_{i}"]) for i in (1, 2)]
         self.reports = self.work / "reports"
         self.reports.mkdir(parents=True, exist_ok=True)
         self.reports.chmod(0o777)  # the driver runs as the images' user (uid 10001)
@@ -268,7 +272,11 @@ class Deployment:
                 # As an operator and a fleet would: the published ports, through the host.
                 "FLEETFENCE_SIMULATOR_API_URL": f"http://host.docker.internal:{self.api_port}",
                 "FLEETFENCE_SIMULATOR_API_KEY": "${FLEETFENCE_DEPLOY_API_KEY:-}",
-                "FLEETFENCE_SIMULATOR_MQTT_URL": f"mqtts://host.docker.internal:{self.mqtt_tls_port}",
+                # Both edge replicas: each vehicle starts on one and moves to the other when it
+                # cannot connect, as a tracker with a primary and a backup server does.
+                "FLEETFENCE_SIMULATOR_MQTT_URL": ",".join(
+                    f"mqtts://host.docker.internal:{p}" for p in self.edge_tls_ports
+                ),
                 "FLEETFENCE_SIMULATOR_MQTT_CA": "/certs/ca.crt",
                 "COLUMNS": "160",
             },

@@ -90,6 +90,15 @@ BROKER_KILLS = (
     "test_sigkill_the_telemetry_leader",
     "test_sigkill_the_active_controller",
     "test_two_of_three_brokers_down_then_one_back",
+    "test_sigkill_mosquitto_while_two_of_three_brokers_are_down",
+)
+TWO_DOWN = (
+    "test_two_of_three_brokers_down_then_one_back",
+    "test_sigkill_mosquitto_while_two_of_three_brokers_are_down",
+)
+MOSQUITTO_KILLS = (
+    "test_sigkill_mosquitto_and_restart",
+    "test_sigkill_mosquitto_while_two_of_three_brokers_are_down",
 )
 KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
 DRIVERS = ("processor", "processor-standby")
@@ -138,7 +147,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed(
         KAFKA_NODES,
         r"ERROR \[ReplicaManager broker=\d\] Error processing append operation on partition \S+ ",
-        ("test_two_of_three_brokers_down_then_one_back",),
+        TWO_DOWN,
         "With two of three nodes down, every partition's in-sync replicas shrink to the survivor, "
         "below min.insync.replicas=2: it refuses each acks=all write (the gateways' telemetry, the "
         "transaction coordinator's state), logged at ERROR, until a second node is back; that stall "
@@ -150,7 +159,7 @@ ALLOWED: tuple[Allowed, ...] = (
         KAFKA_NODES,
         r"ERROR \[ReplicaManager broker=\d\] Error processing append operation on partition "
         r"\S+:fleet\.telemetry-\d+ ",
-        (*BROKER_KILLS, "test_sigkill_mosquitto_and_restart"),
+        (*BROKER_KILLS, *MOSQUITTO_KILLS),
         "The telemetry partitions' leaders move: to another node at the kill, and back to the "
         "restarted one by Kafka's preferred-leader rebalance (checked every 300 s, so also in the test "
         "after the last broker fault). A gateway's idempotent producer has up to 5 batches in flight; "
@@ -267,7 +276,7 @@ ALLOWED: tuple[Allowed, ...] = (
         r'"logger":"alerts\.runner","msg":"receiver step failed, retrying receiver=mqtt attempt=\d+ '
         r"delay_s=[\d.]+ error=publish of \w+ failed: Message publish failed: The client is not "
         r'currently connected\."',
-        ("test_sigkill_mosquitto_and_restart",),
+        MOSQUITTO_KILLS,
         "The MQTT alert receiver publishes to the SIGKILLed broker: each publish fails until paho has "
         "reconnected, and the receiver retries the same alert with its backoff, its consumer offset "
         "not committed until the broker has it (run 22, CI of 2026-12-07: three attempts, 0.6 s).",

@@ -22,20 +22,22 @@ pytestmark = pytest.mark.deploy
 
 
 def test_published_ports_answer(deployment: Deployment) -> None:
-    """The admin API on 8000 and the vehicles' TLS listener on 8883, from the host."""
+    """The admin API on 8000, the device edge's TLS listeners (one per gateway replica) and the
+    broker's (the alerts' subscribers), from the host, each presenting the bootstrapped certificate."""
     with urllib.request.urlopen(f"http://127.0.0.1:{deployment.api_port}/readyz", timeout=10) as resp:
         assert resp.status == 200
     ctx = ssl.create_default_context(cadata=deployment.driver("cat", "/certs/ca.crt", timeout_s=120).stdout)
     import socket
 
-    with (
-        socket.create_connection(("127.0.0.1", deployment.mqtt_tls_port), timeout=10) as raw,
-        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
-    ):
-        assert tls.version() in ("TLSv1.2", "TLSv1.3")
-        # A TLS close (close_notify), not just the socket's: Mosquitto logs a connection that ends
-        # without one as an error ("OpenSSL Error[0]: ... unexpected eof while reading").
-        tls.unwrap()
+    for port in (*deployment.edge_tls_ports, deployment.mqtt_tls_port):
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+            # A TLS close (close_notify), not just the socket's: Mosquitto logs a connection that
+            # ends without one as an error ("OpenSSL Error[0]: ... unexpected eof while reading").
+            tls.unwrap()
 
 
 def test_topics_are_replicated(deployment: Deployment) -> None:

@@ -265,45 +265,71 @@ def test_sigkill_the_active_controller(deployment: Deployment, tmp_path: Path) -
     under_load(dep, "SIGKILL the active controller, restart it", fault, tmp_path)
 
 
+def stall_two_nodes(dep: Deployment) -> tuple[str, str, dict[str, int]]:
+    """SIGKILL two of the three Kafka nodes (kept down) and wait until writes have stalled:
+    min.insync.replicas=2 cannot be met. Observed, not slept on: the end offsets the surviving
+    broker reports stop moving. Returns the two containers and those frozen end offsets."""
+    first, second = dep.kafka_nodes[1], dep.kafka_nodes[2]
+    t_kill = time.monotonic()
+    c1 = kill(dep, first, stay_down=True)
+    c2 = kill(dep, second, stay_down=True)
+    seen: list[dict[str, int]] = []
+
+    def stalled() -> bool:
+        # The partitions whose leader answers (the others have none: no quorum to elect one).
+        seen.append({p: n for p, n in probe(dep)["ends"].items() if n is not None})
+        return len(seen) >= 5 and seen[-1] == seen[-5]
+
+    wait_for(stalled, 180, "writes stalled with two brokers down", interval_s=2.0, ignore=(DeployError,))
+    MEASURED["writes stalled after the kill"] = time.monotonic() - t_kill
+    return c1, c2, seen[-1]
+
+
+def revive_two_nodes(dep: Deployment, c1: str, c2: str, frozen: dict[str, int]) -> None:
+    """Start the first node, wait until the stalled partitions take writes again (the backlog the
+    vehicles and the gateways held, then the fleet's new fixes), then the second, until every ISR
+    is whole."""
+    t0 = time.monotonic()
+    revive(dep, dep.kafka_nodes[1], c1)
+
+    def resumed() -> bool:
+        ends = probe(dep)["ends"]
+        return any((ends.get(p) or 0) > n for p, n in frozen.items()) or (
+            not frozen and None not in ends.values()
+        )
+
+    wait_for(resumed, 300, "writes resumed with two brokers", interval_s=1.0, ignore=(DeployError,))
+    MEASURED["writes taken again after the restart"] = time.monotonic() - t0
+    revive(dep, dep.kafka_nodes[2], c2)
+    wait_for(
+        lambda: fully_replicated(dep), 300, "every ISR whole again", interval_s=2.0, ignore=(DeployError,)
+    )
+
+
 def test_two_of_three_brokers_down_then_one_back(deployment: Deployment, tmp_path: Path) -> None:
     dep = deployment
 
     def fault() -> None:
-        first, second = dep.kafka_nodes[1], dep.kafka_nodes[2]
-        t_kill = time.monotonic()
-        c1 = kill(dep, first, stay_down=True)
-        c2 = kill(dep, second, stay_down=True)
-        # Writes stall: min.insync.replicas=2 cannot be met. Observed, not slept on: the end
-        # offsets the surviving broker reports stop moving.
-        seen: list[dict[str, int]] = []
-
-        def stalled() -> bool:
-            # The partitions whose leader answers (the others have none: no quorum to elect one).
-            seen.append({p: n for p, n in probe(dep)["ends"].items() if n is not None})
-            return len(seen) >= 5 and seen[-1] == seen[-5]
-
-        wait_for(stalled, 180, "writes stalled with two brokers down", interval_s=2.0, ignore=(DeployError,))
-        MEASURED["brokers down, then one restarted, after"] = time.monotonic() - t_kill
-        frozen = seen[-1]
-        t0 = time.monotonic()
-        revive(dep, first, c1)
-
-        def resumed() -> bool:
-            # The stalled partitions took writes again (the backlog held in Mosquitto and the
-            # gateways, then the fleet's new fixes).
-            ends = probe(dep)["ends"]
-            return any((ends.get(p) or 0) > n for p, n in frozen.items()) or (
-                not frozen and None not in ends.values()
-            )
-
-        wait_for(resumed, 300, "writes resumed with two brokers", interval_s=1.0, ignore=(DeployError,))
-        MEASURED["writes taken again after the restart"] = time.monotonic() - t0
-        revive(dep, second, c2)
-        wait_for(
-            lambda: fully_replicated(dep), 300, "every ISR whole again", interval_s=2.0, ignore=(DeployError,)
-        )
+        revive_two_nodes(dep, *stall_two_nodes(dep))
 
     under_load(dep, "two of three brokers SIGKILLed, one back after the stall", fault, tmp_path)
+
+
+def test_sigkill_mosquitto_while_two_of_three_brokers_are_down(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Issue #58's fault: Mosquitto SIGKILLed while Kafka cannot take writes. Behind Mosquitto it
+    lost half the acknowledged fixes (the broker's PUBACK, from memory); the vehicles now send to
+    the device edge, whose PUBACK waits for Kafka, and Mosquitto carries only the alerts' fan-out:
+    every fix published is acknowledged once Kafka is back, and the alerts are exact."""
+    dep = deployment
+
+    def fault() -> None:
+        c1, c2, frozen = stall_two_nodes(dep)
+        crash(dep, "mosquitto", "Mosquitto healthy again after")
+        revive_two_nodes(dep, c1, c2, frozen)
+
+    under_load(dep, "SIGKILL Mosquitto while two of three brokers are down", fault, tmp_path)
 
 
 def test_sigkill_mosquitto_and_restart(deployment: Deployment, tmp_path: Path) -> None:
@@ -599,12 +625,11 @@ def standing_still(read: Callable[[], float | None], samples: int) -> Callable[[
 
 
 def test_partition_one_gateway_from_kafka(deployment: Deployment, tmp_path: Path) -> None:
-    """gateway-1 cut off from all three brokers while it keeps its MQTT connection. What it receives
-    of its shard it cannot store, so it acknowledges none of it: its vehicles' fixes wait, in
-    order, in its in-flight window and its session in Mosquitto; nothing is acknowledged that Kafka
-    does not have. gateway-2 carries its own shard meanwhile and none of gateway-1's vehicles, so
-    when the network heals gateway-1's fixes reach Kafka late but in each vehicle's order, and the
-    alerts are exact (with one shared subscription they were not: docs/bench-log/deploy.md, run 5)."""
+    """gateway-1 (a device edge) cut off from all three brokers while it keeps its vehicles'
+    connections. What it receives it cannot store, so it acknowledges none of it: its vehicles'
+    fixes wait, in order, in its in-flight window and in the vehicles; nothing is acknowledged that
+    Kafka does not have. gateway-2 carries its own vehicles meanwhile, so when the network heals
+    gateway-1's fixes reach Kafka late but in each vehicle's order, and the alerts are exact."""
     dep = deployment
     victim = dep.gateways[0]
 

@@ -308,25 +308,40 @@ def test_volumes_are_declared_and_bind_mounts_exist() -> None:
 # --------------------------------------------------------------------------- FleetFence services
 
 
-def test_two_gateway_replicas_with_distinct_client_ids_and_shards() -> None:
+def test_two_device_edge_replicas_each_on_its_own_published_tls_port() -> None:
+    """The gateways are the device edge (issue #58): each listens for vehicles over TLS with the
+    broker's server pair (copied for its user by mqtt-bootstrap) and publishes its own host port,
+    so a tracker can be given both; none reads Mosquitto, so none has a shard or an MQTT secret."""
     gateways = services_with_target("gateway")
-    replicas = 0
-    client_ids, shards, counts = [], [], set()
+    boot = services()["mqtt-bootstrap"]
+    edge_dir = boot["command"][boot["command"].index("--edge-certs-dir") + 1]
+    edge_volume = next(v.split(":")[0] for v in boot["volumes"] if v.split(":")[1] == edge_dir)
+    client_ids, host_ports = [], []
     for name, svc in gateways.items():
         n = int((svc.get("deploy") or {}).get("replicas", 1))
-        assert n == 1, f"{name}: replicas of one service would share one MQTT client id"
-        replicas += n
+        assert n == 1, f"{name}: replicas of one service would share one published port"
         env = env_of(svc)
         client_ids.append(env.get("FLEETFENCE_GATEWAY_CLIENT_ID"))
-        shards.append(int(env.get("FLEETFENCE_GATEWAY_SHARD_INDEX", 0)))
-        counts.add(int(env.get("FLEETFENCE_GATEWAY_SHARD_COUNT", 1)))
+        assert not {k for k in env if "SHARD" in k}, f"{name}: an edge has no shard"
+        tls_port = env.get("FLEETFENCE_GATEWAY_EDGE_TLS_PORT")
+        assert tls_port, f"{name}: not the device edge (no FLEETFENCE_GATEWAY_EDGE_TLS_PORT)"
+        assert env.get("FLEETFENCE_GATEWAY_EDGE_HOST") == "0.0.0.0", f"{name}: bind every address"
+        tls_dir = env.get("FLEETFENCE_MQTT_TLS_DIR")
+        assert f"{edge_volume}:{tls_dir}:ro" in svc.get("volumes", []), f"{name}: no server pair at {tls_dir}"
+        assert tls_dir == edge_dir
+        ports = [str(p) for p in svc.get("ports", [])]
+        assert len(ports) == 1, f"{name}: publishes {ports}"
+        assert ports[0].endswith(f":{tls_port}"), f"{name}: publishes {ports}"
+        host_ports.append(ports[0].rsplit(":", 1)[0])
+        assert "mosquitto" not in (svc.get("depends_on") or {}), f"{name}: the edge does not use Mosquitto"
+        assert "redis" in (svc.get("depends_on") or {}), f"{name}: logins are checked in Redis"
         assert "container_name" not in svc
-    assert replicas >= 2
+    assert len(gateways) >= 2
     assert all(client_ids), f"a gateway without FLEETFENCE_GATEWAY_CLIENT_ID: {client_ids}"
     assert len(set(client_ids)) == len(client_ids), f"client ids repeat: {client_ids}"
-    # Every shard served exactly once: a shard nobody serves is acknowledged by the others and lost.
-    assert counts == {replicas}, f"shard counts {counts} for {replicas} replicas"
-    assert sorted(shards) == list(range(replicas)), f"shard indexes {shards}"
+    assert len(set(host_ports)) == len(host_ports), f"host ports repeat: {host_ports}"
+    owner = boot["command"][boot["command"].index("--edge-owner") + 1]
+    assert owner == "10001:10001", "the images' user (Dockerfile: useradd --uid 10001) must own the copy"
 
 
 def test_processor_runs_on_the_spark_master_with_a_shared_checkpoint() -> None:
@@ -604,7 +619,8 @@ def test_the_bootstrap_writes_what_the_broker_reads_before_it_starts() -> None:
 
 def test_each_service_gets_only_its_own_mqtt_secret_from_the_environment() -> None:
     svcs = services()
-    wanted = {**SECRETS_OF, **{name: {"gateway"} for name in services_with_target("gateway")}}
+    # The gateways are the device edge: they check vehicles' logins in Redis and log in nowhere.
+    wanted = {**SECRETS_OF, **{name: set() for name in services_with_target("gateway")}}
     for name, svc in svcs.items():
         env = env_of(svc)
         given = {kind for kind, var in SECRET_VARS.items() if var in env}

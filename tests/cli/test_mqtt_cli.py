@@ -248,6 +248,39 @@ def test_certificates_name_every_host_and_are_written_once(env: dict[str, str], 
     assert said(needs_dir, "need --certs-dir")
 
 
+def test_the_device_edge_gets_a_copy_of_the_server_pair_that_follows_it(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The compose gateways serve vehicles the broker's certificate but run as their own user, who
+    cannot read the broker's key: bootstrap copies the pair for them, and copies it again when the
+    broker's pair is replaced (a renewal), never leaving a stale key behind."""
+    certs, edge = tmp_path / "certs", tmp_path / "edge"
+    args = ("bootstrap", "--certs-dir", certs, "--hostname", "localhost", "--edge-certs-dir", edge)
+    first = run(env, *args)
+    assert first.exit_code == 0, first.output
+    for name, m in (("server.crt", 0o644), ("server.key", 0o600)):
+        assert (edge / name).read_bytes() == (certs / name).read_bytes()
+        assert mode(edge / name) == m
+    assert sorted(p.name for p in edge.iterdir()) == ["server.crt", "server.key"]
+    assert said(first, "copied")
+
+    again = run(env, *args)
+    assert again.exit_code == 0, again.output
+    assert not said(again, "copied"), "an equal copy is kept"
+
+    # The broker's pair renewed: the next bootstrap replaces the copy.
+    for name in ("server.crt", "server.key"):
+        (certs / name).unlink()
+    renewed = run(env, *args)
+    assert renewed.exit_code == 0, renewed.output
+    assert (edge / "server.key").read_bytes() == (certs / "server.key").read_bytes()
+    assert sorted(p.name for p in edge.iterdir()) == ["server.crt", "server.key"]
+
+    alone = run(env, "bootstrap", tmp_path / "d.json", "--edge-certs-dir", edge)
+    assert alone.exit_code == 2
+    assert said(alone, "need --certs-dir")
+
+
 def test_certificates_alone_need_no_admin_secret(env: dict[str, str], tmp_path: Path) -> None:
     env = {k: v for k, v in env.items() if k != "FLEETFENCE_MQTT_ADMIN_PASSWORD"}
     result = run(env, "bootstrap", "--certs-dir", tmp_path / "certs", "--hostname", "localhost")
