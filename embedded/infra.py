@@ -32,7 +32,7 @@ from fleetfence.errors import ConfigError, InfraError, MissingBinaryError, Servi
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import DYNSEC_FILE, DynSec, embedded_accounts, service_account, write_bootstrap
 from fleetfence.pki import CA_CERT, SERVER_CERT, SERVER_KEY
-from fleetfence.probes import free_port, kafka_ping, mqtt_ping, port_free, redis_ping, wait_until
+from fleetfence.probes import kafka_ping, mqtt_ping, redis_ping, service_ports, wait_until
 from fleetfence.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -60,14 +60,6 @@ def service_names(settings: Settings) -> list[str]:
     return [*kafka_service_names(settings), "mqtt", "redis"]
 
 
-def _free_ports(n: int) -> int:
-    """The first of `n` consecutive free ports (a Kafka cluster's nodes take KAFKA_PORT + i)."""
-    while True:
-        first = free_port()
-        if first + n <= 65536 and all(port_free("127.0.0.1", first + i) for i in range(1, n)):
-            return first
-
-
 def private_fields(state_dir: Path, kafka_brokers: int = 1) -> dict[str, Any]:
     """Settings fields for an embedded broker (or a cluster of `kafka_brokers`), Mosquitto and Redis
     of one's own, on free ports with their data under `state_dir`: tests and benchmarks never touch
@@ -76,9 +68,10 @@ def private_fields(state_dir: Path, kafka_brokers: int = 1) -> dict[str, Any]:
     return {
         "state_dir": state_dir,
         **({"kafka_brokers": kafka_brokers} if kafka_brokers != 1 else {}),
-        "kafka_port": _free_ports(kafka_brokers),
-        "mqtt_port": free_port(),
-        "redis_port": free_port(),
+        # Below the ephemeral range: the tests kill and restart these on their ports.
+        "kafka_port": service_ports(kafka_brokers),
+        "mqtt_port": service_ports(),
+        "redis_port": service_ports(),
         "kafka_bootstrap": None,
         "mqtt_url": None,
         "redis_url": None,

@@ -9,6 +9,7 @@ all ask through these.
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import threading
@@ -23,7 +24,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 from paho.mqtt.enums import CallbackAPIVersion
 
-from fleetfence.errors import ServiceUnavailableError
+from fleetfence.errors import InfraError, ServiceUnavailableError
 from fleetfence.mqtt import Account, login
 
 
@@ -132,6 +133,30 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux's default otherwise)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def service_ports(n: int = 1, host: str = "127.0.0.1") -> int:
+    """The first of `n` consecutive free ports for private services that tests stop and start again
+    on the same port: chosen below the kernel's ephemeral range, because a port in it that is free
+    while its service is down can be handed to a client's outgoing connection, and the service then
+    cannot bind it again (an embedded cluster's node, SIGKILLed and restarted, once found its port
+    taken by a connection to another node)."""
+    low, _high = ephemeral_ports()
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        first = rng.randrange(10_000, max(low - n, 10_001))
+        if all(port_free(host, first + i) for i in range(n)):
+            return first
+    raise InfraError(f"no {n} consecutive free ports between 10000 and {low} on {host}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -282,6 +282,15 @@ ALLOWED: tuple[Allowed, ...] = (
         "not committed until the broker has it (run 22, CI of 2026-12-07: three attempts, 0.6 s).",
     ),
     Allowed(
+        DRIVERS,
+        r"ERROR TransportRequestHandler: Error sending result RpcResponse\[.*\] to /[\d.]+:\d+; "
+        r"closing connection",
+        FENCES,
+        "The fencing driver stops its query mid-batch (the sink aborts the batch) and exits: an "
+        "executor's RPC answer still on its way finds the channel closed (run 24, the Redis row).",
+        then=r"ClosedChannelException",
+    ),
+    Allowed(
         (*DRIVERS, "spark-worker"),
         r"ERROR TransportResponseHandler: Still have \d+ requests? outstanding when connection from "
         r"\S+ is closed",
