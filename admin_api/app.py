@@ -20,7 +20,7 @@ from redis.maint_notifications import MaintNotificationsConfig
 from admin_api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from admin_api.readmodels import LiveReader
 from admin_api.responses import master_error_handler, redis_unavailable_handler, request_validation_handler
-from admin_api.routers import credentials, live, master, reports, system, web
+from admin_api.routers import credentials, live, master, reports, system, trackers, web
 from admin_api.security import KeyVerifier
 from admin_api.settings import ApiSettings
 from fleetfence import __version__
@@ -83,6 +83,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             if relay is not None:
                 relay.stop()
             credentials.close_credentials(app)
+            trackers.close_trackers(app)
             await r.aclose()
             logger.info("admin api stopped")
 
@@ -101,6 +102,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.add_exception_handler(redis.TimeoutError, redis_unavailable_handler)
     app.include_router(master.router)
     app.include_router(credentials.router)
+    app.include_router(trackers.router)
     app.include_router(live.router)
     app.include_router(system.router)
     app.include_router(reports.router)

@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -83,3 +84,39 @@ def check_login(record: Mapping[Any, Any], secret: bytes | None) -> LoginVerdict
     if not stored:
         return LoginVerdict.NO_SECRET_HASH
     return LoginVerdict.ACCEPTED if secret_matches(secret, stored) else LoginVerdict.BAD_SECRET
+
+
+# --------------------------------------------------------------------------- trackers' identities
+
+
+class TrackerProtocol(StrEnum):
+    """The tracker protocols the device edge speaks besides its MQTT (`gateway.protocols`)."""
+
+    TELTONIKA = "teltonika"  # Codec 8 / 8 Extended over TCP: the device says its IMEI, no secret
+
+
+# A tracker's own id in its protocol: Teltonika's IMEI, 15 digits.
+TRACKER_ID_RE = {TrackerProtocol.TELTONIKA: re.compile(r"[0-9]{15}")}
+
+
+def tracker_key(prefix: str, protocol: TrackerProtocol, tracker_id: str) -> str:
+    """The Redis string naming the vehicle a tracker is bound to."""
+    return f"{prefix}tracker:{protocol.value}:{tracker_id}"
+
+
+def vehicle_trackers_key(prefix: str, vehicle_id: str) -> str:
+    """The Redis set of a vehicle's trackers, `protocol:id` each."""
+    return f"{prefix}tracker:of:{vehicle_id}"
+
+
+def tracker_verdict(vehicle_id: str | None, credentials: Mapping[Any, Any]) -> LoginVerdict:
+    """Whether a tracker bound to `vehicle_id` (None: bound to nothing) may send, given the vehicle's
+    credential record (HGETALL; empty when it has none). A tracker that says only its id (an IMEI)
+    has no secret to check: it is admitted by its binding, and refused while its vehicle's
+    credentials are disabled or revoked, so one switch stops a vehicle whatever it speaks."""
+    if vehicle_id is None:
+        return LoginVerdict.UNKNOWN_DEVICE
+    status = {_text(k): _text(v) for k, v in credentials.items()}.get(STATUS_FIELD)
+    if status is not None and status != ACTIVE:
+        return LoginVerdict.NOT_ACTIVE
+    return LoginVerdict.ACCEPTED

@@ -56,3 +56,7 @@ class CredentialsExistError(AlreadyExistsError):
 
 class NoCredentialsError(NotFoundError):
     """The vehicle has no MQTT credentials to rotate, disable or enable (never issued, or revoked)."""
+
+
+class TrackerBoundError(AlreadyExistsError):
+    """The tracker is bound to another vehicle: one tracker speaks for one vehicle at a time."""

@@ -17,6 +17,7 @@ from admin_api.problems import INVALID, READ_ERRORS, WRITE_ERRORS
 from admin_api.readmodels import last_fix_ms
 from admin_api.responses import OrjsonResponse
 from admin_api.routers.credentials import revoke_on_delete
+from admin_api.routers.trackers import unbind_on_delete
 from admin_api.schemas import (
     CIRCLE_ZONE_EXAMPLE,
     ROUTE_EXAMPLE,
@@ -281,8 +282,9 @@ async def delete_vehicle(
     _: Admin, master: Master, r: Redis, request: Request, vehicle_id: EntityPath, if_match: IfMatch = None
 ) -> Response:
     """Delete a vehicle without an assignment (409 otherwise); its MQTT credentials are revoked
-    with it (a connected vehicle is cut off at once)."""
+    with it (a connected vehicle is cut off at once), and its trackers unbound."""
     response = await _delete(master, MasterEntity.VEHICLE, vehicle_id, if_match)
+    await unbind_on_delete(request, vehicle_id)
     await revoke_on_delete(r, request, vehicle_id)
     return response
 

@@ -385,6 +385,7 @@ ADMIN_EXPECTED = {
     ("post", "/api/v1/import"): 200,  # an empty collection: nothing to write, counts all 0
     ("post", "/api/v1/stream/token"): 200,
     ("post", "/api/v1/vehicles/{vehicle_id}/credentials"): 201,  # issued to v1, in the real broker
+    ("put", "/api/v1/vehicles/{vehicle_id}/trackers/{protocol}/{tracker_id}"): 201,  # bound to v1
     ("get", "/api/v1/live/{vehicle_id}"): 404,  # no fix processed for v1
     ("get", "/api/v1/alerts/{alert_id}"): 404,
 }
@@ -392,7 +393,8 @@ ADMIN_EXPECTED = {
 
 def _call(api: Api, method: str, path: str, headers: dict[str, str], query: str = "") -> int:
     url = path.replace("{route_id}", "r1").replace("{zone_id}", "z1").replace("{vehicle_id}", "v1")
-    url = url.replace("{alert_id}", "abc123") + query
+    url = url.replace("{alert_id}", "abc123").replace("{protocol}", "teltonika")
+    url = url.replace("{tracker_id}", "356307042441013") + query
     if path == "/api/v1/stream":
         # An endless body: take the status once the response starts, then hang up (the client
         # closes the stream at once, as a browser leaving the page does).
@@ -417,6 +419,7 @@ def _call(api: Api, method: str, path: str, headers: dict[str, str], query: str 
             "/api/v1/vehicles/{vehicle_id}/credentials/rotate": None,
             "/api/v1/vehicles/{vehicle_id}/credentials/disable": None,
             "/api/v1/vehicles/{vehicle_id}/credentials/enable": None,
+            "/api/v1/vehicles/{vehicle_id}/trackers/{protocol}/{tracker_id}": None,
         }[path]
     return int(api.c.request(method.upper(), url, json=body, headers=headers).status_code)
 
@@ -869,3 +872,41 @@ def test_credentials_while_the_broker_is_unreachable(api: Api) -> None:
     # With the broker back, the credentials are revoked as the answer said.
     revoked = api.c.delete("/api/v1/vehicles/v-out/credentials", headers=api.admin)
     assert revoked.json()["status"] == "revoked"
+
+
+def test_trackers_are_bound_to_one_vehicle_each_and_go_with_it(api: Api) -> None:
+    """A Teltonika unit is admitted by its IMEI's binding: one vehicle per tracker (a second vehicle
+    is refused with 409), ids the protocol does not allow are 422, and deleting the vehicle unbinds
+    its trackers, so the IMEI can be bound again."""
+    for vid in ("t-a", "t-b"):
+        assert api.c.post("/api/v1/vehicles", json={"vehicle_id": vid}, headers=api.admin).status_code == 201
+    imei = "356307042441013"
+    at = f"/api/v1/vehicles/t-a/trackers/teltonika/{imei}"
+    first = api.c.put(at, headers=api.admin)
+    assert first.status_code == 201, first.text
+    assert first.json() == {"vehicle_id": "t-a", "protocol": "teltonika", "tracker_id": imei}
+    assert api.c.put(at, headers=api.admin).status_code == 200  # bound already: nothing changes
+    taken = api.c.put(f"/api/v1/vehicles/t-b/trackers/teltonika/{imei}", headers=api.admin)
+    assert taken.status_code == 409, taken.text
+    assert "t-a" in taken.text
+    for bad in ("12345", "35630704244101x", "3563070424410131"):
+        r = api.c.put(f"/api/v1/vehicles/t-b/trackers/teltonika/{bad}", headers=api.admin)
+        assert r.status_code == 422, (bad, r.text)
+    assert api.c.put(f"/api/v1/vehicles/t-b/trackers/nokia/{imei}", headers=api.admin).status_code == 422
+    assert (
+        api.c.put(f"/api/v1/vehicles/nobody/trackers/teltonika/{imei}", headers=api.admin).status_code == 404
+    )
+    assert api.c.put(at, headers=api.viewer).status_code == 403
+    listed = api.c.get("/api/v1/vehicles/t-a/trackers", headers=api.viewer)
+    assert listed.json() == [{"vehicle_id": "t-a", "protocol": "teltonika", "tracker_id": imei}]
+
+    assert (
+        api.c.delete(f"/api/v1/vehicles/t-b/trackers/teltonika/{imei}", headers=api.admin).status_code == 404
+    )
+    assert api.c.delete("/api/v1/vehicles/t-a", headers=api.admin).status_code == 204
+    again = api.c.put(f"/api/v1/vehicles/t-b/trackers/teltonika/{imei}", headers=api.admin)
+    assert again.status_code == 201, "the deleted vehicle's tracker is free again"
+    assert (
+        api.c.delete(f"/api/v1/vehicles/t-b/trackers/teltonika/{imei}", headers=api.admin).status_code == 204
+    )
+    assert api.c.get("/api/v1/vehicles/t-b/trackers", headers=api.viewer).json() == []
