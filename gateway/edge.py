@@ -43,7 +43,16 @@ from typing import Any
 import redis
 
 from fleetfence.contracts import DlqReason
-from fleetfence.devices import SECRET_HASH_FIELD, STATUS_FIELD, LoginVerdict, check_login, credentials_key
+from fleetfence.devices import (
+    SECRET_HASH_FIELD,
+    STATUS_FIELD,
+    LoginVerdict,
+    TrackerProtocol,
+    check_login,
+    credentials_key,
+    tracker_key,
+    tracker_verdict,
+)
 from fleetfence.errors import ConfigError, ServiceUnavailableError
 from gateway import mqtt_wire as w
 from gateway.core import Record, dead_letter, route
@@ -53,6 +62,7 @@ from gateway.metrics import GatewayCollector, GatewayStats, log_stats
 from gateway.producer import Forwarder
 from gateway.replica import Replica
 from gateway.settings import GatewaySettings
+from gateway.teltonika_edge import TeltonikaConnection
 
 logger = logging.getLogger(__name__)
 
@@ -350,8 +360,10 @@ class EdgeGateway(Replica):
         self.tls_port: int | None = None
         self._unconfirmed: dict[int, Pending] = {}
         self._connections: set[DeviceConnection] = set()
+        self._trackers: set[TeltonikaConnection] = set()  # gateway.teltonika_edge
+        self.teltonika_port: int | None = None
         self._by_identity: dict[str, DeviceConnection] = {}
-        self._dirty: set[DeviceConnection] = set()
+        self._dirty: set[DeviceConnection | TeltonikaConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
@@ -445,6 +457,47 @@ class EdgeGateway(Replica):
             old.close(w.RC_SESSION_TAKEN_OVER)
         self._by_identity[conn.identity] = conn
 
+    def tracker_opened(self, conn: TeltonikaConnection) -> None:
+        self._trackers.add(conn)
+        if self.draining:
+            conn.close()
+        elif self.all_paused:
+            conn.pause()
+
+    def tracker_lost(self, conn: TeltonikaConnection) -> None:
+        self._trackers.discard(conn)
+
+    def tracker_admitted(self, conn: TeltonikaConnection) -> None:
+        logger.info("tracker admitted protocol=teltonika imei=%s vehicle_id=%s", conn.imei, conn.vehicle_id)
+
+    def check_tracker(self, conn: TeltonikaConnection, protocol: TrackerProtocol, tracker_id: str) -> None:
+        """Read the tracker's binding and its vehicle's credential status (worker thread), then
+        answer it on the loop."""
+        assert self._loop is not None
+        r, prefix = self._redis, self.settings.redis_prefix
+
+        def read() -> tuple[LoginVerdict, str | None, tuple[str | None, str]]:
+            if r is None:  # logins off: the IMEI names the vehicle (tests, a closed network)
+                return LoginVerdict.ACCEPTED, tracker_id, (tracker_id, "")
+            raw = r.get(tracker_key(prefix, protocol, tracker_id))
+            vehicle_id = None if raw is None else _text(raw)
+            creds = r.hgetall(credentials_key(prefix, vehicle_id)) if vehicle_id is not None else {}
+            status = {_text(k): _text(v) for k, v in creds.items()}.get(STATUS_FIELD, "")
+            return tracker_verdict(vehicle_id, creds), vehicle_id, (vehicle_id, status)
+
+        fut = self._loop.run_in_executor(None, read)
+
+        def done(f: asyncio.Future[tuple[LoginVerdict, str | None, tuple[str | None, str]]]) -> None:
+            try:
+                verdict, vehicle_id, seen = f.result()
+            except redis.RedisError as exc:
+                logger.warning("tracker not admitted: Redis error=%s tracker_id=%s", exc, tracker_id)
+                conn.unavailable()
+                return
+            conn.admitted(verdict, vehicle_id, seen)
+
+        fut.add_done_callback(done)
+
     def check_login(self, conn: DeviceConnection, username: str, password: bytes | None) -> None:
         assert self._loop is not None
         assert self._redis is not None
@@ -479,7 +532,7 @@ class EdgeGateway(Replica):
     def _stored(self, e: Pending) -> None:
         self._unconfirmed.pop(id(e), None)
         conn = e.owner
-        if isinstance(conn, DeviceConnection):
+        if isinstance(conn, DeviceConnection | TeltonikaConnection):
             conn.stored(e)
             if conn.out:
                 self._dirty.add(conn)
@@ -487,17 +540,20 @@ class EdgeGateway(Replica):
     def _pending(self) -> list[Pending]:
         return [e for e in self._unconfirmed.values() if not e.confirmed]
 
+    def _all_connections(self) -> list[DeviceConnection | TeltonikaConnection]:
+        return [*self._connections, *self._trackers]
+
     def _pause_all(self) -> None:
         self.all_paused = True
         logger.warning("device edge paused: %s messages wait for Kafka", len(self._unconfirmed))
-        for c in self._connections:
+        for c in self._all_connections():
             if c.transport is not None and not c.closed:
                 c.transport.pause_reading()
 
     def _resume_all(self) -> None:
         self.all_paused = False
         logger.info("device edge reading again in_flight=%s", len(self._unconfirmed))
-        for c in self._connections:
+        for c in self._all_connections():
             if not c.paused and c.transport is not None and not c.closed:
                 c.transport.resume_reading()
 
@@ -560,6 +616,8 @@ class EdgeGateway(Replica):
         self._flush_dirty()
         for c in list(self._connections):
             c.close(w.RC_SERVER_SHUTTING_DOWN)
+        for tc in list(self._trackers):
+            tc.close()
         await asyncio.sleep(0)  # let the transports write what they hold before the loop ends
 
     async def _listen(self) -> list[asyncio.Server]:
@@ -578,6 +636,12 @@ class EdgeGateway(Replica):
             )
             servers.append(srv)
             self.tls_port = srv.sockets[0].getsockname()[1]
+        if s.gateway_teltonika_port is not None:
+            srv = await loop.create_server(
+                lambda: TeltonikaConnection(self), host, s.gateway_teltonika_port, reuse_address=True
+            )
+            servers.append(srv)
+            self.teltonika_port = srv.sockets[0].getsockname()[1]
         return servers
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -640,11 +704,22 @@ class EdgeGateway(Replica):
                     self.stats.protocol_errors[f"0x{w.RC_KEEP_ALIVE_TIMEOUT:02x}"] += 1
                     logger.info("device keep-alive missed identity=%r", c.identity)
                     c.close(w.RC_KEEP_ALIVE_TIMEOUT)
+            for tc in list(self._trackers):
+                if tc.vehicle_id is None and now - tc.opened_mono_s > s.gateway_edge_connect_timeout_s:
+                    self.stats.protocol_errors["teltonika:imei_timeout"] += 1
+                    tc.close()
+                elif (
+                    not (tc.paused or self.all_paused)
+                    and now - tc.last_rx_mono_s > s.gateway_teltonika_idle_timeout_s
+                ):
+                    self.stats.protocol_errors["teltonika:idle_timeout"] += 1
+                    tc.close()
             if self._redis is not None and now >= next_recheck:
                 next_recheck = now + s.gateway_edge_recheck_s
                 await self._recheck()
 
     async def _recheck(self) -> None:
+        await self._recheck_trackers()
         conns = [c for c in self._by_identity.values() if c.login_hash is not None]
         if not conns:
             return
@@ -669,6 +744,35 @@ class EdgeGateway(Replica):
                 logger.info("device disconnected: its credentials changed identity=%r", c.identity)
                 self.stats.logins_refused["credentials_changed"] += 1
                 c.close(w.RC_NOT_AUTHORIZED)
+
+    async def _recheck_trackers(self) -> None:
+        """Trackers whose binding or vehicle's credential status changed since admission are cut
+        off (unbound, bound elsewhere, the vehicle disabled or revoked)."""
+        conns = [c for c in self._trackers if c.seen is not None and c.imei is not None]
+        r, prefix = self._redis, self.settings.redis_prefix
+        if not conns or r is None:
+            return
+
+        def read() -> list[tuple[str | None, str]]:
+            out = []
+            for c in conns:
+                assert c.imei is not None
+                raw = r.get(tracker_key(prefix, TrackerProtocol.TELTONIKA, c.imei))
+                vehicle_id = None if raw is None else _text(raw)
+                status = r.hget(credentials_key(prefix, vehicle_id), STATUS_FIELD) if vehicle_id else None
+                out.append((vehicle_id, "" if status is None else _text(status)))
+            return out
+
+        try:
+            seen = await asyncio.get_running_loop().run_in_executor(None, read)
+        except redis.RedisError as exc:
+            logger.warning("trackers' bindings not re-read: Redis error=%s", exc)
+            return
+        for c, now_seen in zip(conns, seen, strict=True):
+            if not c.closed and now_seen != c.seen:
+                logger.info("tracker disconnected: its binding changed imei=%s", c.imei)
+                self.stats.logins_refused["teltonika:binding_changed"] += 1
+                c.close()
 
 
 def _seen(record: Any) -> tuple[str, str] | None:

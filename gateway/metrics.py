@@ -67,6 +67,9 @@ class GatewayStats:
     logins_refused: Counter[str] = field(default_factory=Counter)
     protocol_errors: Counter[str] = field(default_factory=Counter)
     sessions_taken_over: int = 0
+    # Trackers' records (gateway.teltonika_edge) by (protocol, received | forwarded | dead_lettered):
+    # each protocol reconciles on its own; the totals above include them.
+    tracker_records: Counter[tuple[str, str]] = field(default_factory=Counter)
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     latency_sum_s: float = 0.0
 
@@ -166,6 +169,14 @@ class GatewayCollector(Collector):
             for code, n in sorted(s.protocol_errors.items()):
                 pe.add_metric([code], n)
             yield pe
+            tr = CounterMetricFamily(
+                p + "tracker_records",
+                "trackers' records received, then forwarded or dead-lettered",
+                labels=["protocol", "outcome"],
+            )
+            for (protocol, outcome), n in sorted(s.tracker_records.items()):
+                tr.add_metric([protocol, outcome], n)
+            yield tr
             yield CounterMetricFamily(
                 p + "sessions_taken_over",
                 "device connections closed by a newer one of the same device",

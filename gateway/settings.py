@@ -98,6 +98,19 @@ class GatewaySettings(Settings):
         "dead-lettered as too_large.",
     )
     gateway_edge_connect_timeout_s: float = Field(default=10.0, gt=0)
+    gateway_teltonika_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the edge's Teltonika listener (Codec 8 / 8 Extended / 16 over TCP; 0: any "
+        "free port); unset: none. Needs the device edge (an edge port) and trackers bound to vehicles.",
+    )
+    gateway_teltonika_idle_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A Teltonika connection silent this long is closed (a unit whose network is gone "
+        "sends no FIN; the unit reconnects when it has data).",
+    )
     gateway_edge_recheck_s: float = Field(
         default=5.0,
         gt=0,
