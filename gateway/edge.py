@@ -754,14 +754,19 @@ class EdgeGateway(Replica):
             return
 
         def read() -> list[tuple[str | None, str]]:
-            out = []
+            # Two pipelined round trips for all of them: the bindings, then the vehicles' statuses.
+            pipe = r.pipeline(transaction=False)
             for c in conns:
-                assert c.imei is not None
-                raw = r.get(tracker_key(prefix, TrackerProtocol.TELTONIKA, c.imei))
-                vehicle_id = None if raw is None else _text(raw)
-                status = r.hget(credentials_key(prefix, vehicle_id), STATUS_FIELD) if vehicle_id else None
-                out.append((vehicle_id, "" if status is None else _text(status)))
-            return out
+                pipe.get(tracker_key(prefix, TrackerProtocol.TELTONIKA, c.imei or ""))
+            vehicles = [None if v is None else _text(v) for v in pipe.execute()]
+            pipe = r.pipeline(transaction=False)
+            for vid in vehicles:
+                pipe.hget(credentials_key(prefix, vid or ""), STATUS_FIELD)
+            statuses = pipe.execute()
+            return [
+                (vid, "" if vid is None or st is None else _text(st))
+                for vid, st in zip(vehicles, statuses, strict=True)
+            ]
 
         try:
             seen = await asyncio.get_running_loop().run_in_executor(None, read)

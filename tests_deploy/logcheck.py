@@ -101,6 +101,13 @@ MOSQUITTO_KILLS = (
     "test_sigkill_mosquitto_while_two_of_three_brokers_are_down",
 )
 KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
+SINK_OUTAGE = (
+    "Two of three nodes down longer than the sink's commit can wait (run 25: writes taken again 58 s "
+    "after a node's restart): the batch's transaction cannot flush, the sink aborts it and the query "
+    "ends with the commit's error; the driver exits, the standby takes the lease and the restart "
+    "policy brings the driver back. Nothing of the batch was committed and the row lost nothing, but "
+    "a driver restart is not yet the wait issue #58 asks for."
+)
 DRIVERS = ("processor", "processor-standby")
 FENCES = (  # the faults after which the running driver no longer holds the checkpoint's lease
     "test_freeze_the_processor_past_its_lease",
@@ -232,6 +239,29 @@ ALLOWED: tuple[Allowed, ...] = (
         "sink takes a new producer, reads the markers again and commits its batch unless it is "
         "already committed, and the fenced driver's query then ends (run 23: batches 169 and 170, "
         "nothing lost or duplicated in the row).",
+    ),
+    Allowed(
+        DRIVERS,
+        r"^Traceback \(most recent call last\):",
+        TWO_DOWN,
+        SINK_OUTAGE,
+        then=r'File "\S*/processor/spark/kafka_sink\.py", line \d+, in _transaction',
+    ),
+    Allowed(
+        DRIVERS,
+        r"ERROR WriteToDataSourceV2Exec: Data source write support MicroBatchWrite\[epoch: \d+, writer: "
+        r"org\.apache\.spark\.sql\.execution\.datasources\.v2\.python\.PythonStreamingWrite@\w+\] "
+        r"(?:is aborting|aborted)\.",
+        TWO_DOWN,
+        SINK_OUTAGE,
+    ),
+    Allowed(
+        DRIVERS,
+        r"ERROR MicroBatchExecution: Query fleetfence-processor \[id = [\w-]+, runId = [\w-]+\] terminated "
+        r"with error",
+        TWO_DOWN,
+        SINK_OUTAGE,
+        then=r"Failed when Python streaming data source perform commit",
     ),
     Allowed(
         DRIVERS,
