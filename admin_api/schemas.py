@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
 
+from fleetfence.devices import TrackerProtocol
 from vehicle_master.models import (
     MAX_MS,
     AssignmentData,
@@ -243,6 +244,28 @@ class CredentialsOut(BaseModel):
     rotated_at: str | None
     disabled_at: str | None
     revoked_at: str | None
+
+
+TRACKER_EXAMPLE: dict[str, Any] = {
+    "vehicle_id": "truck-042",
+    "protocol": "teltonika",
+    "tracker_id": "356307042441013",
+}
+
+
+class TrackerOut(BaseModel):
+    """A tracker bound to a vehicle: the device edge admits it by this binding."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [TRACKER_EXAMPLE]})
+    vehicle_id: str
+    protocol: TrackerProtocol = Field(description="The tracker's protocol.")
+    tracker_id: str = Field(description="Its id in that protocol: a Teltonika unit's IMEI, 15 digits.")
+
+
+class TrackersOut(RootModel[list[TrackerOut]]):
+    """A vehicle's trackers."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [[TRACKER_EXAMPLE]]})
 
 
 class IssuedCredentials(CredentialsOut):

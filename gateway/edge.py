@@ -57,7 +57,8 @@ from fleetfence.errors import ConfigError, ServiceUnavailableError
 from gateway import mqtt_wire as w
 from gateway.core import Record, dead_letter, route
 from gateway.errors import MqttProtocolError
-from gateway.inflight import InFlight, Pending
+from gateway.held import HeldConnection
+from gateway.inflight import Pending
 from gateway.metrics import GatewayCollector, GatewayStats, log_stats
 from gateway.producer import Forwarder
 from gateway.replica import Replica
@@ -77,25 +78,19 @@ def _telemetry_topic_bytes(vehicle_id: str) -> bytes:
     return f"fleet/{vehicle_id}/telemetry".encode()
 
 
-class DeviceConnection(asyncio.Protocol):
+class DeviceConnection(HeldConnection):
     """One device's MQTT connection: its protocol state, its messages held for Kafka, its PUBACKs."""
 
     def __init__(self, edge: EdgeGateway) -> None:
+        super().__init__(edge)
         self.edge = edge
         self.reader = w.FrameReader(edge.settings.gateway_edge_max_packet_bytes)
-        self.transport: asyncio.Transport | None = None
         self.connect: w.Connect | None = None
         self.version = w.MQTT_311
         self.identity = ""  # the vehicle id when logged in (or the client id without auth)
         self.allowed_topic: bytes | None = None  # None: any telemetry topic (no auth)
         self.login_hash: tuple[str, str] | None = None  # (status, secret hash) seen at login
-        self.inflight = InFlight(in_order=True)
-        self.out = bytearray()
-        self.opened_mono_s = time.monotonic()
-        self.last_rx_mono_s = self.opened_mono_s
         self.logged_in = False
-        self.closed = False
-        self.paused = False
         self._waiting: list[tuple[int, bytes]] = []  # frames that arrived while the login is checked
         self._checking = False
 
@@ -277,45 +272,9 @@ class DeviceConnection(asyncio.Protocol):
         elif p.qos == 2:
             e.reply = w.pubrec(p.packet_id, self.version, reason)
         edge.produce(e)
-        if len(self.inflight) >= edge.settings.gateway_edge_receive_maximum and not self.paused:
-            self.pause()
-
-    # ------------------------------------------------------------------ acknowledgements
-
-    def stored(self, e: Pending) -> None:
-        """Kafka has `e`: queue the acknowledgements this releases, in receive order."""
-        stats = self.edge.stats
-        for done in self.inflight.confirm(e):
-            if not done.reply:
-                continue
-            if self.closed:
-                stats.acks_dropped += 1  # the device sends it again on its next connection
-                continue
-            self.out += done.reply
-            stats.acked += 1
-        if self.paused and len(self.inflight) < self.edge.settings.gateway_edge_receive_maximum // 2 + 1:
-            self.resume()
-
-    def flush(self) -> None:
-        if self.out and not self.closed and self.transport is not None:
-            self.transport.write(bytes(self.out))
-        self.out.clear()
+        self.hold_back()
 
     # ------------------------------------------------------------------ plumbing
-
-    def write(self, data: bytes) -> None:
-        if data and not self.closed and self.transport is not None:
-            self.transport.write(data)
-
-    def pause(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.pause_reading()
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
-        if self.transport is not None and not self.closed and not self.edge.all_paused:
-            self.transport.resume_reading()
 
     def refuse(self, exc: MqttProtocolError) -> None:
         self.edge.stats.protocol_errors[f"0x{exc.code:02x}"] += 1
@@ -337,11 +296,6 @@ class DeviceConnection(asyncio.Protocol):
             self.write(w.disconnect(self.version, reason))
         self.transport.close()
         self.closed = True
-
-    @property
-    def peer(self) -> str:
-        info = self.transport.get_extra_info("peername") if self.transport is not None else None
-        return f"{info[0]}:{info[1]}" if isinstance(info, tuple) and len(info) >= 2 else "?"
 
 
 class EdgeGateway(Replica):

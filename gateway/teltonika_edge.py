@@ -32,10 +32,9 @@ from fleetfence.devices import LoginVerdict, TrackerProtocol
 from fleetfence.settings import TopicNames
 from gateway.core import Record
 from gateway.errors import TeltonikaFrameError
-from gateway.inflight import InFlight, Pending
-from gateway.metrics import GatewayStats
+from gateway.held import EdgeHost, HeldConnection
+from gateway.inflight import Pending
 from gateway.protocols import teltonika as t
-from gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +76,10 @@ def record_of(
     return Record(topics_telemetry, vehicle_id.encode(), fix.to_json(), None, None)
 
 
-class TrackerHost(Protocol):
+class TrackerHost(EdgeHost, Protocol):
     """What a tracker's connection needs of the edge it runs in (`gateway.edge.EdgeGateway`)."""
 
-    settings: GatewaySettings
-    stats: GatewayStats
     draining: bool
-    all_paused: bool
 
     @property
     def topics(self) -> TopicNames: ...
@@ -101,22 +97,16 @@ class TrackerHost(Protocol):
     def tracker_admitted(self, conn: TeltonikaConnection) -> None: ...
 
 
-class TeltonikaConnection(asyncio.Protocol):
+class TeltonikaConnection(HeldConnection):
     """One unit's TCP connection: the handshake, its records held for Kafka, its acknowledgements."""
 
     def __init__(self, edge: TrackerHost) -> None:
+        super().__init__(edge)
         self.edge = edge
         self.stream = t.TeltonikaStream()
-        self.transport: asyncio.Transport | None = None
         self.imei: str | None = None
         self.vehicle_id: str | None = None  # set once the IMEI is admitted
         self.seen: tuple[str | None, str] | None = None  # (vehicle, credential status) at admission
-        self.inflight = InFlight(in_order=True)
-        self.out = bytearray()
-        self.opened_mono_s = time.monotonic()
-        self.last_rx_mono_s = self.opened_mono_s
-        self.closed = False
-        self.paused = False
         self._waiting: list[t.Frame | TeltonikaFrameError] = []
         self._checking = False
 
@@ -227,47 +217,13 @@ class TeltonikaConnection(asyncio.Protocol):
             if i == last:
                 e.reply = packet.ack  # released once this and every earlier record are in Kafka
             edge.produce(e)
-        if len(self.inflight) >= edge.settings.gateway_edge_receive_maximum and not self.paused:
-            self.pause()
+        self.hold_back()
 
     # ------------------------------------------------------------------ acknowledgements
 
-    def stored(self, e: Pending) -> None:
-        """Kafka has `e`: queue the packet answers this releases, in receive order."""
-        stats = self.edge.stats
+    def counted(self, e: Pending) -> None:
         outcome = "forwarded" if e.record is not None and e.record.reason is None else "dead_lettered"
-        stats.tracker_records[(PROTOCOL.value, outcome)] += 1
-        for done in self.inflight.confirm(e):
-            if not done.reply:
-                continue
-            if self.closed:
-                stats.acks_dropped += 1  # the unit sends the packet again on its next connection
-                continue
-            self.out += done.reply
-            stats.acked += 1
-        if self.paused and len(self.inflight) < self.edge.settings.gateway_edge_receive_maximum // 2 + 1:
-            self.resume()
-
-    def flush(self) -> None:
-        if self.out and not self.closed and self.transport is not None:
-            self.transport.write(bytes(self.out))
-        self.out.clear()
-
-    # ------------------------------------------------------------------ plumbing
-
-    def write(self, data: bytes) -> None:
-        if data and not self.closed and self.transport is not None:
-            self.transport.write(data)
-
-    def pause(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.pause_reading()
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
-        if self.transport is not None and not self.closed and not self.edge.all_paused:
-            self.transport.resume_reading()
+        self.edge.stats.tracker_records[(PROTOCOL.value, outcome)] += 1
 
     def close(self, reason: int | None = None) -> None:
         """Close the connection (`reason` is MQTT's; a Teltonika unit is told nothing)."""
@@ -276,8 +232,3 @@ class TeltonikaConnection(asyncio.Protocol):
         self.flush()
         self.transport.close()
         self.closed = True
-
-    @property
-    def peer(self) -> str:
-        info = self.transport.get_extra_info("peername") if self.transport is not None else None
-        return f"{info[0]}:{info[1]}" if isinstance(info, tuple) and len(info) >= 2 else "?"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import redis
+from redis.client import Pipeline
 
 from fleetfence.devices import TRACKER_ID_RE, TrackerProtocol, tracker_key, vehicle_trackers_key
 from vehicle_master.errors import MasterValidationError, NotFoundError, TrackerBoundError
@@ -57,54 +59,55 @@ class VehicleTrackers:
         TrackerBoundError when another vehicle has it: unbind it there first."""
         check_tracker_id(protocol, tracker_id)
         key = tracker_key(self.prefix, protocol, tracker_id)
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    current = pipe.get(key)
-                    if current is not None:
-                        owner = _text(current)
-                        pipe.unwatch()
-                        if owner != vehicle_id:
-                            raise TrackerBoundError(
-                                f"{protocol.value} tracker {tracker_id} is bound to vehicle {owner!r}: "
-                                "unbind it there first"
-                            )
-                        return False
-                    pipe.multi()
-                    pipe.set(key, vehicle_id)
-                    pipe.sadd(vehicle_trackers_key(self.prefix, vehicle_id), f"{protocol.value}:{tracker_id}")
-                    pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue
-        logger.info("tracker bound protocol=%s tracker_id=%s vehicle_id=%s", protocol, tracker_id, vehicle_id)
-        return True
+        member = f"{protocol.value}:{tracker_id}"
+
+        def tx(pipe: Pipeline) -> bool:
+            current = pipe.get(key)
+            if current is not None:
+                if _text(current) != vehicle_id:
+                    raise TrackerBoundError(
+                        f"{protocol.value} tracker {tracker_id} is bound to vehicle {_text(current)!r}: "
+                        "unbind it there first"
+                    )
+                return False
+            pipe.multi()
+            pipe.set(key, vehicle_id)
+            pipe.sadd(vehicle_trackers_key(self.prefix, vehicle_id), member)
+            return True
+
+        bound = self._watched(key, tx)
+        if bound:
+            logger.info(
+                "tracker bound protocol=%s tracker_id=%s vehicle_id=%s", protocol, tracker_id, vehicle_id
+            )
+        return bound
 
     def unbind(self, vehicle_id: str, protocol: TrackerProtocol, tracker_id: str) -> None:
         """NotFoundError when the tracker is not bound to this vehicle."""
         check_tracker_id(protocol, tracker_id)
         key = tracker_key(self.prefix, protocol, tracker_id)
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    current = pipe.get(key)
-                    if current is None or _text(current) != vehicle_id:
-                        pipe.unwatch()
-                        raise NotFoundError(
-                            f"{protocol.value} tracker {tracker_id} is not bound to vehicle {vehicle_id!r}"
-                        )
-                    pipe.multi()
-                    pipe.delete(key)
-                    pipe.srem(vehicle_trackers_key(self.prefix, vehicle_id), f"{protocol.value}:{tracker_id}")
-                    pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue
+
+        def tx(pipe: Pipeline) -> bool:
+            current = pipe.get(key)
+            if current is None or _text(current) != vehicle_id:
+                raise NotFoundError(
+                    f"{protocol.value} tracker {tracker_id} is not bound to vehicle {vehicle_id!r}"
+                )
+            pipe.multi()
+            pipe.delete(key)
+            pipe.srem(vehicle_trackers_key(self.prefix, vehicle_id), f"{protocol.value}:{tracker_id}")
+            return True
+
+        self._watched(key, tx)
         logger.info(
             "tracker unbound protocol=%s tracker_id=%s vehicle_id=%s", protocol, tracker_id, vehicle_id
         )
+
+    def _watched(self, key: str, tx: Callable[[Pipeline], bool]) -> bool:
+        """Run `tx` on `key` watched, again whenever another writer changed it meanwhile: a tracker's
+        binding and its vehicle's set change together or not at all."""
+        # redis-py types the callable as returning None; with value_from_callable it returns tx's value.
+        return bool(self.r.transaction(tx, key, value_from_callable=True))  # type: ignore[arg-type]
 
     def unbind_all(self, vehicle_id: str) -> int:
         """Every tracker of a vehicle unbound (its deletion); how many were."""

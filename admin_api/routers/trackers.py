@@ -13,10 +13,10 @@ from typing import Annotated, Any
 import redis
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel
 
 from admin_api.deps import Admin, EntityPath, Viewer
 from admin_api.problems import READ_ERRORS, WRITE_ERRORS
+from admin_api.schemas import TrackerOut, TrackersOut
 from admin_api.settings import ApiSettings
 from fleetfence.contracts import MasterEntity
 from fleetfence.devices import TrackerProtocol
@@ -27,12 +27,6 @@ router = APIRouter(prefix="/api/v1", tags=["trackers"])
 
 TrackerId = Annotated[str, Path(min_length=1, max_length=64, description="The tracker's id (an IMEI).")]
 _lock = threading.Lock()
-
-
-class TrackerOut(BaseModel):
-    vehicle_id: str
-    protocol: TrackerProtocol
-    tracker_id: str
 
 
 def _trackers(request: Request) -> VehicleTrackers:
@@ -68,10 +62,12 @@ def _unbind(request: Request, vehicle_id: str, protocol: TrackerProtocol, tracke
     _trackers(request).unbind(vehicle_id, protocol, tracker_id)
 
 
-def _list(request: Request, vehicle_id: str) -> list[TrackerOut]:
+def _list(request: Request, vehicle_id: str) -> TrackersOut:
     t = _trackers(request)
     _known(t, vehicle_id)
-    return [TrackerOut(vehicle_id=vehicle_id, protocol=p, tracker_id=i) for p, i in t.of_vehicle(vehicle_id)]
+    return TrackersOut(
+        [TrackerOut(vehicle_id=vehicle_id, protocol=p, tracker_id=i) for p, i in t.of_vehicle(vehicle_id)]
+    )
 
 
 @router.put(
@@ -108,8 +104,8 @@ async def unbind_tracker(
     return Response(status_code=204)
 
 
-@router.get("/vehicles/{vehicle_id}/trackers", response_model=list[TrackerOut], responses=READ_ERRORS)
-async def list_trackers(_: Viewer, request: Request, vehicle_id: EntityPath) -> list[TrackerOut]:
+@router.get("/vehicles/{vehicle_id}/trackers", response_model=TrackersOut, responses=READ_ERRORS)
+async def list_trackers(_: Viewer, request: Request, vehicle_id: EntityPath) -> TrackersOut:
     """The vehicle's trackers."""
     return await run_in_threadpool(_list, request, vehicle_id)
 

@@ -12,6 +12,7 @@ import redis
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.mqtt import DynSec, service_account
 from fleetfence.settings import Settings
+from gateway.edge import EdgeGateway
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.testing import Publisher, fleet_publisher, forget_session
@@ -36,6 +37,15 @@ def creds(gs: GatewaySettings) -> Iterator[VehicleCredentials]:
     yield VehicleCredentials(r, gs.redis_prefix, control)
     control.close()
     r.close()
+
+
+@pytest.fixture
+def edge(gs: GatewaySettings) -> Iterator[EdgeGateway]:
+    """A device edge on the module's `gs` (which sets its ports)."""
+    e = EdgeGateway(gs)
+    e.start()
+    yield e
+    e.stop(drain_timeout_s=5)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import socket
 import ssl
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +88,6 @@ class Device:
 def gs(settings: Settings) -> GatewaySettings:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     return gw_settings(settings, gateway_edge_port=0, gateway_edge_recheck_s=0.5)
-
-
-@pytest.fixture
-def edge(gs: GatewaySettings) -> Iterator[EdgeGateway]:
-    e = EdgeGateway(gs)
-    e.start()
-    yield e
-    e.stop(drain_timeout_s=5)
 
 
 def records_until(gs: GatewaySettings, done: Any, what: str) -> list[tuple[str, bytes, dict[str, Any]]]:

@@ -91,14 +91,6 @@ def gs(settings: Settings) -> GatewaySettings:
 
 
 @pytest.fixture
-def edge(gs: GatewaySettings) -> Iterator[EdgeGateway]:
-    e = EdgeGateway(gs)
-    e.start()
-    yield e
-    e.stop(drain_timeout_s=5)
-
-
-@pytest.fixture
 def trackers(gs: GatewaySettings) -> Iterator[VehicleTrackers]:
     r = redis.Redis.from_url(gs.redis_dsn)
     yield VehicleTrackers(r, gs.redis_prefix)
