@@ -59,7 +59,7 @@ from gateway.core import Record, dead_letter, route
 from gateway.errors import MqttProtocolError
 from gateway.held import HeldConnection
 from gateway.inflight import Pending
-from gateway.metrics import GatewayCollector, GatewayStats, log_stats
+from gateway.metrics import GatewayCollector, GatewayStats, log_stats, log_stopped
 from gateway.producer import Forwarder
 from gateway.replica import Replica
 from gateway.settings import GatewaySettings
@@ -525,20 +525,7 @@ class EdgeGateway(Replica):
             loop.close()
             if self._redis is not None:
                 self._redis.close()
-            logger.info(
-                "device edge stopped client_id=%s drained=%s in_flight=%s unflushed=%s received=%s "
-                "forwarded=%s dead_lettered=%s acked=%s acks_dropped=%s redelivered=%s",
-                self.client_id,
-                self._drained,
-                self.in_flight,
-                left,
-                self.stats.received,
-                self.stats.forwarded,
-                self.stats.dead_lettered_total,
-                self.stats.acked,
-                self.stats.acks_dropped,
-                self.stats.redelivered,
-            )
+            log_stopped("device edge", self.client_id, self._drained, self.in_flight, left, self.stats)
             self._ready.set()
 
     async def _main(self) -> None:

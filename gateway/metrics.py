@@ -98,6 +98,28 @@ def log_stats(stats: GatewayStats, in_flight: int) -> None:
     )
 
 
+def log_stopped(
+    what: str, client_id: str, drained: bool, in_flight: int, unflushed: int, stats: GatewayStats
+) -> None:
+    """The last line of a stopped replica (`what`: "gateway" or "device edge"): whether it drained,
+    and its counters, which a restart resets."""
+    logger.info(
+        "%s stopped client_id=%s drained=%s in_flight=%s unflushed=%s received=%s forwarded=%s "
+        "dead_lettered=%s acked=%s acks_dropped=%s redelivered=%s",
+        what,
+        client_id,
+        drained,
+        in_flight,
+        unflushed,
+        stats.received,
+        stats.forwarded,
+        stats.dead_lettered_total,
+        stats.acked,
+        stats.acks_dropped,
+        stats.redelivered,
+    )
+
+
 class GatewayCollector(Collector):
     """Reads a `GatewayStats` (and live gauges) at scrape time."""
 

@@ -34,7 +34,7 @@ from fleetfence.errors import ServiceUnavailableError
 from fleetfence.mqtt import login, service_account
 from gateway.acks import AckOrder, DrainBarrier
 from gateway.core import route
-from gateway.metrics import GatewayCollector, GatewayStats, log_stats
+from gateway.metrics import GatewayCollector, GatewayStats, log_stats, log_stopped
 from gateway.mqtt_client import MAX_PACKETS_PER_READ, BufferedClient, topic_bytes
 from gateway.producer import Forwarder
 from gateway.replica import Replica
@@ -242,20 +242,7 @@ class Gateway(Replica):
                 logger.debug("disconnect failed", exc_info=True)
             self.acks.connection_lost()
             left = self._out.flush(2.0)
-            logger.info(
-                "gateway stopped client_id=%s drained=%s in_flight=%s unflushed=%s received=%s forwarded=%s "
-                "dead_lettered=%s acked=%s acks_dropped=%s redelivered=%s",
-                self.client_id,
-                self._drained,
-                self.in_flight,
-                left,
-                self.stats.received,
-                self.stats.forwarded,
-                self.stats.dead_lettered_total,
-                self.stats.acked,
-                self.stats.acks_dropped,
-                self.stats.redelivered,
-            )
+            log_stopped("gateway", self.client_id, self._drained, self.in_flight, left, self.stats)
 
     def _loop(self) -> None:
         client = self._client
