@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -104,30 +105,26 @@ def json_required(d: Mapping[str, Any], name: str, error: type[ContractError]) -
     return v
 
 
-class PositionFix(Protocol):
-    """What a decoded phone-app fix (OsmAnd, OwnTracks) carries into the telemetry record."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhoneFix:
+    """What a phone app's fix (OsmAnd, OwnTracks) carries, in FleetFence's units: the one spelling
+    of the fields both protocols share, which `fix_telemetry` hands to the telemetry record.
+    `speed_kmh` is 0.0 when the device sent none; `battery` is a percentage; `attributes` keeps
+    every other parameter as text."""
 
-    @property
-    def ts_ms(self) -> int: ...
-
-    @property
-    def lat(self) -> float: ...
-
-    @property
-    def lon(self) -> float: ...
-
-    @property
-    def speed_kmh(self) -> float: ...
-
-    @property
-    def heading_deg(self) -> float | None: ...
-
-    @property
-    def accuracy_m(self) -> float | None: ...
+    ts_ms: int
+    lat: float
+    lon: float
+    speed_kmh: float = 0.0
+    heading_deg: float | None = None
+    accuracy_m: float | None = None
+    altitude_m: float | None = None
+    battery: float | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
 
 
 def fix_telemetry(
-    fix: PositionFix, *, vehicle_id: str, received_ms: int, error: type[ContractError]
+    fix: PhoneFix, *, vehicle_id: str, received_ms: int, error: type[ContractError]
 ) -> Telemetry:
     """`telemetry_of` for a decoded fix: one spelling of the hand-over for every protocol."""
     return telemetry_of(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl
@@ -44,7 +44,7 @@ import orjson
 
 from fleetfence.contracts import MAX_PAYLOAD_BYTES, DlqReason, Telemetry
 from gateway.errors import OsmAndRequestError
-from gateway.protocols import fix_telemetry, json_number, json_required
+from gateway.protocols import PhoneFix, fix_telemetry, json_number, json_required
 
 KMH_PER_UNIT = {"kn": 1.852, "kmh": 1.0, "mps": 3.6, "mph": 1.609344}
 MAX_FIELDS = 64  # parameters in one request: a fix has about ten
@@ -75,25 +75,15 @@ _KNOWN = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class OsmAndFix:
-    """One fix as the device reported it, in FleetFence's units. `speed_kmh` is 0.0 when the device
-    sent none (or an unknown, negative one); `battery` is a percentage; `valid` is False when the
-    device said the position is not a fix (`valid=false`); `attributes` keeps every other
-    parameter as text (Traccar Client's `charge`, `driverUniqueId`, the JSON form's `is_moving`,
-    `odometer`, `event`, `activity`...)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OsmAndFix(PhoneFix):
+    """One fix as the device reported it (`PhoneFix`; a speed unknown or negative is 0.0).
+    `valid` is False when the device said the position is not a fix (`valid=false`); `attributes`
+    keeps Traccar Client's `charge`, `driverUniqueId`, the JSON form's `is_moving`, `odometer`,
+    `event`, `activity`..."""
 
     device_id: str
-    ts_ms: int
-    lat: float
-    lon: float
-    speed_kmh: float = 0.0
-    heading_deg: float | None = None
-    accuracy_m: float | None = None
-    altitude_m: float | None = None
-    battery: float | None = None
     valid: bool = True
-    attributes: dict[str, str] = field(default_factory=dict)
 
 
 def parse_timestamp(raw: str) -> int:

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from fleetfence.contracts import MAX_PAYLOAD_BYTES, DlqReason, Telemetry
 from gateway.errors import OwnTracksMessageError
-from gateway.protocols import fix_telemetry, json_number, json_required
+from gateway.protocols import PhoneFix, fix_telemetry, json_number, json_required
 
 LOCATION = "location"
 TOPIC_PREFIX = "owntracks"
@@ -49,24 +49,15 @@ class OwnTracksTopic:
     subtopic: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class OwnTracksFix:
-    """One `_type: location` message in FleetFence's units. `user` and `device` come from the
-    topic (MQTT's, or the payload's `topic` in HTTP mode; None when neither says)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnTracksFix(PhoneFix):
+    """One `_type: location` message (`PhoneFix`). `user` and `device` come from the topic (MQTT's,
+    or the payload's `topic` in HTTP mode; None when neither says)."""
 
-    ts_ms: int
-    lat: float
-    lon: float
-    speed_kmh: float = 0.0
-    heading_deg: float | None = None
-    accuracy_m: float | None = None
-    altitude_m: float | None = None
-    battery: float | None = None
     tid: str | None = None
     trigger: str | None = None
     user: str | None = None
     device: str | None = None
-    attributes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
