@@ -264,6 +264,34 @@ ALLOWED: tuple[Allowed, ...] = (
         then=r"Failed when Python streaming data source perform commit",
     ),
     Allowed(
+        ("alerts",),
+        r"FATAL\|fleetfence-alerts-\w+#consumer-\d+\| \[thrd:main\]: Fatal error: Broker: Static consumer "
+        r"fenced by other consumer with same group\.instance\.id",
+        BROKER_KILLS,
+        "Two of three nodes down: the receivers' static group members miss their heartbeats while the "
+        "group coordinator cannot write, and the coordinator fences the old member when it rejoins; "
+        "librdkafka calls that fatal for the consumer, and the receiver replaces it in place and reads "
+        "on from its committed offsets (run 26: nothing lost, no alert twice).",
+    ),
+    Allowed(
+        KAFKA_NODES,
+        r"ERROR \[GroupCoordinator id=\d topic=__consumer_offsets partition=\d+\] The write event "
+        r"Timeout\(tp=__consumer_offsets-\d+, key=(?:heartbeat|join)-fleetfence\.",
+        BROKER_KILLS,
+        "The group coordinator's heartbeat and join timers cannot write to __consumer_offsets while "
+        "its in-sync replicas are below min.insync.replicas (two of three nodes down, run 26); the "
+        "members rejoin once a second node is back.",
+    ),
+    Allowed(
+        ("alerts",),
+        r'"level":"ERROR","logger":"alerts\.runner","msg":"receiver step failed, retrying receiver=\w+ '
+        r"attempt=\d+ delay_s=[\d.]+ error=Error (?:while reading from|\d+ connecting to) redis:6379",
+        ("test_sigkill_redis_and_restart",),
+        "The history and MQTT receivers keep their de-duplication in Redis: with Redis SIGKILLed a step "
+        "fails, and the receiver retries the same alerts with its backoff, its consumer offset not "
+        "committed until Redis answers (run 26).",
+    ),
+    Allowed(
         DRIVERS,
         r"ERROR TorrentBroadcast: Store broadcast broadcast_\d+ fail, remove all pieces of the broadcast",
         FENCES,
