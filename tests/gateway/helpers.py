@@ -17,6 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from fleetfence import probes
 from fleetfence.contracts import telemetry_topic
+from fleetfence.mqtt import account_fields
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.settings import GatewaySettings
@@ -34,6 +35,23 @@ def gw_settings(settings: Settings, **over: Any) -> GatewaySettings:
     }
     upd.update(over)
     return base.model_copy(update=upd)
+
+
+def own_kafka(settings: Settings, tmp_path: Path) -> Settings:
+    """Settings for a Kafka broker of the test's own (killed or stopped by it), beside the
+    session's Mosquitto and Redis. Its port is below the ephemeral range, so a restart finds it free
+    (`fleetfence.probes.service_ports`)."""
+    host, port = settings.mqtt_host_port
+    return Settings(
+        state_dir=tmp_path / "own-broker",
+        kafka_port=probes.service_ports(),
+        kafka_bootstrap=None,
+        mqtt_url=f"mqtt://{host}:{port}",
+        redis_url=settings.redis_dsn,
+        topic_prefix=settings.topic_prefix,
+        startup_timeout_s=60,
+        **account_fields(settings),
+    )
 
 
 class Vehicle:

@@ -19,11 +19,11 @@ from embedded import infra
 from embedded.processes import alive, read_pid
 from fleetfence import probes
 from fleetfence.kafka import ensure_topics, topic_specs
-from fleetfence.mqtt import DynSec, account_fields
+from fleetfence.mqtt import DynSec
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.testing import TopicReader, telemetry_seqs
-from tests.gateway.helpers import EdgeProcess, Vehicle, gw_settings
+from tests.gateway.helpers import EdgeProcess, Vehicle, gw_settings, own_kafka
 from vehicle_master.credentials import VehicleCredentials
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.fault]
@@ -34,17 +34,7 @@ PER_VEHICLE = 150
 def test_edge_sigkilled_during_a_kafka_outage_loses_no_acknowledged_fix(
     settings: Settings, tmp_path: Path
 ) -> None:
-    host, port = settings.mqtt_host_port
-    own = Settings(
-        state_dir=tmp_path / "own-broker",
-        kafka_port=probes.free_port(),
-        kafka_bootstrap=None,
-        mqtt_url=f"mqtt://{host}:{port}",
-        redis_url=settings.redis_dsn,
-        topic_prefix=settings.topic_prefix,
-        startup_timeout_s=60,
-        **account_fields(settings),
-    )
+    own = own_kafka(settings, tmp_path)
     gs = gw_settings(own, gateway_edge_port=probes.free_port())
     r = redis.Redis.from_url(settings.redis_dsn)
     control = DynSec.from_settings(settings)

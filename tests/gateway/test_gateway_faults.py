@@ -41,7 +41,7 @@ from gateway.testing import (
     scrape,
     telemetry_seqs,
 )
-from tests.gateway.helpers import gw_settings
+from tests.gateway.helpers import gw_settings, own_kafka
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -368,17 +368,7 @@ def test_sigkill_mosquitto_loses_no_acknowledged_fix(settings: Settings, tmp_pat
 # Kafka stopped under load: in the fault suite, with the other outages (the default suite's budget).
 @pytest.mark.fault
 def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, tmp_path: Path) -> None:
-    host, port = settings.mqtt_host_port
-    own = Settings(
-        state_dir=tmp_path / "own-broker",
-        kafka_port=probes.free_port(),
-        kafka_bootstrap=None,
-        mqtt_url=f"mqtt://{host}:{port}",
-        redis_url=settings.redis_dsn,
-        topic_prefix=settings.topic_prefix,
-        startup_timeout_s=60,
-        **account_fields(settings),
-    )
+    own = own_kafka(settings, tmp_path)
     rm = 100
     gs = gw_settings(
         own,
@@ -458,6 +448,6 @@ def test_kafka_outage_backpressure_bounded_and_nothing_lost(settings: Settings, 
         if reader is not None:
             reader.close()
         pub.close()
-        forget_session(host, port, gs.gateway_client_id, service_account(gs, "gateway"))
+        forget_session(*settings.mqtt_host_port, gs.gateway_client_id, service_account(gs, "gateway"))
         infra.down(own)
         assert not os.path.exists(own.run_dir / "kafka.pid")
