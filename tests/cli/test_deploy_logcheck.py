@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
 
 from tests_deploy import logcheck
 from tests_deploy.logcheck import ALLOWED, ERROR_LINE, START_UP, Allowed, Window
@@ -111,6 +114,45 @@ def test_the_broken_persistence_fails_the_suite_in_any_test() -> None:
         lines.append(stamped(at, f"{int(at.timestamp())}: Error saving Dynamic security plugin config: x"))
     verdict = logcheck.check({"mosquitto": "\n".join(lines)}, windows)
     assert len(verdict.unexpected) == 2 * len(tests)
+
+
+def test_an_unexplained_transient_line_fails_only_outside_a_fault_row() -> None:
+    """The default policy: during a fault row a client's unexplained reconnect error is noted, not
+    failed (the row's reconciliation judges the fault); at start-up, in a row without a fault, or
+    saying the deployment is broken, it fails. `strict` fails all, `lenient` only the broken."""
+    windows = [Window("test_up", T0), Window("test_kill", T0 + timedelta(minutes=1), fault=True)]
+    transient = "%3|1796653232.333|FAIL|rdkafka#consumer-2| [thrd:main]: kafka-9:9092: Unknown error"
+    logs = {
+        "alerts": "\n".join(
+            [
+                stamped(T0 - timedelta(seconds=1), transient),
+                stamped(T0 + timedelta(seconds=1), transient),
+                stamped(T0 + timedelta(minutes=1, seconds=1), transient),
+                stamped(T0 + timedelta(minutes=1, seconds=2), "Traceback (most recent call last):"),
+            ]
+        )
+    }
+    unexpected = logcheck.check(logs, windows, allowed=()).unexpected
+    assert [(line.test, line.fault) for line in unexpected] == [
+        (START_UP, False),
+        ("test_up", False),
+        ("test_kill", True),
+        ("test_kill", True),
+    ]
+    assert [logcheck.fails(line, "faults") for line in unexpected] == [True, True, False, True]
+    assert [logcheck.fails(line, "strict") for line in unexpected] == [True, True, True, True]
+    assert [logcheck.fails(line, "lenient") for line in unexpected] == [False, False, False, True]
+    with pytest.raises(ValueError, match="FLEETFENCE_DEPLOY_LOGCHECK='loose'"):
+        logcheck.fails(unexpected[0], "loose")
+
+
+def test_saved_windows_keep_which_tests_inject_faults(tmp_path: Path) -> None:
+    windows = [Window("test_up", T0), Window("test_kill", T0 + timedelta(minutes=1), fault=True)]
+    path = tmp_path / "session.log"
+    logcheck.save(path, {"alerts": stamped(T0, "hello")}, windows)
+    logs, loaded = logcheck.load(path)
+    assert loaded == windows
+    assert logs == {"alerts": stamped(T0, "hello")}
 
 
 def test_every_allowed_entry_is_reasoned_and_narrow() -> None:
