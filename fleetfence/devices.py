@@ -93,10 +93,15 @@ class TrackerProtocol(StrEnum):
     """The tracker protocols the device edge speaks besides its MQTT (`gateway.protocols`)."""
 
     TELTONIKA = "teltonika"  # Codec 8 / 8 Extended over TCP: the device says its IMEI, no secret
+    OSMAND = "osmand"  # Traccar Client over HTTP: the request says its device id, no secret
 
 
-# A tracker's own id in its protocol: Teltonika's IMEI, 15 digits.
-TRACKER_ID_RE = {TrackerProtocol.TELTONIKA: re.compile(r"[0-9]{15}")}
+# A tracker's own id in its protocol: Teltonika's IMEI, 15 digits; Traccar Client's device
+# identifier, free text in the app (a random number by default): letters, digits, `.`, `_`, `-`.
+TRACKER_ID_RE = {
+    TrackerProtocol.TELTONIKA: re.compile(r"[0-9]{15}"),
+    TrackerProtocol.OSMAND: re.compile(r"[A-Za-z0-9._-]{1,64}"),
+}
 
 
 def tracker_key(prefix: str, protocol: TrackerProtocol, tracker_id: str) -> str:

@@ -22,8 +22,7 @@ def run(settings: GatewaySettings) -> bool:
     acknowledged."""
     # With an edge port the replica is the vehicles' MQTT endpoint (gateway.edge); without one it
     # reads their messages from Mosquitto (gateway.service).
-    edge = settings.gateway_edge_port is not None or settings.gateway_edge_tls_port is not None
-    gw: Gateway | EdgeGateway = EdgeGateway(settings) if edge else Gateway(settings)
+    gw: Gateway | EdgeGateway = EdgeGateway(settings) if settings.gateway_edge_listens else Gateway(settings)
 
     def exited() -> bool:
         gw.wait(0.5)

@@ -58,6 +58,7 @@ from gateway import mqtt_wire as w
 from gateway.core import Record, dead_letter, route
 from gateway.errors import MqttProtocolError
 from gateway.held import HeldConnection
+from gateway.http_edge import Identity, PhoneConnection
 from gateway.inflight import Pending
 from gateway.metrics import GatewayCollector, GatewayStats, log_stats, log_stopped
 from gateway.producer import Forwarder
@@ -303,8 +304,11 @@ class EdgeGateway(Replica):
     FLEETFENCE_GATEWAY_EDGE_PORT set."""
 
     def __init__(self, settings: GatewaySettings) -> None:
-        if settings.gateway_edge_port is None and settings.gateway_edge_tls_port is None:
-            raise ConfigError("the device edge needs FLEETFENCE_GATEWAY_EDGE_PORT or _EDGE_TLS_PORT")
+        if not settings.gateway_edge_listens:
+            raise ConfigError(
+                "the device edge needs one of FLEETFENCE_GATEWAY_EDGE_PORT, _EDGE_TLS_PORT, "
+                "_TELTONIKA_PORT, _HTTP_PORT, _HTTPS_PORT"
+            )
         super().__init__(settings)
         self.topics = settings.topics
         self.stats = GatewayStats()
@@ -316,8 +320,11 @@ class EdgeGateway(Replica):
         self._connections: set[DeviceConnection] = set()
         self._trackers: set[TeltonikaConnection] = set()  # gateway.teltonika_edge
         self.teltonika_port: int | None = None
+        self._phones: set[PhoneConnection] = set()  # gateway.http_edge
+        self.http_port: int | None = None
+        self.https_port: int | None = None
         self._by_identity: dict[str, DeviceConnection] = {}
-        self._dirty: set[DeviceConnection | TeltonikaConnection] = set()
+        self._dirty: set[DeviceConnection | TeltonikaConnection | PhoneConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
@@ -370,11 +377,14 @@ class EdgeGateway(Replica):
             device_url=self.device_url,
         )
         logger.info(
-            "device edge started client_id=%s port=%s tls_port=%s auth=%s receive_maximum=%s "
-            "max_in_flight=%s metrics_port=%s",
+            "device edge started client_id=%s port=%s tls_port=%s teltonika_port=%s http_port=%s "
+            "https_port=%s auth=%s receive_maximum=%s max_in_flight=%s metrics_port=%s",
             self.client_id,
             self.port,
             self.tls_port,
+            self.teltonika_port,
+            self.http_port,
+            self.https_port,
             self.settings.mqtt_auth,
             self.settings.gateway_edge_receive_maximum,
             self.settings.gateway_edge_max_in_flight,
@@ -424,22 +434,25 @@ class EdgeGateway(Replica):
     def tracker_admitted(self, conn: TeltonikaConnection) -> None:
         logger.info("tracker admitted protocol=teltonika imei=%s vehicle_id=%s", conn.imei, conn.vehicle_id)
 
+    def _binding(
+        self, protocol: TrackerProtocol, tracker_id: str
+    ) -> tuple[LoginVerdict, str | None, tuple[str | None, str]]:
+        """A tracker's binding and its vehicle's credential status (a worker thread's read): the
+        verdict, the vehicle, and what a re-check compares."""
+        r, prefix = self._redis, self.settings.redis_prefix
+        if r is None:  # logins off: the tracker's id names the vehicle (tests, a closed network)
+            return LoginVerdict.ACCEPTED, tracker_id, (tracker_id, "")
+        raw = r.get(tracker_key(prefix, protocol, tracker_id))
+        vehicle_id = None if raw is None else _text(raw)
+        creds = r.hgetall(credentials_key(prefix, vehicle_id)) if vehicle_id is not None else {}
+        status = {_text(k): _text(v) for k, v in creds.items()}.get(STATUS_FIELD, "")
+        return tracker_verdict(vehicle_id, creds), vehicle_id, (vehicle_id, status)
+
     def check_tracker(self, conn: TeltonikaConnection, protocol: TrackerProtocol, tracker_id: str) -> None:
         """Read the tracker's binding and its vehicle's credential status (worker thread), then
         answer it on the loop."""
         assert self._loop is not None
-        r, prefix = self._redis, self.settings.redis_prefix
-
-        def read() -> tuple[LoginVerdict, str | None, tuple[str | None, str]]:
-            if r is None:  # logins off: the IMEI names the vehicle (tests, a closed network)
-                return LoginVerdict.ACCEPTED, tracker_id, (tracker_id, "")
-            raw = r.get(tracker_key(prefix, protocol, tracker_id))
-            vehicle_id = None if raw is None else _text(raw)
-            creds = r.hgetall(credentials_key(prefix, vehicle_id)) if vehicle_id is not None else {}
-            status = {_text(k): _text(v) for k, v in creds.items()}.get(STATUS_FIELD, "")
-            return tracker_verdict(vehicle_id, creds), vehicle_id, (vehicle_id, status)
-
-        fut = self._loop.run_in_executor(None, read)
+        fut = self._loop.run_in_executor(None, self._binding, protocol, tracker_id)
 
         def done(f: asyncio.Future[tuple[LoginVerdict, str | None, tuple[str | None, str]]]) -> None:
             try:
@@ -449,6 +462,46 @@ class EdgeGateway(Replica):
                 conn.unavailable()
                 return
             conn.admitted(verdict, vehicle_id, seen)
+
+        fut.add_done_callback(done)
+
+    def phone_opened(self, conn: PhoneConnection) -> None:
+        self._phones.add(conn)
+        if self.draining:
+            conn.close()
+        elif self.all_paused:
+            conn.pause()
+
+    def phone_lost(self, conn: PhoneConnection) -> None:
+        self._phones.discard(conn)
+
+    def admit(self, conn: PhoneConnection, who: Identity) -> None:
+        """Read who a phone's request says it is (worker thread): an OsmAnd id by its binding, an
+        OwnTracks login by its vehicle's credentials; then go on with the request on the loop."""
+        assert self._loop is not None
+        r, prefix = self._redis, self.settings.redis_prefix
+
+        def read() -> tuple[LoginVerdict, str | None]:
+            if who.secret is None:
+                verdict, vehicle_id, _ = self._binding(TrackerProtocol(who.protocol.value), who.name)
+                return verdict, vehicle_id
+            if r is None:
+                return LoginVerdict.ACCEPTED, who.name
+            return check_login(r.hgetall(credentials_key(prefix, who.name)), who.secret), who.name
+
+        fut = self._loop.run_in_executor(None, read)
+        recheck_s = self.settings.gateway_edge_recheck_s
+
+        def done(f: asyncio.Future[tuple[LoginVerdict, str | None]]) -> None:
+            try:
+                verdict, vehicle_id = f.result()
+            except redis.RedisError as exc:
+                logger.warning(
+                    "phone not admitted: Redis error=%s protocol=%s id=%r", exc, who.protocol, who.name
+                )
+                conn.unavailable(who)
+                return
+            conn.admission(who, verdict, vehicle_id, recheck_s)
 
         fut.add_done_callback(done)
 
@@ -486,7 +539,7 @@ class EdgeGateway(Replica):
     def _stored(self, e: Pending) -> None:
         self._unconfirmed.pop(id(e), None)
         conn = e.owner
-        if isinstance(conn, DeviceConnection | TeltonikaConnection):
+        if isinstance(conn, DeviceConnection | TeltonikaConnection | PhoneConnection):
             conn.stored(e)
             if conn.out:
                 self._dirty.add(conn)
@@ -494,8 +547,8 @@ class EdgeGateway(Replica):
     def _pending(self) -> list[Pending]:
         return [e for e in self._unconfirmed.values() if not e.confirmed]
 
-    def _all_connections(self) -> list[DeviceConnection | TeltonikaConnection]:
-        return [*self._connections, *self._trackers]
+    def _all_connections(self) -> list[DeviceConnection | TeltonikaConnection | PhoneConnection]:
+        return [*self._connections, *self._trackers, *self._phones]
 
     def _pause_all(self) -> None:
         self.all_paused = True
@@ -559,6 +612,8 @@ class EdgeGateway(Replica):
             c.close(w.RC_SERVER_SHUTTING_DOWN)
         for tc in list(self._trackers):
             tc.close()
+        for pc in list(self._phones):
+            pc.close()
         await asyncio.sleep(0)  # let the transports write what they hold before the loop ends
 
     async def _listen(self) -> list[asyncio.Server]:
@@ -583,6 +638,17 @@ class EdgeGateway(Replica):
             )
             servers.append(srv)
             self.teltonika_port = srv.sockets[0].getsockname()[1]
+        phones: Callable[[], PhoneConnection] = lambda: PhoneConnection(self, s.gateway_osmand_speed_unit)  # noqa: E731
+        if s.gateway_http_port is not None:
+            srv = await loop.create_server(phones, host, s.gateway_http_port, reuse_address=True)
+            servers.append(srv)
+            self.http_port = srv.sockets[0].getsockname()[1]
+        if s.gateway_https_port is not None:
+            srv = await loop.create_server(
+                phones, host, s.gateway_https_port, ssl=self._tls_context(), reuse_address=True
+            )
+            servers.append(srv)
+            self.https_port = srv.sockets[0].getsockname()[1]
         return servers
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -655,6 +721,11 @@ class EdgeGateway(Replica):
                 ):
                     self.stats.protocol_errors["teltonika:idle_timeout"] += 1
                     tc.close()
+            for pc in list(self._phones):
+                # A request held for Kafka is the edge's wait, not the phone's silence.
+                idle = not pc.busy and not pc.inflight
+                if idle and now - pc.last_rx_mono_s > s.gateway_http_idle_timeout_s:
+                    pc.close()
             if self._redis is not None and now >= next_recheck:
                 next_recheck = now + s.gateway_edge_recheck_s
                 await self._recheck()

@@ -7,6 +7,7 @@ is configured the same way in a test, under systemd or in a container.
 from __future__ import annotations
 
 import socket
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -111,6 +112,30 @@ class GatewaySettings(Settings):
         description="A Teltonika connection silent this long is closed (a unit whose network is gone "
         "sends no FIN; the unit reconnects when it has data).",
     )
+    gateway_http_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the edge's HTTP listener for phone trackers (Traccar Client's OsmAnd "
+        "protocol, OwnTracks' HTTP mode; 0: any free port); unset: none.",
+    )
+    gateway_https_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="The same listener over TLS, with the edge's certificate "
+        "(FLEETFENCE_MQTT_TLS_DIR); OwnTracks' password travels in every request, so use this one.",
+    )
+    gateway_osmand_speed_unit: Literal["kn", "kmh", "mps", "mph"] = Field(
+        default="kn",
+        description="Unit of an OsmAnd request's `speed` parameter: knots, as Traccar's server "
+        "reads it; Traccar Client's JSON body is always m/s.",
+    )
+    gateway_http_idle_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="An HTTP connection with no request in flight, silent this long, is closed.",
+    )
     gateway_edge_recheck_s: float = Field(
         default=5.0,
         gt=0,
@@ -126,6 +151,18 @@ class GatewaySettings(Settings):
                 f"FLEETFENCE_GATEWAY_SHARD_COUNT={self.gateway_shard_count}"
             )
         return self
+
+    @property
+    def gateway_edge_listens(self) -> bool:
+        """Whether the replica is the device edge (any device listener set), not Mosquitto's reader."""
+        ports = (
+            self.gateway_edge_port,
+            self.gateway_edge_tls_port,
+            self.gateway_teltonika_port,
+            self.gateway_http_port,
+            self.gateway_https_port,
+        )
+        return any(p is not None for p in ports)
 
     @property
     def gateway_shard(self) -> Shard:

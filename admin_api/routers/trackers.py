@@ -1,8 +1,9 @@
 """Trackers bound to vehicles: the identities the device edge admits trackers by.
 
-A Teltonika unit connects with its IMEI only; binding that IMEI to a vehicle here is what lets it
-send, and its fixes become that vehicle's (vehicle_master.trackers). Writes need an admin key,
-reading a viewer key. Deleting a vehicle unbinds its trackers.
+A Teltonika unit connects with its IMEI only, Traccar Client with its device identifier only;
+binding that id to a vehicle here is what lets it send, and its fixes become that vehicle's
+(vehicle_master.trackers). Writes need an admin key, reading a viewer key. Deleting a vehicle
+unbinds its trackers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from vehicle_master.trackers import VehicleTrackers
 
 router = APIRouter(prefix="/api/v1", tags=["trackers"])
 
-TrackerId = Annotated[str, Path(min_length=1, max_length=64, description="The tracker's id (an IMEI).")]
+TrackerId = Annotated[
+    str,
+    Path(
+        min_length=1, max_length=64, description="The tracker's id: an IMEI, or Traccar Client's device id."
+    ),
+]
 _lock = threading.Lock()
 
 
@@ -86,7 +92,8 @@ async def bind_tracker(
 ) -> TrackerOut:
     """Bind a tracker to the vehicle: from its next connection its fixes are this vehicle's. 201
     when bound now, 200 when it was already; 409 when another vehicle has it (unbind it there);
-    422 for an id the protocol does not allow (a Teltonika IMEI is 15 digits)."""
+    422 for an id the protocol does not allow (a Teltonika IMEI is 15 digits, a Traccar Client
+    id up to 64 letters, digits, `.`, `_`, `-`)."""
     if not await run_in_threadpool(_bind, request, vehicle_id, protocol, tracker_id):
         response.status_code = 200
     return TrackerOut(vehicle_id=vehicle_id, protocol=protocol, tracker_id=tracker_id)

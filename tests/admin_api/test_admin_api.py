@@ -893,6 +893,12 @@ def test_trackers_are_bound_to_one_vehicle_each_and_go_with_it(api: Api) -> None
         r = api.c.put(f"/api/v1/vehicles/t-b/trackers/teltonika/{bad}", headers=api.admin)
         assert r.status_code == 422, (bad, r.text)
     assert api.c.put(f"/api/v1/vehicles/t-b/trackers/nokia/{imei}", headers=api.admin).status_code == 422
+    # Traccar Client's id is free text within a narrow alphabet; the same IMEI digits are another
+    # protocol's tracker, so they bind to another vehicle.
+    phone = api.c.put(f"/api/v1/vehicles/t-b/trackers/osmand/{imei}", headers=api.admin)
+    assert phone.status_code == 201, phone.text
+    assert api.c.put("/api/v1/vehicles/t-b/trackers/osmand/van%202", headers=api.admin).status_code == 422
+    assert api.c.delete(f"/api/v1/vehicles/t-b/trackers/osmand/{imei}", headers=api.admin).status_code == 204
     assert (
         api.c.put(f"/api/v1/vehicles/nobody/trackers/teltonika/{imei}", headers=api.admin).status_code == 404
     )

@@ -1,0 +1,457 @@
+"""Phone trackers on the device edge: Traccar Client (the OsmAnd protocol) and OwnTracks' HTTP
+mode, each fix answered only once Kafka has it.
+
+Both apps send one fix per HTTP request and send it again until they get their answer, so the
+answer is the acknowledgement: it is written when Kafka has confirmed the fix's record (acks=all),
+as an MQTT PUBACK or a Teltonika record count is. A fix whose answer never came (the edge died, a
+write outage outlasted the request) is still the phone's to resend; one stored twice is dropped
+downstream by its `seq`, the fix's own time.
+
+Routes, on `FLEETFENCE_GATEWAY_HTTP_PORT` (plain) and `FLEETFENCE_GATEWAY_HTTPS_PORT` (TLS, the
+edge's own certificate):
+
+- `POST /owntracks` (or `/pub`, the OwnTracks Recorder's path): an OwnTracks message, the app
+  logged in with HTTP Basic as its vehicle (user: the vehicle id, password: the vehicle's device
+  secret, the MQTT login's credentials). A location is answered `200 []`; any other message type
+  carries no fix and is answered at once.
+- any other path, `GET` or `POST`: an OsmAnd request (query, form or Traccar Client's JSON body)
+  whose device id is bound to a vehicle (`PUT /api/v1/vehicles/{id}/trackers/osmand/{device id}`),
+  answered `200` with an empty body.
+
+What is refused, and how: a login or a device id the vehicle master does not admit gets 401 or
+403 and nothing is stored; a request whose fix is unusable but whose vehicle is known is
+dead-lettered with its reason (header `tracker`) and answered 200, as the MQTT path acknowledges
+a dead-lettered message: it is accounted for, and sending it again would not make it usable; a
+request that names no device gets 400. When the fix cannot be stored now (the credential store
+unreachable, the edge draining) the connection is closed without an answer, never answered with
+an error status: OwnTracks takes *any* status as "posted" and would drop the fix.
+
+One request at a time per connection (h11, the sans-I/O HTTP/1.1 parser uvicorn uses): a pipelined
+request waits in the buffer until the one before is answered. Everything runs on the edge's event
+loop (`gateway.edge`); only the Redis reads of an identity run in worker threads, once per
+connection and then every `gateway_edge_recheck_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+from urllib.parse import parse_qsl, urlsplit
+
+import h11
+import orjson
+
+from fleetfence.contracts import MAX_PAYLOAD_BYTES
+from fleetfence.contracts import dead_letter as dead_letter_record
+from fleetfence.devices import LoginVerdict, TrackerProtocol
+from fleetfence.errors import ContractError
+from fleetfence.settings import TopicNames
+from gateway.core import Record
+from gateway.held import EdgeHost, HeldConnection
+from gateway.inflight import Pending
+from gateway.protocols import PhoneFix, osmand, owntracks
+
+logger = logging.getLogger(__name__)
+
+OWNTRACKS_PATHS = frozenset({"/owntracks", "/pub"})
+MAX_BODY_BYTES = MAX_PAYLOAD_BYTES  # a larger body is refused (413) before it is read whole
+MAX_HEADER_BYTES = 16 * 1024
+SERVER = b"fleetfence-edge"
+REALM = 'Basic realm="fleetfence", charset="UTF-8"'
+
+
+class PhoneProtocol(StrEnum):
+    """The HTTP trackers the edge speaks (the label their records and errors are counted under)."""
+
+    OSMAND = TrackerProtocol.OSMAND.value
+    OWNTRACKS = "owntracks"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a request says it is: an OsmAnd device id (admitted by its binding) or an OwnTracks
+    login (admitted by the vehicle's credentials). `secret` is None for a bound id."""
+
+    protocol: PhoneProtocol
+    name: str
+    secret: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """An identity's verdict as the edge read it: `vehicle_id` set when admitted; `until_mono_s`
+    when to read it again (a disabled, revoked or unbound sender is refused from then on)."""
+
+    verdict: LoginVerdict
+    vehicle_id: str | None
+    until_mono_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An HTTP answer before h11 frames it."""
+
+    status: int
+    body: bytes = b""
+    content_type: bytes = b"text/plain; charset=utf-8"
+    extra: tuple[tuple[bytes, bytes], ...] = ()
+
+
+class PhoneHost(EdgeHost, Protocol):
+    """What a phone's connection needs of the edge it runs in (`gateway.edge.EdgeGateway`)."""
+
+    draining: bool
+
+    @property
+    def topics(self) -> TopicNames: ...
+
+    def produce(self, e: Pending) -> None: ...
+
+    def admit(self, conn: PhoneConnection, who: Identity) -> None: ...
+
+    def phone_opened(self, conn: PhoneConnection) -> None: ...
+
+    def phone_lost(self, conn: PhoneConnection) -> None: ...
+
+
+def basic_login(authorization: str | None) -> tuple[str, bytes] | None:
+    """(user, password) of an HTTP Basic `Authorization` header; None when absent or unreadable."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "basic" or not token:
+        return None
+    try:
+        raw = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = raw.partition(b":")
+    if not sep:
+        return None
+    try:
+        return user.decode("utf-8"), password
+    except UnicodeDecodeError:
+        return None
+
+
+def osmand_device_id(query: str, body: bytes, content_type: str) -> str | None:
+    """The device id a request names even when its fix is unusable (so the fix can be
+    dead-lettered as its vehicle's); None when it names none readably."""
+    media_type = content_type.partition(";")[0].strip().lower()
+    raw: object = None
+    if media_type == "application/json" or body.lstrip()[:1] == b"{":
+        try:
+            d = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        raw = d.get("device_id") if isinstance(d, dict) else None
+    else:
+        try:
+            params = dict(parse_qsl(query, keep_blank_values=True, max_num_fields=osmand.MAX_FIELDS))
+            if body:
+                params.update(parse_qsl(body.decode("utf-8", "replace"), max_num_fields=osmand.MAX_FIELDS))
+        except ValueError:
+            return None
+        raw = params.get("id") or params.get("deviceid")
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        return None
+    text = str(raw).strip()
+    ok = text and len(text) <= osmand.MAX_DEVICE_ID and text.isprintable()
+    return text if ok else None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One complete HTTP request as the connection read it."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def protocol_of(req: Request) -> PhoneProtocol:
+    return PhoneProtocol.OWNTRACKS if req.path in OWNTRACKS_PATHS else PhoneProtocol.OSMAND
+
+
+def identify(req: Request) -> tuple[Identity | None, Answer | None]:
+    """Who the request says it is, or the answer that refuses it before anything is read."""
+    if protocol_of(req) is PhoneProtocol.OWNTRACKS:
+        if req.method != "POST":
+            return None, Answer(405, b"OwnTracks posts its messages\n", extra=((b"allow", b"POST"),))
+        login = basic_login(req.headers.get("authorization"))
+        if login is None:
+            return None, Answer(
+                401, b"log in as the vehicle\n", extra=((b"www-authenticate", REALM.encode()),)
+            )
+        return Identity(PhoneProtocol.OWNTRACKS, login[0], login[1]), None
+    if req.method not in ("GET", "POST"):
+        return None, Answer(405, b"OsmAnd sends GET or POST\n", extra=((b"allow", b"GET, POST"),))
+    device = osmand_device_id(req.query, req.body, req.headers.get("content-type", ""))
+    if device is None:
+        return None, Answer(400, b"the device id (id, deviceid or device_id) is required\n")
+    return Identity(PhoneProtocol.OSMAND, device), None
+
+
+def refusal(who: Identity, verdict: LoginVerdict) -> Answer:
+    if who.protocol is PhoneProtocol.OWNTRACKS:
+        return Answer(401, f"{verdict.value}\n".encode(), extra=((b"www-authenticate", REALM.encode()),))
+    return Answer(403, f"{verdict.value}: bind the device to a vehicle\n".encode())
+
+
+def decode(protocol: PhoneProtocol, req: Request, speed_unit: str) -> PhoneFix | owntracks.OwnTracksIgnored:
+    """The request's fix (or an OwnTracks message without one); ContractError when unusable."""
+    if protocol is PhoneProtocol.OWNTRACKS:
+        return owntracks.decode_http(req.body)
+    return osmand.parse_request(
+        query=req.query,
+        body=req.body,
+        content_type=req.headers.get("content-type", ""),
+        speed_unit=speed_unit,
+    )
+
+
+def record_of(
+    topics: TopicNames, who: Identity, vehicle_id: str, req: Request, speed_unit: str, now_ms: int
+) -> Record | None:
+    """The Kafka record a request becomes: telemetry, a dead letter with its reason, or None for an
+    OwnTracks message that carries no fix."""
+    try:
+        fix = decode(who.protocol, req, speed_unit)
+        if isinstance(fix, owntracks.OwnTracksIgnored):
+            return None
+        if isinstance(fix, osmand.OsmAndFix):
+            telemetry = osmand.to_telemetry(fix, vehicle_id=vehicle_id, received_ms=now_ms)
+        else:
+            assert isinstance(fix, owntracks.OwnTracksFix)
+            telemetry = owntracks.to_telemetry(fix, vehicle_id=vehicle_id, received_ms=now_ms)
+    except ContractError as exc:
+        payload = req.body if req.body else req.query.encode()
+        value, headers = dead_letter_record(
+            payload[:MAX_PAYLOAD_BYTES],
+            reason=str(exc.reason),
+            detail=str(getattr(exc, "detail", exc)),
+            origin=("tracker", f"{who.protocol.value}:{who.name}".encode()),
+            received_ms=now_ms,
+        )
+        return Record(topics.telemetry_dlq, vehicle_id.encode(), value, headers, str(exc.reason))
+    return Record(topics.telemetry, vehicle_id.encode(), telemetry.to_json(), None, None)
+
+
+class PhoneConnection(HeldConnection):
+    """One phone's HTTP/1.1 connection: a request read, its sender admitted, its fix held for
+    Kafka, its answer written when Kafka has it; then the next request."""
+
+    def __init__(self, edge: PhoneHost, speed_unit: str = "kn") -> None:
+        super().__init__(edge)
+        self.edge = edge
+        self.speed_unit = speed_unit
+        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.admitted: dict[Identity, Admission] = {}
+        self._head: h11.Request | None = None
+        self._body = bytearray()
+        self._busy: Request | None = None  # read, not yet answered
+        self._waiting_for: Identity | None = None
+        self._protocol = PhoneProtocol.OSMAND  # of the request held for Kafka
+
+    # ------------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.edge.phone_opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.edge.phone_lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx_mono_s = time.monotonic()
+        self.http.receive_data(data)
+        self._read()
+
+    def eof_received(self) -> bool | None:
+        self.http.receive_data(b"")
+        self._read()
+        return True  # keep the transport half-open until the answer in flight is written
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def busy(self) -> bool:
+        return self._busy is not None
+
+    def _read(self) -> None:
+        while not self.closed and self._busy is None:
+            try:
+                event = self.http.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._protocol_error("bad_http", str(exc), exc.error_status_hint)
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                if self.http.their_state is h11.DONE and self.http.our_state is h11.MUST_CLOSE:
+                    self.close()
+                return
+            if isinstance(event, h11.ConnectionClosed):
+                if not self.busy:
+                    self.close()
+                return
+            if isinstance(event, h11.Request):
+                self._head = event
+                self._body.clear()
+                length = dict(event.headers).get(b"content-length")
+                if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                    self._protocol_error("too_large", f"body of {int(length)} bytes", 413)
+                    return
+            elif isinstance(event, h11.Data):
+                self._body += event.data
+                if len(self._body) > MAX_BODY_BYTES:
+                    self._protocol_error("too_large", f"body over {MAX_BODY_BYTES} bytes", 413)
+                    return
+            elif isinstance(event, h11.EndOfMessage):
+                assert self._head is not None
+                self._on_request(self._request(self._head, bytes(self._body)))
+
+    @staticmethod
+    def _request(head: h11.Request, body: bytes) -> Request:
+        target = urlsplit(head.target.decode("latin-1"))
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
+        return Request(head.method.decode("latin-1"), target.path or "/", target.query, headers, body)
+
+    def _on_request(self, req: Request) -> None:
+        self._busy = req
+        who, answer = identify(req)
+        if answer is not None or who is None:
+            self._count(protocol_of(req).value, "refused")
+            self._answer(answer or Answer(400))
+            return
+        if self.edge.draining:
+            self.edge.stats.deferred += 1
+            self.close()  # unanswered: the phone sends it again to a replica that takes it
+            return
+        known = self.admitted.get(who)
+        if known is not None and known.until_mono_s > time.monotonic():
+            self._go_on(who, known)
+            return
+        self._waiting_for = who
+        self.edge.admit(self, who)
+
+    def admission(
+        self, who: Identity, verdict: LoginVerdict, vehicle_id: str | None, recheck_s: float
+    ) -> None:
+        """The identity was read (`PhoneHost.admit`): refuse the request, or take its fix."""
+        if self.closed or self._waiting_for != who:
+            return
+        self._waiting_for = None
+        known = Admission(verdict, vehicle_id, time.monotonic() + recheck_s)
+        if verdict is LoginVerdict.ACCEPTED:
+            self.admitted[who] = known
+        else:
+            self.admitted.pop(who, None)
+        self._go_on(who, known)
+
+    def unavailable(self, who: Identity) -> None:
+        """The identity could not be read (Redis down): no answer; the phone sends it again."""
+        if self.closed or self._waiting_for != who:
+            return
+        self.edge.stats.logins_refused[f"{who.protocol.value}:unavailable"] += 1
+        self.close()
+
+    def _go_on(self, who: Identity, known: Admission) -> None:
+        req = self._busy
+        assert req is not None
+        if known.verdict is not LoginVerdict.ACCEPTED or known.vehicle_id is None:
+            self.edge.stats.logins_refused[f"{who.protocol.value}:{known.verdict.value}"] += 1
+            logger.info(
+                "tracker refused protocol=%s id=%r peer=%s reason=%s",
+                who.protocol,
+                who.name,
+                self.peer,
+                known.verdict,
+            )
+            self._count(who.protocol.value, "refused")
+            self._answer(refusal(who, known.verdict))
+            return
+        now_ms = time.time_ns() // 1_000_000
+        record = record_of(self.edge.topics, who, known.vehicle_id, req, self.speed_unit, now_ms)
+        owntracks_ok = Answer(200, b"[]", b"application/json")
+        ok = owntracks_ok if who.protocol is PhoneProtocol.OWNTRACKS else Answer(200)
+        if record is None:
+            self._count(who.protocol.value, "ignored")
+            self._answer(ok)
+            return
+        self.edge.stats.received += 1
+        self._protocol = who.protocol
+        self._count(who.protocol.value, "received")
+        e = self.inflight.add(0, 0, record, time.monotonic())
+        e.owner = self
+        e.reply = self._frame(ok)  # written when Kafka has the record (HeldConnection.stored)
+        self.edge.produce(e)
+
+    # ------------------------------------------------------------------ answers
+
+    def counted(self, e: Pending) -> None:
+        outcome = "forwarded" if e.record is not None and e.record.reason is None else "dead_lettered"
+        self._count(self._protocol.value, outcome)
+
+    def stored(self, e: Pending) -> None:
+        super().stored(e)
+        if not self.inflight and not self.closed:
+            self.flush()
+            self._next_cycle()
+
+    def _count(self, protocol: str, outcome: str) -> None:
+        self.edge.stats.tracker_records[(protocol, outcome)] += 1
+
+    def _frame(self, answer: Answer) -> bytes:
+        headers = [
+            (b"content-type", answer.content_type),
+            (b"content-length", str(len(answer.body)).encode()),
+            (b"server", SERVER),
+            *answer.extra,
+        ]
+        out = self.http.send(h11.Response(status_code=answer.status, headers=headers)) or b""
+        if answer.body:
+            out += self.http.send(h11.Data(data=answer.body)) or b""
+        return out + (self.http.send(h11.EndOfMessage()) or b"")
+
+    def _answer(self, answer: Answer) -> None:
+        """Answer now (nothing of the request is stored): a refusal, or a message without a fix."""
+        self.write(self._frame(answer))
+        self._next_cycle()
+
+    def _next_cycle(self) -> None:
+        self._busy = None
+        if self.http.our_state is h11.MUST_CLOSE or self.http.their_state is h11.MUST_CLOSE:
+            self.close()
+            return
+        try:
+            self.http.start_next_cycle()
+        except h11.LocalProtocolError:
+            self.close()
+            return
+        self._read()
+
+    def _protocol_error(self, reason: str, detail: str, status: int) -> None:
+        self.edge.stats.protocol_errors[f"http:{reason}"] += 1
+        logger.info("http request refused peer=%s reason=%s detail=%s", self.peer, reason, detail[:200])
+        if self.http.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            with contextlib.suppress(h11.LocalProtocolError):
+                self.write(self._frame(Answer(status, f"{reason}: {detail[:200]}\n".encode())))
+        self.close()
+
+    def close(self, reason: int | None = None) -> None:
+        """Close the connection (`reason` is MQTT's; a phone is told nothing)."""
+        if self.closed or self.transport is None:
+            return
+        self.flush()
+        self.transport.close()
+        self.closed = True
