@@ -58,7 +58,7 @@ from gateway import mqtt_wire as w
 from gateway.core import Record, dead_letter, route
 from gateway.errors import MqttProtocolError
 from gateway.held import HeldConnection
-from gateway.http_edge import Identity, PhoneConnection
+from gateway.http_edge import Identity, PhoneConnection, PhoneProtocol
 from gateway.inflight import Pending
 from gateway.metrics import GatewayCollector, GatewayStats, log_stats, log_stopped
 from gateway.producer import Forwarder
@@ -476,18 +476,22 @@ class EdgeGateway(Replica):
         self._phones.discard(conn)
 
     def admit(self, conn: PhoneConnection, who: Identity) -> None:
-        """Read who a phone's request says it is (worker thread): an OsmAnd id by its binding, an
-        OwnTracks login by its vehicle's credentials; then go on with the request on the loop."""
+        """Read who a phone's request says it is (worker thread): the vehicle (an OsmAnd id's
+        binding, an OwnTracks login's user) and the secret against that vehicle's device
+        credentials; then go on with the request on the loop."""
         assert self._loop is not None
         r, prefix = self._redis, self.settings.redis_prefix
 
         def read() -> tuple[LoginVerdict, str | None]:
-            if who.secret is None:
-                verdict, vehicle_id, _ = self._binding(TrackerProtocol(who.protocol.value), who.name)
-                return verdict, vehicle_id
-            if r is None:
-                return LoginVerdict.ACCEPTED, who.name
-            return check_login(r.hgetall(credentials_key(prefix, who.name)), who.secret), who.name
+            vehicle_id: str | None = who.name
+            if who.protocol is PhoneProtocol.OSMAND:
+                verdict, vehicle_id, _ = self._binding(TrackerProtocol.OSMAND, who.name)
+                if verdict is not LoginVerdict.ACCEPTED or vehicle_id is None:
+                    return verdict, None
+            if r is None:  # logins off (tests, a closed network)
+                return LoginVerdict.ACCEPTED, vehicle_id
+            assert vehicle_id is not None
+            return check_login(r.hgetall(credentials_key(prefix, vehicle_id)), who.secret), vehicle_id
 
         fut = self._loop.run_in_executor(None, read)
         recheck_s = self.settings.gateway_edge_recheck_s

@@ -15,8 +15,10 @@ edge's own certificate):
   secret, the MQTT login's credentials). A location is answered `200 []`; any other message type
   carries no fix and is answered at once.
 - any other path, `GET` or `POST`: an OsmAnd request (query, form or Traccar Client's JSON body)
-  whose device id is bound to a vehicle (`PUT /api/v1/vehicles/{id}/trackers/osmand/{device id}`),
-  answered `200` with an empty body.
+  whose device id is bound to a vehicle (`PUT /api/v1/vehicles/{id}/trackers/osmand/{device id}`)
+  and which carries that vehicle's device secret, so that knowing a device id is not enough to
+  post for its vehicle: in the path (`/key/<secret>`: Traccar Client keeps the path of its server
+  URL and appends its parameters) or as an HTTP Basic password. Answered `200`, empty body.
 
 What is refused, and how: a login or a device id the vehicle master does not admit gets 401 or
 403 and nothing is stored; a request whose fix is unusable but whose vehicle is known is
@@ -43,7 +45,7 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 import h11
 import orjson
@@ -61,6 +63,7 @@ from gateway.protocols import PhoneFix, osmand, owntracks
 logger = logging.getLogger(__name__)
 
 OWNTRACKS_PATHS = frozenset({"/owntracks", "/pub"})
+KEY_SEGMENT = "key"  # an OsmAnd request's path `/key/<secret>`
 MAX_BODY_BYTES = MAX_PAYLOAD_BYTES  # a larger body is refused (413) before it is read whole
 MAX_HEADER_BYTES = 16 * 1024
 SERVER = b"fleetfence-edge"
@@ -76,8 +79,8 @@ class PhoneProtocol(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a request says it is: an OsmAnd device id (admitted by its binding) or an OwnTracks
-    login (admitted by the vehicle's credentials). `secret` is None for a bound id."""
+    """Who a request says it is: an OsmAnd device id (its binding names the vehicle) or an OwnTracks
+    login (the vehicle id), with the vehicle's device secret it carries (None: none)."""
 
     protocol: PhoneProtocol
     name: str
@@ -198,13 +201,27 @@ def identify(req: Request) -> tuple[Identity | None, Answer | None]:
     device = osmand_device_id(req.query, req.body, req.headers.get("content-type", ""))
     if device is None:
         return None, Answer(400, b"the device id (id, deviceid or device_id) is required\n")
-    return Identity(PhoneProtocol.OSMAND, device), None
+    return Identity(PhoneProtocol.OSMAND, device, osmand_secret(req)), None
+
+
+def osmand_secret(req: Request) -> bytes | None:
+    """The vehicle's device secret an OsmAnd request carries: the path's `/key/<secret>`, else an
+    HTTP Basic password; None when it carries none."""
+    head, _, rest = req.path.lstrip("/").partition("/")
+    if head == KEY_SEGMENT and rest:
+        return unquote_to_bytes(rest.rstrip("/"))
+    login = basic_login(req.headers.get("authorization"))
+    return None if login is None else login[1]
 
 
 def refusal(who: Identity, verdict: LoginVerdict) -> Answer:
-    if who.protocol is PhoneProtocol.OWNTRACKS:
-        return Answer(401, f"{verdict.value}\n".encode(), extra=((b"www-authenticate", REALM.encode()),))
-    return Answer(403, f"{verdict.value}: bind the device to a vehicle\n".encode())
+    """OsmAnd: 403 for a device no secret would admit (bound to nothing, its vehicle disabled), 401
+    for a missing or wrong secret. OwnTracks: 401 for every refusal, as a login form says no more
+    than "not this login" (which vehicle ids exist is nobody's business)."""
+    osmand_device = who.protocol is PhoneProtocol.OSMAND
+    if osmand_device and verdict in (LoginVerdict.UNKNOWN_DEVICE, LoginVerdict.NOT_ACTIVE):
+        return Answer(403, f"{verdict.value}: bind the device to an active vehicle\n".encode())
+    return Answer(401, f"{verdict.value}\n".encode(), extra=((b"www-authenticate", REALM.encode()),))
 
 
 def decode(protocol: PhoneProtocol, req: Request, speed_unit: str) -> PhoneFix | owntracks.OwnTracksIgnored:

@@ -63,12 +63,18 @@ def records_of(gs: GatewaySettings, vid: str, n: int) -> list[KafkaRecord]:
 
 
 def test_traccar_client_is_answered_once_kafka_has_its_fix(
-    gs: GatewaySettings, edge: EdgeGateway, trackers: VehicleTrackers, client: httpx.Client
+    gs: GatewaySettings,
+    edge: EdgeGateway,
+    trackers: VehicleTrackers,
+    creds: VehicleCredentials,
+    client: httpx.Client,
 ) -> None:
     vid, device = f"hv{uuid.uuid4().hex[:6]}", f"{uuid.uuid4().int % 10**8}"
     trackers.bind(vid, TrackerProtocol.OSMAND, device)
+    _, secret = creds.issue(vid)
+    url = f"/key/{secret}"  # the server URL as entered in the app; it appends its parameters
     query = {"id": device, "lat": "60.17", "lon": "24.94", "timestamp": str(T0_S), "speed": "10"}
-    first = client.get("/", params=query)
+    first = client.get(url, params=query)
     assert first.status_code == 200
     assert edge.in_flight == 0, "answered after Kafka confirmed the fix"
     # Traccar Client 9's JSON body (speed in m/s), and the first request sent again.
@@ -80,10 +86,10 @@ def test_traccar_client_is_answered_once_kafka_has_its_fix(
             "battery": {"level": 0.5},
         },
     }
-    assert client.post("/", json=body).status_code == 200
-    assert client.get("/", params=query).status_code == 200
+    assert client.post(url, json=body).status_code == 200
+    assert client.get("/", params=query, auth=("any", secret)).status_code == 200  # the secret by Basic
     # A bound device's unusable fix (no time) is its vehicle's dead letter, and answered.
-    bad = client.post("/", data={"id": device, "lat": "60.17", "lon": "24.94"})
+    bad = client.post(url, data={"id": device, "lat": "60.17", "lon": "24.94"})
     assert bad.status_code == 200
 
     got = records_of(gs, vid, 4)
@@ -119,9 +125,13 @@ def test_unknown_senders_are_refused_and_nothing_is_stored(
 
     vid, device = f"hd{uuid.uuid4().hex[:6]}", f"{uuid.uuid4().int % 10**8}"
     trackers.bind(vid, TrackerProtocol.OSMAND, device)
-    creds.issue(vid)
+    _, secret = creds.issue(vid)
+    _, another = creds.issue(f"hx{uuid.uuid4().hex[:6]}")
+    # Knowing a bound device id is not enough: its vehicle's secret comes with it.
+    assert client.get("/", params={**fix, "id": device}).status_code == 401
+    assert client.get(f"/key/{another}", params={**fix, "id": device}).status_code == 401
     creds.disable(vid)
-    assert client.get("/", params={**fix, "id": device}).status_code == 403, "its vehicle is disabled"
+    assert client.get(f"/key/{secret}", params={**fix, "id": device}).status_code == 403, "disabled"
 
     location = {"_type": "location", "tst": T0_S, "lat": 60.17, "lon": 24.94}
     assert client.post("/owntracks", json=location).status_code == 401  # no login
@@ -133,6 +143,8 @@ def test_unknown_senders_are_refused_and_nothing_is_stored(
     assert edge.stats.received == 0
     assert edge.stats.logins_refused == {
         "osmand:unknown_device": 1,
+        "osmand:no_credentials_given": 1,
+        "osmand:bad_secret": 1,
         "osmand:not_active": 1,
         "owntracks:bad_secret": 1,
     }
@@ -162,12 +174,14 @@ def test_owntracks_logs_in_as_its_vehicle_and_is_cut_off_when_revoked(
 
 
 def test_pipelined_requests_are_answered_in_order(
-    gs: GatewaySettings, edge: EdgeGateway, trackers: VehicleTrackers
+    gs: GatewaySettings, edge: EdgeGateway, trackers: VehicleTrackers, creds: VehicleCredentials
 ) -> None:
     vid, device = f"hp{uuid.uuid4().hex[:6]}", f"{uuid.uuid4().int % 10**8}"
     trackers.bind(vid, TrackerProtocol.OSMAND, device)
+    _, secret = creds.issue(vid)
+    target = f"/key/{secret}?id={device}&lon=24.9"
     requests = b"".join(
-        f"GET /?id={device}&lat=60.1{i}&lon=24.9&timestamp={T0_S + i} HTTP/1.1\r\nHost: e\r\n\r\n".encode()
+        f"GET {target}&lat=60.1{i}&timestamp={T0_S + i} HTTP/1.1\r\nHost: e\r\n\r\n".encode()
         for i in range(3)
     )
     assert edge.http_port
