@@ -98,7 +98,7 @@ USER fleetfence
 
 # ---------------------------------------------------------------- service targets
 FROM base AS gateway
-EXPOSE 8883 9464
+EXPOSE 8883 5055 5027 9464
 STOPSIGNAL SIGTERM
 CMD ["fleetfence", "gateway"]
 

@@ -214,6 +214,10 @@ class Deployment:
             "MQTT_TLS_HOST_PORT": str(free_port("0.0.0.0")),
             "EDGE_TLS_HOST_PORT_1": str(free_port("0.0.0.0")),
             "EDGE_TLS_HOST_PORT_2": str(free_port("0.0.0.0")),
+            "PHONES_HOST_PORT_1": str(free_port("0.0.0.0")),
+            "PHONES_HOST_PORT_2": str(free_port("0.0.0.0")),
+            "TELTONIKA_HOST_PORT_1": str(free_port("0.0.0.0")),
+            "TELTONIKA_HOST_PORT_2": str(free_port("0.0.0.0")),
             "PROMETHEUS_HOST_PORT": str(free_port()),
             "GRAFANA_HOST_PORT": str(free_port("0.0.0.0")),
         }
@@ -221,6 +225,8 @@ class Deployment:
         self.mqtt_tls_port = int(self.env["MQTT_TLS_HOST_PORT"])
         # The device edge's published ports, one per gateway replica: where the fleet connects.
         self.edge_tls_ports = [int(self.env[f"EDGE_TLS_HOST_PORT_{i}"]) for i in (1, 2)]
+        self.phone_ports = [int(self.env[f"PHONES_HOST_PORT_{i}"]) for i in (1, 2)]
+        self.teltonika_ports = [int(self.env[f"TELTONIKA_HOST_PORT_{i}"]) for i in (1, 2)]
         self.reports = self.work / "reports"
         self.reports.mkdir(parents=True, exist_ok=True)
         self.reports.chmod(0o777)  # the driver runs as the images' user (uid 10001)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import ssl
 import time
 import urllib.request
@@ -14,6 +15,7 @@ from datetime import UTC, datetime
 import pytest
 
 from fleetfence.testing import wait_for
+from gateway.protocols.teltonika import encode_imei
 from tests_deploy.harness import ROOT, TOPIC_PROBE, Deployment
 from tests_deploy.logcheck import docker_time
 from tests_deploy.measure import record
@@ -23,12 +25,12 @@ pytestmark = pytest.mark.deploy
 
 def test_published_ports_answer(deployment: Deployment) -> None:
     """The admin API on 8000, the device edge's TLS listeners (one per gateway replica) and the
-    broker's (the alerts' subscribers), from the host, each presenting the bootstrapped certificate."""
+    broker's (the alerts' subscribers), from the host, each presenting the bootstrapped certificate;
+    and each replica's listeners for phones (HTTPS) and Teltonika units (TCP), each answering as
+    its protocol says."""
     with urllib.request.urlopen(f"http://127.0.0.1:{deployment.api_port}/readyz", timeout=10) as resp:
         assert resp.status == 200
     ctx = ssl.create_default_context(cadata=deployment.driver("cat", "/certs/ca.crt", timeout_s=120).stdout)
-    import socket
-
     for port in (*deployment.edge_tls_ports, deployment.mqtt_tls_port):
         with (
             socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
@@ -38,6 +40,25 @@ def test_published_ports_answer(deployment: Deployment) -> None:
             # A TLS close (close_notify), not just the socket's: Mosquitto logs a connection that
             # ends without one as an error ("OpenSSL Error[0]: ... unexpected eof while reading").
             tls.unwrap()
+    # The edge's listeners for trackers: a phone's request naming no device gets the edge's own
+    # 400 over TLS; a Teltonika unit whose IMEI is bound to nothing is refused (0x00) and closed.
+    for port in deployment.phone_ports:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            # `Connection: close`: the edge ends the TLS session itself once it has answered.
+            tls.sendall(b"GET /?lat=60.1&lon=24.9 HTTP/1.1\r\nHost: edge\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+        assert answer.endswith(b"the device id (id, deviceid or device_id) is required\n"), answer
+    for port in deployment.teltonika_ports:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as unit:
+            unit.sendall(encode_imei("356307042441013"))
+            assert unit.recv(1) == b"\x00"
+            assert unit.recv(1) == b"", "refused units are disconnected"
 
 
 def test_topics_are_replicated(deployment: Deployment) -> None:

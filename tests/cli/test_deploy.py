@@ -311,7 +311,8 @@ def test_volumes_are_declared_and_bind_mounts_exist() -> None:
 def test_two_device_edge_replicas_each_on_its_own_published_tls_port() -> None:
     """The gateways are the device edge (issue #58): each listens for vehicles over TLS with the
     broker's server pair (copied for its user by mqtt-bootstrap) and publishes its own host port,
-    so a tracker can be given both; none reads Mosquitto, so none has a shard or an MQTT secret."""
+    so a tracker can be given both (and publishes its listeners for phones, over HTTPS only, and
+    Teltonika units); none reads Mosquitto, so none has a shard or an MQTT secret."""
     gateways = services_with_target("gateway")
     boot = services()["mqtt-bootstrap"]
     edge_dir = boot["command"][boot["command"].index("--edge-certs-dir") + 1]
@@ -329,10 +330,16 @@ def test_two_device_edge_replicas_each_on_its_own_published_tls_port() -> None:
         tls_dir = env.get("FLEETFENCE_MQTT_TLS_DIR")
         assert f"{edge_volume}:{tls_dir}:ro" in svc.get("volumes", []), f"{name}: no server pair at {tls_dir}"
         assert tls_dir == edge_dir
+        listeners = {
+            env.get(k)
+            for k in ("FLEETFENCE_GATEWAY_HTTPS_PORT", "FLEETFENCE_GATEWAY_TELTONIKA_PORT")
+            if env.get(k)
+        }
+        assert "FLEETFENCE_GATEWAY_HTTP_PORT" not in env, f"{name}: phones' secrets travel over TLS only"
         ports = [str(p) for p in svc.get("ports", [])]
-        assert len(ports) == 1, f"{name}: publishes {ports}"
-        assert ports[0].endswith(f":{tls_port}"), f"{name}: publishes {ports}"
-        host_ports.append(ports[0].rsplit(":", 1)[0])
+        published = {p.rsplit(":", 1)[1] for p in ports}
+        assert published == {tls_port, *listeners}, f"{name}: publishes {ports}"
+        host_ports.extend(p.rsplit(":", 1)[0] for p in ports)
         assert "mosquitto" not in (svc.get("depends_on") or {}), f"{name}: the edge does not use Mosquitto"
         assert "redis" in (svc.get("depends_on") or {}), f"{name}: logins are checked in Redis"
         assert "container_name" not in svc
