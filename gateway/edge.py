@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -98,8 +98,7 @@ class DeviceConnection(HeldConnection):
     # ------------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
         self.edge.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -329,7 +328,15 @@ class EdgeGateway(Replica):
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._stop_requested: asyncio.Event | None = None
-        self._redis = redis.Redis.from_url(settings.redis_dsn) if settings.mqtt_auth else None
+        # A bounded wait: a Redis that stops answering without refusing must not hold a login.
+        timeout_s = settings.gateway_edge_connect_timeout_s
+        self._redis = (
+            redis.Redis.from_url(
+                settings.redis_dsn, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
+            if settings.mqtt_auth
+            else None
+        )
         self._out = Forwarder(settings, self.client_id, self.stats, self._stored, self._pending)
 
     # ------------------------------------------------------------------ public API
@@ -402,10 +409,16 @@ class EdgeGateway(Replica):
 
     def opened(self, conn: DeviceConnection) -> None:
         self._connections.add(conn)
+        self._opened(conn)
+
+    def _opened(self, conn: DeviceConnection | TeltonikaConnection | PhoneConnection) -> None:
+        """A new connection while draining is closed; while every connection is paused for Kafka,
+        it is not read until `_resume_all` (its own `paused` stays False: that flag is its window's,
+        and a connection with nothing in flight would never clear it)."""
         if self.draining:
             conn.close()
-        elif self.all_paused:
-            conn.pause()
+        elif self.all_paused and conn.transport is not None:
+            conn.transport.pause_reading()
 
     def lost(self, conn: DeviceConnection) -> None:
         self._connections.discard(conn)
@@ -423,10 +436,7 @@ class EdgeGateway(Replica):
 
     def tracker_opened(self, conn: TeltonikaConnection) -> None:
         self._trackers.add(conn)
-        if self.draining:
-            conn.close()
-        elif self.all_paused:
-            conn.pause()
+        self._opened(conn)
 
     def tracker_lost(self, conn: TeltonikaConnection) -> None:
         self._trackers.discard(conn)
@@ -467,10 +477,7 @@ class EdgeGateway(Replica):
 
     def phone_opened(self, conn: PhoneConnection) -> None:
         self._phones.add(conn)
-        if self.draining:
-            conn.close()
-        elif self.all_paused:
-            conn.pause()
+        self._opened(conn)
 
     def phone_lost(self, conn: PhoneConnection) -> None:
         self._phones.discard(conn)
@@ -499,10 +506,8 @@ class EdgeGateway(Replica):
         def done(f: asyncio.Future[tuple[LoginVerdict, str | None]]) -> None:
             try:
                 verdict, vehicle_id = f.result()
-            except redis.RedisError as exc:
-                logger.warning(
-                    "phone not admitted: Redis error=%s protocol=%s id=%r", exc, who.protocol, who.name
-                )
+            except Exception as exc:  # Redis down or slow, a damaged record: no answer, sent again
+                logger.warning("phone not admitted: error=%r protocol=%s id=%r", exc, who.protocol, who.name)
                 conn.unavailable(who)
                 return
             conn.admission(who, verdict, vehicle_id, recheck_s)
@@ -727,7 +732,7 @@ class EdgeGateway(Replica):
                     tc.close()
             for pc in list(self._phones):
                 # A request held for Kafka is the edge's wait, not the phone's silence.
-                idle = not pc.busy and not pc.inflight
+                idle = not (pc.busy or pc.inflight or self.all_paused)
                 if idle and now - pc.last_rx_mono_s > s.gateway_http_idle_timeout_s:
                     pc.close()
             if self._redis is not None and now >= next_recheck:

@@ -28,8 +28,8 @@ request that names no device gets 400. When the fix cannot be stored now (the cr
 unreachable, the edge draining) the connection is closed without an answer, never answered with
 an error status: OwnTracks takes *any* status as "posted" and would drop the fix.
 
-One request at a time per connection (h11, the sans-I/O HTTP/1.1 parser uvicorn uses): a pipelined
-request waits in the buffer until the one before is answered. Everything runs on the edge's event
+One request at a time per connection (httptools, the C parser uvicorn uses, cuts the stream): a
+pipelined request waits until the one before is answered. Everything runs on the edge's event
 loop (`gateway.edge`); only the Redis reads of an identity run in worker threads, once per
 connection and then every `gateway_edge_recheck_s`.
 """
@@ -39,15 +39,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
-import h11
+import httptools
 import orjson
 
 from fleetfence.contracts import MAX_PAYLOAD_BYTES
@@ -66,6 +66,9 @@ OWNTRACKS_PATHS = frozenset({"/owntracks", "/pub"})
 KEY_SEGMENT = "key"  # an OsmAnd request's path `/key/<secret>`
 MAX_BODY_BYTES = MAX_PAYLOAD_BYTES  # a larger body is refused (413) before it is read whole
 MAX_HEADER_BYTES = 16 * 1024
+MAX_QUEUED = 16  # requests pipelined ahead of the one being answered: a phone sends one at a time
+REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden"}
+REASONS |= {405: b"Method Not Allowed", 413: b"Content Too Large", 500: b"Internal Server Error"}
 SERVER = b"fleetfence-edge"
 REALM = 'Basic realm="fleetfence", charset="UTF-8"'
 
@@ -99,12 +102,16 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """An HTTP answer before h11 frames it."""
+    """An HTTP answer before it is framed."""
 
     status: int
     body: bytes = b""
     content_type: bytes = b"text/plain; charset=utf-8"
     extra: tuple[tuple[bytes, bytes], ...] = ()
+
+
+class _TooLarge(Exception):  # noqa: N818 - raised through httptools' callbacks, caught in data_received
+    """A request over the edge's bounds (head, body, pipelined requests)."""
 
 
 class PhoneHost(EdgeHost, Protocol):
@@ -170,19 +177,22 @@ def osmand_device_id(query: str, body: bytes, content_type: str) -> str | None:
     return text if ok else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Request:
-    """One complete HTTP request as the connection read it."""
+    """One complete HTTP request as the connection read it; `keep_alive` says whether the client
+    keeps the connection after the answer (HTTP/1.1 unless `Connection: close`)."""
 
     method: str
     path: str
     query: str
     headers: dict[str, str]
     body: bytes
+    keep_alive: bool = True
 
 
 def protocol_of(req: Request) -> PhoneProtocol:
-    return PhoneProtocol.OWNTRACKS if req.path in OWNTRACKS_PATHS else PhoneProtocol.OSMAND
+    owntracks_path = (req.path.rstrip("/") or "/") in OWNTRACKS_PATHS
+    return PhoneProtocol.OWNTRACKS if owntracks_path else PhoneProtocol.OSMAND
 
 
 def identify(req: Request) -> tuple[Identity | None, Answer | None]:
@@ -265,25 +275,33 @@ def record_of(
 
 class PhoneConnection(HeldConnection):
     """One phone's HTTP/1.1 connection: a request read, its sender admitted, its fix held for
-    Kafka, its answer written when Kafka has it; then the next request."""
+    Kafka, its answer written when Kafka has it; then the next request.
+
+    httptools (llhttp, the C parser uvicorn uses) cuts the byte stream into requests through its
+    callbacks; what they collect lands in `_queued` on each complete message, and the connection
+    takes the queue's head only once the request before it is answered."""
 
     def __init__(self, edge: PhoneHost, speed_unit: str = "kn") -> None:
         super().__init__(edge)
         self.edge = edge
         self.speed_unit = speed_unit
-        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.parser = httptools.HttpRequestParser(self)
         self.admitted: dict[Identity, Admission] = {}
-        self._head: h11.Request | None = None
+        self._url = bytearray()
+        self._headers: dict[str, str] = {}
+        self._header_bytes = 0
         self._body = bytearray()
-        self._busy: Request | None = None  # read, not yet answered
+        self._queued: deque[Request] = deque()  # complete, not yet taken
+        self._busy: Request | None = None  # taken, not yet answered
         self._waiting_for: Identity | None = None
         self._protocol = PhoneProtocol.OSMAND  # of the request held for Kafka
+        self._eof = False
+        self._broken: tuple[str, str, int] | None = None  # (reason, detail, status) of a bad request
 
     # ------------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
         self.edge.phone_opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -292,13 +310,81 @@ class PhoneConnection(HeldConnection):
 
     def data_received(self, data: bytes) -> None:
         self.last_rx_mono_s = time.monotonic()
-        self.http.receive_data(data)
-        self._read()
+        if self._broken is not None:
+            return  # nothing after a broken request is read
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._broken = ("bad_http", "protocol upgrades are not served", 400)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            too_large = isinstance(cause, _TooLarge)
+            self._broken = (
+                "too_large" if too_large else "bad_http",
+                str(cause or exc),
+                413 if too_large else 400,
+            )
+        except _TooLarge as exc:
+            self._broken = ("too_large", str(exc), 413)
+        except httptools.HttpParserError as exc:
+            self._broken = ("bad_http", str(exc), 400)
+        # The requests complete before a broken one are taken and answered first.
+        self._next()
 
     def eof_received(self) -> bool | None:
-        self.http.receive_data(b"")
-        self._read()
-        return True  # keep the transport half-open until the answer in flight is written
+        """The phone will send nothing more: what it sent is answered, then the connection closes
+        (half-open meanwhile; TLS cannot be, and an answer owed then is lost with the connection:
+        the phone sends that fix again)."""
+        self._eof = True
+        if self._busy is None and not self._queued:
+            self.close()
+        tls = self.transport is not None and self.transport.get_extra_info("ssl_object") is not None
+        return not tls
+
+    # ------------------------------------------------------------------ httptools' callbacks
+
+    def on_message_begin(self) -> None:
+        self._url.clear()
+        self._headers = {}
+        self._header_bytes = 0
+        self._body.clear()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._header_bytes += len(url)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise _TooLarge(f"request head over {MAX_HEADER_BYTES} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise _TooLarge(f"request head over {MAX_HEADER_BYTES} bytes")
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        length = self._headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise _TooLarge(f"body of {int(length)} bytes")
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+        if len(self._body) > MAX_BODY_BYTES:
+            raise _TooLarge(f"body over {MAX_BODY_BYTES} bytes")
+
+    def on_message_complete(self) -> None:
+        if len(self._queued) >= MAX_QUEUED:
+            raise _TooLarge(f"more than {MAX_QUEUED} requests pipelined")
+        target = urlsplit(self._url.decode("latin-1"))
+        self._queued.append(
+            Request(
+                method=self.parser.get_method().decode("latin-1"),
+                path=target.path or "/",
+                query=target.query,
+                headers=self._headers,
+                body=bytes(self._body),
+                keep_alive=self.parser.should_keep_alive(),
+            )
+        )
 
     # ------------------------------------------------------------------ requests
 
@@ -306,48 +392,37 @@ class PhoneConnection(HeldConnection):
     def busy(self) -> bool:
         return self._busy is not None
 
-    def _read(self) -> None:
-        while not self.closed and self._busy is None:
-            try:
-                event = self.http.next_event()
-            except h11.RemoteProtocolError as exc:
-                self._protocol_error("bad_http", str(exc), exc.error_status_hint)
-                return
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                if self.http.their_state is h11.DONE and self.http.our_state is h11.MUST_CLOSE:
-                    self.close()
-                return
-            if isinstance(event, h11.ConnectionClosed):
-                if not self.busy:
-                    self.close()
-                return
-            if isinstance(event, h11.Request):
-                self._head = event
-                self._body.clear()
-                length = dict(event.headers).get(b"content-length")
-                if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-                    self._protocol_error("too_large", f"body of {int(length)} bytes", 413)
-                    return
-            elif isinstance(event, h11.Data):
-                self._body += event.data
-                if len(self._body) > MAX_BODY_BYTES:
-                    self._protocol_error("too_large", f"body over {MAX_BODY_BYTES} bytes", 413)
-                    return
-            elif isinstance(event, h11.EndOfMessage):
-                assert self._head is not None
-                self._on_request(self._request(self._head, bytes(self._body)))
-
-    @staticmethod
-    def _request(head: h11.Request, body: bytes) -> Request:
-        target = urlsplit(head.target.decode("latin-1"))
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
-        return Request(head.method.decode("latin-1"), target.path or "/", target.query, headers, body)
+    def _next(self) -> None:
+        """Take the next complete request, if the one before is answered."""
+        if self.closed or self._busy is not None:
+            return
+        if self._queued:
+            self._on_request(self._queued.popleft())
+        elif self._broken is not None:
+            self._protocol_error(*self._broken)
+        elif self._eof:
+            self.close()
 
     def _on_request(self, req: Request) -> None:
+        """Take `req`; a failure of the edge's own code costs this connection only (500, closed)."""
+        try:
+            self._take(req)
+        except Exception:
+            logger.exception("phone request failed peer=%s", self.peer)
+            self.edge.stats.protocol_errors["http:internal"] += 1
+            if not self.inflight:
+                self.write(self._frame(Answer(500, b"internal error\n"), False))
+            self.close()
+
+    def _take(self, req: Request) -> None:
         self._busy = req
         who, answer = identify(req)
         if answer is not None or who is None:
-            self._count(protocol_of(req).value, "refused")
+            protocol = protocol_of(req)
+            if answer is not None and answer.status == 401:
+                verdict = LoginVerdict.NO_CREDENTIALS_GIVEN
+                self.edge.stats.logins_refused[f"{protocol.value}:{verdict.value}"] += 1
+            self._count(protocol.value, "refused")
             self._answer(answer or Answer(400))
             return
         if self.edge.draining:
@@ -410,7 +485,7 @@ class PhoneConnection(HeldConnection):
         self._count(who.protocol.value, "received")
         e = self.inflight.add(0, 0, record, time.monotonic())
         e.owner = self
-        e.reply = self._frame(ok)  # written when Kafka has the record (HeldConnection.stored)
+        e.reply = self._frame(ok, req.keep_alive)  # written when Kafka has it (HeldConnection.stored)
         self.edge.produce(e)
 
     # ------------------------------------------------------------------ answers
@@ -421,48 +496,49 @@ class PhoneConnection(HeldConnection):
 
     def stored(self, e: Pending) -> None:
         super().stored(e)
-        if not self.inflight and not self.closed:
+        if not self.inflight and not self.closed and self._busy is not None:
             self.flush()
-            self._next_cycle()
+            # The next request is taken outside Kafka's delivery callback, which this runs in.
+            asyncio.get_running_loop().call_soon(self._done, self._busy.keep_alive)
 
     def _count(self, protocol: str, outcome: str) -> None:
         self.edge.stats.tracker_records[(protocol, outcome)] += 1
 
-    def _frame(self, answer: Answer) -> bytes:
-        headers = [
-            (b"content-type", answer.content_type),
-            (b"content-length", str(len(answer.body)).encode()),
-            (b"server", SERVER),
-            *answer.extra,
+    def _frame(self, answer: Answer, keep_alive: bool) -> bytes:
+        head = [
+            b"HTTP/1.1 %d %s\r\n" % (answer.status, REASONS.get(answer.status, b"Unknown")),
+            b"content-type: %s\r\ncontent-length: %d\r\nserver: %s\r\n"
+            % (answer.content_type, len(answer.body), SERVER),
+            *(b"%s: %s\r\n" % kv for kv in answer.extra),
+            b"" if keep_alive else b"connection: close\r\n",
+            b"\r\n",
         ]
-        out = self.http.send(h11.Response(status_code=answer.status, headers=headers)) or b""
-        if answer.body:
-            out += self.http.send(h11.Data(data=answer.body)) or b""
-        return out + (self.http.send(h11.EndOfMessage()) or b"")
+        return b"".join(head) + answer.body
 
     def _answer(self, answer: Answer) -> None:
         """Answer now (nothing of the request is stored): a refusal, or a message without a fix."""
-        self.write(self._frame(answer))
-        self._next_cycle()
+        req = self._busy
+        keep_alive = req is not None and req.keep_alive
+        self.write(self._frame(answer, keep_alive))
+        self._done(keep_alive)
 
-    def _next_cycle(self) -> None:
+    def _done(self, keep_alive: bool) -> None:
+        """The request is answered: the next one, or the close it asked for."""
         self._busy = None
-        if self.http.our_state is h11.MUST_CLOSE or self.http.their_state is h11.MUST_CLOSE:
+        if not keep_alive:
             self.close()
             return
-        try:
-            self.http.start_next_cycle()
-        except h11.LocalProtocolError:
-            self.close()
-            return
-        self._read()
+        self._next()
 
     def _protocol_error(self, reason: str, detail: str, status: int) -> None:
+        """A stream that is not HTTP this edge takes: answered (unless an answer is owed before
+        it, which is then lost with the connection: the phone sends that fix again) and closed."""
         self.edge.stats.protocol_errors[f"http:{reason}"] += 1
-        logger.info("http request refused peer=%s reason=%s detail=%s", self.peer, reason, detail[:200])
-        if self.http.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            with contextlib.suppress(h11.LocalProtocolError):
-                self.write(self._frame(Answer(status, f"{reason}: {detail[:200]}\n".encode())))
+        # The parser's words only: what the client sent (a header with a secret) is neither logged
+        # nor echoed.
+        logger.info("http request refused peer=%s reason=%s detail=%s", self.peer, reason, detail[:120])
+        if self._busy is None and not self.inflight:
+            self.write(self._frame(Answer(status, f"{reason}\n".encode()), False))
         self.close()
 
     def close(self, reason: int | None = None) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 import orjson
 
@@ -113,8 +113,7 @@ class TeltonikaConnection(HeldConnection):
     # ------------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
         self.edge.tracker_opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -102,6 +102,8 @@ def _tst_ms(d: Mapping[str, Any]) -> int:
     if isinstance(tst, float):
         if not math.isfinite(tst):
             raise OwnTracksMessageError(DlqReason.NOT_FINITE, "field 'tst' is not finite")
+        if abs(tst) >= 1e15:  # x 1000 would not be a time a millisecond count holds (or overflows)
+            raise OwnTracksMessageError(DlqReason.BAD_TIMESTAMP, f"field 'tst' {tst!r} is not a time")
         return round(tst * 1000)
     return tst * 1000
 
@@ -160,8 +162,8 @@ def decode_mqtt(topic: str, payload: bytes) -> OwnTracksFix | OwnTracksIgnored |
 
 
 def decode_http(body: bytes) -> OwnTracksFix | OwnTracksIgnored:
-    """An HTTP-mode POST body: the same JSON, the device named by its `topic` element if any (the
-    adapter checks it against the request's login, `?u=&d=` or `X-Limit-U`/`X-Limit-D`)."""
+    """An HTTP-mode POST body: the same JSON, its `topic` element (if any) read as a hint only: the
+    edge (`gateway.http_edge`) names the vehicle by the request's login, never by the body."""
     return decode_payload(body)
 
 

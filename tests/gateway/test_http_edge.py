@@ -146,6 +146,7 @@ def test_unknown_senders_are_refused_and_nothing_is_stored(
         "osmand:no_credentials_given": 1,
         "osmand:bad_secret": 1,
         "osmand:not_active": 1,
+        "owntracks:no_credentials_given": 1,
         "owntracks:bad_secret": 1,
     }
 
@@ -158,8 +159,9 @@ def test_owntracks_logs_in_as_its_vehicle_and_is_cut_off_when_revoked(
     location = {"_type": "location", "tst": T0_S, "lat": 60.17, "lon": 24.94, "vel": 36, "tid": "ab"}
     ok = client.post("/owntracks", json=location, auth=(vid, secret))
     assert (ok.status_code, ok.json()) == (200, [])
-    # A message that carries no fix is answered and produces nothing.
-    card = client.post("/pub", json={"_type": "card", "name": "van"}, auth=(vid, secret))
+    # A message that carries no fix is answered and produces nothing (`/pub/`: the Recorder's path,
+    # a trailing slash or not).
+    card = client.post("/pub/", json={"_type": "card", "name": "van"}, auth=(vid, secret))
     assert (card.status_code, card.json()) == (200, [])
     (fix,) = [orjson.loads(r.value) for r in records_of(gs, vid, 1)]
     assert (fix["vehicle_id"], fix["seq"], fix["speed_kmh"]) == (vid, T0_S * 1000, 36.0)
@@ -194,6 +196,22 @@ def test_pipelined_requests_are_answered_in_order(
     assert statuses == [b"200", b"200", b"200", b"400"]
     got = records_of(gs, vid, 3)
     assert [orjson.loads(r.value)["seq"] for r in got] == [(T0_S + i) * 1000 for i in range(3)]
+
+    # Behind a held request, a target no URL parser takes: that connection is closed with its own
+    # answer given, and the edge goes on answering everybody else.
+    with socket.create_connection(("127.0.0.1", edge.http_port), timeout=15) as sock:
+        sock.sendall(
+            f"GET {target}&lat=60.2&timestamp={T0_S + 9} HTTP/1.1\r\nHost: e\r\n\r\n".encode()
+            + b"GET //[x HTTP/1.1\r\nHost: e\r\n\r\n"
+        )
+        answers = b""
+        while chunk := sock.recv(65536):
+            answers += chunk
+    assert answers.startswith(b"HTTP/1.1 200 "), answers
+    again = f"GET {target}&lat=60.3&timestamp={T0_S + 10} HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", edge.http_port), timeout=15) as sock:
+        sock.sendall(again.encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
 
 
 def test_no_answer_while_the_sender_cannot_be_checked(settings: Settings) -> None:

@@ -175,6 +175,8 @@ def test_unknowns_and_fractional_time() -> None:
         (b'{"_type": "location", "lat": 1, "lon": 2}', DlqReason.MISSING_FIELD),
         (b'{"_type": "location", "lat": 1, "lon": 2, "tst": "1497476456"}', DlqReason.WRONG_TYPE),
         (b'{"_type": "location", "lat": 1, "lon": 2, "tst": false}', DlqReason.WRONG_TYPE),
+        # a double that is no millisecond count: refused, not an OverflowError out of the edge
+        (b'{"_type": "location", "lat": 1, "lon": 2, "tst": 1e308}', DlqReason.BAD_TIMESTAMP),
         (
             b'{"_type": "location", "lat": 1, "lon": 2, "tst": 1497476456, "vel": "fast"}',
             DlqReason.WRONG_TYPE,
