@@ -195,13 +195,14 @@ def gateway_env(
             "FLEETFENCE_GATEWAY_KAFKA_LINGER_MS": str(settings.gateway_kafka_linger_ms),
             # The broker's service accounts, whether it is the embedded one or reached as an endpoint.
             **account_env(settings),
-            **(
-                {"FLEETFENCE_GATEWAY_EDGE_PORT": str(settings.gateway_edge_port)}
-                if settings.gateway_edge_port is not None
-                else {}
-            ),
         }
     )
+    listeners = {
+        "FLEETFENCE_GATEWAY_EDGE_PORT": settings.gateway_edge_port,
+        "FLEETFENCE_GATEWAY_TELTONIKA_PORT": settings.gateway_teltonika_port,
+        "FLEETFENCE_GATEWAY_HTTP_PORT": settings.gateway_http_port,
+    }
+    env.update({k: str(v) for k, v in listeners.items() if v is not None})
     return env
 
 
