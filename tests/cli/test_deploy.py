@@ -317,7 +317,8 @@ def test_two_device_edge_replicas_each_on_its_own_published_tls_port() -> None:
     boot = services()["mqtt-bootstrap"]
     edge_dir = boot["command"][boot["command"].index("--edge-certs-dir") + 1]
     edge_volume = next(v.split(":")[0] for v in boot["volumes"] if v.split(":")[1] == edge_dir)
-    client_ids, host_ports = [], []
+    client_ids: list[str | None] = []
+    host_ports: list[str] = []
     for name, svc in gateways.items():
         n = int((svc.get("deploy") or {}).get("replicas", 1))
         assert n == 1, f"{name}: replicas of one service would share one published port"
