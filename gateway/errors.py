@@ -55,3 +55,13 @@ class OwnTracksMessageError(ContractError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(reason, detail)
         self.detail = detail
+
+
+class HttpRequestTooLargeError(ContractError):
+    """A phone's request over the edge's bounds (its head, its body, requests pipelined ahead):
+    raised from the HTTP parser's callbacks (gateway.http_edge), answered 413 and the connection
+    closed."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("too_large", detail)
+        self.detail = detail

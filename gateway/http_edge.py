@@ -56,6 +56,7 @@ from fleetfence.devices import LoginVerdict, TrackerProtocol
 from fleetfence.errors import ContractError
 from fleetfence.settings import TopicNames
 from gateway.core import Record
+from gateway.errors import HttpRequestTooLargeError
 from gateway.held import EdgeHost, HeldConnection
 from gateway.inflight import Pending
 from gateway.protocols import PhoneFix, osmand, owntracks
@@ -108,10 +109,6 @@ class Answer:
     body: bytes = b""
     content_type: bytes = b"text/plain; charset=utf-8"
     extra: tuple[tuple[bytes, bytes], ...] = ()
-
-
-class _TooLarge(Exception):  # noqa: N818 - raised through httptools' callbacks, caught in data_received
-    """A request over the edge's bounds (head, body, pipelined requests)."""
 
 
 class PhoneHost(EdgeHost, Protocol):
@@ -318,13 +315,13 @@ class PhoneConnection(HeldConnection):
             self._broken = ("bad_http", "protocol upgrades are not served", 400)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            too_large = isinstance(cause, _TooLarge)
+            too_large = isinstance(cause, HttpRequestTooLargeError)
             self._broken = (
                 "too_large" if too_large else "bad_http",
                 str(cause or exc),
                 413 if too_large else 400,
             )
-        except _TooLarge as exc:
+        except HttpRequestTooLargeError as exc:
             self._broken = ("too_large", str(exc), 413)
         except httptools.HttpParserError as exc:
             self._broken = ("bad_http", str(exc), 400)
@@ -353,27 +350,27 @@ class PhoneConnection(HeldConnection):
         self._url += url
         self._header_bytes += len(url)
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise _TooLarge(f"request head over {MAX_HEADER_BYTES} bytes")
+            raise HttpRequestTooLargeError(f"request head over {MAX_HEADER_BYTES} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise _TooLarge(f"request head over {MAX_HEADER_BYTES} bytes")
+            raise HttpRequestTooLargeError(f"request head over {MAX_HEADER_BYTES} bytes")
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         length = self._headers.get("content-length", "")
         if length.isdigit() and int(length) > MAX_BODY_BYTES:
-            raise _TooLarge(f"body of {int(length)} bytes")
+            raise HttpRequestTooLargeError(f"body of {int(length)} bytes")
 
     def on_body(self, body: bytes) -> None:
         self._body += body
         if len(self._body) > MAX_BODY_BYTES:
-            raise _TooLarge(f"body over {MAX_BODY_BYTES} bytes")
+            raise HttpRequestTooLargeError(f"body over {MAX_BODY_BYTES} bytes")
 
     def on_message_complete(self) -> None:
         if len(self._queued) >= MAX_QUEUED:
-            raise _TooLarge(f"more than {MAX_QUEUED} requests pipelined")
+            raise HttpRequestTooLargeError(f"more than {MAX_QUEUED} requests pipelined")
         target = urlsplit(self._url.decode("latin-1"))
         self._queued.append(
             Request(

@@ -213,6 +213,12 @@ def test_pipelined_requests_are_answered_in_order(
         sock.sendall(again.encode())
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
 
+    # A body over the contract's bound is refused by its announced length, before it is read.
+    with socket.create_connection(("127.0.0.1", edge.http_port), timeout=15) as sock:
+        sock.sendall(f"POST {target} HTTP/1.1\r\nHost: e\r\nContent-Length: 100000\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 413 ")
+    assert edge.stats.protocol_errors["http:too_large"] == 1
+
 
 def test_no_answer_while_the_sender_cannot_be_checked(settings: Settings) -> None:
     """The vehicle master unreachable: the request is not answered (a phone sends it again; an
