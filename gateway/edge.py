@@ -320,6 +320,8 @@ class EdgeGateway(Replica):
         self._trackers: set[TeltonikaConnection] = set()  # gateway.teltonika_edge
         self.teltonika_port: int | None = None
         self._phones: set[PhoneConnection] = set()  # gateway.http_edge
+        self._rechecking: asyncio.Future[None] | None = None
+        self._resumed_mono_s = 0.0  # when the edge last read again after pausing every connection
         self.http_port: int | None = None
         self.https_port: int | None = None
         self._by_identity: dict[str, DeviceConnection] = {}
@@ -444,17 +446,24 @@ class EdgeGateway(Replica):
     def tracker_admitted(self, conn: TeltonikaConnection) -> None:
         logger.info("tracker admitted protocol=teltonika imei=%s vehicle_id=%s", conn.imei, conn.vehicle_id)
 
-    def _binding(
-        self, protocol: TrackerProtocol, tracker_id: str
-    ) -> tuple[LoginVerdict, str | None, tuple[str | None, str]]:
-        """A tracker's binding and its vehicle's credential status (a worker thread's read): the
-        verdict, the vehicle, and what a re-check compares."""
+    def _bound(self, protocol: TrackerProtocol, tracker_id: str) -> tuple[str | None, dict[Any, Any]]:
+        """The vehicle a tracker is bound to and that vehicle's credential record (a worker
+        thread's read; logins on)."""
         r, prefix = self._redis, self.settings.redis_prefix
-        if r is None:  # logins off: the tracker's id names the vehicle (tests, a closed network)
-            return LoginVerdict.ACCEPTED, tracker_id, (tracker_id, "")
+        assert r is not None
         raw = r.get(tracker_key(prefix, protocol, tracker_id))
         vehicle_id = None if raw is None else _text(raw)
         creds = r.hgetall(credentials_key(prefix, vehicle_id)) if vehicle_id is not None else {}
+        return vehicle_id, dict(creds)
+
+    def _binding(
+        self, protocol: TrackerProtocol, tracker_id: str
+    ) -> tuple[LoginVerdict, str | None, tuple[str | None, str]]:
+        """A tracker's verdict by its binding alone (an id without a secret: Teltonika), the
+        vehicle, and what a re-check compares."""
+        if self._redis is None:  # logins off: the tracker's id names the vehicle (tests, a closed network)
+            return LoginVerdict.ACCEPTED, tracker_id, (tracker_id, "")
+        vehicle_id, creds = self._bound(protocol, tracker_id)
         status = {_text(k): _text(v) for k, v in creds.items()}.get(STATUS_FIELD, "")
         return tracker_verdict(vehicle_id, creds), vehicle_id, (vehicle_id, status)
 
@@ -490,15 +499,14 @@ class EdgeGateway(Replica):
         r, prefix = self._redis, self.settings.redis_prefix
 
         def read() -> tuple[LoginVerdict, str | None]:
-            vehicle_id: str | None = who.name
+            if r is None:  # logins off: the id names the vehicle (tests, a closed network)
+                return LoginVerdict.ACCEPTED, who.name
             if who.protocol is PhoneProtocol.OSMAND:
-                verdict, vehicle_id, _ = self._binding(TrackerProtocol.OSMAND, who.name)
-                if verdict is not LoginVerdict.ACCEPTED or vehicle_id is None:
-                    return verdict, None
-            if r is None:  # logins off (tests, a closed network)
-                return LoginVerdict.ACCEPTED, vehicle_id
-            assert vehicle_id is not None
-            return check_login(r.hgetall(credentials_key(prefix, vehicle_id)), who.secret), vehicle_id
+                vehicle_id, creds = self._bound(TrackerProtocol.OSMAND, who.name)
+                if vehicle_id is None:
+                    return LoginVerdict.UNKNOWN_DEVICE, None
+                return check_login(creds, who.secret), vehicle_id
+            return check_login(r.hgetall(credentials_key(prefix, who.name)), who.secret), who.name
 
         fut = self._loop.run_in_executor(None, read)
         recheck_s = self.settings.gateway_edge_recheck_s
@@ -568,6 +576,7 @@ class EdgeGateway(Replica):
 
     def _resume_all(self) -> None:
         self.all_paused = False
+        self._resumed_mono_s = time.monotonic()
         logger.info("device edge reading again in_flight=%s", len(self._unconfirmed))
         for c in self._all_connections():
             if not c.paused and c.transport is not None and not c.closed:
@@ -616,6 +625,8 @@ class EdgeGateway(Replica):
             logger.warning("drain timed out; devices send the rest again in_flight=%s", self.in_flight)
         sweep.cancel()
         pump.cancel()
+        if self._rechecking is not None:
+            self._rechecking.cancel()
         self._flush_dirty()
         for c in list(self._connections):
             c.close(w.RC_SERVER_SHUTTING_DOWN)
@@ -707,9 +718,14 @@ class EdgeGateway(Replica):
         while True:
             await asyncio.sleep(SWEEP_S)
             now = time.monotonic()
+            # A connection the edge does not read (every one paused for Kafka) owes no CONNECT or
+            # IMEI meanwhile: its deadline runs from when the edge reads again.
+            read_since = self._resumed_mono_s
             for c in list(self._connections):
                 if c.connect is None or not c.logged_in:
-                    if now - c.opened_mono_s > s.gateway_edge_connect_timeout_s:
+                    if self.all_paused:
+                        continue
+                    if now - max(c.opened_mono_s, read_since) > s.gateway_edge_connect_timeout_s:
                         self.stats.protocol_errors["connect_timeout"] += 1
                         c.close()
                     continue
@@ -721,9 +737,11 @@ class EdgeGateway(Replica):
                     logger.info("device keep-alive missed identity=%r", c.identity)
                     c.close(w.RC_KEEP_ALIVE_TIMEOUT)
             for tc in list(self._trackers):
-                if tc.vehicle_id is None and now - tc.opened_mono_s > s.gateway_edge_connect_timeout_s:
-                    self.stats.protocol_errors["teltonika:imei_timeout"] += 1
-                    tc.close()
+                if tc.vehicle_id is None:
+                    waited_s = now - max(tc.opened_mono_s, read_since)
+                    if not self.all_paused and waited_s > s.gateway_edge_connect_timeout_s:
+                        self.stats.protocol_errors["teltonika:imei_timeout"] += 1
+                        tc.close()
                 elif (
                     not (tc.paused or self.all_paused)
                     and now - tc.last_rx_mono_s > s.gateway_teltonika_idle_timeout_s
@@ -735,9 +753,12 @@ class EdgeGateway(Replica):
                 idle = not (pc.busy or pc.inflight or self.all_paused)
                 if idle and now - pc.last_rx_mono_s > s.gateway_http_idle_timeout_s:
                     pc.close()
-            if self._redis is not None and now >= next_recheck:
+            # The re-check runs beside the sweep: a Redis that answers slowly (each read bounded by
+            # the client's socket timeout) must not hold the deadlines above.
+            rechecking = self._rechecking is not None and not self._rechecking.done()
+            if self._redis is not None and now >= next_recheck and not rechecking:
                 next_recheck = now + s.gateway_edge_recheck_s
-                await self._recheck()
+                self._rechecking = asyncio.ensure_future(self._recheck())
 
     async def _recheck(self) -> None:
         await self._recheck_trackers()

@@ -108,7 +108,7 @@ def check_logs(dep: Deployment) -> None:
     noted = [line for line in verdict.unexpected if line not in failing]
     if noted:
         print(
-            f"{len(noted)} unexplained error lines during fault rows, not failed "
+            f"{len(noted)} unexplained error lines not failed "
             f"(FLEETFENCE_DEPLOY_LOGCHECK={policy}; findings for the allow-list):\n"
             + "\n".join(str(line)[:400] for line in noted[:60])
         )

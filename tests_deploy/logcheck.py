@@ -5,11 +5,14 @@ at every autosave of every run, from the first start, and persisted nothing, whi
 passed. So at the end of the session every container's whole log (`docker logs -t`: each line with
 its time, every life of a restarted container) is read, each line that carries an error severity in
 its service's format is found (`ERROR_LINE`), and each is attributed to the test during which it was
-logged (`Window`: from a test's start to the next one's; before the first, "start-up"). An error
-line fails the suite unless an `ALLOWED` entry matches its service and text within the tests that
-entry names, each entry with the reason that error is expected: the faults inject failures on
-purpose, and the services log them. An error nobody can explain is a finding, not an entry; so is
-one a fault leaves behind in a later test (a broker a failed test left down).
+logged (`Window`: from a test's start to the next one's; before the first, "start-up"; the last
+runs to the end of the session). An error line is explained when an `ALLOWED` entry matches its
+service and text within the tests that entry names, each entry with the reason that error is
+expected: the faults inject failures on purpose, and the services log them. An error nobody can
+explain is a finding, not an entry; so is one a fault leaves behind in a later test (a broker a
+failed test left down). Which unexplained lines fail the suite: `POLICIES` (by default, every one
+logged at start-up or in a row without a fault, and anywhere one that says the deployment is
+broken).
 """
 
 from __future__ import annotations
@@ -49,13 +52,14 @@ ERROR_LINE = re.compile(
 
 # Lines that say the deployment itself is broken, whatever the timing: a file a service cannot
 # write (Mosquitto's persistence, the incident this check exists for), a process dying of an
-# uncaught exception or a signal, a fatal or panic severity. Every unexplained error line fails the
-# suite; with FLEETFENCE_DEPLOY_LOGCHECK=lenient only these do, and the others, which can depend on
-# how loaded the machine is (a controller event starved of CPU, a fault's recovery spilling into the
-# next test), are printed: for a run on a machine shared with other work, not for CI.
+# uncaught exception (its traceback printed at the start of a line) or a signal, a fatal, panic or
+# critical severity. Which unexplained lines fail the suite besides these is `POLICIES`' matter. An
+# exception a FleetFence service caught and logged (its JSON line carries the traceback in `msg`)
+# is not one of these: during a fault the services log what they recover from.
 BROKEN = re.compile(
     r"\bPermission denied\b|^Traceback \(most recent call last\):|^Exception in thread |^panic: "
     r"|\bSegmentation fault\b|\bFATAL\b|(?i:\blevel=(?:fatal|panic)\b)|^\d+: .*\bError\b"
+    r'|"level":\s*"CRITICAL"'
 )
 
 
