@@ -62,6 +62,15 @@ class HeldConnection(asyncio.Protocol):
         if len(self.inflight) >= self.host.settings.gateway_edge_receive_maximum and not self.paused:
             self.pause()
 
+    def close(self, reason: int | None = None) -> None:
+        """Close the connection with what Kafka released written first (`reason` is MQTT's: a
+        protocol without a goodbye, Teltonika or HTTP, is told nothing)."""
+        if self.closed or self.transport is None:
+            return
+        self.flush()
+        self.transport.close()
+        self.closed = True
+
     def flush(self) -> None:
         if self.out and not self.closed and self.transport is not None:
             self.transport.write(bytes(self.out))

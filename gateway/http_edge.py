@@ -537,11 +537,3 @@ class PhoneConnection(HeldConnection):
         if self._busy is None and not self.inflight:
             self.write(self._frame(Answer(status, f"{reason}\n".encode()), False))
         self.close()
-
-    def close(self, reason: int | None = None) -> None:
-        """Close the connection (`reason` is MQTT's; a phone is told nothing)."""
-        if self.closed or self.transport is None:
-            return
-        self.flush()
-        self.transport.close()
-        self.closed = True

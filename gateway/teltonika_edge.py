@@ -223,11 +223,3 @@ class TeltonikaConnection(HeldConnection):
     def counted(self, e: Pending) -> None:
         outcome = "forwarded" if e.record is not None and e.record.reason is None else "dead_lettered"
         self.edge.stats.tracker_records[(PROTOCOL.value, outcome)] += 1
-
-    def close(self, reason: int | None = None) -> None:
-        """Close the connection (`reason` is MQTT's; a Teltonika unit is told nothing)."""
-        if self.closed or self.transport is None:
-            return
-        self.flush()
-        self.transport.close()
-        self.closed = True

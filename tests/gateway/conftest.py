@@ -18,6 +18,7 @@ from gateway.settings import GatewaySettings
 from gateway.testing import Publisher, fleet_publisher, forget_session
 from tests.gateway.helpers import gw_settings
 from vehicle_master.credentials import VehicleCredentials
+from vehicle_master.trackers import VehicleTrackers
 
 
 @pytest.fixture
@@ -73,3 +74,11 @@ def fleet(settings: Settings) -> Iterator[tuple[GatewaySettings, Publisher, str]
     yield gs, pub, f"f{uuid.uuid4().hex[:6]}-"
     pub.close()
     forget_session(*gs.mqtt_host_port, gs.gateway_client_id, service_account(gs, "gateway"))
+
+
+@pytest.fixture
+def trackers(gs: GatewaySettings) -> Iterator[VehicleTrackers]:
+    """Tracker bindings as the admin API writes them, on the module's `gs`."""
+    r = redis.Redis.from_url(gs.redis_dsn)
+    yield VehicleTrackers(r, gs.redis_prefix)
+    r.close()

@@ -21,7 +21,7 @@ from fleetfence.mqtt import account_fields
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.settings import GatewaySettings
-from gateway.testing import fix, gateway_env, scrape
+from gateway.testing import KafkaRecord, TopicReader, fix, gateway_env, scrape
 
 
 def gw_settings(settings: Settings, **over: Any) -> GatewaySettings:
@@ -124,3 +124,14 @@ class EdgeProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+
+
+def records_of(gs: GatewaySettings, vid: str, n: int) -> list[KafkaRecord]:
+    """The first `n` records keyed by `vid` on the telemetry topic and its dead letters (a
+    tracker's fixes and letters land on both)."""
+    reader = TopicReader(gs.bootstrap_servers, [gs.topics.telemetry, gs.topics.telemetry_dlq])
+    try:
+        reader.read_until(lambda rs: sum(r.key == vid.encode() for r in rs) >= n, 30, f"{n} records of {vid}")
+        return [r for r in reader.records if r.key == vid.encode()]
+    finally:
+        reader.close()

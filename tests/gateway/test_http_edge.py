@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 import httpx
 import orjson
 import pytest
-import redis
 
 from fleetfence.devices import TrackerProtocol
 from fleetfence.kafka import ensure_topics, topic_specs
@@ -23,8 +22,7 @@ from fleetfence.probes import free_port
 from fleetfence.settings import Settings
 from gateway.edge import EdgeGateway
 from gateway.settings import GatewaySettings
-from gateway.testing import KafkaRecord, TopicReader
-from tests.gateway.helpers import gw_settings
+from tests.gateway.helpers import gw_settings, records_of
 from vehicle_master.credentials import VehicleCredentials
 from vehicle_master.trackers import VehicleTrackers
 
@@ -40,26 +38,10 @@ def gs(settings: Settings) -> GatewaySettings:
 
 
 @pytest.fixture
-def trackers(gs: GatewaySettings) -> Iterator[VehicleTrackers]:
-    r = redis.Redis.from_url(gs.redis_dsn)
-    yield VehicleTrackers(r, gs.redis_prefix)
-    r.close()
-
-
-@pytest.fixture
 def client(edge: EdgeGateway) -> Iterator[httpx.Client]:
     assert edge.http_port
     with httpx.Client(base_url=f"http://127.0.0.1:{edge.http_port}", timeout=15) as c:
         yield c
-
-
-def records_of(gs: GatewaySettings, vid: str, n: int) -> list[KafkaRecord]:
-    reader = TopicReader(gs.bootstrap_servers, [gs.topics.telemetry, gs.topics.telemetry_dlq])
-    try:
-        reader.read_until(lambda rs: sum(r.key == vid.encode() for r in rs) >= n, 30, f"{n} records of {vid}")
-        return [r for r in reader.records if r.key == vid.encode()]
-    finally:
-        reader.close()
 
 
 def test_traccar_client_is_answered_once_kafka_has_its_fix(

@@ -9,11 +9,9 @@ import dataclasses
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 
 import orjson
 import pytest
-import redis
 
 from fleetfence.devices import TrackerProtocol
 from fleetfence.kafka import ensure_topics, topic_specs
@@ -22,8 +20,7 @@ from fleetfence.testing import wait_for
 from gateway.edge import EdgeGateway
 from gateway.protocols import teltonika as t
 from gateway.settings import GatewaySettings
-from gateway.testing import KafkaRecord, TopicReader
-from tests.gateway.helpers import gw_settings
+from tests.gateway.helpers import gw_settings, records_of
 from vehicle_master.credentials import VehicleCredentials
 from vehicle_master.trackers import VehicleTrackers
 
@@ -88,22 +85,6 @@ class Unit:
 def gs(settings: Settings) -> GatewaySettings:
     ensure_topics(settings.bootstrap_servers, topic_specs(settings))
     return gw_settings(settings, gateway_edge_port=0, gateway_teltonika_port=0, gateway_edge_recheck_s=0.5)
-
-
-@pytest.fixture
-def trackers(gs: GatewaySettings) -> Iterator[VehicleTrackers]:
-    r = redis.Redis.from_url(gs.redis_dsn)
-    yield VehicleTrackers(r, gs.redis_prefix)
-    r.close()
-
-
-def records_of(gs: GatewaySettings, vid: str, n: int) -> list[KafkaRecord]:
-    reader = TopicReader(gs.bootstrap_servers, [gs.topics.telemetry, gs.topics.telemetry_dlq])
-    try:
-        reader.read_until(lambda rs: sum(r.key == vid.encode() for r in rs) >= n, 30, f"{n} records of {vid}")
-        return [r for r in reader.records if r.key == vid.encode()]
-    finally:
-        reader.close()
 
 
 def test_a_bound_unit_is_answered_once_kafka_has_every_record(
