@@ -10,6 +10,7 @@ port, so the caller can scrape every replica; logs go to `run_dir/<name>.log`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -110,6 +111,13 @@ class Service:
     proc: subprocess.Popen[bytes]
     metrics_url: str | None
     log: Path
+    argv: list[str]
+    env: dict[str, str]
+
+
+def _popen(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as f:
+        return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def exited_error(svc: Service, also: Sequence[Service] = ()) -> ServiceExitedError:
@@ -266,11 +274,20 @@ class Pipeline:
         log = self.run_dir / f"{name}.log"
         given = {**self.spec.env, **extra}
         env = {k: v for k, v in settings_env(self.settings, **given).items() if k not in unset or k in given}
-        with log.open("ab") as f:
-            proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://{self.settings.host}:{metrics_port}/metrics" if metrics_port else None
-        self.services.append(Service(name, proc, url, log))
-        logger.info("pipeline started service=%s pid=%s log=%s", name, proc.pid, log)
+        self.services.append(Service(name, _popen(argv, env, log), url, log, argv, env))
+        logger.info("pipeline started service=%s pid=%s log=%s", name, self.services[-1].proc.pid, log)
+
+    def crash_and_restart(self, name: str) -> None:
+        """SIGKILL service `name` (its whole process group: a crash, nothing flushed or closed) and
+        start it again as before: the same command, environment, ports and log. What a restart
+        policy does in a deployment; the fault tests' way to cause one on this machine."""
+        svc = next(s for s in self.services if s.name == name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(svc.proc.pid, signal.SIGKILL)
+        svc.proc.wait(30)
+        svc.proc = _popen(svc.argv, svc.env, svc.log)
+        logger.info("pipeline restarted service=%s pid=%s", name, svc.proc.pid)
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:
         """Until the API answers, every metrics endpoint answers and the processor has committed a

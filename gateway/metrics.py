@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class GatewayStats:
     tracker_records: Counter[tuple[str, str]] = field(default_factory=Counter)
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     latency_sum_s: float = 0.0
+    # When these counters started (UTC epoch seconds): a reader summing them over time (the load
+    # test) knows a restarted replica by it, even when its new counts already passed the old ones.
+    started_s: float = field(default_factory=time.time)
 
     @property
     def dead_lettered_total(self) -> int:
@@ -168,6 +172,9 @@ class GatewayCollector(Collector):
         yield ke
         yield CounterMetricFamily(p + "producer_restarts", "producers replaced", value=s.producer_restarts)
         yield CounterMetricFamily(p + "mqtt_connects", "MQTT (re)connections", value=s.mqtt_connects)
+        yield GaugeMetricFamily(
+            p + "start_time_seconds", "when this replica's counters started, UTC epoch", value=s.started_s
+        )
         yield GaugeMetricFamily(p + "in_flight", "received, not yet acknowledged", value=self.in_flight())
         yield GaugeMetricFamily(p + "mqtt_connected", "1 when subscribed", value=int(self.connected()))
         # Which shard this replica serves: a dashboard can check that each index of the count is up once.

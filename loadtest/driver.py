@@ -34,7 +34,6 @@ from rich.console import Console
 from rich.live import Live
 
 from fleetfence.errors import ServiceUnavailableError
-from fleetfence.metrics import scrape
 from fleetfence.rules import ProximityRule, RouteRules
 from fleetfence.settings import FLEET_PROXIMITY_RULE_ID, Settings
 from loadtest.installation import Installation
@@ -49,7 +48,7 @@ from loadtest.model import (
 )
 from loadtest.procstat import ProcessSampler
 from loadtest.report import live_table, percentiles, rss_growth
-from loadtest.taps import GroupLag, MarkerTap, MarkerTotals, TopicTap
+from loadtest.taps import GatewayCounters, GroupLag, MarkerTap, MarkerTotals, TelemetryTap, TopicTap
 from simulator.commands import start_ms_for
 from simulator.config import Injections, ScenarioConfig
 from simulator.publish import SimulationOptions, Sink, run_simulation
@@ -61,17 +60,9 @@ from simulator.verify import MISMATCH_CAP, ObservedAlert, compare, in_scope
 logger = logging.getLogger(__name__)
 
 SILENT = "VEHICLE_SILENT"
+SAMPLE_EVERY_S = 1.0  # the sampler's cadence, whatever a sample takes (below it)
 SETTLE_QUIET_S = 10.0  # no new alert for this long, at least, once every stage has drained
 STEP_SHIFT_DEG = 0.25  # longitude between two steps' areas (the default box is 0.2 wide)
-
-
-def received_every_acked(acked: int, received: int, redelivered: int) -> bool:
-    """The gateways received every fix the broker acknowledged: as many, or more by no more than
-    the messages Mosquitto redelivered (the DUP flag). A broker restarted from its persistence
-    file restores each gateway's session as of its last autosave and sends again what was in
-    flight then, though the gateway may have acknowledged it since: a duplicate, which the
-    processor drops by the fix's sequence number, never a loss."""
-    return acked <= received <= acked + redelivered
 
 
 @dataclass(frozen=True)
@@ -122,7 +113,7 @@ class _Counters:
 
     t: float
     acked: int
-    forwarded: float
+    written: int  # records written to fleet.telemetry
     read: int
 
 
@@ -159,21 +150,31 @@ class LoadTest:
         self.run_dir = run_dir
         self.run_id = uuid.uuid4().hex[:6]
         t = settings.topics
-        self.alert_tap = TopicTap(settings.bootstrap_servers, t.alerts, f"fleetfence-loadtest-{self.run_id}")
+        group = f"fleetfence-loadtest-{self.run_id}"
+        opened: list[Any] = []
         try:
+            self.alert_tap = TopicTap(settings.bootstrap_servers, t.alerts, group)
+            opened.append(self.alert_tap)
             self.marker_tap = MarkerTap(settings.bootstrap_servers, t.processor_commits)
+            opened.append(self.marker_tap)
+            self.group_lag = GroupLag(settings.bootstrap_servers, self.alert_tap, groups)
+            opened.append(self.group_lag)
+            # The run is counted in Kafka: what the gateways wrote, whichever replica and process.
+            self.telemetry = TelemetryTap(
+                settings.bootstrap_servers, t.telemetry, t.telemetry_dlq, f"{group}-fixes", self.prefix
+            )
+            opened.append(self.telemetry)
             try:
-                self.group_lag = GroupLag(settings.bootstrap_servers, self.alert_tap, groups)
-            except BaseException:
-                self.marker_tap.close()
+                # The gateways' own counts, informative (an attached installation's have counted
+                # what came before: the run's are the differences).
+                self.gateways = GatewayCounters(lambda: installation.metrics_urls("gateway"))
+            except ServiceUnavailableError:
+                installation.check_alive()  # a replica that died: its own error says why
                 raise
         except BaseException:
-            self.alert_tap.close()
+            for c in reversed(opened):
+                c.close()
             raise
-        # The gateways' counters when the run starts: an attached installation's have counted
-        # what came before; the run's figures are the differences (a replica that joins later
-        # starts from zero).
-        self.gateways_at_start = self._gateway_counters()
         self.procs = ProcessSampler(installation.pids())
         self.procs.add_self("loadtest")  # the publisher and the sampler run here
         self.alerts: list[tuple[dict[str, Any], int]] = []  # (alert, record ts) of this run
@@ -181,37 +182,11 @@ class LoadTest:
         self.sink: Sink | None = None
         self.sent_before = 0  # fixes sent by earlier steps' sinks
         self.acked_before = 0
+        self.sent_twice = 0  # messages the scenarios sent twice on purpose (Injections.duplicate)
         self.t0 = time.monotonic()
         self._prev: _Counters | None = None
 
     # ------------------------------------------------------------------ sampling
-
-    def _gateway_counters(self) -> dict[str, tuple[float, float, float, float]]:
-        """(received, forwarded, dead-lettered, redelivered) of each gateway replica, as its metrics
-        say now."""
-        out = {}
-        for name, url in self.installation.metrics_urls("gateway").items():
-            try:
-                m = scrape(url)
-            except OSError as exc:
-                self.installation.check_alive()  # a replica that died since: its own error says why
-                raise ServiceUnavailableError(f"{name} metrics at {url}: {exc}") from exc
-            out[name] = (
-                m.total("fleetfence_gateway_received_total"),
-                m.total("fleetfence_gateway_forwarded_total"),
-                m.total("fleetfence_gateway_dead_lettered_total"),
-                m.total("fleetfence_gateway_redelivered_total"),
-            )
-        return out
-
-    def _gateways(self) -> tuple[float, float, float, float]:
-        """(received, forwarded, dead-lettered, redelivered) of this run, summed over the gateway
-        replicas."""
-        rec = fwd = dead = redel = 0.0
-        for name, (r, f, d, x) in self._gateway_counters().items():
-            r0, f0, d0, x0 = self.gateways_at_start.get(name, (0.0, 0.0, 0.0, 0.0))
-            rec, fwd, dead, redel = rec + r - r0, fwd + f - f0, dead + d - d0, redel + x - x0
-        return rec, fwd, dead, redel
 
     def _acked(self) -> int:
         sink = self.sink
@@ -223,13 +198,14 @@ class LoadTest:
         for value, ts in self.alert_tap.poll():
             self.alerts.append((orjson.loads(value), ts))
         totals = self.marker_tap.poll()
-        _rec, fwd, dead, _redelivered = self._gateways()
+        kafka = self.telemetry.poll()
+        self.gateways.read()
         acked = self._acked()
         puback: list[float] = []
         take = getattr(self.sink, "take_puback_ms", None)
         if take is not None:
             puback = take()
-        prev = self._prev or _Counters(self.t0, 0, 0.0, 0)
+        prev = self._prev or _Counters(self.t0, 0, 0, 0)
         dt = max(now - prev.t, 1e-6)
         lat = percentiles(puback)
         smp = Sample(
@@ -239,15 +215,15 @@ class LoadTest:
             publish_rate=(acked - prev.acked) / dt,
             puback_p50_ms=lat.p50_ms,
             puback_p99_ms=lat.p99_ms,
-            gateway_forwarded_rate=(fwd - prev.forwarded) / dt,
-            gateway_dead_lettered=int(dead),
+            gateway_forwarded_rate=(kafka.records - prev.written) / dt,
+            gateway_dead_lettered=kafka.dead_lettered,
             processor_rate=(totals.read - prev.read) / dt,
-            processor_lag=max(int(fwd) - totals.read, 0),
+            processor_lag=max(kafka.records - totals.read, 0),
             receivers_lag=self.group_lag.lag(),
             alerts=len(self.alerts),
             procs={k: ProcSample(v.cpu_pct, v.rss_mib) for k, v in self.procs.sample().items()},
         )
-        self._prev = _Counters(now, acked, fwd, totals.read)
+        self._prev = _Counters(now, acked, kafka.records, totals.read)
         self.samples.append(smp)
         return smp
 
@@ -324,8 +300,15 @@ class LoadTest:
                     start_now=True,
                     show_progress=False,
                     sink_observer=observe,
+                    # The vehicles hold what is not acknowledged for as long as the run waits for
+                    # the pipeline to drain: an installation restarted under the run takes minutes.
+                    flush_timeout_s=max(60.0, self.opts.settle_s),
                 )
-                run_simulation(self.sim, replace(cfg, assume=self.sim.processor_rules()), opts, self.console)
+                done_rep = run_simulation(
+                    self.sim, replace(cfg, assume=self.sim.processor_rules()), opts, self.console
+                )
+                # The scenario's own duplicate messages (a fix sent twice on purpose): one fix each.
+                self.sent_twice += done_rep.scenario.duplicates
             except BaseException as exc:  # handed to the sampling thread, which raises it
                 failure.append(exc)
             finally:
@@ -336,7 +319,10 @@ class LoadTest:
         thread = threading.Thread(target=publish, name=f"loadtest-step{step}", daemon=True)
         thread.start()
         t_start = None
-        while not done.wait(1.0):
+        next_at = time.monotonic() + SAMPLE_EVERY_S
+        while not done.wait(max(0.0, next_at - time.monotonic())):
+            # Once a second from the last tick (a slow sample, a fault's timeouts: from now).
+            next_at = max(next_at, time.monotonic()) + SAMPLE_EVERY_S
             # While the step's vehicles are being registered nothing is published: target 0, so
             # the step's rate and lag trend are judged over its publishing only.
             smp = self.sample(step, target if self.sink is not None else 0.0)
@@ -372,6 +358,7 @@ class LoadTest:
         n = len(self.alerts)
         smp = None
         while time.monotonic() < deadline:
+            next_at = time.monotonic() + SAMPLE_EVERY_S
             smp = self.sample(len(self.steps_done) - 1, 0.0)
             live.update(self._view(smp, smp.step))
             if len(self.alerts) != n:
@@ -383,7 +370,7 @@ class LoadTest:
             quiet_s = max(SETTLE_QUIET_S, 1.5 * self.marker_tap.totals.batch_pace_s)
             if drained and time.monotonic() - quiet_since > quiet_s:
                 return
-            time.sleep(1.0)
+            time.sleep(max(0.0, next_at - time.monotonic()))
         logger.warning(
             "loadtest settle timed out settle_s=%s processor_lag=%s receivers_lag=%s "
             "quiet_s=%.0f (since the last alert, or the settle's start)",
@@ -429,27 +416,39 @@ class LoadTest:
         return acc, self._latency(mine, None), self._latency(mine, "trigger_received_ms")
 
     def reconcile(self) -> Reconciliation:
+        """The run's counts end to end, from Kafka: a gateway or processor restarted during the run
+        changes none of them. The gateways' own counts are checked only when no replica restarted
+        or went unread (a restart loses what it counted since the last reading)."""
         totals: MarkerTotals = self.marker_tap.poll()
-        rec, fwd, dead, redelivered = self._gateways()
+        kafka = self.telemetry.drain()
+        gw = self.gateways.read()
+        in_kafka = kafka.fixes + kafka.dead_lettered
         published, acked = self.sent_before, self.acked_before
         checks = {
-            "every fix published was acknowledged by the broker": published == acked,
-            "the gateways received every acknowledged fix": received_every_acked(
-                acked, int(rec), int(redelivered)
-            ),
-            "gateway in = forwarded + dead-lettered": int(rec) == int(fwd) + int(dead),
-            "the processor read every forwarded record": totals.read == int(fwd),
+            "every fix published was acknowledged": published == acked,
+            # Each fix once: the scenario's deliberate duplicates are the same fixes again.
+            "every acknowledged fix is in Kafka, in fleet.telemetry or dead-lettered": in_kafka
+            == acked - self.sent_twice,
+            "the processor read every record written to fleet.telemetry": totals.read == kafka.records,
             "processor received = accepted + duplicates + late + held": totals.received
             == totals.accepted + totals.duplicates + totals.late + totals.held,
         }
+        if gw.restarts == 0 and not gw.unanswered:
+            checks["gateway in = forwarded + dead-lettered"] = gw.received == gw.forwarded + gw.dead_lettered
         failed = [k for k, ok in checks.items() if not ok]
         return Reconciliation(
             published=published,
             acked=acked,
-            gateway_received=int(rec),
-            gateway_forwarded=int(fwd),
-            gateway_dead_lettered=int(dead),
-            gateway_redelivered=int(redelivered),
+            sent_twice=self.sent_twice,
+            in_kafka=kafka.fixes,
+            sent_again=kafka.sent_again,
+            dead_lettered=kafka.dead_lettered,
+            telemetry_records=kafka.records,
+            gateway_received=gw.received,
+            gateway_forwarded=gw.forwarded,
+            gateway_dead_lettered=gw.dead_lettered,
+            gateway_redelivered=gw.redelivered,
+            gateway_restarts=gw.restarts,
             processor_read=totals.read,
             processor_accepted=totals.accepted,
             processor_duplicates=totals.duplicates,
@@ -521,6 +520,12 @@ class LoadTest:
             steps=steps,
             samples=self.samples,
         )
+        # What happened to the installation under the run (a fault under test): said in the report.
+        seen = list(getattr(self.installation, "events", []))
+        if recon.gateway_restarts and not any(e.startswith("gateway-") for e in seen):
+            seen.append(f"{recon.gateway_restarts} gateway restart(s) during the run")
+        if steps:
+            steps[-1].notes.extend(seen)
         sustained = [st.target_rate for st in steps if st.sustained]
         run.highest_sustained_rate = max(sustained) if sustained else None
         run.rss_growth = rss_growth(self.samples, o.warmup_s)
@@ -567,5 +572,5 @@ class LoadTest:
         return out
 
     def close(self) -> None:
-        for c in (self.alert_tap, self.marker_tap, self.group_lag):
+        for c in (self.alert_tap, self.marker_tap, self.group_lag, self.telemetry):
             c.close()

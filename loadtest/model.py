@@ -29,10 +29,10 @@ class Sample:
     publish_rate: float  # fixes/s acknowledged by the MQTT broker over the last interval
     puback_p50_ms: float | None  # PUBACK latency over the last interval
     puback_p99_ms: float | None
-    gateway_forwarded_rate: float  # records/s the gateway replicas wrote to Kafka
-    gateway_dead_lettered: int  # cumulative, all replicas
+    gateway_forwarded_rate: float  # records/s written to fleet.telemetry (by the gateways)
+    gateway_dead_lettered: int  # cumulative: the run's messages the gateways dead-lettered
     processor_rate: float  # telemetry records/s the processor's committed batches read
-    processor_lag: int  # records forwarded by the gateways and not yet read by a committed batch
+    processor_lag: int  # records written to fleet.telemetry and not yet read by a committed batch
     receivers_lag: int  # alerts on fleet.alerts not yet committed by the receivers' group
     alerts: int  # cumulative committed alerts of this run
     procs: dict[str, ProcSample] = field(default_factory=dict)
@@ -68,11 +68,20 @@ class Accuracy:
 
 @dataclass
 class Reconciliation:
-    """Counts end to end for a step: in = forwarded + dead-lettered at the gateway; forwarded =
-    read by the processor (received + invalid); and published = acknowledged by the broker."""
+    """Counts end to end for the run, from Kafka: every fix published was acknowledged; every
+    acknowledged fix is in `fleet.telemetry` (`in_kafka`, each counted once; `sent_again`: the
+    records beyond a fix's first, a device resending what it got no PUBACK for) or dead-lettered;
+    the processor's committed batches read every record written to `fleet.telemetry`. The
+    gateways' own counts (`gateway_*`, from their metrics) are checked when no replica restarted:
+    a restart loses what it counted since the last reading."""
 
     published: int
     acked: int
+    sent_twice: int  # of those, messages the scenario sent twice on purpose (the same fix again)
+    in_kafka: int
+    sent_again: int
+    dead_lettered: int
+    telemetry_records: int  # every record written to fleet.telemetry during the run
     gateway_received: int
     gateway_forwarded: int
     gateway_dead_lettered: int
@@ -83,7 +92,8 @@ class Reconciliation:
     processor_late: int
     reconciled: bool
     detail: str = ""
-    gateway_redelivered: int = 0  # received with the DUP flag (a restarted broker's resends)
+    gateway_redelivered: int = 0  # received with the DUP flag (a device's or a broker's resends)
+    gateway_restarts: int = 0  # gateway replicas seen starting again during the run
 
 
 @dataclass

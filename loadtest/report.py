@@ -245,9 +245,13 @@ def _step_section(st: StepResult) -> list[str]:
                 f"{fmt_count(r.published)} / {fmt_count(r.acked)}",
             ),
             (
-                "gateway received / forwarded / dead-lettered",
+                "in Kafka / sent again / dead-lettered",
+                f"{fmt_count(r.in_kafka)} / {fmt_count(r.sent_again)} / {fmt_count(r.dead_lettered)}",
+            ),
+            (
+                "gateway received / forwarded / dead-lettered (restarts)",
                 f"{fmt_count(r.gateway_received)} / {fmt_count(r.gateway_forwarded)} / "
-                f"{fmt_count(r.gateway_dead_lettered)}",
+                f"{fmt_count(r.gateway_dead_lettered)} ({r.gateway_restarts})",
             ),
             (
                 "processor read / accepted / duplicates / invalid / late",

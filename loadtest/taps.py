@@ -1,18 +1,29 @@
-"""What the load test reads from Kafka while it runs: the committed alerts and the processor's
-commit markers of this run (both from the topics' ends at the start, read_committed), and the
-receivers' consumer-group lag. Incremental and non-blocking: the sampler calls `poll()` once a
-second, so a long soak never re-reads a topic from its start.
+"""What the load test reads while it runs: from Kafka, the committed alerts and the processor's
+commit markers of this run, every record written to `fleet.telemetry` and the gateways' dead letters
+(which of the run's fixes Kafka holds, and how often), and the receivers' consumer-group lag; from
+the gateways' metrics, their own counts. Incremental and non-blocking: the sampler calls `poll()`
+once a second, so a long soak never re-reads a topic from its start.
+
+The run is counted in Kafka, not in the services: a gateway SIGKILLed and restarted during the run
+(its counters back at zero, and what it counted since the last reading gone) changes nothing that
+decides whether the run reconciles.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+import msgspec
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from fleetfence.contracts import vehicle_from_topic
+from fleetfence.errors import ContractError, ServiceUnavailableError
 from fleetfence.kafka import committed_reader, watermarks
+from fleetfence.metrics import scrape
 from processor.ops.markers import MarkerReader
 
 logger = logging.getLogger(__name__)
@@ -48,11 +59,12 @@ class TopicTap:
         self.data_end: dict[int, int] = {tp.partition: tp.offset for tp in starts}
         self.start = dict(self.data_end)
 
-    def poll(self, max_records: int = 100_000) -> list[tuple[bytes, int]]:
-        """(value, record timestamp ms) of what arrived since the last call."""
-        out: list[tuple[bytes, int]] = []
+    def poll_messages(self, max_records: int = 100_000, wait_s: float = 0.05) -> list[Message]:
+        """The data records that arrived since the last call, waiting up to `wait_s` for more when
+        none is left (0: only what the client has fetched already)."""
+        out: list[Message] = []
         while len(out) < max_records:
-            msgs = self.c.consume(10_000, 0.05)
+            msgs = self.c.consume(10_000, wait_s)
             if not msgs:
                 break
             for m in msgs:
@@ -61,10 +73,13 @@ class TopicTap:
                     if err.code() != KafkaError._PARTITION_EOF:
                         logger.warning("loadtest tap error topic=%s error=%s", self.topic, err)
                     continue
-                _kind, ts = m.timestamp()
-                out.append((m.value() or b"", int(ts)))
+                out.append(m)
                 self.data_end[m.partition()] = m.offset() + 1
         return out
+
+    def poll(self, max_records: int = 100_000) -> list[tuple[bytes, int]]:
+        """(value, record timestamp ms) of what arrived since the last call."""
+        return [(m.value() or b"", int(m.timestamp()[1])) for m in self.poll_messages(max_records)]
 
     def close(self) -> None:
         self.c.close()
@@ -173,3 +188,227 @@ class GroupLag:
     def close(self) -> None:
         for c in self.consumers.values():
             c.close()
+
+
+class _FixKey(msgspec.Struct):
+    """What identifies a fix (docs/contracts.md): its vehicle and that vehicle's sequence number.
+    Any JSON object with these two fields: the canonical record, and the simulator's payload a
+    dead letter carries."""
+
+    vehicle_id: str
+    seq: int
+
+
+_decode_key = msgspec.json.Decoder(_FixKey).decode
+MAX_TRACKED_SEQ = 50_000_000  # a seq beyond this is kept in a set, not a bitmap
+
+
+class FixLedger:
+    """Which fixes of the vehicles whose ids start with `prefix` (the run's) have been seen: per
+    vehicle a bitmap indexed by seq, so a soak of millions of fixes costs a byte each."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._seen: dict[str, bytearray] = {}
+        self._odd: set[tuple[str, int]] = set()  # seqs outside the bitmap's range
+        self.distinct = 0
+
+    def mine(self, vehicle_id: str) -> bool:
+        return vehicle_id.startswith(self.prefix)
+
+    def add(self, vehicle_id: str, seq: int) -> bool:
+        """Record a fix of the run; False when it was seen before."""
+        if not 0 <= seq <= MAX_TRACKED_SEQ:
+            if (vehicle_id, seq) in self._odd:
+                return False
+            self._odd.add((vehicle_id, seq))
+            self.distinct += 1
+            return True
+        bits = self._seen.get(vehicle_id)
+        if bits is None:
+            bits = self._seen[vehicle_id] = bytearray(max(seq + 1, 64))
+        elif seq >= len(bits):
+            bits.extend(bytes(max(seq + 1 - len(bits), len(bits))))
+        if bits[seq]:
+            return False
+        bits[seq] = 1
+        self.distinct += 1
+        return True
+
+
+@dataclass
+class KafkaCounts:
+    """What Kafka holds since the run started."""
+
+    records: int = 0  # every record written to fleet.telemetry (the processor must read them all)
+    fixes: int = 0  # the run's fixes in fleet.telemetry, each counted once
+    sent_again: int = 0  # the run's records in fleet.telemetry beyond a fix's first
+    dead_lettered: int = 0  # the run's messages the gateways dead-lettered, each once
+
+
+def _dead_letter_key(m: Message) -> tuple[str, int | None] | None:
+    """(vehicle, seq) of a gateway's dead letter (seq None when its bytes say none); None for the
+    processor's own dead letters (its `source` header: records already in fleet.telemetry) and for
+    bytes that name no vehicle."""
+    headers = dict(m.headers() or [])
+    if "source" in headers:
+        return None
+    try:
+        key = _decode_key(m.value() or b"")
+    except msgspec.DecodeError:
+        topic = headers.get("mqtt_topic")
+        if topic is None:
+            return None
+        try:
+            return vehicle_from_topic(topic.decode("utf-8", "replace")), None
+        except ContractError:
+            return None
+    return key.vehicle_id, key.seq
+
+
+class TelemetryTap:
+    """Every record of `fleet.telemetry` and `fleet.telemetry.dlq` written after the tap was opened:
+    how many the processor must read, and which of the run's fixes Kafka holds, how often."""
+
+    def __init__(self, bootstrap: str, telemetry: str, dlq: str, group: str, prefix: str) -> None:
+        self.fixes = TopicTap(bootstrap, telemetry, group)
+        try:
+            self.dead = TopicTap(bootstrap, dlq, f"{group}-dlq")
+        except BaseException:
+            self.fixes.close()
+            raise
+        self.ledger = FixLedger(prefix)
+        self.counts = KafkaCounts()
+
+    def poll(self, wait_s: float = 0.0) -> KafkaCounts:
+        """Count what the client has fetched since the last call (the sampler's, each second:
+        librdkafka fetches in the background); `wait_s` for more when none is left."""
+        c, ledger = self.counts, self.ledger
+        for m in self.fixes.poll_messages(wait_s=wait_s):
+            c.records += 1
+            try:
+                key = _decode_key(m.value() or b"")
+            except msgspec.DecodeError:
+                continue  # not a fix of the run (the processor dead-letters it)
+            if ledger.mine(key.vehicle_id):
+                if ledger.add(key.vehicle_id, key.seq):
+                    c.fixes += 1
+                else:
+                    c.sent_again += 1
+        for m in self.dead.poll_messages(wait_s=wait_s):
+            dk = _dead_letter_key(m)
+            if dk is None or not ledger.mine(dk[0]):
+                continue
+            if dk[1] is None or ledger.add(dk[0], dk[1]):
+                c.dead_lettered += 1
+        return c
+
+    def drain(self) -> KafkaCounts:
+        """`poll` until a round reads nothing more (each round reads until the broker has nothing
+        for 50 ms, or 100,000 records)."""
+        while True:
+            before = (self.counts.records, self.counts.dead_lettered)
+            self.poll(wait_s=0.05)
+            if (self.counts.records, self.counts.dead_lettered) == before:
+                return self.counts
+
+    def close(self) -> None:
+        self.fixes.close()
+        self.dead.close()
+
+
+GATEWAY_COUNTERS = (
+    "fleetfence_gateway_received_total",
+    "fleetfence_gateway_forwarded_total",
+    "fleetfence_gateway_dead_lettered_total",
+    "fleetfence_gateway_redelivered_total",
+)
+STARTED = "fleetfence_gateway_start_time_seconds"
+
+
+@dataclass
+class GatewayFigures:
+    """The gateway replicas' own counts of this run, summed (received, forwarded, dead-lettered,
+    redelivered). `restarts`: replicas seen starting again during the run; their counts between
+    the last reading and their end are unknown, so the sums are then a lower bound."""
+
+    received: int = 0
+    forwarded: int = 0
+    dead_lettered: int = 0
+    redelivered: int = 0
+    restarts: int = 0
+    unanswered: tuple[str, ...] = ()  # replicas whose metrics did not answer at the last reading
+
+
+@dataclass
+class ReplicaCounts:
+    """One gateway replica's counters over the run, across its restarts."""
+
+    started_s: float
+    at_start: tuple[float, ...]  # its counters when the run (or its new life) began
+    last: tuple[float, ...]
+    banked: tuple[float, ...] = (0.0,) * len(GATEWAY_COUNTERS)  # its earlier lives' counts
+
+    def seen(self, started_s: float, now: tuple[float, ...]) -> bool:
+        """Take a reading; True when it is a new process (its start time changed): what the old one
+        counted up to its last reading is kept, the new one counts from zero."""
+        restarted = started_s != self.started_s
+        if restarted:
+            self.banked = self.run_counts()
+            self.started_s, self.at_start = started_s, (0.0,) * len(now)
+        self.last = now
+        return restarted
+
+    def run_counts(self) -> tuple[float, ...]:
+        return tuple(b + x - s for b, x, s in zip(self.banked, self.last, self.at_start, strict=True))
+
+
+class GatewayCounters:
+    """The gateways' counts of this run, read from their metrics, across restarts: a replica whose
+    start time changed is a new process, counted from zero, what its earlier life counted until its
+    last reading kept. A replica that does not answer keeps its last reading (a fault under test)."""
+
+    def __init__(self, urls: Callable[[], dict[str, str]]) -> None:
+        self.urls = urls
+        self.replicas: dict[str, ReplicaCounts] = {}
+        self.restarts = 0
+        self.unanswered: tuple[str, ...] = ()
+        self.read(first=True)
+
+    def read(self, *, first: bool = False) -> GatewayFigures:
+        missing = []
+        for name, url in self.urls().items():
+            try:
+                m = scrape(url)
+            except (OSError, ValueError, HTTPException) as exc:  # down, restarting, cut mid-answer
+                if first:  # the run's baseline: without it the replica's counts mean nothing
+                    raise ServiceUnavailableError(f"{name} metrics at {url}: {exc}") from exc
+                missing.append(name)
+                logger.warning("loadtest gateway metrics unanswered name=%s url=%s error=%s", name, url, exc)
+                continue
+            now = tuple(m.total(k) for k in GATEWAY_COUNTERS)
+            started = m.total(STARTED)
+            rep = self.replicas.get(name)
+            if rep is None:
+                # Counted before the run (an attached installation's) when present at its start;
+                # a replica that joins later counts from zero.
+                self.replicas[name] = ReplicaCounts(started, now if first else (0.0,) * len(now), now)
+            elif rep.seen(started, now):
+                self.restarts += 1
+                logger.warning("loadtest a gateway restarted during the run name=%s", name)
+        self.unanswered = tuple(missing)
+        return self.figures()
+
+    def figures(self) -> GatewayFigures:
+        tot = [0.0] * len(GATEWAY_COUNTERS)
+        for rep in self.replicas.values():
+            tot = [a + b for a, b in zip(tot, rep.run_counts(), strict=True)]
+        received, forwarded, dead, redelivered = (int(x) for x in tot)
+        return GatewayFigures(
+            received=received,
+            forwarded=forwarded,
+            dead_lettered=dead,
+            redelivered=redelivered,
+            restarts=self.restarts,
+            unanswered=self.unanswered,
+        )

@@ -1,4 +1,5 @@
-"""The load test's fixtures: worker processes (tests/loadtest/helpers.py), stopped whatever happened."""
+"""The load test's fixtures: worker processes (tests/loadtest/helpers.py), stopped whatever happened;
+running installations to attach to."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from embedded.pipeline import Pipeline, PipelineSpec
+from fleetfence.mqtt import account_fields
+from fleetfence.settings import Settings
 from tests.loadtest.helpers import WORKER, Worker
 
 
@@ -24,3 +28,31 @@ def worker(tmp_path: Path) -> Iterator[Callable[[], Worker]]:
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture
+def install(settings: Settings, tmp_path: Path) -> Iterator[Callable[[int], tuple[Settings, Pipeline]]]:
+    """`install(gateways)`: a running installation on the session's servers (external to it: the
+    pipeline starts no server and stops none), with its own topics, Redis prefix and state, and
+    `gateways` device-edge replicas; stopped at the end."""
+    started: list[Pipeline] = []
+    s = settings.model_copy(
+        update={
+            "state_dir": tmp_path / "installation",
+            "kafka_bootstrap": settings.bootstrap_servers,
+            "mqtt_url": "mqtt://{}:{}".format(*settings.mqtt_host_port),
+            "redis_url": settings.redis_dsn,
+            "redis_prefix": f"{settings.topic_prefix}ff:",
+            **account_fields(settings),
+        }
+    )
+
+    def start(gateways: int) -> tuple[Settings, Pipeline]:
+        pipeline = Pipeline(s, tmp_path / "installation-logs", PipelineSpec(gateway_replicas=gateways))
+        started.append(pipeline)
+        pipeline.__enter__()
+        return s, pipeline
+
+    yield start
+    for p in started:
+        p.stop()

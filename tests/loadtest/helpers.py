@@ -1,5 +1,5 @@
-"""The load test's test helpers: real worker processes a test can make burn CPU, hold memory and
-spawn children of their own."""
+"""The load test's test helpers: the command line, and real worker processes a test can make burn
+CPU, hold memory and spawn children of their own."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import IO
+
+FLEETFENCE = [sys.executable, "-m", "cli"]
+# An area empty for the installations the attach tests start (Hamburg; the default is Berlin's).
+ELSEWHERE = "9.90,53.52,10.10,53.60"
 
 # A worker answers one line per command on stdin: "burn S" (S seconds of CPU, at most 15 s of wall
 # time), "alloc N" (N MiB held and touched), "spawn" (a child worker, its pid answered), "child ..."

@@ -53,6 +53,11 @@ def step(i: int, target: float, achieved: float, *, sustained: bool, reconciled:
         reconciliation=Reconciliation(
             published=20_000,
             acked=20_000,
+            sent_twice=0,
+            in_kafka=19_990,
+            sent_again=0,
+            dead_lettered=10,
+            telemetry_records=19_990,
             gateway_received=20_000,
             gateway_forwarded=19_990,
             gateway_dead_lettered=10,
