@@ -42,7 +42,7 @@ from typing import Any, cast
 
 import redis
 
-from fleetfence.contracts import DlqReason
+from fleetfence.contracts import VEHICLE_ID_RE, DlqReason
 from fleetfence.devices import (
     SECRET_HASH_FIELD,
     STATUS_FIELD,
@@ -53,7 +53,8 @@ from fleetfence.devices import (
     tracker_key,
     tracker_verdict,
 )
-from fleetfence.errors import ConfigError, ServiceUnavailableError
+from fleetfence.errors import ConfigError, ContractError, ServiceUnavailableError
+from fleetfence.settings import TopicNames
 from gateway import mqtt_wire as w
 from gateway.core import Record, dead_letter, route
 from gateway.errors import MqttProtocolError
@@ -62,6 +63,7 @@ from gateway.http_edge import Identity, PhoneConnection, PhoneProtocol
 from gateway.inflight import Pending
 from gateway.metrics import GatewayCollector, GatewayStats, log_stats, log_stopped
 from gateway.producer import Forwarder
+from gateway.protocols import owntracks
 from gateway.replica import Replica
 from gateway.settings import GatewaySettings
 from gateway.teltonika_edge import TeltonikaConnection
@@ -77,6 +79,43 @@ TLS_FILES = ("server.crt", "server.key")
 
 def _telemetry_topic_bytes(vehicle_id: str) -> bytes:
     return f"fleet/{vehicle_id}/telemetry".encode()
+
+
+OWNTRACKS_TOPIC_HEAD = owntracks.TOPIC_PREFIX.encode() + b"/"
+
+
+def owntracks_route(
+    topics: TopicNames, mqtt_topic: bytes, payload: bytes, login: str | None, now_ms: int
+) -> tuple[Record | None, int]:
+    """An OwnTracks app's message on the MQTT edge (`owntracks/<user>/<device>[/...]`): the Kafka
+    record it becomes and the reason code of its acknowledgement. The app's MQTT username is the
+    vehicle id it logged in with, so `<user>` must be that login (a device publishes only under its
+    own topic, as the broker's ACL had it); without logins, `<user>` names the vehicle. A location
+    becomes the vehicle's telemetry, a malformed one a dead letter with its reason; any other
+    message (`_type` transition, lwt, card..., or a sub-topic) carries no fix: None, counted as
+    ignored and acknowledged."""
+    try:
+        topic = mqtt_topic.decode()
+        parsed = owntracks.parse_topic(topic)
+        if login is not None and parsed.user != login:
+            detail = f"device {login!r} may publish only owntracks/{login}/<device>"
+            record = dead_letter(
+                topics, mqtt_topic, payload, reason=DlqReason.FORBIDDEN_TOPIC, detail=detail, now_ms=now_ms
+            )
+            return record, w.RC_NOT_AUTHORIZED
+        vehicle_id = parsed.user if login is None else login
+        if not VEHICLE_ID_RE.match(vehicle_id):
+            raise ContractError(DlqReason.BAD_VEHICLE_ID, f"vehicle id {vehicle_id[:80]!r} is not allowed")
+        message = owntracks.decode_mqtt(topic, payload)
+        if not isinstance(message, owntracks.OwnTracksFix):
+            return None, w.RC_SUCCESS
+        fix = owntracks.to_telemetry(message, vehicle_id=vehicle_id, received_ms=now_ms)
+        return Record(topics.telemetry, vehicle_id.encode(), fix.to_json(), None, None), w.RC_SUCCESS
+    except UnicodeDecodeError:
+        reason, detail = str(DlqReason.BAD_TOPIC), "topic is not valid UTF-8"
+    except ContractError as exc:
+        reason, detail = str(exc.reason), str(getattr(exc, "detail", exc))
+    return dead_letter(topics, mqtt_topic, payload, reason=reason, detail=detail, now_ms=now_ms), w.RC_SUCCESS
 
 
 class DeviceConnection(HeldConnection):
@@ -242,14 +281,16 @@ class DeviceConnection(HeldConnection):
         if edge.draining:
             stats.deferred += 1  # not taken: unacknowledged, the device sends it again
             return
-        stats.received += 1
-        if p.dup:
-            stats.redelivered += 1
         now_ms = time.time_ns() // 1_000_000
         allowed = self.allowed_topic
         reason = w.RC_SUCCESS
-        record: Record
-        if allowed is not None and p.topic != allowed:
+        record: Record | None
+        protocol = None
+        if p.topic.startswith(OWNTRACKS_TOPIC_HEAD):
+            protocol = PhoneProtocol.OWNTRACKS.value
+            login = None if allowed is None else self.identity
+            record, reason = owntracks_route(edge.topics, p.topic, p.payload, login, now_ms)
+        elif allowed is not None and p.topic != allowed:
             reason = w.RC_NOT_AUTHORIZED
             record = dead_letter(
                 edge.topics,
@@ -265,13 +306,25 @@ class DeviceConnection(HeldConnection):
             except UnicodeDecodeError:
                 topic = p.topic
             record = route(edge.topics, topic, p.payload, now_ms)
+        if record is not None:  # a message that carries no fix is counted as ignored (`counted`)
+            stats.received += 1
+            if p.dup:
+                stats.redelivered += 1
+            if protocol is not None:
+                stats.tracker_records[(protocol, "received")] += 1
         e = self.inflight.add(p.packet_id, 0, record, time.monotonic())
         e.owner = self
+        e.protocol = protocol
         if p.qos == 1:
             e.reply = w.puback(p.packet_id, self.version, reason)
         elif p.qos == 2:
             e.reply = w.pubrec(p.packet_id, self.version, reason)
-        edge.produce(e)
+        if record is None:
+            # Nothing for Kafka: settled now, acknowledged in its turn after what came before it.
+            self.stored(e)
+            self.flush()
+        else:
+            edge.produce(e)
         self.hold_back()
 
     # ------------------------------------------------------------------ plumbing

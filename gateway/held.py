@@ -39,7 +39,15 @@ class HeldConnection(asyncio.Protocol):
         self.paused = False
 
     def counted(self, e: Pending) -> None:
-        """A hook for what a protocol counts when Kafka has `e` (nothing by default)."""
+        """A tracker's message is counted by its protocol when it is settled: forwarded or
+        dead-lettered once Kafka has it, ignored (a message that carries no fix) at once."""
+        if e.protocol is None:
+            return
+        if e.record is None:
+            outcome = "ignored"
+        else:
+            outcome = "forwarded" if e.record.reason is None else "dead_lettered"
+        self.host.stats.tracker_records[(e.protocol, outcome)] += 1
 
     def stored(self, e: Pending) -> None:
         """Kafka has `e`: queue the acknowledgements this releases, in receive order (an entry

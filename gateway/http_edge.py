@@ -291,7 +291,6 @@ class PhoneConnection(HeldConnection):
         self._queued: deque[Request] = deque()  # complete, not yet taken
         self._busy: Request | None = None  # taken, not yet answered
         self._waiting_for: Identity | None = None
-        self._protocol = PhoneProtocol.OSMAND  # of the request held for Kafka
         self._eof = False
         self._broken: tuple[str, str, int] | None = None  # (reason, detail, status) of a bad request
 
@@ -478,18 +477,14 @@ class PhoneConnection(HeldConnection):
             self._answer(ok)
             return
         self.edge.stats.received += 1
-        self._protocol = who.protocol
         self._count(who.protocol.value, "received")
         e = self.inflight.add(0, 0, record, time.monotonic())
         e.owner = self
+        e.protocol = who.protocol.value
         e.reply = self._frame(ok, req.keep_alive)  # written when Kafka has it (HeldConnection.stored)
         self.edge.produce(e)
 
     # ------------------------------------------------------------------ answers
-
-    def counted(self, e: Pending) -> None:
-        outcome = "forwarded" if e.record is not None and e.record.reason is None else "dead_lettered"
-        self._count(self._protocol.value, outcome)
 
     def stored(self, e: Pending) -> None:
         super().stored(e)

@@ -31,6 +31,9 @@ class Pending:
     # acknowledge it there (PUBACK or PUBREC, with its reason code).
     owner: object | None = None
     reply: bytes = b""
+    # The tracker protocol it came in (`fleetfence.devices.TrackerProtocol`'s value): counted per
+    # protocol once Kafka has it (`gateway.held.HeldConnection.counted`). None: FleetFence's own JSON.
+    protocol: str | None = None
 
 
 class InFlight:

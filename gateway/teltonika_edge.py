@@ -213,13 +213,8 @@ class TeltonikaConnection(HeldConnection):
             )
             e = self.inflight.add(i, 0, record, now_mono)
             e.owner = self
+            e.protocol = PROTOCOL.value
             if i == last:
                 e.reply = packet.ack  # released once this and every earlier record are in Kafka
             edge.produce(e)
         self.hold_back()
-
-    # ------------------------------------------------------------------ acknowledgements
-
-    def counted(self, e: Pending) -> None:
-        outcome = "forwarded" if e.record is not None and e.record.reason is None else "dead_lettered"
-        self.edge.stats.tracker_records[(PROTOCOL.value, outcome)] += 1

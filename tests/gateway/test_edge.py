@@ -8,6 +8,7 @@ import ipaddress
 import socket
 import ssl
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,54 @@ def test_tls_listener_with_the_brokers_server_pair(
         assert edge.stats.forwarded == 1
     finally:
         edge.stop(drain_timeout_s=5)
+
+
+def test_owntracks_over_mqtt_speaks_for_its_login_and_ignores_what_is_not_a_fix(
+    gs: GatewaySettings, edge: EdgeGateway, creds: VehicleCredentials
+) -> None:
+    """The OwnTracks app pointed at the edge (MQTT 3.1.1, its username the vehicle id, its password
+    the vehicle's secret) publishes on `owntracks/<user>/<device>`: a location becomes the vehicle's
+    telemetry before its PUBACK; a malformed one a dead letter with its reason; its other messages
+    (an lwt, a transition on a sub-topic) are acknowledged and counted as ignored; another user's
+    topic is refused like another vehicle's."""
+    run = uuid.uuid4().hex[:6]
+    vid, other = f"ot{run}", f"ou{run}"
+    _r, secret = creds.issue(vid)
+    now_s = int(time.time())
+    loc = {"_type": "location", "tst": now_s, "lat": 52.52, "lon": 13.405, "vel": 36, "cog": 90, "acc": 12}
+    d = Device(edge.port or 0, vid, secret, mqtt.MQTTv311)
+    try:
+        mids = [
+            d.publish(f"owntracks/{vid}/phone", orjson.dumps({**loc, "tid": "ph", "batt": 80})),
+            d.publish(f"owntracks/{vid}/phone", orjson.dumps({"_type": "lwt", "tst": now_s})),
+            d.publish(f"owntracks/{vid}/phone/event", orjson.dumps({"_type": "transition", "tst": now_s})),
+            d.publish(f"owntracks/{other}/phone", orjson.dumps(loc)),
+            d.publish(
+                f"owntracks/{vid}/phone", orjson.dumps({"_type": "location", "tst": now_s, "lon": 13.4})
+            ),
+            d.publish(f"owntracks/{vid}/phone", orjson.dumps({**loc, "tst": now_s + 1, "lat": 52.53})),
+        ]
+        for mid in mids:
+            d.puback(mid)
+        got = records_until(gs, lambda rs: len(rs) >= 4, "four records")
+    finally:
+        d.close()
+    fixes = [(k.decode(), v) for t, k, v in got if t == gs.topics.telemetry]
+    assert [k for k, _v in fixes] == [vid, vid]
+    first, second = (v for _k, v in fixes)
+    assert (first["vehicle_id"], first["ts_ms"], first["lat"], first["speed_kmh"]) == (
+        vid,
+        now_s * 1000,
+        52.52,
+        36,
+    )
+    assert first["heading_deg"] == 90
+    assert first["accuracy_m"] == 12
+    assert second["ts_ms"] == (now_s + 1) * 1000
+    assert second["seq"] > first["seq"]  # the fix's time orders a phone's fixes
+    dlq = sorted(v["reason"] for t, _k, v in got if t == gs.topics.telemetry_dlq)
+    assert dlq == ["forbidden_topic", "missing_field"]
+    s = edge.stats
+    assert s.received == s.forwarded + s.dead_lettered_total == 4
+    counts = {outcome: n for (protocol, outcome), n in s.tracker_records.items() if protocol == "owntracks"}
+    assert counts == {"received": 4, "forwarded": 2, "dead_lettered": 2, "ignored": 2}
