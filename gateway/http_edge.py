@@ -45,10 +45,9 @@ from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, cast
-from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 import httptools
-import orjson
 
 from fleetfence.contracts import MAX_PAYLOAD_BYTES
 from fleetfence.contracts import dead_letter as dead_letter_record
@@ -148,32 +147,6 @@ def basic_login(authorization: str | None) -> tuple[str, bytes] | None:
         return None
 
 
-def osmand_device_id(query: str, body: bytes, content_type: str) -> str | None:
-    """The device id a request names even when its fix is unusable (so the fix can be
-    dead-lettered as its vehicle's); None when it names none readably."""
-    media_type = content_type.partition(";")[0].strip().lower()
-    raw: object = None
-    if media_type == "application/json" or body.lstrip()[:1] == b"{":
-        try:
-            d = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
-        raw = d.get("device_id") if isinstance(d, dict) else None
-    else:
-        try:
-            params = dict(parse_qsl(query, keep_blank_values=True, max_num_fields=osmand.MAX_FIELDS))
-            if body:
-                params.update(parse_qsl(body.decode("utf-8", "replace"), max_num_fields=osmand.MAX_FIELDS))
-        except ValueError:
-            return None
-        raw = params.get("id") or params.get("deviceid")
-    if isinstance(raw, bool) or not isinstance(raw, str | int):
-        return None
-    text = str(raw).strip()
-    ok = text and len(text) <= osmand.MAX_DEVICE_ID and text.isprintable()
-    return text if ok else None
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Request:
     """One complete HTTP request as the connection read it; `keep_alive` says whether the client
@@ -205,7 +178,8 @@ def identify(req: Request) -> tuple[Identity | None, Answer | None]:
         return Identity(PhoneProtocol.OWNTRACKS, login[0], login[1]), None
     if req.method not in ("GET", "POST"):
         return None, Answer(405, b"OsmAnd sends GET or POST\n", extra=((b"allow", b"GET, POST"),))
-    device = osmand_device_id(req.query, req.body, req.headers.get("content-type", ""))
+    content_type = req.headers.get("content-type", "")
+    device = osmand.device_id_of(query=req.query, body=req.body, content_type=content_type)
     if device is None:
         return None, Answer(400, b"the device id (id, deviceid or device_id) is required\n")
     return Identity(PhoneProtocol.OSMAND, device, osmand_secret(req)), None

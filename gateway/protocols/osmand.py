@@ -139,6 +139,30 @@ def _device_id(raw: Any) -> str:
     return text
 
 
+def _query_device_id(params: Mapping[str, str]) -> Any:
+    return params.get("id") or params.get("deviceid")
+
+
+def _is_json(body: bytes, content_type: str) -> bool:
+    """Traccar Client 9's JSON body (by its content type, or a body that starts as an object);
+    otherwise the request is a query and a form body."""
+    media_type = content_type.partition(";")[0].strip().lower()
+    return media_type == "application/json" or body.lstrip()[:1] == b"{"
+
+
+def device_id_of(*, query: str = "", body: bytes = b"", content_type: str = "") -> str | None:
+    """The device id a request names, read as `parse_request` reads it, even when its fix is
+    unusable (so the edge can admit the sender and dead-letter the fix as its vehicle's); None when
+    it names none readably."""
+    try:
+        if _is_json(body, content_type):
+            d = orjson.loads(body)
+            return _device_id(d.get("device_id") if isinstance(d, dict) else None)
+        return _device_id(_query_device_id(_form(query, body)))
+    except (OsmAndRequestError, orjson.JSONDecodeError):
+        return None
+
+
 def _params(query: str | bytes) -> dict[str, str]:
     if len(query) > MAX_PAYLOAD_BYTES:
         raise OsmAndRequestError(DlqReason.TOO_LARGE, f"request: {len(query)} bytes over {MAX_PAYLOAD_BYTES}")
@@ -152,7 +176,7 @@ def _params(query: str | bytes) -> dict[str, str]:
 def parse_query(query: str | bytes | Mapping[str, str], *, speed_unit: str = "kn") -> OsmAndFix:
     """The fix in a query string or form body (or in its parameters, already parsed)."""
     params = _params(query) if isinstance(query, str | bytes) else dict(query)
-    device_id = _device_id(params.get("id") or params.get("deviceid"))
+    device_id = _device_id(_query_device_id(params))
     lat, lon = _number(params, "lat"), _number(params, "lon")
     if (lat is None or lon is None) and params.get("location"):
         parts = params["location"].split(",")
@@ -263,13 +287,17 @@ def parse_request(
     that starts as an object), else the query's parameters and a form body's, the body's winning."""
     if len(query) + len(body) > MAX_PAYLOAD_BYTES:
         raise OsmAndRequestError(DlqReason.TOO_LARGE, f"request of {len(query) + len(body)} bytes")
-    media_type = content_type.partition(";")[0].strip().lower()
-    if media_type == "application/json" or body.lstrip()[:1] == b"{":
+    if _is_json(body, content_type):
         return parse_json(body)
+    return parse_query(_form(query, body), speed_unit=speed_unit)
+
+
+def _form(query: str, body: bytes) -> dict[str, str]:
+    """The query's parameters and a form body's, the body's winning."""
     params = _params(query)
     if body:
         params.update(_params(body))
-    return parse_query(params, speed_unit=speed_unit)
+    return params
 
 
 def to_telemetry(fix: OsmAndFix, *, vehicle_id: str, received_ms: int) -> Telemetry:

@@ -199,6 +199,21 @@ def test_one_request_whatever_its_form() -> None:
     assert o.parse_request(body=b" " + orjson.dumps(JSON_BODY)) == json_fix  # told by its first byte
 
 
+def test_the_device_id_is_read_as_the_fix_is_even_when_the_fix_is_unusable() -> None:
+    """The edge admits a sender by the id before it reads the fix; the two reads must agree."""
+    query, form = "id=1", f"lat=1&lon=2&timestamp={T0}".encode()
+    assert o.device_id_of(query=query, body=form) == o.parse_request(query=query, body=form).device_id == "1"
+    body = orjson.dumps(JSON_BODY)
+    assert o.device_id_of(body=body) == o.parse_request(body=body).device_id
+    assert o.device_id_of(query="deviceid=truck.42&lat=north") == "truck.42"  # no fix: still its id
+    assert o.device_id_of(query="id=7", body=b"id=8&lat=1") == "8"  # the body's wins, as for the fix
+    assert o.device_id_of(body=b'{"device_id": 5, "location": 1}') == "5"
+    for q in ("lat=1", "id=%01"):
+        assert o.device_id_of(query=q) is None
+    for b in (b"{not json", b"[1]"):
+        assert o.device_id_of(body=b) is None
+
+
 # --------------------------------------------------------------------------- malformed requests
 
 
