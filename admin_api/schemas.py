@@ -268,6 +268,27 @@ class TrackersOut(RootModel[list[TrackerOut]]):
     model_config = ConfigDict(json_schema_extra={"examples": [[TRACKER_EXAMPLE]]})
 
 
+HEARD_EXAMPLE: dict[str, Any] = {
+    "vehicle_id": "truck-042",
+    "protocol": "teltonika",
+    "heard_at": "2026-12-07T14:03:21.512Z",
+    "replica": "fleetfence-gw-1",
+}
+
+
+class HeardOut(BaseModel):
+    """How the device edge last heard the vehicle (written at most every 30 s per vehicle): its
+    protocol, when and through which edge replica; nulls when it has not been heard."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [HEARD_EXAMPLE]})
+    vehicle_id: str
+    protocol: str | None = Field(
+        description="`mqtt` (FleetFence's own JSON over MQTT), `teltonika`, `osmand` or `owntracks`."
+    )
+    heard_at: str | None = Field(description="UTC, ISO 8601, when that fix was received.")
+    replica: str | None = Field(description="The edge replica (its client id) that received it.")
+
+
 class IssuedCredentials(CredentialsOut):
     """Credentials just issued or rotated: the secret is in this answer and nowhere else (the
     broker keeps only its hash)."""

@@ -11,11 +11,13 @@ answered, so an operator or a deploy script can gate on it.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
+import redis
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -24,6 +26,7 @@ from cli.common import app, friendly_errors, settings_from_env
 from cli.infra import print_status
 from embedded import infra
 from fleetfence.errors import ServiceUnavailableError
+from fleetfence.heard import heard_counts
 from fleetfence.metrics import Scrape
 from fleetfence.readmodels import ReadKeys
 from fleetfence.registry import ServiceCheck, check_all, registered
@@ -92,6 +95,9 @@ class Report:
     registry_keys: str
     registry_error: str | None
     gateway_shards: dict[str, tuple[int, int]]  # replica -> (index, count), as its metrics say
+    # Vehicles the device edge heard in the last HEARD_WINDOW_S, by the protocol they last spoke
+    # (fleetfence.heard); None when Redis could not be read.
+    heard: dict[str, int] | None = None
 
     @property
     def shard_problems(self) -> list[str]:
@@ -124,6 +130,7 @@ class Report:
                 "served": {k: {"index": i, "count": n} for k, (i, n) in sorted(self.gateway_shards.items())},
                 "problems": self.shard_problems,
             },
+            "vehicles_heard": {"window_s": HEARD_WINDOW_S, "by_protocol": self.heard},
         }
 
 
@@ -136,6 +143,7 @@ def collect(settings: Settings, timeout_s: float = 2.0) -> Report:
     except ServiceUnavailableError as exc:
         checks, registry_error = [], str(exc)
     return Report(
+        heard=_heard(settings, timeout_s),
         infrastructure=statuses,
         services=[{**c.as_dict(), "counters": _counters(c)} for c in checks],
         registry_redis=_without_password(settings.redis_dsn),
@@ -143,6 +151,20 @@ def collect(settings: Settings, timeout_s: float = 2.0) -> Report:
         registry_error=registry_error,
         gateway_shards=_gateway_shards(checks),
     )
+
+
+HEARD_WINDOW_S = 600  # "heard lately": the last ten minutes
+
+
+def _heard(settings: Settings, timeout_s: float) -> dict[str, int] | None:
+    r = redis.Redis.from_url(settings.redis_dsn, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        since_ms = time.time_ns() // 1_000_000 - HEARD_WINDOW_S * 1000
+        return heard_counts(r, ReadKeys(settings.redis_prefix), since_ms)
+    except redis.RedisError:
+        return None
+    finally:
+        r.close()
 
 
 def _gateway_shards(checks: list[ServiceCheck]) -> dict[str, tuple[int, int]]:
@@ -222,6 +244,11 @@ def print_services(report: Report) -> None:
         console.print(f"no service is registered under {report.registry_keys} in {report.registry_redis}")
     for problem in report.shard_problems:
         console.print(f"[red]gateway shards:[/] {problem}")
+    if report.heard is not None and any(report.heard.values()):
+        by = ", ".join(f"{p} {n:,}" for p, n in report.heard.items() if n)
+        console.print(
+            f"vehicles heard in the last {HEARD_WINDOW_S // 60} min, by the protocol they spoke: {by}"
+        )
 
 
 @app.command("status")

@@ -53,6 +53,16 @@ class ReadKeys:
     def alerts_open(self, vehicle_id: str) -> str:
         return f"{self.prefix}alerts:open:{vehicle_id}"
 
+    @property
+    def heard(self) -> str:
+        """Hash: vehicle -> how the device edge last heard it (JSON: protocol, at_ms, replica),
+        written by the edge at most every `gateway.heard.REWRITE_S` per vehicle."""
+        return f"{self.prefix}heard"
+
+    def heard_by(self, protocol: str) -> str:
+        """Sorted set: the vehicles whose last protocol was `protocol`, scored by when (ms)."""
+        return f"{self.prefix}heard:by:{protocol}"
+
     def service(self, kind: str, instance: str) -> str:
         """A running service's announcement (JSON, with a TTL its heartbeat refreshes)."""
         return f"{self.prefix}services:{kind}:{instance}"

@@ -42,6 +42,7 @@ from typing import Any, cast
 
 import redis
 
+from fleetfence import heard
 from fleetfence.contracts import VEHICLE_ID_RE, DlqReason
 from fleetfence.devices import (
     SECRET_HASH_FIELD,
@@ -54,6 +55,7 @@ from fleetfence.devices import (
     tracker_verdict,
 )
 from fleetfence.errors import ConfigError, ContractError, ServiceUnavailableError
+from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import TopicNames
 from gateway import mqtt_wire as w
 from gateway.core import Record, dead_letter, route
@@ -393,6 +395,9 @@ class EdgeGateway(Replica):
             else None
         )
         self._out = Forwarder(settings, self.client_id, self.stats, self._stored, self._pending)
+        # Which protocol each vehicle last spoke (gateway.heard), kept where the logins are read.
+        self._heard = heard.HeardLog(self.client_id) if self._redis is not None else None
+        self._writing_heard: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -601,6 +606,9 @@ class EdgeGateway(Replica):
     # ------------------------------------------------------------------ Kafka side (loop thread)
 
     def produce(self, e: Pending) -> None:
+        rec = e.record
+        if self._heard is not None and rec is not None and rec.reason is None:
+            self._heard.note(rec.key, e.protocol or heard.MQTT, e.received_mono_s)
         self._unconfirmed[id(e)] = e
         self._out.produce(e)
         if len(self._unconfirmed) >= self.settings.gateway_edge_max_in_flight and not self.all_paused:
@@ -812,6 +820,18 @@ class EdgeGateway(Replica):
             if self._redis is not None and now >= next_recheck and not rechecking:
                 next_recheck = now + s.gateway_edge_recheck_s
                 self._rechecking = asyncio.ensure_future(self._recheck())
+            writing = self._writing_heard is not None and not self._writing_heard.done()
+            if self._heard is not None and len(self._heard) and not writing:
+                self._writing_heard = asyncio.ensure_future(self._write_heard(self._heard.take()))
+
+    async def _write_heard(self, batch: dict[bytes, heard.Heard]) -> None:
+        """Off the loop: a slow Redis delays the read model, never a device."""
+        assert self._redis is not None
+        keys = ReadKeys(self.settings.redis_prefix)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, heard.write, self._redis, keys, batch)
+        except redis.RedisError as exc:
+            logger.warning("vehicles heard not written: Redis error=%s vehicles=%s", exc, len(batch))
 
     async def _recheck(self) -> None:
         await self._recheck_trackers()

@@ -42,6 +42,14 @@ pytestmark = pytest.mark.deploy
 
 VEHICLES = 100
 DURATION_S = 90.0
+# Issue #58's rows (the device edge's promise under a broker or edge crash during a write outage)
+# run this many times each: `FLEETFENCE_DEPLOY_REPEAT=5 bash scripts/dev.sh deploy-test -k while`.
+REPEAT = range(1, int(os.environ.get("FLEETFENCE_DEPLOY_REPEAT", "1")) + 1)
+
+
+def repeated(name: str, run: int) -> str:
+    """A repeated row's name in the table (and its report's directory): which run it was."""
+    return f"{name} (run {run} of {len(REPEAT)})" if len(REPEAT) > 1 else name
 
 
 class LoadTestEndedError(AssertionError):
@@ -316,8 +324,9 @@ def test_two_of_three_brokers_down_then_one_back(deployment: Deployment, tmp_pat
     under_load(dep, "two of three brokers SIGKILLed, one back after the stall", fault, tmp_path)
 
 
+@pytest.mark.parametrize("run", REPEAT)
 def test_sigkill_mosquitto_while_two_of_three_brokers_are_down(
-    deployment: Deployment, tmp_path: Path
+    deployment: Deployment, tmp_path: Path, run: int
 ) -> None:
     """Issue #58's fault: Mosquitto SIGKILLed while Kafka cannot take writes. Behind Mosquitto it
     lost half the acknowledged fixes (the broker's PUBACK, from memory); the vehicles now send to
@@ -330,11 +339,15 @@ def test_sigkill_mosquitto_while_two_of_three_brokers_are_down(
         crash(dep, "mosquitto", "Mosquitto healthy again after")
         revive_two_nodes(dep, c1, c2, frozen)
 
-    under_load(dep, "SIGKILL Mosquitto while two of three brokers are down", fault, tmp_path)
+    name = "SIGKILL Mosquitto while two of three brokers are down" + (
+        f" (run {run})" if len(REPEAT) > 1 else ""
+    )
+    under_load(dep, name, fault, tmp_path)
 
 
+@pytest.mark.parametrize("run", REPEAT)
 def test_sigkill_a_gateway_while_two_of_three_brokers_are_down(
-    deployment: Deployment, tmp_path: Path
+    deployment: Deployment, tmp_path: Path, run: int
 ) -> None:
     """Issue #58's other fault: a device-edge replica SIGKILLed while Kafka cannot take writes,
     holding its vehicles' fixes unacknowledged (some written to Kafka's queue, none confirmed);
@@ -349,7 +362,9 @@ def test_sigkill_a_gateway_while_two_of_three_brokers_are_down(
         crash(dep, "gateway-1", "gateway-1 healthy again after")
         revive_two_nodes(dep, c1, c2, frozen)
 
-    name = "SIGKILL a gateway while two of three brokers are down"
+    name = "SIGKILL a gateway while two of three brokers are down" + (
+        f" (run {run})" if len(REPEAT) > 1 else ""
+    )
     under_load(dep, name, fault, tmp_path)
     rec = dep.report(name)["steps"][0]["reconciliation"]
     assert rec["gateway_restarts"] == 1, rec

@@ -17,10 +17,12 @@ from fastapi.concurrency import run_in_threadpool
 
 from admin_api.deps import Admin, EntityPath, Viewer
 from admin_api.problems import READ_ERRORS, WRITE_ERRORS
-from admin_api.schemas import TrackerOut, TrackersOut
+from admin_api.schemas import HeardOut, TrackerOut, TrackersOut
 from admin_api.settings import ApiSettings
-from fleetfence.contracts import MasterEntity
+from fleetfence.contracts import MasterEntity, ms_to_iso
 from fleetfence.devices import TrackerProtocol
+from fleetfence.heard import heard_of
+from fleetfence.readmodels import ReadKeys
 from vehicle_master.store import VehicleMaster
 from vehicle_master.trackers import VehicleTrackers
 
@@ -115,6 +117,24 @@ async def unbind_tracker(
 async def list_trackers(_: Viewer, request: Request, vehicle_id: EntityPath) -> TrackersOut:
     """The vehicle's trackers."""
     return await run_in_threadpool(_list, request, vehicle_id)
+
+
+def _heard(request: Request, vehicle_id: str) -> HeardOut:
+    t = _trackers(request)
+    _known(t, vehicle_id)
+    h = heard_of(t.r, ReadKeys(t.prefix), vehicle_id)
+    if h is None:
+        return HeardOut(vehicle_id=vehicle_id, protocol=None, heard_at=None, replica=None)
+    return HeardOut(
+        vehicle_id=vehicle_id, protocol=h.protocol, heard_at=ms_to_iso(h.at_ms), replica=h.replica
+    )
+
+
+@router.get("/vehicles/{vehicle_id}/heard", response_model=HeardOut, responses=READ_ERRORS)
+async def vehicle_heard(_: Viewer, request: Request, vehicle_id: EntityPath) -> HeardOut:
+    """Which protocol the device edge last heard the vehicle speak, when, and through which
+    replica: the tracker actually in use (a phone app, a Teltonika unit, an MQTT client)."""
+    return await run_in_threadpool(_heard, request, vehicle_id)
 
 
 async def unbind_on_delete(request: Request, vehicle_id: str) -> None:

@@ -27,8 +27,10 @@ from admin_api.security import (
     revoke_api_key,
 )
 from admin_api.settings import ApiSettings
-from fleetfence.contracts import alert_id
+from fleetfence import heard
+from fleetfence.contracts import alert_id, ms_to_iso
 from fleetfence.probes import free_port
+from fleetfence.readmodels import ReadKeys
 from tests.admin_api.helpers import Api
 
 pytestmark = pytest.mark.services
@@ -916,3 +918,22 @@ def test_trackers_are_bound_to_one_vehicle_each_and_go_with_it(api: Api) -> None
         api.c.delete(f"/api/v1/vehicles/t-b/trackers/teltonika/{imei}", headers=api.admin).status_code == 204
     )
     assert api.c.get("/api/v1/vehicles/t-b/trackers", headers=api.viewer).json() == []
+
+
+def test_which_protocol_a_vehicle_was_last_heard_on(api: Api) -> None:
+    """The device edge's read model of how each vehicle was last heard (fleetfence.heard), as the
+    API serves it: nulls before the first fix, then the protocol, when and through which replica."""
+    assert api.c.post("/api/v1/vehicles", json={"vehicle_id": "h-1"}, headers=api.admin).status_code == 201
+    before = api.c.get("/api/v1/vehicles/h-1/heard", headers=api.viewer)
+    assert before.status_code == 200, before.text
+    assert before.json() == {"vehicle_id": "h-1", "protocol": None, "heard_at": None, "replica": None}
+    at_ms = 1_765_115_001_512
+    heard.write(api.r, ReadKeys(api.p), {b"h-1": heard.Heard("teltonika", at_ms, "fleetfence-gw-2")})
+    got = api.c.get("/api/v1/vehicles/h-1/heard", headers=api.viewer).json()
+    assert got == {
+        "vehicle_id": "h-1",
+        "protocol": "teltonika",
+        "heard_at": ms_to_iso(at_ms),
+        "replica": "fleetfence-gw-2",
+    }
+    assert api.c.get("/api/v1/vehicles/nobody/heard", headers=api.viewer).status_code == 404

@@ -16,12 +16,16 @@ from typing import Any
 import orjson
 import paho.mqtt.client as mqtt
 import pytest
+import redis
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
+from cli.status import collect
+from fleetfence import heard
 from fleetfence.contracts import telemetry_topic
 from fleetfence.kafka import ensure_topics, topic_specs
 from fleetfence.pki import CertPlan, bootstrap_certs
+from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from gateway.edge import EdgeGateway
@@ -378,3 +382,38 @@ def test_owntracks_over_mqtt_speaks_for_its_login_and_ignores_what_is_not_a_fix(
     assert s.received == s.forwarded + s.dead_lettered_total == 4
     counts = {outcome: n for (protocol, outcome), n in s.tracker_records.items() if protocol == "owntracks"}
     assert counts == {"received": 4, "forwarded": 2, "dead_lettered": 2, "ignored": 2}
+
+
+def test_the_edge_notes_which_protocol_each_vehicle_last_spoke(
+    gs: GatewaySettings, edge: EdgeGateway, creds: VehicleCredentials
+) -> None:
+    """A vehicle heard over FleetFence's MQTT, then through its OwnTracks app: the read model says
+    `owntracks` as soon as the protocol changes (without waiting for the 30 s rewrite), and
+    `fleetfence status` counts it under that protocol only."""
+    vid = f"hd{uuid.uuid4().hex[:6]}"
+    _r, secret = creds.issue(vid)
+    keys = ReadKeys(gs.redis_prefix)
+    r = redis.Redis.from_url(gs.redis_dsn)
+    d = Device(edge.port or 0, vid, secret, mqtt.MQTTv311)
+    try:
+        d.puback(d.publish(telemetry_topic(vid), orjson.dumps(fix(vid, 1))))
+        wait_for(lambda: heard.heard_of(r, keys, vid) is not None, 10, "the vehicle heard over MQTT")
+        first = heard.heard_of(r, keys, vid)
+        assert first is not None
+        assert (first.protocol, first.replica) == ("mqtt", edge.client_id)
+        loc = {"_type": "location", "tst": int(time.time()), "lat": 52.52, "lon": 13.405}
+        d.puback(d.publish(f"owntracks/{vid}/phone", orjson.dumps(loc)))
+
+        def spoke_owntracks() -> bool:
+            h = heard.heard_of(r, keys, vid)
+            return h is not None and h.protocol == "owntracks"
+
+        wait_for(spoke_owntracks, 10, "the vehicle heard through OwnTracks")
+        counts = collect(gs).heard
+        assert counts is not None
+        assert counts["owntracks"] >= 1
+        assert r.zscore(keys.heard_by("owntracks"), vid) is not None
+        assert r.zscore(keys.heard_by("mqtt"), vid) is None  # one protocol per vehicle: its last
+    finally:
+        d.close()
+        r.close()
