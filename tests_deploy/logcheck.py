@@ -111,15 +111,19 @@ class Allowed:
         )
 
 
-BROKER_KILLS = (
-    "test_sigkill_the_telemetry_leader",
-    "test_sigkill_the_active_controller",
-    "test_two_of_three_brokers_down_then_one_back",
-    "test_sigkill_mosquitto_while_two_of_three_brokers_are_down",
-)
+# The whole installation stopped and started (issue #64, case 1): every broker down at once, and
+# every client of theirs saying so, as in the rows that kill two of them.
+RESTARTED = ("test_stop_and_start_the_whole_installation",)
 TWO_DOWN = (
     "test_two_of_three_brokers_down_then_one_back",
     "test_sigkill_mosquitto_while_two_of_three_brokers_are_down",
+    "test_sigkill_a_gateway_while_two_of_three_brokers_are_down",
+    *RESTARTED,
+)
+BROKER_KILLS = (
+    "test_sigkill_the_telemetry_leader",
+    "test_sigkill_the_active_controller",
+    *TWO_DOWN,
 )
 MOSQUITTO_KILLS = (
     "test_sigkill_mosquitto_and_restart",
@@ -144,6 +148,22 @@ FENCES = (  # the faults after which the running driver no longer holds the chec
 # (docs/bench-log/deploy.md: runs 19 to 23). An entry is as narrow as the error it
 # explains: the services that log it, the tests whose fault causes it, the words of the line.
 ALLOWED: tuple[Allowed, ...] = (
+    Allowed(
+        DRIVERS,
+        r"^Traceback \(most recent call last\):",
+        RESTARTED,
+        "A driver stopped by SIGTERM (docker-compose stop): pyspark stops the JVM before its "
+        "accumulator server, whose handler then reads the closed socket's end and prints an "
+        "EOFError through socketserver (pyspark/accumulators.py); the query was already stopped.",
+        then=r"socketserver\.py.*_handle_request_noblock",
+    ),
+    Allowed(
+        ("spark-master", "spark-worker"),
+        r"ERROR (Master|Worker): RECEIVED SIGNAL TERM",
+        RESTARTED,
+        "docker-compose stop's SIGTERM, which Spark's standalone master and worker log at ERROR "
+        "before they exit; the restart brings both back, the master from its recovery state.",
+    ),
     Allowed(
         KAFKA_NODES,
         r"ERROR \[ControllerApis nodeId=\d\] Unexpected error handling request "

@@ -121,7 +121,6 @@ async def list_trackers(_: Viewer, request: Request, vehicle_id: EntityPath) -> 
 
 def _heard(request: Request, vehicle_id: str) -> HeardOut:
     t = _trackers(request)
-    _known(t, vehicle_id)
     h = heard_of(t.r, ReadKeys(t.prefix), vehicle_id)
     if h is None:
         return HeardOut(vehicle_id=vehicle_id, protocol=None, heard_at=None, replica=None)
@@ -133,7 +132,9 @@ def _heard(request: Request, vehicle_id: str) -> HeardOut:
 @router.get("/vehicles/{vehicle_id}/heard", response_model=HeardOut, responses=READ_ERRORS)
 async def vehicle_heard(_: Viewer, request: Request, vehicle_id: EntityPath) -> HeardOut:
     """Which protocol the device edge last heard the vehicle speak, when, and through which
-    replica: the tracker actually in use (a phone app, a Teltonika unit, an MQTT client)."""
+    replica: the tracker actually in use (a phone app, a Teltonika unit, an MQTT client). Nulls
+    for a vehicle never heard, whether or not the vehicle master knows it (an edge without
+    logins hears vehicles it does not register)."""
     return await run_in_threadpool(_heard, request, vehicle_id)
 
 

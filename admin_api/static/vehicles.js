@@ -167,6 +167,7 @@ export async function selectVehicle(id, fly = false) {
   renderVehiclePanel(true);
   showCredentials(id);
   $("vehicle-section").hidden = false;
+  showHeard(id);
   try {
     const { data } = await api(`/api/v1/live/${encodeURIComponent(id)}`);
     updateVehicle(data);
@@ -177,6 +178,33 @@ export async function selectVehicle(id, fly = false) {
   } catch (err) {
     if (!(err instanceof ApiError && err.status === 404)) say(`Vehicle ${id}: ${err.message}`, "error");
   }
+}
+
+const PROTOCOL_LABEL = {
+  mqtt: "MQTT (FleetFence JSON)",
+  teltonika: "Teltonika",
+  osmand: "Traccar Client (OsmAnd)",
+  owntracks: "OwnTracks",
+};
+
+// Which tracker the device edge last heard the vehicle through (GET .../vehicles/{id}/heard):
+// read at each selection, kept on the vehicle for the panel's redraws.
+async function showHeard(id) {
+  try {
+    const { data } = await api(`/api/v1/vehicles/${encodeURIComponent(id)}/heard`);
+    const v = state.vehicles.get(id);
+    if (v && data.protocol) {
+      v.heard = data;
+      if (state.selectedVehicle === id) renderVehiclePanel(true);
+    }
+  } catch (err) {
+    say(`Vehicle ${id}: ${err.message}`, "error");
+  }
+}
+
+export function heardText(h) {
+  const via = PROTOCOL_LABEL[h.protocol] || h.protocol;
+  return `${via}, ${fmtTime(Date.parse(h.heard_at))} (${h.replica})`;
 }
 
 export function renderVehiclePanel(force = false) {
@@ -204,6 +232,7 @@ export function renderVehiclePanel(force = false) {
     ["Last fix", `${fmtTime(s.ts_ms)}, ${ago(s.ts_ms)}`],
     ["Zones", s.zones && s.zones.length ? s.zones.join(", ") : "none"],
   ];
+  if (v.heard) rows.push(["Heard via", heardText(v.heard)]);
   if (s.route_id) rows.push(...tripFacts(s));
   const unassigned = unassignedFixes(s);
   if (unassigned) rows.push(["Unassigned fixes", `${unassigned} — ${UNASSIGNED_FIXES_HINT}`]);

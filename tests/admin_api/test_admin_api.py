@@ -936,4 +936,6 @@ def test_which_protocol_a_vehicle_was_last_heard_on(api: Api) -> None:
         "heard_at": ms_to_iso(at_ms),
         "replica": "fleetfence-gw-2",
     }
-    assert api.c.get("/api/v1/vehicles/nobody/heard", headers=api.viewer).status_code == 404
+    nobody = api.c.get("/api/v1/vehicles/nobody/heard", headers=api.viewer)
+    assert nobody.status_code == 200, nobody.text
+    assert nobody.json()["protocol"] is None

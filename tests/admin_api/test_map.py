@@ -35,7 +35,9 @@ from admin_api.routers.web import NPM_HINT, STATIC_DIR, content_security_policy,
 from admin_api.schemas import ROUTE_EXAMPLE, ZONE_EXAMPLE
 from admin_api.security import Role, create_api_key, digest, revoke_api_key, stream_token_key
 from admin_api.settings import DEFAULT_WEB_VENDOR_DIR, ApiSettings
+from fleetfence import heard
 from fleetfence.contracts import AlertType, alert_id, ms_to_iso, utc_now_ms
+from fleetfence.readmodels import ReadKeys
 from fleetfence.settings import Settings
 from fleetfence.testing import wait_for
 from tests.admin_api.helpers import UI_TIMEOUT_MS, MapServer, Watched, running_api, wait_http
@@ -626,6 +628,34 @@ def test_unassigned_fixes_are_shown_in_the_list_and_the_panel(
         )
         expect(page.locator("#vehicle-panel .facts")).to_contain_text("Last fix", timeout=UI_TIMEOUT_MS)
         assert page.locator("#vehicle-panel dt:text-is('Unassigned fixes')").count() == 0
+    assert watched.errors == []
+    assert watched.external() == []
+
+
+def test_the_panel_says_which_tracker_a_vehicle_is_heard_through(
+    map_server: MapServer, watched: Watched
+) -> None:
+    """The device edge's read model of the protocol each vehicle last spoke (fleetfence.heard) in
+    the vehicle panel; a vehicle never heard has no such row (and its request is no error)."""
+    heard_vid, quiet = "v-heard-tel", "v-heard-none"
+    map_server.write_live([live(heard_vid, 1, 52.5170, 13.4010), live(quiet, 1, 52.5175, 13.4015)])
+    at_ms = 1_765_115_001_000
+    heard.write(
+        map_server.r,
+        ReadKeys(map_server.p),
+        {heard_vid.encode(): heard.Heard("teltonika", at_ms, "fleetfence-gw-1")},
+    )
+    page = watched.page
+    watched.login(map_server.viewer_key)
+    page.locator(f"#vehicles li[data-vehicle-id='{heard_vid}']").click()
+    via = page.locator("#vehicle-panel dt:text-is('Heard via') + dd")
+    # The page's UTC format (dom.js fmtTime): "2025-12-07 13:43:21 UTC".
+    shown = ms_to_iso(at_ms).replace("T", " ")[:19] + " UTC"
+    expect(via).to_have_text(f"Teltonika, {shown} (fleetfence-gw-1)", timeout=UI_TIMEOUT_MS)
+    page.locator(f"#vehicles li[data-vehicle-id='{quiet}']").click()
+    expect(page.locator("#vehicle-panel .veh-head")).to_have_text(re.compile(quiet), timeout=UI_TIMEOUT_MS)
+    expect(page.locator("#vehicle-panel .facts")).to_contain_text("Last fix", timeout=UI_TIMEOUT_MS)
+    assert page.locator("#vehicle-panel dt:text-is('Heard via')").count() == 0
     assert watched.errors == []
     assert watched.external() == []
 
