@@ -52,6 +52,8 @@ from processor.ops.markers import MarkerReader
 from tests.gateway.helpers import EdgeProcess, Vehicle, gw_settings
 
 pytestmark = pytest.mark.slow
+# Issue #58's row runs this many times (`FLEETFENCE_DEPLOY_REPEAT`, as the compose rows).
+REPEAT = range(1, int(os.environ.get("FLEETFENCE_DEPLOY_REPEAT", "1")) + 1)
 
 NODES = 3
 KEYS = 16
@@ -441,8 +443,9 @@ def test_embedded_cluster_two_of_three_down_offset_reads_wait_then_answer(
     )
 
 
+@pytest.mark.parametrize("run", REPEAT)
 def test_embedded_cluster_edge_sigkilled_while_two_of_three_down_loses_no_acknowledged_fix(
-    cluster: Settings, tmp_path: Path
+    cluster: Settings, tmp_path: Path, run: int
 ) -> None:
     """Issue #58 item 3 on the embedded cluster: ten vehicles publish QoS 1 to the device edge
     (`python -m gateway` with an edge port); two of the three nodes are SIGKILLed (no write can reach
@@ -456,12 +459,12 @@ def test_embedded_cluster_edge_sigkilled_while_two_of_three_down_loses_no_acknow
     gs = gw_settings(s, gateway_edge_port=probes.free_port())
     edge_port = gs.gateway_edge_port
     assert edge_port is not None
-    run = uuid.uuid4().hex[:6]
+    tag = uuid.uuid4().hex[:6]
     per_vehicle = 150
     vehicles: list[Vehicle] = []
     edges = [EdgeProcess(gs, tmp_path / "edge1.log")]
     try:
-        vehicles = [Vehicle(f"c{run}-{i}", None, edge_port) for i in range(10)]
+        vehicles = [Vehicle(f"c{tag}-{i}", None, edge_port) for i in range(10)]
         published = 0
 
         def publish_some(n: int) -> None:
@@ -495,8 +498,8 @@ def test_embedded_cluster_edge_sigkilled_while_two_of_three_down_loses_no_acknow
         want = {(v.vid, q) for v in vehicles for q in range(per_vehicle)}
         reader = TopicReader(s.bootstrap_servers, [s.topics.telemetry])
         try:
-            reader.read_until(lambda rs: want <= set(telemetry_seqs(rs, f"c{run}-")), 120, "every fix")
-            got = telemetry_seqs(reader.records, f"c{run}-")
+            reader.read_until(lambda rs: want <= set(telemetry_seqs(rs, f"c{tag}-")), 120, "every fix")
+            got = telemetry_seqs(reader.records, f"c{tag}-")
         finally:
             reader.close()
         print(
