@@ -277,7 +277,7 @@ HEARD_EXAMPLE: dict[str, Any] = {
 
 
 class HeardOut(BaseModel):
-    """How the device edge last heard the vehicle (written at most every 30 s per vehicle): its
+    """How the device edge last heard the vehicle (rewritten every 30 s, at once on a change): its
     protocol, when and through which edge replica; nulls when it has not been heard."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [HEARD_EXAMPLE]})

@@ -4,11 +4,13 @@ the API (`GET /api/v1/vehicles/{id}/heard`), the map and `fleetfence status` rea
 moving from one tracker to another (a phone app while a Teltonika unit is fitted) wants to see
 which one a vehicle is actually heard through.
 
-The edge notes every fix it forwards (`note`, on its loop thread: a dictionary lookup) and writes
-a vehicle again only when its protocol changed or `REWRITE_S` passed, in one pipeline from a
-worker thread (`write`), so Redis sees at most one write per vehicle per `REWRITE_S` whatever the
-fleet's rate. What it writes is a read model, not a record: a crash loses at most the last
-`REWRITE_S` of it, and the next fix writes it again.
+The edge notes every fix it hands to Kafka (`note`, on its loop thread: a dictionary lookup) and
+writes a vehicle again once `REWRITE_S` passed, or at once when its protocol changed, in one
+pipeline from a worker thread (`write`) each time the edge's sweep runs (every half second): Redis
+sees a vehicle at most once a sweep whatever the fleet's rate, and once every `REWRITE_S` while
+it keeps to one protocol (one heard on two at once is written every sweep). What
+it writes is a read model, not a record: a crash loses at most the last `REWRITE_S` of it, and the
+next fix writes it again. Vehicles not heard for `FORGET_AFTER_MS` leave it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class HeardLog:
         self.rewrite_s = rewrite_s
         self._written: dict[bytes, tuple[str, float]] = {}  # vehicle -> (protocol, when noted)
         self._pending: dict[bytes, Heard] = {}
+        self._pruned_mono_s = 0.0
 
     def note(self, vehicle_key: bytes, protocol: str, now_mono_s: float) -> None:
         last = self._written.get(vehicle_key)
@@ -60,8 +63,13 @@ class HeardLog:
         self._written[vehicle_key] = (protocol, now_mono_s)
         self._pending[vehicle_key] = Heard(protocol, time.time_ns() // 1_000_000, self.replica)
 
-    def take(self) -> dict[bytes, Heard]:
+    def take(self, now_mono_s: float) -> dict[bytes, Heard]:
+        """What to write now; vehicles whose last write is older than `rewrite_s` are forgotten
+        here (their next fix is written anyway), so the edge keeps only its recent vehicles."""
         out, self._pending = self._pending, {}
+        if now_mono_s - self._pruned_mono_s >= self.rewrite_s:  # one pass over the fleet each period
+            self._pruned_mono_s = now_mono_s
+            self._written = {k: v for k, v in self._written.items() if now_mono_s - v[1] < self.rewrite_s}
         return out
 
     def __len__(self) -> int:
@@ -79,8 +87,27 @@ def write(r: redis.Redis, keys: ReadKeys, heard: dict[bytes, Heard]) -> None:
             if other != h.protocol:
                 pipe.zrem(keys.heard_by(other), vehicle)
         newest = max(newest, h.at_ms)
+    pipe.execute()
+    forget(r, keys, newest - FORGET_AFTER_MS)
+
+
+def forget(r: redis.Redis, keys: ReadKeys, before_ms: int) -> None:
+    """Vehicles last heard before `before_ms` leave the read model."""
     for p in PROTOCOLS:
-        pipe.zremrangebyscore(keys.heard_by(p), "-inf", newest - FORGET_AFTER_MS)
+        old = r.zrangebyscore(keys.heard_by(p), "-inf", before_ms, start=0, num=10_000)
+        if old:
+            pipe = r.pipeline(transaction=False)
+            pipe.hdel(keys.heard, *old)
+            pipe.zrem(keys.heard_by(p), *old)
+            pipe.execute()
+
+
+def drop(r: redis.Redis, keys: ReadKeys, vehicle_id: str) -> None:
+    """A deleted vehicle leaves the read model with it."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hdel(keys.heard, vehicle_id)
+    for p in PROTOCOLS:
+        pipe.zrem(keys.heard_by(p), vehicle_id)
     pipe.execute()
 
 

@@ -56,7 +56,8 @@ class ReadKeys:
     @property
     def heard(self) -> str:
         """Hash: vehicle -> how the device edge last heard it (JSON: protocol, at_ms, replica),
-        written by the edge at most every `gateway.heard.REWRITE_S` per vehicle."""
+        written by the edge every 30 s per vehicle, at once when its protocol changes
+        (`fleetfence.heard`)."""
         return f"{self.prefix}heard"
 
     def heard_by(self, protocol: str) -> str:

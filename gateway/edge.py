@@ -117,6 +117,9 @@ def owntracks_route(
         reason, detail = str(DlqReason.BAD_TOPIC), "topic is not valid UTF-8"
     except ContractError as exc:
         reason, detail = str(exc.reason), str(getattr(exc, "detail", exc))
+    except Exception as exc:  # a bug costs one dead letter, as in `gateway.core.route`, not the edge
+        logger.exception("OwnTracks decoder failed unexpectedly topic=%r size=%s", mqtt_topic, len(payload))
+        reason, detail = str(DlqReason.INTERNAL_ERROR), f"{type(exc).__name__}: {exc}"
     return dead_letter(topics, mqtt_topic, payload, reason=reason, detail=detail, now_ms=now_ms), w.RC_SUCCESS
 
 
@@ -395,7 +398,7 @@ class EdgeGateway(Replica):
             else None
         )
         self._out = Forwarder(settings, self.client_id, self.stats, self._stored, self._pending)
-        # Which protocol each vehicle last spoke (gateway.heard), kept where the logins are read.
+        # Which protocol each vehicle last spoke (fleetfence.heard), kept where the logins are read.
         self._heard = heard.HeardLog(self.client_id) if self._redis is not None else None
         self._writing_heard: asyncio.Future[None] | None = None
 
@@ -822,7 +825,7 @@ class EdgeGateway(Replica):
                 self._rechecking = asyncio.ensure_future(self._recheck())
             writing = self._writing_heard is not None and not self._writing_heard.done()
             if self._heard is not None and len(self._heard) and not writing:
-                self._writing_heard = asyncio.ensure_future(self._write_heard(self._heard.take()))
+                self._writing_heard = asyncio.ensure_future(self._write_heard(self._heard.take(now)))
 
     async def _write_heard(self, batch: dict[bytes, heard.Heard]) -> None:
         """Off the loop: a slow Redis delays the read model, never a device."""

@@ -155,7 +155,9 @@ class GatewayCollector(Collector):
         for reason, n in sorted(s.dead_lettered.items()):
             dl.add_metric([reason], n)
         yield dl
-        yield CounterMetricFamily(p + "acked", "PUBACKs sent after Kafka confirmed", value=s.acked)
+        yield CounterMetricFamily(
+            p + "acked", "acknowledgements sent, once Kafka confirmed all they cover", value=s.acked
+        )
         yield CounterMetricFamily(
             p + "acks_dropped", "confirmations whose MQTT connection was gone", value=s.acks_dropped
         )

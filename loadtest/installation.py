@@ -51,7 +51,9 @@ class Installation(Protocol):
     device_urls: list[str]
 
     def check_alive(self) -> None:
-        """Raise ServiceUnavailableError when a service the run counts on is gone."""
+        """Raise ServiceUnavailableError when a service the run needs is gone for good (the
+        embedded pipeline, which has no restart policy); an installation whose services restart
+        by themselves notes it instead (`RunningInstallation.events`)."""
 
     def pids(self) -> dict[str, int]:
         """The processes on this machine to measure (CPU, RSS), by name."""
@@ -88,7 +90,7 @@ class RunningInstallation:
     """An installation that runs without the load test: its services as the registry lists them.
 
     Raises LoadtestError when what a load test needs is not there: no gateway, a gateway without
-    a metrics endpoint (its counts are the reconciliation's), no processor, or a registered service
+    a metrics endpoint (its counts are reported beside the run's), no processor, or a registered service
     that does not answer."""
 
     def __init__(self, settings: Settings) -> None:

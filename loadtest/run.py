@@ -2,8 +2,8 @@
 infrastructure and stopped at the end (`embedded.pipeline`); with `attach` the run measures an
 installation that is already running, found through the endpoint settings and its service registry
 (`loadtest.installation.RunningInstallation`): nothing is started or stopped, the counts are the
-run's own (differences from the gateways' counters at the start; the processor's commit markers from
-the run's start), the run's vehicles, routes and zones are deleted from the vehicle master at the
+run's own (what reached Kafka's telemetry topics and the processor's commit markers from the run's
+start), the run's vehicles, routes and zones are deleted from the vehicle master at the
 end, and only the processes on this machine are measured.
 """
 

@@ -12,6 +12,8 @@ decides whether the run reconciles.
 from __future__ import annotations
 
 import logging
+import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.client import HTTPException
@@ -200,38 +202,53 @@ class _FixKey(msgspec.Struct):
 
 
 _decode_key = msgspec.json.Decoder(_FixKey).decode
-MAX_TRACKED_SEQ = 50_000_000  # a seq beyond this is kept in a set, not a bitmap
+SPAN_MARGIN = 4096  # room below a vehicle's first seq for fixes of its that come out of order
+MAX_SPAN = 50_000_000  # seqs further than this from a vehicle's first are kept in a set
 
 
 class FixLedger:
     """Which fixes of the vehicles whose ids start with `prefix` (the run's) have been seen: per
-    vehicle a bitmap indexed by seq, so a soak of millions of fixes costs a byte each."""
+    vehicle a bitmap of its seqs from a base near its first one (the simulator's seqs start at the
+    run's epoch time over the fix period, about 1.8e9), so a soak of millions of fixes costs a
+    byte each."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self._seen: dict[str, bytearray] = {}
-        self._odd: set[tuple[str, int]] = set()  # seqs outside the bitmap's range
+        self._seen: dict[str, tuple[int, bytearray]] = {}  # vehicle -> (base seq, bitmap)
+        self._odd: set[tuple[str, int]] = set()  # seqs too far from the vehicle's others
         self.distinct = 0
 
     def mine(self, vehicle_id: str) -> bool:
         return vehicle_id.startswith(self.prefix)
 
+    @property
+    def bitmap_bytes(self) -> int:
+        return sum(len(bits) for _base, bits in self._seen.values())
+
     def add(self, vehicle_id: str, seq: int) -> bool:
         """Record a fix of the run; False when it was seen before."""
-        if not 0 <= seq <= MAX_TRACKED_SEQ:
+        entry = self._seen.get(vehicle_id)
+        if entry is None:
+            entry = self._seen[vehicle_id] = (seq - SPAN_MARGIN, bytearray(2 * SPAN_MARGIN))
+        base, bits = entry
+        i = seq - base
+        if i < 0 and len(bits) - i <= MAX_SPAN:  # before the bitmap: it grows downwards
+            grow = -i + SPAN_MARGIN
+            bits[:0] = bytes(grow)
+            base -= grow
+            self._seen[vehicle_id] = (base, bits)
+            i = seq - base
+        elif i >= len(bits) and i < MAX_SPAN:
+            bits.extend(bytes(max(i + 1 - len(bits), len(bits))))
+        if not 0 <= i < len(bits):
             if (vehicle_id, seq) in self._odd:
                 return False
             self._odd.add((vehicle_id, seq))
             self.distinct += 1
             return True
-        bits = self._seen.get(vehicle_id)
-        if bits is None:
-            bits = self._seen[vehicle_id] = bytearray(max(seq + 1, 64))
-        elif seq >= len(bits):
-            bits.extend(bytes(max(seq + 1 - len(bits), len(bits))))
-        if bits[seq]:
+        if bits[i]:
             return False
-        bits[seq] = 1
+        bits[i] = 1
         self.distinct += 1
         return True
 
@@ -279,6 +296,9 @@ class TelemetryTap:
             raise
         self.ledger = FixLedger(prefix)
         self.counts = KafkaCounts()
+        # The run's dead letters that name no seq (bytes that are not a fix), by vehicle and
+        # content: the same message sent again after a lost PUBACK is one dead letter.
+        self._unnumbered: set[tuple[str, int]] = set()
 
     def poll(self, wait_s: float = 0.0) -> KafkaCounts:
         """Count what the client has fetched since the last call (the sampler's, each second:
@@ -299,18 +319,57 @@ class TelemetryTap:
             dk = _dead_letter_key(m)
             if dk is None or not ledger.mine(dk[0]):
                 continue
-            if dk[1] is None or ledger.add(dk[0], dk[1]):
+            if dk[1] is None:
+                once = (dk[0], zlib.crc32(m.value() or b""))
+                if once not in self._unnumbered:
+                    self._unnumbered.add(once)
+                    c.dead_lettered += 1
+            elif ledger.add(dk[0], dk[1]):
                 c.dead_lettered += 1
         return c
 
-    def drain(self) -> KafkaCounts:
-        """`poll` until a round reads nothing more (each round reads until the broker has nothing
-        for 50 ms, or 100,000 records)."""
-        while True:
-            before = (self.counts.records, self.counts.dead_lettered)
-            self.poll(wait_s=0.05)
-            if (self.counts.records, self.counts.dead_lettered) == before:
-                return self.counts
+    def written(self) -> int | None:
+        """Records written to fleet.telemetry since the tap was opened, as the partitions' leaders
+        say now (its producers are not transactional: every offset is a record); None when a
+        leader does not answer (a broker down), and the caller falls back on what was read."""
+        total = 0
+        for p, start in self.fixes.start.items():
+            try:
+                _lo, hi = self.fixes.c.get_watermark_offsets(
+                    TopicPartition(self.fixes.topic, p), timeout=0.5, cached=False
+                )
+            except KafkaException:
+                return None
+            total += max(int(hi) - start, 0)
+        return total
+
+    def _read_up_to_ends(self) -> bool:
+        """Every partition of both topics read up to its end as the leaders say now (the tap's
+        position, past transactions' control records too, at the end)."""
+        for tap in (self.fixes, self.dead):
+            parts = [TopicPartition(tap.topic, p) for p in sorted(tap.start)]
+            try:
+                ends = {
+                    p: int(tap.c.get_watermark_offsets(TopicPartition(tap.topic, p), 1.0, False)[1])
+                    for p in tap.start
+                }
+                positions = {tp.partition: tp.offset for tp in tap.c.position(parts)}
+            except KafkaException:
+                return False
+            for p, end in ends.items():
+                at = max(positions.get(p, -1), tap.data_end[p])
+                if end > tap.start[p] and at < end:
+                    return False
+        return True
+
+    def drain(self, timeout_s: float = 120.0) -> KafkaCounts:
+        """Read until the tap has everything the topics hold now (or `timeout_s`: a broker still
+        down; the reconciliation then says what it could not count)."""
+        deadline = time.monotonic() + timeout_s
+        self.poll(wait_s=0.05)
+        while not self._read_up_to_ends() and time.monotonic() < deadline:
+            self.poll(wait_s=0.2)
+        return self.counts
 
     def close(self) -> None:
         self.fixes.close()

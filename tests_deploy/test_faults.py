@@ -1,8 +1,9 @@
 """Faults, Jepsen-style, on the compose deployment: each under a steady simulated fleet with its
 ground truth (`fleetfence loadtest --attach` in the driver container), each followed by the load
-test's reconciliation end to end (every fix published was PUBACKed; the gateways received every
-PUBACKed fix and forwarded or dead-lettered each; the processor's markers count every forwarded
-record) and by the alerts compared with the ground truth (precision = recall = 1.0, no duplicate).
+test's reconciliation end to end, counted in Kafka (every fix published was PUBACKed; every
+PUBACKed fix is in fleet.telemetry once, or dead-lettered; the processor's markers count every
+record written there) and by the alerts compared with the ground truth (precision = recall = 1.0,
+no duplicate).
 
 What a user sees is measured from the load test's one-second samples: how long the fleet's
 publishing stalled (PUBACKs stopped coming), the worst PUBACK p99 of a second, and the
@@ -339,9 +340,7 @@ def test_sigkill_mosquitto_while_two_of_three_brokers_are_down(
         crash(dep, "mosquitto", "Mosquitto healthy again after")
         revive_two_nodes(dep, c1, c2, frozen)
 
-    name = "SIGKILL Mosquitto while two of three brokers are down" + (
-        f" (run {run})" if len(REPEAT) > 1 else ""
-    )
+    name = repeated("SIGKILL Mosquitto while two of three brokers are down", run)
     under_load(dep, name, fault, tmp_path)
 
 
@@ -362,12 +361,10 @@ def test_sigkill_a_gateway_while_two_of_three_brokers_are_down(
         crash(dep, "gateway-1", "gateway-1 healthy again after")
         revive_two_nodes(dep, c1, c2, frozen)
 
-    name = "SIGKILL a gateway while two of three brokers are down" + (
-        f" (run {run})" if len(REPEAT) > 1 else ""
-    )
+    name = repeated("SIGKILL a gateway while two of three brokers are down", run)
     under_load(dep, name, fault, tmp_path)
     rec = dep.report(name)["steps"][0]["reconciliation"]
-    assert rec["gateway_restarts"] == 1, rec
+    assert rec["gateway_restarts"] >= 1, rec  # its restart policy may need more than one try
 
 
 # How long the installation stays stopped in the restart row (the operator's 20 s in issue #64): a

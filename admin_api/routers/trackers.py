@@ -19,6 +19,7 @@ from admin_api.deps import Admin, EntityPath, Viewer
 from admin_api.problems import READ_ERRORS, WRITE_ERRORS
 from admin_api.schemas import HeardOut, TrackerOut, TrackersOut
 from admin_api.settings import ApiSettings
+from fleetfence import heard
 from fleetfence.contracts import MasterEntity, ms_to_iso
 from fleetfence.devices import TrackerProtocol
 from fleetfence.heard import heard_of
@@ -138,6 +139,13 @@ async def vehicle_heard(_: Viewer, request: Request, vehicle_id: EntityPath) -> 
     return await run_in_threadpool(_heard, request, vehicle_id)
 
 
+def _forget(request: Request, vehicle_id: str) -> None:
+    t = _trackers(request)
+    t.unbind_all(vehicle_id)
+    heard.drop(t.r, ReadKeys(t.prefix), vehicle_id)
+
+
 async def unbind_on_delete(request: Request, vehicle_id: str) -> None:
-    """A deleted vehicle's trackers are unbound with it."""
-    await run_in_threadpool(_trackers(request).unbind_all, vehicle_id)
+    """A deleted vehicle's trackers are unbound with it, and it leaves the edge's read model of
+    how it was last heard (a vehicle created again under its id starts unheard)."""
+    await run_in_threadpool(_forget, request, vehicle_id)

@@ -936,6 +936,10 @@ def test_which_protocol_a_vehicle_was_last_heard_on(api: Api) -> None:
         "heard_at": ms_to_iso(at_ms),
         "replica": "fleetfence-gw-2",
     }
+    assert api.c.delete("/api/v1/vehicles/h-1", headers=api.admin).status_code == 204
+    gone = api.c.get("/api/v1/vehicles/h-1/heard", headers=api.viewer).json()
+    assert gone["protocol"] is None, "a deleted vehicle leaves the read model with it"
+    assert api.r.zscore(ReadKeys(api.p).heard_by("teltonika"), "h-1") is None
     nobody = api.c.get("/api/v1/vehicles/nobody/heard", headers=api.viewer)
     assert nobody.status_code == 200, nobody.text
     assert nobody.json()["protocol"] is None

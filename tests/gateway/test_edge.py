@@ -53,6 +53,7 @@ class Device:
         self.logins: list[ReasonCode] = []
         self.disconnects: list[ReasonCode] = []
         self.pubacks: dict[int, ReasonCode | None] = {}
+        self.acked_order: list[int] = []  # message ids in the order their PUBACKs came
         self.lock = threading.Lock()
         self.c = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=f"dev-{uuid.uuid4().hex[:8]}", protocol=protocol
@@ -76,6 +77,7 @@ class Device:
     def _on_publish(self, _c: Any, _u: Any, mid: int, rc: ReasonCode | None, _p: Any) -> None:
         with self.lock:
             self.pubacks[mid] = rc
+            self.acked_order.append(mid)
 
     def publish(self, topic: str, payload: bytes, qos: int = 1) -> int:
         return self.c.publish(topic, payload, qos=qos).mid
@@ -360,6 +362,9 @@ def test_owntracks_over_mqtt_speaks_for_its_login_and_ignores_what_is_not_a_fix(
         ]
         for mid in mids:
             d.puback(mid)
+        # In receive order (MQTT 5 section 4.6): the ignored messages' PUBACKs waited for the fix
+        # before them to be in Kafka.
+        assert d.acked_order == mids
         got = records_until(gs, lambda rs: len(rs) >= 4, "four records")
     finally:
         d.close()

@@ -65,7 +65,6 @@ def test_a_gateway_sigkilled_mid_run_loses_nothing_and_the_run_still_verifies(
     # the processor drops by seq); the processor read every record written.
     assert r["published"] == r["acked"] >= VEHICLES * (DURATION_S - 1)
     assert r["in_kafka"] == r["published"] - r["sent_twice"]
-    assert r["sent_again"] >= r["sent_twice"]
     assert r["processor_read"] == r["telemetry_records"] == r["in_kafka"] + r["sent_again"]
     assert r["gateway_restarts"] == 1
     # The kill was felt: gateway-1's vehicles lost their connections and came back.
