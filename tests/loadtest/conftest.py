@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from embedded.pipeline import Pipeline, PipelineSpec
-from fleetfence.mqtt import account_fields
 from fleetfence.settings import Settings
-from tests.loadtest.helpers import WORKER, Worker
+from tests.loadtest.helpers import WORKER, Worker, attached_settings
 
 
 @pytest.fixture
@@ -36,16 +35,7 @@ def install(settings: Settings, tmp_path: Path) -> Iterator[Callable[[int], tupl
     pipeline starts no server and stops none), with its own topics, Redis prefix and state, and
     `gateways` device-edge replicas; stopped at the end."""
     started: list[Pipeline] = []
-    s = settings.model_copy(
-        update={
-            "state_dir": tmp_path / "installation",
-            "kafka_bootstrap": settings.bootstrap_servers,
-            "mqtt_url": "mqtt://{}:{}".format(*settings.mqtt_host_port),
-            "redis_url": settings.redis_dsn,
-            "redis_prefix": f"{settings.topic_prefix}ff:",
-            **account_fields(settings),
-        }
-    )
+    s = attached_settings(settings, tmp_path / "installation")
 
     def start(gateways: int) -> tuple[Settings, Pipeline]:
         pipeline = Pipeline(s, tmp_path / "installation-logs", PipelineSpec(gateway_replicas=gateways))

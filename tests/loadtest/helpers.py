@@ -9,7 +9,27 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from fleetfence.mqtt import account_fields
+from fleetfence.settings import Settings
+
 FLEETFENCE = [sys.executable, "-m", "cli"]
+
+
+def attached_settings(settings: Settings, tmp_path: Path) -> Settings:
+    """Settings of an installation on the session's servers, external to it (a pipeline started
+    with them starts no server and stops none), with its own state, Redis prefix and accounts."""
+    return settings.model_copy(
+        update={
+            "state_dir": tmp_path / "state",
+            "kafka_bootstrap": settings.bootstrap_servers,
+            "mqtt_url": "mqtt://{}:{}".format(*settings.mqtt_host_port),
+            "redis_url": settings.redis_dsn,
+            "redis_prefix": f"{settings.topic_prefix}ff:",
+            **account_fields(settings),
+        }
+    )
+
+
 # An area empty for the installations the attach tests start (Hamburg; the default is Berlin's).
 ELSEWHERE = "9.90,53.52,10.10,53.60"
 

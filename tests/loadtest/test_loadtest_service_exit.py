@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from embedded.pipeline import log_tail, settings_env
-from fleetfence.mqtt import account_fields
 from fleetfence.settings import Settings
+from tests.loadtest.helpers import attached_settings
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -44,16 +44,7 @@ def run_cli(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[int
 def test_a_service_dying_at_start_ends_the_load_test_with_its_name_code_and_log(
     settings: Settings, tmp_path: Path
 ) -> None:
-    s = settings.model_copy(
-        update={
-            "state_dir": tmp_path / "state",
-            "kafka_bootstrap": settings.bootstrap_servers,
-            "mqtt_url": "mqtt://{}:{}".format(*settings.mqtt_host_port),
-            "redis_url": settings.redis_dsn,
-            "redis_prefix": f"{settings.topic_prefix}ff:",
-            **account_fields(settings),
-        }
-    )
+    s = attached_settings(settings, tmp_path)
     report = tmp_path / "report"
     # Only the API reads it; no COLUMNS: stderr is a pipe, where rich would wrap at 80 columns.
     env = settings_env(s, FLEETFENCE_API_MAP_TILE_URL="tiles.example/{z}/{x}/{y}.png")
