@@ -689,8 +689,12 @@ class EdgeGateway(Replica):
             logger.warning("drain timed out; devices send the rest again in_flight=%s", self.in_flight)
         sweep.cancel()
         pump.cancel()
-        if self._rechecking is not None:
-            self._rechecking.cancel()
+        # The side tasks end with the loop: a task left pending is destroyed whenever the garbage
+        # collector gets to it, logging from inside whatever code runs then.
+        side = [t for t in (self._rechecking, self._writing_heard) if t is not None]
+        for t in side:
+            t.cancel()
+        await asyncio.gather(sweep, pump, *side, return_exceptions=True)
         self._flush_dirty()
         for c in list(self._connections):
             c.close(w.RC_SERVER_SHUTTING_DOWN)
