@@ -283,6 +283,18 @@ def _dead_letter_key(m: Message) -> tuple[str, int | None] | None:
     return key.vehicle_id, key.seq
 
 
+def _ends(tap: TopicTap, timeout_s: float) -> dict[int, int] | None:
+    """Each partition's end as its leader says now, asked once (no wait through an outage, unlike
+    `fleetfence.kafka.watermarks`: a sampler must not stall); None when a leader does not answer."""
+    try:
+        return {
+            p: int(tap.c.get_watermark_offsets(TopicPartition(tap.topic, p), timeout_s, False)[1])
+            for p in tap.start
+        }
+    except KafkaException:
+        return None
+
+
 class TelemetryTap:
     """Every record of `fleet.telemetry` and `fleet.telemetry.dlq` written after the tap was opened:
     how many the processor must read, and which of the run's fixes Kafka holds, how often."""
@@ -332,27 +344,20 @@ class TelemetryTap:
         """Records written to fleet.telemetry since the tap was opened, as the partitions' leaders
         say now (its producers are not transactional: every offset is a record); None when a
         leader does not answer (a broker down), and the caller falls back on what was read."""
-        total = 0
-        for p, start in self.fixes.start.items():
-            try:
-                _lo, hi = self.fixes.c.get_watermark_offsets(
-                    TopicPartition(self.fixes.topic, p), timeout=0.5, cached=False
-                )
-            except KafkaException:
-                return None
-            total += max(int(hi) - start, 0)
-        return total
+        ends = _ends(self.fixes, 0.5)
+        if ends is None:
+            return None
+        return sum(max(end - self.fixes.start[p], 0) for p, end in ends.items())
 
     def _read_up_to_ends(self) -> bool:
         """Every partition of both topics read up to its end as the leaders say now (the tap's
         position, past transactions' control records too, at the end)."""
         for tap in (self.fixes, self.dead):
+            ends = _ends(tap, 1.0)
+            if ends is None:
+                return False
             parts = [TopicPartition(tap.topic, p) for p in sorted(tap.start)]
             try:
-                ends = {
-                    p: int(tap.c.get_watermark_offsets(TopicPartition(tap.topic, p), 1.0, False)[1])
-                    for p in tap.start
-                }
                 positions = {tp.partition: tp.offset for tp in tap.c.position(parts)}
             except KafkaException:
                 return False
